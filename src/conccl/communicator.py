@@ -1,0 +1,166 @@
+"""The front end every executor shares: validate, agree with peers, plan, execute.
+
+A call goes through four steps, the first three on the host and before anything is queued:
+
+1. validate the local arguments (a bad call raises and leaves the output untouched);
+2. publish what this rank is about to do on the group's host board and read every peer's
+   entry: collective, dtype, sizes or splits, whether its tensors are peer-reachable. A peer
+   that disagrees is named in the error instead of bytes being moved, and every rank derives
+   the same decisions (staging, algorithm, workspace size) from the same rows;
+3. plan: a pure, cached function of sizes and options gives the rank's :class:`Schedule`;
+4. execute it on the executor (copy engines on CUDA, shared memory in the CPU reference).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+
+from .board import HostBoard
+from .collectives import all_gather as ag
+from .collectives import all_to_all as a2a
+from .errors import CollectiveError, InvalidArgument
+from .schedule import Algorithm, StreamMode
+
+DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL groups
+
+# Row published on the host board: fixed fields, then input and output split bytes per rank.
+_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _NFIXED = range(8)
+_SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
+
+
+def _code(s: str) -> int:
+    return zlib.crc32(s.encode())
+
+
+@dataclass
+class Options:
+    """Per-group defaults. ``algorithm=None`` picks the measured default (see README)."""
+
+    algorithm: Algorithm | None = None
+    stream_mode: StreamMode = StreamMode.PER_PEER
+    timeout: timedelta = DEFAULT_TIMEOUT
+
+
+def board_row_len(world: int) -> int:
+    return _NFIXED + 2 * world
+
+
+class Communicator:
+    """One group's collectives over an executor. Not thread-safe (like a NCCL communicator)."""
+
+    def __init__(self, executor, board: HostBoard, rank: int, world: int, options: Options | None = None):
+        self.executor, self.board, self.rank, self.world = executor, board, rank, world
+        self.options = options or Options()
+        self.seq = 0
+
+    # ------------------------------------------------------------------ collectives
+    def all_gather_into_tensor(self, output, input, async_op=False, *, algorithm=None, stream_mode=None, timeout=None):
+        ex = self.executor
+        in_place = ag.check_all_gather(output, input, self.world, self.rank, ex.device_type)
+        nbytes = input.numel() * input.element_size()
+        # An in-place input is reached through the output, at another offset on every rank.
+        flags = _SYM_IN * (ex.is_symmetric(input) and not in_place) | _SYM_OUT * ex.is_symmetric(output) | _IN_PLACE * in_place
+        rows = self._agree(ag.NAME, input.dtype, nbytes, output.numel() * output.element_size(), flags,
+                           algorithm, [nbytes] * self.world, [nbytes] * self.world, timeout)
+        all_flags = _all_flags(rows)
+        algo = self._algorithm(algorithm, all_flags)
+        schedule = ag.plan_all_gather(
+            self.world, self.rank, nbytes, algorithm=algo, stream_mode=stream_mode or self.options.stream_mode,
+            input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
+            in_place=in_place, peers_in_place=bool(all_flags & _IN_PLACE),
+        )
+        return self._execute(schedule, input, output, async_op)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False,
+                          *, algorithm=None, stream_mode=None, timeout=None):
+        ex = self.executor
+        out_splits, in_splits, row_bytes = a2a.check_all_to_all(
+            output, input, output_split_sizes, input_split_sizes, self.world, ex.device_type)
+        flags = _SYM_IN * ex.is_symmetric(input) | _SYM_OUT * ex.is_symmetric(output)
+        rows = self._agree(a2a.NAME, input.dtype, input.numel() * input.element_size(),
+                           output.numel() * output.element_size(), flags, algorithm,
+                           [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], timeout)
+        sent = rows[:, _NFIXED:_NFIXED + self.world]
+        received = rows[:, _NFIXED + self.world:]
+        if not np.array_equal(sent, received.T):
+            src, dst = map(int, np.argwhere(sent != received.T)[0])
+            raise CollectiveError(
+                f"all_to_all_single (sequence number {self.seq}): rank {src} sends {sent[src, dst]} bytes to rank "
+                f"{dst}, but rank {dst} expects {received[dst, src]} bytes from rank {src}; nothing was moved")
+        all_flags = _all_flags(rows)
+        matrix = tuple(tuple(int(b) for b in row) for row in sent)
+        schedule = a2a.plan_all_to_all(
+            self.world, self.rank, matrix, algorithm=self._algorithm(algorithm, all_flags),
+            stream_mode=stream_mode or self.options.stream_mode,
+            input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
+        )
+        return self._execute(schedule, input, output, async_op)
+
+    # ------------------------------------------------------------------ steps
+    def _agree(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, timeout):
+        """Publish this call on the board; check every peer made the same call."""
+        if algorithm is not None and not isinstance(algorithm, Algorithm):
+            raise InvalidArgument(f"algorithm must be a conccl.Algorithm, got {algorithm!r}")
+        seq = self.seq + 1
+        row = [seq, _code(coll), _code(str(dtype)), in_bytes, out_bytes, flags,
+               -1 if algorithm is None else _code(algorithm.value), *in_splits, *out_splits]
+        t = (timeout or self.options.timeout)
+        rows = self.board.exchange(row, f"conccl {coll}", t.total_seconds() if isinstance(t, timedelta) else float(t))
+        self.seq = seq
+        for field, what in ((_F_SEQ, "sequence number"), (_F_COLL, "collective"), (_F_DTYPE, "dtype"),
+                            (_F_ALGO, "algorithm")):
+            bad = [p for p in range(self.world) if rows[p, field] != rows[self.rank, field]]
+            if bad:
+                raise CollectiveError(
+                    f"conccl {coll} (sequence number {seq}) on rank {self.rank}: rank {bad[0]} called with a different "
+                    f"{what} ({_describe(field, rows[bad[0], field], dtype)} vs {_describe(field, rows[self.rank, field], dtype)} here); nothing was moved")
+        if coll == ag.NAME:
+            bad = [p for p in range(self.world) if rows[p, _F_IN] != in_bytes]
+            if bad:
+                raise CollectiveError(
+                    f"conccl all_gather (sequence number {seq}): rank {bad[0]} contributes {rows[bad[0], _F_IN]} bytes, "
+                    f"rank {self.rank} {in_bytes}; every rank must pass the same input size; nothing was moved")
+        return rows
+
+    def _algorithm(self, requested: Algorithm | None, all_flags: int) -> Algorithm:
+        algo = requested or self.options.algorithm
+        if algo is None:  # measured default: push when every output is peer-reachable
+            return Algorithm.PUSH if all_flags & _SYM_OUT else Algorithm.PULL
+        if algo is Algorithm.PUSH and not all_flags & _SYM_OUT:
+            raise InvalidArgument("Algorithm.PUSH needs every rank's output allocated with conccl.empty")
+        return algo
+
+    def _execute(self, schedule, input, output, async_op):
+        self.executor.ensure_workspace(schedule.workspace_bytes)
+        return self.executor.run(schedule, input, output, self.seq, async_op)
+
+    def close(self) -> None:
+        self.executor.close()
+        self.board.close()
+
+
+def _all_flags(rows) -> int:
+    """Flags set on every rank (an AND over ranks)."""
+    return int(np.bitwise_and.reduce(rows[:, _F_FLAGS]))
+
+
+def _describe(field: int, value, dtype) -> str:
+    if field == _F_DTYPE:
+        import torch
+
+        names = {_code(str(d)): str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
+        return names.get(int(value), f"dtype#{int(value)}")
+    if field == _F_COLL:
+        return {_code(n): n for n in (ag.NAME, a2a.NAME)}.get(int(value), f"collective#{int(value)}")
+    if field == _F_ALGO:
+        return {_code(a.value): a.value for a in Algorithm}.get(int(value), "default")
+    return str(int(value))
+
+
+def workspace_capacity(nbytes: int) -> int:
+    """Workspace sizes grow in powers of two (>= 1 MiB) so growth, a collective allocation, is rare."""
+    return 0 if nbytes <= 0 else max(1 << 20, 1 << math.ceil(math.log2(nbytes)))
