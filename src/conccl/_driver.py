@@ -1,0 +1,65 @@
+"""The few CUDA driver calls PyTorch does not expose, through cuda-python.
+
+Stream memory operations (``cuStreamWriteValue32`` / ``cuStreamWaitValue32``) are executed by
+the GPU's front end, not by SMs, and so are the copies (``cuMemcpyAsync``,
+``cuMemcpyBatchAsync``): nothing here launches a kernel.
+"""
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def driver():
+    try:
+        from cuda.bindings import driver as cu  # cuda-python >= 12.6
+    except ImportError:
+        try:
+            from cuda import cuda as cu  # older cuda-python
+        except ImportError as e:
+            raise ImportError(
+                "conccl's copy-engine executor needs cuda-python (the `cuda.bindings` package)"
+            ) from e
+    return cu
+
+
+def check(result):
+    """cuda-python returns (CUresult, *values); raise on error, return the values."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    values = [v for v in values if v is not None]
+    cu = driver()
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        raise RuntimeError(f"CUDA driver error {name.decode() if isinstance(name, bytes) else name}")
+    return values[0] if len(values) == 1 else values
+
+
+class StreamOps:
+    """Driver calls bound to one stream handle (``torch.cuda.Stream.cuda_stream``)."""
+
+    def __init__(self, stream_handle: int):
+        cu = driver()
+        self.cu = cu
+        self.stream = cu.CUstream(stream_handle)
+        self._geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        # Default write flags put a system-scope fence before the write, so a peer that sees
+        # the signal also sees every copy this stream issued before it.
+        self._write = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+
+    def write_value32(self, addr: int, value: int) -> None:
+        check(self.cu.cuStreamWriteValue32(self.stream, self.cu.CUdeviceptr(addr), value & 0xFFFFFFFF, self._write))
+
+    def wait_value32(self, addr: int, value: int) -> None:
+        # GEQ compares (int32)(*addr - value) >= 0, so sequence numbers may wrap around.
+        check(self.cu.cuStreamWaitValue32(self.stream, self.cu.CUdeviceptr(addr), value & 0xFFFFFFFF, self._geq))
+
+    def memcpy(self, dst: int, src: int, nbytes: int) -> None:
+        check(self.cu.cuMemcpyAsync(self.cu.CUdeviceptr(dst), self.cu.CUdeviceptr(src), nbytes, self.stream))
+
+    def memcpy_batch(self, dsts: list[int], srcs: list[int], sizes: list[int]) -> None:
+        """One ``cuMemcpyBatchAsync`` for several independent copies."""
+        cu = self.cu
+        attrs = cu.CUmemcpyAttributes()
+        attrs.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+        args = ([cu.CUdeviceptr(d) for d in dsts], [cu.CUdeviceptr(s) for s in srcs], sizes, len(sizes), [attrs], [0], 1)
+        check(cu.cuMemcpyBatchAsync(*args, self.stream))

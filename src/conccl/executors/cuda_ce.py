@@ -1,0 +1,149 @@
+"""CUDA copy-engine executor: runs a Schedule with no SM kernel at all.
+
+Peer-reachable memory comes from PyTorch symmetric memory (CUDA backend). Each slot of the
+schedule runs on its own stream from a pool, so transfers to different peers go to different
+copy engines at once (the paper's one transfer per engine). Signals are
+``cuStreamWriteValue32`` into a peer's pad and ``cuStreamWaitValue32`` on the own pad.
+
+Streams of one call (PER_PEER, 4 ranks, rank 0, pull from staged inputs)::
+
+    caller  ──work──●                                          ◆──later work
+    slot 0           ╰─wait DONE(s-1) · stage in→ws · READY(s)→1,2,3 ─ join ─╯
+    slot 1           ╰─wait READY(s) of 1 · ws@1 → out[1] · DONE(s)→1 ─╯
+    slot 2           ╰─wait READY(s) of 2 · ws@2 → out[2] · DONE(s)→2 ─╯
+    slot 3           ╰─wait READY(s) of 3 · ws@3 → out[3] · DONE(s)→3 ─╯
+    slot 4           ╰─in → out[0] (own shard, same GPU, off the critical path) ─╯
+
+Slot 0 also waits for the previous call's end, so calls on a group are ordered as on a NCCL
+communicator even with ``async_op=True``, and a signal word is never written out of order.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._driver import StreamOps
+from ..communicator import workspace_capacity
+from ..schedule import Buf, Copy, Schedule, SetSignal, StreamMode, WaitSignal, signal_pad_words, signal_word
+from ..work import Work
+
+
+class SymmetricRegistry:
+    """Maps tensors allocated by :func:`conccl.empty` to their peers' addresses."""
+
+    def __init__(self):
+        self._by_storage: dict[int, tuple[int, object]] = {}  # storage ptr -> (nbytes, handle)
+
+    def add(self, tensor, handle) -> None:
+        storage = tensor.untyped_storage()
+        self._by_storage[storage.data_ptr()] = (storage.nbytes(), handle)
+
+    def lookup(self, tensor):
+        """(handle, byte offset in the allocation) or None if not peer-reachable."""
+        if tensor.device.type != "cuda":
+            return None
+        storage = tensor.untyped_storage()
+        entry = self._by_storage.get(storage.data_ptr())
+        if entry is None or entry[0] != storage.nbytes():
+            return None
+        return entry[1], tensor.data_ptr() - storage.data_ptr()
+
+
+REGISTRY = SymmetricRegistry()
+
+
+class CudaCopyEngineExecutor:
+    device_type = "cuda"
+
+    def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
+        pad = symm_mem.empty(signal_pad_words(world), dtype=torch.int32, device=device)
+        pad.zero_()  # set-up only; collectives never launch a kernel
+        torch.cuda.synchronize(device)
+        self._pad = pad
+        self._pad_handle = symm_mem.rendezvous(pad, group_name)  # collective: peers zeroed theirs too
+        self._pads = list(self._pad_handle.buffer_ptrs)
+        self._streams = [torch.cuda.Stream(device) for _ in range(world + 1)]
+        self._ops = [StreamOps(s.cuda_stream) for s in self._streams]
+        self._join = [torch.cuda.Event() for _ in self._streams]
+        self._start = torch.cuda.Event()
+        self._last_end: torch.cuda.Event | None = None
+        self._ws = None
+        self._ws_handle = None
+        self._ws_cap = 0
+
+    def is_symmetric(self, t) -> bool:
+        return REGISTRY.lookup(t) is not None
+
+    def ensure_workspace(self, nbytes: int) -> None:
+        if nbytes <= self._ws_cap:
+            return
+        # Every rank comes here with the same nbytes (decided from the host board). Synchronising
+        # first means this rank no longer reads any peer's old workspace; the rendezvous is a
+        # barrier, so once it returns no peer reads ours and the old one can go.
+        cap = workspace_capacity(nbytes)
+        torch.cuda.synchronize(self.device)
+        ws = self.symm_mem.empty(cap, dtype=torch.uint8, device=self.device)
+        self._ws_handle = self.symm_mem.rendezvous(ws, self.group_name)
+        self._ws, self._ws_cap = ws, cap
+
+    def _address(self, rank: int, buf: Buf, input, output) -> int:
+        if buf is Buf.WORKSPACE:
+            return self._ws_handle.buffer_ptrs[rank]
+        t = input if buf is Buf.INPUT else output
+        if rank == self.rank:
+            return t.data_ptr()
+        handle, offset = REGISTRY.lookup(t)
+        return handle.buffer_ptrs[rank] + offset
+
+    def run(self, schedule: Schedule, input, output, seq: int, async_op: bool) -> Work:
+        caller = torch.cuda.current_stream(self.device)
+        streams, ops_of = self._streams, self._ops
+        ctrl = streams[0]
+        ctrl.wait_stream(caller)
+        if self._last_end is not None:
+            ctrl.wait_event(self._last_end)
+        self._start.record(ctrl)
+        batch = schedule.notes.get("stream_mode") == StreamMode.BATCH.value
+        own_pad = self._pads[self.rank]
+        for k, slot_ops in enumerate(schedule.slots):
+            ops = ops_of[k]
+            if k:
+                streams[k].wait_event(self._start)
+            pending: list[tuple[int, int, int]] = []
+            for op in slot_ops:
+                if isinstance(op, Copy):
+                    t = op.transfer
+                    dst = self._address(t.dst_rank, t.dst, input, output) + t.dst_offset
+                    src = self._address(t.src_rank, t.src, input, output) + t.src_offset
+                    if batch and t.src_rank != t.dst_rank:
+                        pending.append((dst, src, t.nbytes))
+                    else:
+                        ops.memcpy(dst, src, t.nbytes)
+                    continue
+                if pending:
+                    ops.memcpy_batch(*map(list, zip(*pending)))
+                    pending = []
+                if isinstance(op, WaitSignal):
+                    ops.wait_value32(own_pad + 4 * signal_word(op.kind, op.peer, self.world), seq + op.seq_delta)
+                elif isinstance(op, SetSignal):
+                    ops.write_value32(self._pads[op.peer] + 4 * signal_word(op.kind, self.rank, self.world), seq + op.seq_delta)
+            if pending:
+                ops.memcpy_batch(*map(list, zip(*pending)))
+            if k:
+                self._join[k].record(streams[k])
+                ctrl.wait_event(self._join[k])
+        end = torch.cuda.Event()
+        end.record(ctrl)
+        self._last_end = end
+        # The tensors must outlive the copies: tell the caching allocator they are in use on ctrl.
+        for t in (input, output):
+            t.record_stream(ctrl)
+        if async_op:
+            return Work(end, self.device)
+        caller.wait_event(end)
+        return Work(None)
+
+    def close(self) -> None:
+        self._ws = self._ws_handle = None

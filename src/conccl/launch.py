@@ -1,0 +1,114 @@
+"""Start one process per visible GPU, or join a ``torchrun`` launch.
+
+Every process gets NVLink multicast switched off (NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1): it is not needed here and, on
+shared hosts, a program using it can take the host's GPUs out of service.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def apply_safe_env() -> None:
+    for k, v in SAFE_ENV.items():
+        os.environ[k] = v
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_rank(rank: int, world: int, init_method: str | None, backend: str = "nccl"):
+    """Bind this process to its GPU and initialise the default process group."""
+    import torch
+    import torch.distributed as dist
+
+    apply_safe_env()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local)
+    kwargs = {"device_id": torch.device("cuda", local)}
+    if init_method:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, **kwargs)
+    else:
+        dist.init_process_group(backend, **kwargs)
+    return local
+
+
+def _worker(rank, world, init_method, fn, args, queue):
+    import torch.distributed as dist
+
+    try:
+        init_rank(rank, world, init_method)
+        result = fn(rank, world, *args)
+        queue.put((rank, "ok", result))
+    except BaseException as e:  # noqa: BLE001 - report to the parent
+        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            from . import api
+
+            api.destroy()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_per_gpu(fn, *args, nprocs: int | None = None, timeout_s: float = 1800.0) -> list:
+    """Run ``fn(rank, world, *args)`` in one process per GPU (or in place under torchrun).
+
+    Returns the per-rank results (under torchrun: a one-element list with this rank's).
+    Raises RuntimeError with each failing rank's traceback.
+    """
+    import torch
+    import torch.multiprocessing as mp
+
+    apply_safe_env()
+    if under_torchrun():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        init_rank(rank, world, None)
+        return [fn(rank, world, *args)]
+    world = nprocs or torch.cuda.device_count()
+    if world < 1:
+        raise RuntimeError("no CUDA GPU is visible")
+    init = f"tcp://127.0.0.1:{free_port()}"
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, world, init, fn, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    import queue as _q
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while len(results) + len(errors) < world and time.monotonic() < deadline:
+        try:
+            rank, status, value = queue.get(timeout=1.0)
+        except _q.Empty:
+            if not any(p.is_alive() for p in procs):
+                break
+            continue
+        if status == "ok":
+            results[rank] = value
+        else:
+            errors.append(f"rank {rank}: {value}")
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    if len(results) < world and not errors:
+        errors.append(f"ranks {sorted(set(range(world)) - set(results))} returned nothing")
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [results[r] for r in range(world)]
