@@ -15,7 +15,7 @@ from .work import Work
 def __getattr__(name):
     # The API module (and the CUDA executor behind it) loads on first use, keeping
     # `import conccl` light for the CLI and the pure parts (plans, reference executor).
-    if name in {"all_gather_into_tensor", "all_to_all_single", "empty", "set_options", "destroy", "communicator"}:
+    if name in {"all_gather_into_tensor", "all_to_all_single", "empty", "set_options", "destroy", "get_communicator"}:
         from . import api
 
         return getattr(api, name)
@@ -28,6 +28,7 @@ __all__ = [
     "empty",
     "set_options",
     "destroy",
+    "get_communicator",
     "Work",
     "Algorithm",
     "StreamMode",

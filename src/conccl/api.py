@@ -27,7 +27,7 @@ def _resolve_group(group):
     return group
 
 
-def communicator(group=None, options: Options | None = None) -> Communicator:
+def get_communicator(group=None, options: Options | None = None) -> Communicator:
     """The group's copy-engine communicator, created on first use (a collective call)."""
     import torch
     import torch.distributed as dist
@@ -103,7 +103,7 @@ def empty(*size, dtype=None, device=None, group=None):
 
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
-    comm = communicator(group)
+    comm = get_communicator(group)
     device = device if device is not None else comm.executor.device
     t = symm_mem.empty(*size, dtype=dtype or torch.get_default_dtype(), device=device)
     REGISTRY.add(t, symm_mem.rendezvous(t, _resolve_group(group).group_name))
@@ -130,7 +130,7 @@ def all_gather_into_tensor(output, input, group=None, async_op=False):
     Workspace: ``input`` bytes of symmetric memory per rank unless every rank's input was
     allocated with :func:`conccl.empty` (or is in place in such an output); none with push.
     """
-    return communicator(group).all_gather_into_tensor(output, input, async_op)
+    return get_communicator(group).all_gather_into_tensor(output, input, async_op)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
@@ -148,13 +148,13 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     Workspace: the largest input of any rank, in symmetric memory, unless every input was
     allocated with :func:`conccl.empty`; none with push.
     """
-    return communicator(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op)
+    return get_communicator(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op)
 
 
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
                 timeout: timedelta | None = None) -> None:
     """Change a group's defaults (algorithm, stream mode, timeout) on this rank."""
-    opts = communicator(group).options
+    opts = get_communicator(group).options
     if algorithm is not None:
         opts.algorithm = Algorithm(algorithm)
     if stream_mode is not None:

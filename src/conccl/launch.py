@@ -47,6 +47,10 @@ def init_rank(rank: int, world: int, init_method: str | None, backend: str = "nc
 def _worker(rank, world, init_method, fn, args, queue):
     import torch.distributed as dist
 
+    if os.environ.get("CONCCL_DUMP_AFTER_S"):  # debugging hangs: print every thread's stack
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["CONCCL_DUMP_AFTER_S"]), exit=True)
     try:
         init_rank(rank, world, init_method)
         result = fn(rank, world, *args)

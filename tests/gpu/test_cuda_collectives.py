@@ -44,10 +44,20 @@ def _modes():
     ]
 
 
-def _alloc(n, dtype, symmetric):
+_ARENAS: dict = {}
+
+
+def _alloc(n, dtype, symmetric, role="in"):
+    """A fresh tensor, or a view at the start of a per-role symmetric arena allocated once:
+    symmetric allocation is collective, so tests keep it out of the loops."""
     import conccl
 
-    return conccl.empty(n, dtype=dtype) if symmetric else torch.empty(n, dtype=dtype, device="cuda")
+    if not symmetric:
+        return torch.empty(n, dtype=dtype, device="cuda")
+    if role not in _ARENAS:
+        _ARENAS[role] = conccl.empty(GiB + 4096, dtype=torch.uint8)
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    return _ARENAS[role][:nbytes].view(dtype)
 
 
 def _check_equal_with_nccl(rank, world):
@@ -56,7 +66,7 @@ def _check_equal_with_nccl(rank, world):
     import conccl
     from conccl.communicator import Communicator
 
-    comm: Communicator = conccl.communicator()
+    comm: Communicator = conccl.get_communicator()
     failures = []
     # Element counts per rank, from one element to 1 GiB of all-gather output.
     for dtype_name in DTYPES:
@@ -71,7 +81,7 @@ def _check_equal_with_nccl(rank, world):
                     n_out = count * world
                     inp = _alloc(n_in, dtype, sym_in)
                     inp.copy_(_random(n_in * esize, dtype, seed=rank * 7919 + count))
-                    out = _alloc(n_out, dtype, sym_out)
+                    out = _alloc(n_out, dtype, sym_out, "out")
                     out.view(torch.uint8).fill_(0xAB)  # poison: every element must be written
                     ref = torch.empty(n_out, dtype=dtype, device="cuda")
                     if coll == "all_gather":
@@ -91,7 +101,7 @@ def _check_equal_with_nccl(rank, world):
         out_splits = [((s + 2 * rank) % 4) * 37 for s in range(world)]
         inp = _alloc(sum(in_splits) * 3, torch.bfloat16, sym_in).view(-1, 3)
         inp.copy_(_random(inp.numel() * 2, torch.bfloat16, seed=rank).view(-1, 3))
-        out = _alloc(sum(out_splits) * 3, torch.bfloat16, sym_out).view(-1, 3)
+        out = _alloc(sum(out_splits) * 3, torch.bfloat16, sym_out, "out").view(-1, 3)
         ref = torch.empty_like(out)
         comm.all_to_all_single(out, inp, out_splits, in_splits, algorithm=algo, stream_mode=smode)
         dist.all_to_all_single(ref, inp, out_splits, in_splits)
@@ -100,7 +110,7 @@ def _check_equal_with_nccl(rank, world):
             failures.append(f"all_to_all uneven {label}")
     # In place: the input is the output's own chunk.
     for sym in (False, True):
-        out = _alloc(4096 * world, torch.float32, sym)
+        out = _alloc(4096 * world, torch.float32, sym, "out")
         out.copy_(_random(out.numel() * 4, torch.float32, seed=rank).view(torch.float32))
         ref = torch.empty_like(out)
         mine = out[rank * 4096:(rank + 1) * 4096]
@@ -127,11 +137,14 @@ def _profile_collectives(rank, world):
 
     n = 1 << 22
     found = {}
+    conccl.get_communicator()  # set-up (NCCL handshakes, pad zeroing) happens outside the profile
     for coll in ("all_gather", "all_to_all"):
         for sym in (False, True):
             inp = _alloc(n * world if coll == "all_to_all" else n, torch.bfloat16, sym)
             inp.normal_()
             out = torch.empty(n * world, dtype=torch.bfloat16, device="cuda")
+            # a first call outside the profile grows the workspace (a symmetric allocation)
+            (conccl.all_gather_into_tensor(out, inp) if coll == "all_gather" else conccl.all_to_all_single(out, inp))
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for _ in range(3):
