@@ -137,10 +137,11 @@ class CudaCopyEngineExecutor:
         end = torch.cuda.Event()
         end.record(ctrl)
         self._last_end = end
-        # The tensors must outlive the copies: tell the caching allocator they are in use on ctrl.
-        for t in (input, output):
-            t.record_stream(ctrl)
         if async_op:
+            # The caller's stream is not ordered after the copies yet: tell the caching
+            # allocator the tensors are in use on ctrl until then.
+            for t in (input, output):
+                t.record_stream(ctrl)
             return Work(end, self.device)
         caller.wait_event(end)
         return Work(None)

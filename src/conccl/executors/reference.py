@@ -49,10 +49,10 @@ class ReferenceExecutor:
     def _attach_words(self, name):
         return self._attach_bytes(name, signal_pad_words(self.world) * 4).view(np.uint32)
 
-    def _attach_bytes(self, name, nbytes):
+    def _attach_bytes(self, name, nbytes=None):
         shm = _shm.attach(name)
         self._attached.append(shm)
-        return np.ndarray(nbytes, np.uint8, shm.buf)
+        return np.ndarray(shm.size if nbytes is None else nbytes, np.uint8, shm.buf)
 
     def _barrier(self):
         self.board.exchange([], "conccl reference barrier", self.timeout_s)
@@ -103,7 +103,7 @@ class ReferenceExecutor:
         start, end, pattern = self._alloc_of(t)
         key = (pattern, rank)
         if key not in self._peer_allocs:
-            self._peer_allocs[key] = self._attach_bytes(pattern.format(rank=rank), end - start)
+            self._peer_allocs[key] = self._attach_bytes(pattern.format(rank=rank))  # peers' sizes may differ
         return self._peer_allocs[key][t.data_ptr() - start:]
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool) -> Work:

@@ -1,0 +1,173 @@
+"""CPU multi-process tier: the reference executor runs the real schedules and signal protocol
+across processes over shared memory, for world sizes 1 to 8."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conccl import Algorithm, StreamMode  # noqa: E402
+from conccl.errors import CollectiveError, CollectiveTimeout  # noqa: E402
+from conccl.executors.reference import spawn  # noqa: E402
+
+MODES = [(a, m) for a in (Algorithm.PULL, Algorithm.PUSH) for m in StreamMode]
+
+
+def _gather_all_modes(comm, n):
+    w, r = comm.world, comm.rank
+    ex = comm.executor
+    results = []
+    for algo, mode in MODES:
+        for sym_in in (False, True):
+            if algo is Algorithm.PUSH:
+                out = ex.empty((w * n,), torch.int32)
+            else:
+                out = ex.empty((w * n,), torch.int32) if sym_in else torch.empty(w * n, dtype=torch.int32)
+            inp = ex.empty((n,), torch.int32) if sym_in else torch.empty(n, dtype=torch.int32)
+            inp.copy_(torch.arange(n, dtype=torch.int32) + 1000 * r)
+            out.fill_(-1)
+            comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=mode)
+            expected = torch.cat([torch.arange(n, dtype=torch.int32) + 1000 * k for k in range(w)])
+            results.append(bool(torch.equal(out, expected)))
+    return results
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_all_gather_every_mode(world):
+    for per_rank in spawn(world, _gather_all_modes, 37):
+        assert all(per_rank), per_rank
+
+
+def _gather_in_place(comm, n):
+    w, r = comm.world, comm.rank
+    out = comm.executor.empty((w * n,), torch.float32)
+    out.fill_(-1)
+    out[r * n:(r + 1) * n] = r + 0.5
+    comm.all_gather_into_tensor(out, out[r * n:(r + 1) * n])
+    return bool(torch.equal(out, torch.arange(w).float().add(0.5).repeat_interleave(n)))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_gather_in_place(world):
+    assert all(spawn(world, _gather_in_place, 16))
+
+
+def _a2a(comm, rows, uneven):
+    w, r = comm.world, comm.rank
+    ok = []
+    for algo, mode in MODES:
+        if uneven:
+            in_splits = [(r * 3 + d * 5) % 4 for d in range(w)]  # zeros included
+            out_splits = [(s * 3 + r * 5) % 4 for s in range(w)]
+        else:
+            in_splits = out_splits = [rows] * w
+        ex = comm.executor
+        inp = ex.empty((sum(in_splits), 3), torch.int16) if algo is Algorithm.PULL else torch.empty(sum(in_splits), 3, dtype=torch.int16)
+        out = ex.empty((sum(out_splits), 3), torch.int16)
+        inp.copy_(torch.tensor([[100 * r + d, k, 7] for d in range(w) for k in range(in_splits[d])], dtype=torch.int16).view(-1, 3))
+        out.fill_(-1)
+        comm.all_to_all_single(out, inp, out_splits if uneven else None, in_splits if uneven else None,
+                               algorithm=algo, stream_mode=mode)
+        expected = torch.tensor([[100 * s + r, k, 7] for s in range(w) for k in range(out_splits[s])], dtype=torch.int16)
+        ok.append(bool(torch.equal(out, expected.view(-1, 3))))
+    return ok
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("uneven", [False, True])
+def test_all_to_all(world, uneven):
+    for per_rank in spawn(world, _a2a, 5, uneven):
+        assert all(per_rank), per_rank
+
+
+def _back_to_back(comm, calls):
+    w, r = comm.world, comm.rank
+    wrong = 0
+    for i in range(calls):
+        n = 1 + (i * 7) % 64  # sizes change between calls: the workspace grows as needed
+        if i % 2:
+            inp = torch.full((n,), i * 10 + r, dtype=torch.int64)
+            out = torch.empty(w * n, dtype=torch.int64)
+            comm.all_gather_into_tensor(out, inp)
+            wrong += int((out != (i * 10 + torch.arange(w)).repeat_interleave(n)).sum())
+        else:
+            inp = (i * 100 + r * 10 + torch.arange(w)).repeat_interleave(n)
+            out = torch.empty(w * n, dtype=torch.int64)
+            comm.all_to_all_single(out, inp)
+            wrong += int((out != (i * 100 + torch.arange(w) * 10 + r).repeat_interleave(n)).sum())
+    return wrong, comm.seq
+
+
+def test_back_to_back_calls_of_both_kinds():
+    results = spawn(4, _back_to_back, 200)
+    assert results == [(0, 200)] * 4
+
+
+def _mismatched_size(comm):
+    n = 8 if comm.rank != 1 else 9
+    out = torch.full((comm.world * n,), 3.0)
+    try:
+        comm.all_gather_into_tensor(out, torch.zeros(n))
+    except CollectiveError as e:
+        return str(e), bool((out == 3.0).all())
+    return "no error", False
+
+
+def test_mismatched_sizes_raise_on_every_rank_and_move_nothing():
+    for msg, untouched in spawn(3, _mismatched_size):
+        assert "rank 1" in msg and "nothing was moved" in msg and untouched
+
+
+def _mismatched_dtype(comm):
+    dtype = torch.float16 if comm.rank == 0 else torch.bfloat16
+    try:
+        comm.all_gather_into_tensor(torch.empty(comm.world * 4, dtype=dtype), torch.zeros(4, dtype=dtype))
+    except CollectiveError as e:
+        return str(e)
+    return "no error"
+
+
+def test_mismatched_dtypes_name_both_sides():
+    msgs = spawn(2, _mismatched_dtype)
+    assert "torch.float16" in msgs[0] and "torch.bfloat16" in msgs[0]
+    assert "dtype" in msgs[1]
+
+
+def _mismatched_splits(comm):
+    w, r = comm.world, comm.rank
+    in_splits = [2] * w
+    out_splits = [2] * w if r else [3] + [2] * (w - 1)  # rank 0 expects 3 rows from itself
+    try:
+        comm.all_to_all_single(torch.empty(sum(out_splits)), torch.zeros(sum(in_splits)), out_splits, in_splits)
+    except CollectiveError as e:
+        return str(e)
+    return "no error"
+
+
+def test_inconsistent_all_to_all_splits_are_refused_everywhere():
+    for msg in spawn(3, _mismatched_splits):
+        assert "rank 0 sends 8 bytes to rank 0, but rank 0 expects 12" in msg
+
+
+def _absent_peer(comm):
+    import time
+
+    if comm.rank == 1:
+        time.sleep(2.0)  # never calls within the others' timeout
+        return "absent"
+    t0 = time.monotonic()
+    try:
+        comm.all_gather_into_tensor(torch.empty(comm.world * 4), torch.zeros(4), timeout=timedelta(seconds=0.5))
+    except CollectiveTimeout as e:
+        return e.missing, round(time.monotonic() - t0, 2)
+    return "no error"
+
+
+def test_a_peer_that_never_calls_times_out_with_its_rank_named():
+    results = spawn(3, _absent_peer)
+    for r in (0, 2):
+        missing, waited = results[r]
+        assert missing == [1] and waited < 1.5
+    assert isinstance(CollectiveTimeout("x", 1, [1], 0.1), torch.distributed.DistError)
