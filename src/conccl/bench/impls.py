@@ -113,7 +113,7 @@ REGISTRY: dict[str, Impl] = {
     i.name: i
     for i in [
         Impl("conccl", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl default (pull, one stream) on ordinary tensors: input staged into the symmetric workspace",
+             "conccl default on ordinary tensors: pull, one stream, input staged into the symmetric workspace",
              _conccl()),
         Impl("conccl_symm_pull", "cuda_symm", ("all_gather", "all_to_all"),
              "conccl pull, one stream, input and output from conccl.empty (no staging)", _conccl("pull", None, True)),
