@@ -95,11 +95,14 @@ def environment(machine_kind: str, world: int) -> dict:
         except md.PackageNotFoundError:
             return None
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except Exception:
-        commit = os.environ.get("CONCCL_COMMIT", "unknown")
+    # CONCCL_COMMIT first: a checkout copied to a GPU machine may carry no .git.
+    commit = os.environ.get("CONCCL_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                    cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        except Exception:
+            commit = "unknown"
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
     return {
         "machine_kind": machine_kind, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
