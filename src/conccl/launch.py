@@ -91,28 +91,41 @@ def run_per_gpu(fn, *args, nprocs: int | None = None, timeout_s: float = 1800.0)
     procs = [ctx.Process(target=_worker, args=(r, world, init, fn, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    results, errors = {}, []
+    return collect_results(queue, procs, world, timeout_s, join_s=30)
+
+
+def collect_results(queue, procs, world: int, timeout_s: float, join_s: float) -> list:
+    """Gather (rank, status, value) reports from ``procs``; bounded by ``timeout_s``.
+
+    Raises RuntimeError naming every rank that failed, or that returned nothing (killed, hung
+    or crashed); processes still alive at the end are killed.
+    """
     import queue as _q
     import time
 
+    results, errors = {}, []
     deadline = time.monotonic() + timeout_s
-    while len(results) + len(errors) < world and time.monotonic() < deadline:
-        try:
-            rank, status, value = queue.get(timeout=1.0)
-        except _q.Empty:
-            if not any(p.is_alive() for p in procs):
-                break
-            continue
-        if status == "ok":
-            results[rank] = value
-        else:
-            errors.append(f"rank {rank}: {value}")
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
-    if len(results) < world and not errors:
-        errors.append(f"ranks {sorted(set(range(world)) - set(results))} returned nothing")
+    try:
+        while len(results) + len(errors) < world and time.monotonic() < deadline:
+            try:
+                rank, status, value = queue.get(timeout=0.5)
+            except _q.Empty:
+                if not any(p.is_alive() for p in procs):
+                    break
+                continue
+            if status == "ok":
+                results[rank] = value
+            else:
+                errors.append(f"rank {rank}: {value}")
+    finally:
+        for p in procs:
+            p.join(timeout=join_s)
+            if p.is_alive():
+                p.kill()
+    failed = {int(e.split(":")[0].split()[1]) for e in errors}
+    missing = sorted(set(range(world)) - set(results) - failed)
+    if missing:
+        errors.append(f"ranks {missing} returned nothing (killed, hung or crashed)")
     if errors:
         raise RuntimeError("\n".join(errors))
     return [results[r] for r in range(world)]

@@ -13,7 +13,6 @@ from ..schedule import (
     Algorithm,
     Copy,
     Op,
-    Phase,
     Schedule,
     SetSignal,
     Signal,

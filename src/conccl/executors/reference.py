@@ -20,6 +20,7 @@ import numpy as np
 from .. import _shm
 from ..board import HostBoard
 from ..communicator import Communicator, Options, board_row_len, workspace_capacity
+from ..launch import collect_results
 from ..errors import CollectiveTimeout
 from ..schedule import Buf, Copy, Schedule, SetSignal, WaitSignal, signal_pad_words, signal_word
 from ..work import Work
@@ -183,25 +184,8 @@ def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), joi
     try:
         for p in procs:
             p.start()
-        results, errors = {}, []
-        deadline = time.monotonic() + join_timeout_s
-        while len(results) + len(errors) < world and time.monotonic() < deadline:
-            try:
-                rank, status, value = queue.get(timeout=0.5)
-            except Exception:
-                if all(not p.is_alive() for p in procs) and queue.empty():
-                    break
-                continue
-            (results.__setitem__(rank, value) if status == "ok" else errors.append(f"rank {rank}: {value}"))
-        missing = [r for r in range(world) if r not in results and not any(e.startswith(f"rank {r}:") for e in errors)]
-        if missing:
-            errors.append(f"ranks {missing} returned nothing (killed, hung or crashed)")
-        if errors:
-            raise RuntimeError("reference group failed:\n" + "\n".join(errors))
-        return [results[r] for r in range(world)]
+        return collect_results(queue, procs, world, join_timeout_s, join_s=5)
+    except RuntimeError as e:
+        raise RuntimeError(f"reference group failed:\n{e}") from None
     finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
         board.close()
