@@ -118,7 +118,9 @@ def cmd_bench(args) -> int:
     import torch
 
     from .bench import report
-    from .bench.run import config_dict, run_bench
+    from dataclasses import asdict
+
+    from .bench.run import run_bench
     from .launch import under_torchrun
 
     try:
@@ -137,7 +139,7 @@ def cmd_bench(args) -> int:
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         return 0  # rank 0 holds the slowest-rank figures and writes the files
     if args.json:
-        report.write_json(args.json, meta, config_dict(cfg), records)
+        report.write_json(args.json, meta, asdict(cfg), records)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(report.markdown(meta, records))

@@ -26,7 +26,7 @@ call) so one schedule serves every call with the same shapes and can be cached.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class Signal(enum.IntEnum):
@@ -111,15 +111,18 @@ class Schedule:
 
     Slots are independent except through signals; every slot starts after the work already
     queued on the caller's stream, and the caller's stream waits for all slots at the end.
-    ``workspace_bytes`` is how much of the group's symmetric workspace every rank needs.
+    ``algorithm``, ``stream_mode`` and ``staged`` say how it was built (the executor issues a
+    BATCH schedule's peer copies as one batch). ``workspace_bytes`` is how much of the group's symmetric workspace every rank needs.
     """
 
     collective: str
     world: int
     rank: int
     slots: tuple[tuple[Op, ...], ...]
+    algorithm: Algorithm
+    stream_mode: StreamMode
+    staged: bool
     workspace_bytes: int = 0
-    notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def transfers(self) -> tuple[Transfer, ...]:
@@ -129,8 +132,6 @@ class Schedule:
     def num_slots(self) -> int:
         return len(self.slots)
 
-    def bytes_received(self) -> int:
-        return sum(t.nbytes for t in self.transfers if t.dst_rank == self.rank and t.src_rank != self.rank)
 
 
 class Algorithm(enum.Enum):

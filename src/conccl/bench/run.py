@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .impls import REGISTRY
 
@@ -229,7 +229,3 @@ def run_bench(cfg: BenchConfig, nprocs: int | None = None) -> list[dict]:
     for fam in families:
         records += run_per_gpu(bench_worker, cfg, fam, nprocs=nprocs)[0]
     return records
-
-
-def config_dict(cfg: BenchConfig) -> dict:
-    return asdict(cfg)

@@ -11,12 +11,11 @@ from . import all_gather, all_to_all
 class CollectiveSpec:
     name: str
     bus_factor: Callable[[int], float]
-    torch_name: str  # the torch.distributed function it mirrors
 
 
 REGISTRY: dict[str, CollectiveSpec] = {
-    all_gather.NAME: CollectiveSpec(all_gather.NAME, all_gather.bus_factor, "all_gather_into_tensor"),
-    all_to_all.NAME: CollectiveSpec(all_to_all.NAME, all_to_all.bus_factor, "all_to_all_single"),
+    all_gather.NAME: CollectiveSpec(all_gather.NAME, all_gather.bus_factor),
+    all_to_all.NAME: CollectiveSpec(all_to_all.NAME, all_to_all.bus_factor),
 }
 
 

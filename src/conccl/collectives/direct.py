@@ -88,6 +88,8 @@ def build_direct_schedule(
         world=world,
         rank=rank,
         slots=numbered,
+        algorithm=algorithm,
+        stream_mode=stream_mode,
+        staged=staged,
         workspace_bytes=workspace_bytes,
-        notes={"algorithm": algorithm.value, "stream_mode": stream_mode.value, "staged": staged},
     )

@@ -105,8 +105,16 @@ class CudaCopyEngineExecutor:
         if self._last_end is not None:
             ctrl.wait_event(self._last_end)
         self._start.record(ctrl)
-        batch = schedule.notes.get("stream_mode") == StreamMode.BATCH.value
+        batch = schedule.stream_mode is StreamMode.BATCH
         own_pad = self._pads[self.rank]
+        bases: dict = {}  # (rank, buffer) -> address, resolved once per call
+
+        def address(rank, buf):
+            key = (rank, buf)
+            if key not in bases:
+                bases[key] = self._address(rank, buf, input, output)
+            return bases[key]
+
         for k, slot_ops in enumerate(schedule.slots):
             ops = ops_of[k]
             if k:
@@ -115,8 +123,8 @@ class CudaCopyEngineExecutor:
             for op in slot_ops:
                 if isinstance(op, Copy):
                     t = op.transfer
-                    dst = self._address(t.dst_rank, t.dst, input, output) + t.dst_offset
-                    src = self._address(t.src_rank, t.src, input, output) + t.src_offset
+                    dst = address(t.dst_rank, t.dst) + t.dst_offset
+                    src = address(t.src_rank, t.src) + t.src_offset
                     if batch and t.src_rank != t.dst_rank:
                         pending.append((dst, src, t.nbytes))
                     else:
