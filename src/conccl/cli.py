@@ -1,28 +1,14 @@
-"""The ``conccl`` command: ``conccl bench`` (and, later, ``study`` and ``plan``)."""
+"""The ``conccl`` command: ``conccl bench``, ``conccl study`` (and, later, ``plan``)."""
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import os
-import re
 import subprocess
 import sys
 
 from .collectives import REGISTRY as COLLECTIVES
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """'1M' -> 1048576; accepts B/K/M/G/T suffixes (powers of 1024) and decimals ('1.5G')."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([BKMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"malformed size {text!r}: expected e.g. 1024, 64K, 1M, 4G")
-    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value < 1 or value != int(value):
-        raise argparse.ArgumentTypeError(f"size {text!r} must be a whole number of bytes >= 1")
-    return int(value)
-
+from .units import parse_size
 
 def sweep(begin: int, end: int, factor: float) -> list[int]:
     if end < begin:
@@ -61,6 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--markdown", metavar="FILE", help="write readable tables to FILE")
     b.add_argument("--machine-kind", default=os.environ.get("CONCCL_MACHINE_KIND", "unknown"),
                    help="label recorded in the JSON (e.g. nvidia-h200-x4)")
+    s = sub.add_parser(
+        "study", help="the paper's C3 characterization on these GPUs: every strategy, a report with figures",
+        description="Runs the study suite (or your scenarios) on every visible GPU, one process each (or joins "
+                    "torchrun), and writes a report folder: report.md, results.json/.csv, figures/, profile.json. "
+                    "With no GPU it predicts the same report from a measured hardware profile (labelled a "
+                    "prediction). Sizes are bytes of the collective's output per rank.")
+    s.add_argument("--out", default=None, help="report folder (default: study-YYYYmmdd-HHMMSS); must not hold a report")
+    s.add_argument("--quick", action="store_true", help="a small subset and shorter sweeps, for a first look")
+    s.add_argument("--gpus", type=int, default=None, help="number of GPUs / processes (default: all visible)")
+    s.add_argument("--suite", metavar="FILE", help="scenario suite file (default: the paper's, shipped with conccl)")
+    s.add_argument("--only", metavar="TAGS", help="comma-separated scenario tags or ids of the suite to run")
+    s.add_argument("--gemm", metavar="MxNxK", help="your own scenario: GEMM shape (with --size)")
+    s.add_argument("--size", metavar="BYTES", help="your own scenario: collective output bytes per rank, e.g. 1G")
+    s.add_argument("--collective", default="all", help="your own scenario: all_gather, all_to_all or all")
+    s.add_argument("--predict", action="store_true", help="predict from a hardware profile even if GPUs are visible")
+    s.add_argument("--profile", metavar="FILE", help="hardware profile for --predict (default: the embedded H200 x4)")
+    s.add_argument("--report", metavar="DIR", help="only re-draw the report of an earlier run from its results.json")
+    s.add_argument("--force", action="store_true", help="write into --out even if it holds a report")
+    s.add_argument("--machine-kind", default=os.environ.get("CONCCL_MACHINE_KIND", "unknown"),
+                   help="label recorded in the report (e.g. nvidia-h200-x4)")
     return p
 
 
@@ -147,10 +153,84 @@ def cmd_bench(args) -> int:
     return 1 if bad else 0
 
 
+def study_scenarios(args):
+    from .study.scenarios import SuiteError, load_suite, scenario_from_args, select
+
+    if args.gemm or args.size:
+        if not (args.gemm and args.size):
+            raise SuiteError("your own scenario needs both --gemm MxNxK and --size BYTES")
+        if args.suite or args.only:
+            raise SuiteError("give either your own scenario (--gemm/--size) or a suite (--suite/--only), not both")
+        return select(scenario_from_args(args.gemm, args.collective, args.size), quick=False)
+    if args.collective != "all":
+        raise SuiteError("--collective needs --gemm and --size (to filter a suite, use --only)")
+    scenarios = select(load_suite(args.suite), quick=args.quick, only=args.only)
+    if not scenarios:
+        raise SuiteError("no scenario selected")
+    return scenarios
+
+
+def cmd_study(args) -> int:
+    import pathlib
+
+    from .profile import ProfileError
+    from .study import report
+    from .study.measure import StudyError
+    from .study.run import measured, predicted
+    from .study.scenarios import SuiteError
+
+    def fail(msg: str) -> int:
+        print(f"conccl study: {msg}", file=sys.stderr)
+        return 2
+
+    if args.report:
+        try:
+            report.render(args.report, report.load_results(args.report))
+        except ValueError as e:
+            return fail(str(e))
+        return 0
+    try:
+        scenarios = study_scenarios(args)
+    except SuiteError as e:
+        return fail(str(e))
+    if args.gpus is not None and args.gpus < 1:
+        return fail("--gpus must be >= 1")
+    out = pathlib.Path(args.out or _dt.datetime.now().strftime("study-%Y%m%d-%H%M%S"))
+    if (out / "results.json").exists() and not args.force:
+        return fail(f"{out} already holds a study report; choose another --out or pass --force")
+    import torch
+
+    from .launch import under_torchrun
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or gpus)
+    try:
+        if args.predict or gpus == 0:
+            if not args.predict:
+                print("conccl study: no CUDA GPU visible: PREDICTING the report from the embedded hardware profile",
+                      file=sys.stderr)
+            predicted(scenarios, out, args.gpus, args.quick, args.profile, environment(args.machine_kind, world or 0))
+            return 0
+        if world < 2:
+            return fail(f"a measured study needs at least 2 GPUs linked by NVLink, found {world}; "
+                        "pass --predict for a report modelled from a hardware profile")
+        if args.profile:
+            return fail("--profile is for --predict; a measured study writes its own profile.json")
+        memory = torch.cuda.get_device_properties(0).total_memory
+        doc, finished = measured(scenarios, out, world, args.quick, environment(args.machine_kind, world), memory)
+    except (StudyError, SuiteError, ProfileError) as e:
+        return fail(str(e))
+    if not finished:
+        return 1
+    return 1 if doc and doc.get("summary", {}).get("wrong") else 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return cmd_bench(args)
+    if args.command == "study":
+        return cmd_study(args)
     return 2
 
 

@@ -1,0 +1,435 @@
+"""The measured study: one process per GPU, every number as the paper took it.
+
+Every timing is ``warmup`` executions then ``iters`` timed ones (the paper: 6 + 9); before each,
+the ranks meet at a barrier; each execution is timed between two CUDA events on one stream
+that every participating stream joins, and the slowest rank's time counts, execution by
+execution. Before the last execution of every configuration the output is poisoned, and
+after it every rank checks its output against the pattern that NCCL produces (the same check
+NCCL's own runs pass), so a strategy that moved nothing or the wrong bytes is caught.
+
+Rank 0 records the numbers in a results document (see ``analysis.py``) and saves it after
+every step, so an interrupted run keeps what it measured.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import analysis
+from .scenarios import Gemm, Scenario
+from .strategies import strategies_for
+
+SIZE_SWEEP = tuple(1 << s for s in (20, 22, 24, 26, 28, 30, 32))  # 1M .. 4G
+SIZE_SWEEP_QUICK = tuple(1 << s for s in (20, 24, 28))
+CTA_SWEEP = (1, 2, 4, 8, 16, 32)
+CTA_SWEEP_QUICK = (1, 4, 16)
+CTA_SIZES = (1 << 20, 1 << 30)  # a latency-bound and a bandwidth-bound size
+CTA_SIZES_QUICK = (1 << 20, 1 << 28)
+SM_LOSS = (0, 8, 16, 32, 64)
+SM_LOSS_QUICK = (0, 16, 64)
+HBM_PROBE_BYTES = 2 << 30
+HEADROOM = 3 << 30  # NCCL buffers, verification temporaries, allocator slack
+
+
+class StudyError(RuntimeError):
+    """The study cannot run as asked (too few GPUs, does not fit in memory, ...)."""
+
+
+@dataclass
+class StudyConfig:
+    scenarios: list[Scenario]
+    quick: bool = False
+    warmup: int = 6
+    iters: int = 9
+    out_dir: str = "study"
+    meta: dict = field(default_factory=dict)
+
+
+def arena_bytes(scenarios: list[Scenario], world: int, quick: bool) -> tuple[int, int]:
+    """Symmetric arenas (output, input) large enough for every scenario and sweep.
+
+    Allocated once: symmetric allocations must have equal sizes on every rank, and the
+    allocator may return cached blocks of other sizes if allocations came and went."""
+    sweep = max(SIZE_SWEEP_QUICK if quick else SIZE_SWEEP)
+    out = max([s.size_for(world) for s in scenarios] + [sweep])
+    inp = max([s.size_for(world) if s.collective == "all_to_all" else s.size_for(world) // world
+               for s in scenarios] + [sweep])
+    return out, inp
+
+
+def required_bytes(scenarios: list[Scenario], world: int, quick: bool) -> int:
+    out, inp = arena_bytes(scenarios, world, quick)
+    per = max(s.gemm.bytes() + (s.size_for(world) if s.collective == "all_gather" else 0) for s in scenarios)
+    return out + inp + per + HEADROOM
+
+
+# ----------------------------------------------------------------------------- device rig
+
+class Rig:
+    """Per-rank GPU state: streams, green contexts and NCCL groups, created once."""
+
+    def __init__(self, rank: int, world: int, cfg: StudyConfig):
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.rank, self.world, self.cfg = rank, world, cfg
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        props = torch.cuda.get_device_properties(self.device)
+        self.sm_count = props.multi_processor_count
+        self.memory = props.total_memory
+        self.gemm_stream = torch.cuda.Stream()
+        self.comm_stream = torch.cuda.Stream()
+        self._green: dict[int, tuple] = {}
+        self._groups: dict[tuple, object] = {}
+
+    # -- SM partitions -----------------------------------------------------------------
+    def green_stream(self, sms_taken: int):
+        """(stream, SMs granted to the GEMM): a green context holding all but ``sms_taken`` SMs."""
+        if sms_taken <= 0:
+            return self.gemm_stream, self.sm_count
+        want = self.sm_count - sms_taken
+        if want not in self._green:
+            from torch.cuda.green_contexts import GreenContext
+
+            gc = GreenContext.create(num_sms=want, device_id=self.device.index)
+            self._green[want] = (gc, gc.Stream(), granted_sms(self.device.index, want))
+        _, stream, granted = self._green[want]
+        return stream, granted
+
+    def nccl_group(self, ctas: int | None = None, high_priority: bool = False):
+        """The world as a NCCL group, optionally capped to ``ctas`` CTAs or on a high-priority stream."""
+        if ctas is None and not high_priority:
+            return None  # the default group
+        key = (ctas, high_priority)
+        if key not in self._groups:
+            opts = self.dist.ProcessGroupNCCL.Options()
+            opts.is_high_priority_stream = high_priority
+            if ctas is not None:
+                opts.config.max_ctas = ctas
+            self._groups[key] = self.dist.new_group(backend="nccl", pg_options=opts)
+        return self._groups[key]
+
+    # -- timing ------------------------------------------------------------------------
+    def _execute(self, parts):
+        """Queue ``parts`` ([(stream, fn)], in launch order) behind one start event; return (start, end)."""
+        torch = self.torch
+        main = torch.cuda.current_stream()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(main)
+        for stream, fn in parts:
+            stream.wait_event(start)
+            with torch.cuda.stream(stream):
+                fn()
+            main.wait_stream(stream)
+        end.record(main)
+        return start, end
+
+    def timed(self, parts, poison=None) -> list[float]:
+        """Milliseconds of each timed execution, the slowest rank's (same list on every rank)."""
+        torch, dist = self.torch, self.dist
+        runs = self.cfg.warmup + self.cfg.iters
+        times = []
+        for i in range(runs):
+            if poison is not None and i == runs - 1:
+                poison()  # the checked execution must write every byte itself
+            torch.cuda.synchronize()
+            dist.barrier()
+            start, end = self._execute(parts)
+            end.synchronize()
+            if i >= self.cfg.warmup:
+                times.append(start.elapsed_time(end))
+        t = torch.tensor(times, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def all_true(self, ok: bool) -> bool:
+        t = self.torch.tensor([1 if ok else 0], device=self.device)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN)
+        return bool(t.item())
+
+
+def granted_sms(device_index: int, want: int) -> int | None:
+    """SMs the driver grants a green context asked for ``want`` (it rounds to its granularity)."""
+    try:
+        from cuda.bindings import driver as cu
+
+        _, dev = cu.cuDeviceGet(device_index)
+        err, res = cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return None
+        out = cu.cuDevSmResourceSplitByCount(1, res, 0, want)
+        if out[0] != cu.CUresult.CUDA_SUCCESS:
+            return None
+        return int(out[1][0].sm.smCount)
+    except Exception:  # noqa: BLE001 - older bindings: the request is recorded instead
+        return None
+
+
+# ------------------------------------------------------------------------ data patterns
+
+def _pattern(src: int, dst: int, offset: int, n: int, device):
+    """The bytes rank ``src`` sends rank ``dst``, elements [offset, offset+n), as int16 (bf16 bits)."""
+    import torch
+
+    i = torch.arange(offset, offset + n, dtype=torch.int64, device=device)
+    return ((i * 7 + (src * 13 + dst * 29 + 1)) % 251).to(torch.int16)
+
+
+PIECE = 1 << 26  # elements per generated piece: bounds the temporaries (512 MiB of int64)
+
+
+def fill_pattern(t16, src: int, dst: int) -> None:
+    for off in range(0, t16.numel(), PIECE):
+        n = min(PIECE, t16.numel() - off)
+        t16[off:off + n].copy_(_pattern(src, dst, off, n, t16.device))
+
+
+def matches_pattern(t16, src: int, dst: int) -> bool:
+    for off in range(0, t16.numel(), PIECE):
+        n = min(PIECE, t16.numel() - off)
+        if not bool((t16[off:off + n] == _pattern(src, dst, off, n, t16.device)).all()):
+            return False
+    return True
+
+
+class CollectiveCase:
+    """Buffers of one collective in the symmetric arenas, the callables that run it with each
+    implementation, and its poison / check."""
+
+    def __init__(self, rig: Rig, collective: str, size: int, arenas):
+        import torch
+
+        self.rig, self.collective, self.size = rig, collective, size
+        w, r = rig.world, rig.rank
+        out_arena, in_arena = arenas
+        self.out = out_arena[:size].view(torch.bfloat16)
+        self.out16 = self.out.view(torch.int16)
+        chunks = self.out16.view(w, -1)
+        if collective == "all_gather":
+            self.inp = self.out.view(w, -1)[r]  # in place, as FSDP does
+            fill_pattern(chunks[r], r, 0)
+            self.lc_in = in_arena[: size // w].view(torch.bfloat16)  # same offset on every rank
+            self.lc_in.copy_(self.inp)
+        else:
+            self.inp = in_arena[:size].view(torch.bfloat16)
+            ins = self.inp.view(torch.int16).view(w, -1)
+            for d in range(w):
+                fill_pattern(ins[d], r, d)
+        self.lc_out = None
+
+    def poison(self, target=None) -> None:
+        w, r = self.rig.world, self.rig.rank
+        t = (target if target is not None else self.out).view(self.rig.torch.int16).view(w, -1)
+        for c in range(w):
+            if not (self.collective == "all_gather" and c == r and target is None):
+                t[c].fill_(-1)
+
+    def check(self, target=None) -> bool:
+        w, r = self.rig.world, self.rig.rank
+        t = (target if target is not None else self.out).view(self.rig.torch.int16).view(w, -1)
+        if self.collective == "all_gather":
+            ok = all(matches_pattern(t[s], s, 0) for s in range(w))
+        else:
+            ok = all(matches_pattern(t[s], s, r) for s in range(w))
+        return self.rig.all_true(ok)
+
+    def fn(self, impl: str, group=None):
+        import torch
+
+        dist = self.rig.dist
+        if impl == "nccl":
+            if self.collective == "all_gather":
+                return lambda: dist.all_gather_into_tensor(self.out, self.inp, group=group)
+            return lambda: dist.all_to_all_single(self.out, self.inp, group=group)
+        if impl == "conccl":
+            import conccl
+
+            if self.collective == "all_gather":
+                return lambda: conccl.all_gather_into_tensor(self.out, self.inp)
+            return lambda: conccl.all_to_all_single(self.out, self.inp)
+        if impl == "torch_lc":
+            name = dist.group.WORLD.group_name
+
+            def run():
+                out = torch.ops.symm_mem._low_contention_all_gather(self.lc_in, name)
+                self.lc_out = torch.ops._c10d_functional.wait_tensor(out)
+            return run
+        raise ValueError(f"unknown collective implementation {impl!r}")
+
+    def poison_lc(self) -> None:
+        """PyTorch's op allocates its output every call: poison the last one and let it go, so
+        the allocator's next block holds no correct bytes from before."""
+        if self.lc_out is not None:
+            self.poison(self.lc_out)
+            self.lc_out = None
+
+    def hbm_bytes(self) -> int:
+        """Bytes this rank's HBM reads and writes in the collective (its peers' share arrives by
+        NVLink and is written here; its own share is read once per peer)."""
+        w = self.rig.world
+        moved = 2 * self.size * (w - 1) // w
+        return moved + (2 * self.size // w if self.collective == "all_to_all" else 0)
+
+
+class GemmCase:
+    def __init__(self, rig: Rig, gemm: Gemm):
+        import torch
+
+        g = torch.Generator(device=rig.device).manual_seed(1234 + rig.rank)
+        self.gemm = gemm
+        self.a = torch.randn(gemm.m, gemm.k, dtype=torch.bfloat16, device=rig.device, generator=g)
+        self.b = torch.randn(gemm.k, gemm.n, dtype=torch.bfloat16, device=rig.device, generator=g)
+        self.c = torch.empty(gemm.m, gemm.n, dtype=torch.bfloat16, device=rig.device)
+
+    def fn(self):
+        import torch
+
+        return lambda: torch.mm(self.a, self.b, out=self.c)
+
+
+# ----------------------------------------------------------------------------- the study
+
+class Progress:
+    """A one-line progress bar on rank 0 (a line per step when not on a terminal)."""
+
+    def __init__(self, total: int, enabled: bool):
+        import sys
+
+        self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.monotonic()
+        self.out, self.tty = sys.stderr, sys.stderr.isatty()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        n = 30 * self.done // max(1, self.total)
+        el = time.monotonic() - self.t0
+        line = f"[{'#' * n}{'.' * (30 - n)}] {self.done}/{self.total} {el:6.0f}s  {label}"
+        print(("\r" + line.ljust(100)) if self.tty else line, end="" if self.tty else "\n", file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=self.out)
+
+
+def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
+    """Runs in every rank's process. Rank 0 returns (and saves as it goes) the results document."""
+    import torch
+
+    import conccl
+
+    from . import report
+
+    rig = Rig(rank, world, cfg)
+    need = required_bytes(cfg.scenarios, world, cfg.quick)
+    if need > rig.memory:
+        worst = max(cfg.scenarios, key=lambda s: s.memory_bytes(world))
+        raise StudyError(f"the study needs {need / 2**30:.1f} GiB per GPU but the GPU has "
+                         f"{rig.memory / 2**30:.1f} GiB; the largest scenario is {worst.id}")
+    doc = analysis.new_document("measured", cfg.meta, {"quick": cfg.quick, "warmup": cfg.warmup,
+                                                        "iters": cfg.iters, "world": world})
+    save = (lambda: report.save_results(cfg.out_dir, doc)) if rank == 0 else (lambda: None)
+    gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
+    sizes = SIZE_SWEEP_QUICK if cfg.quick else SIZE_SWEEP
+    ctas = CTA_SWEEP_QUICK if cfg.quick else CTA_SWEEP
+    cta_sizes = CTA_SIZES_QUICK if cfg.quick else CTA_SIZES
+    sm_loss = SM_LOSS_QUICK if cfg.quick else SM_LOSS
+    colls = sorted({s.collective for s in cfg.scenarios})
+    progress = Progress(2 + len(gemms) + len(colls) * 2 + len(cfg.scenarios), rank == 0)
+
+    arena_out, arena_in = arena_bytes(cfg.scenarios, world, cfg.quick)
+    arenas = (conccl.empty(arena_out, dtype=torch.uint8), conccl.empty(arena_in, dtype=torch.uint8))
+    doc["machine"] = {"sm_count": rig.sm_count, "memory_bytes": rig.memory, "world": world,
+                      "device": torch.cuda.get_device_name(rig.device)}
+
+    # Peak HBM bandwidth: a same-GPU copy reads and writes every byte.
+    src = torch.empty(HBM_PROBE_BYTES, dtype=torch.uint8, device=rig.device)
+    dst = torch.empty_like(src)
+    probe = (src, dst)
+    t = rig.timed([(rig.gemm_stream, lambda: probe[1].copy_(probe[0]))])
+    doc["peaks"]["hbm_bytes_per_s"] = 2 * HBM_PROBE_BYTES / (analysis.median(t) / 1e3)
+    src = dst = probe = None
+    progress.step("HBM bandwidth")
+
+    # GEMMs alone, losing SMs to a green context holding the rest.
+    for g in gemms:
+        case = GemmCase(rig, g)
+        for k in sm_loss:
+            stream, granted = rig.green_stream(k)
+            t = rig.timed([(stream, case.fn())])
+            doc["gemm_sm_loss"].append({"gemm": g.tag, "mnk": g.mnk, "flops": g.flops, "bytes": g.bytes(),
+                                        "sms_taken": k, "sms_granted": granted, "time_ms": analysis.summary(t)})
+        del case
+        torch.cuda.empty_cache()
+        save()
+        progress.step(f"GEMM {g.tag} SM sweep")
+    analysis.set_gemm_peaks(doc)
+
+    # Collectives alone: over sizes (NCCL and conccl), and over the CTAs NCCL may use.
+    for c in colls:
+        for size in sizes:
+            case = CollectiveCase(rig, c, size, arenas)
+            for impl in ("nccl", "conccl"):
+                t = rig.timed([(rig.comm_stream, case.fn(impl))], poison=case.poison)
+                doc["coll_sizes"].append({"collective": c, "size": size, "impl": impl, "time_ms": analysis.summary(t),
+                                          "correct": case.check(), "hbm_bytes": case.hbm_bytes()})
+        save()
+        progress.step(f"{c} size sweep")
+        for size in cta_sizes:
+            case = CollectiveCase(rig, c, size, arenas)
+            for k in (*ctas, None):
+                t = rig.timed([(rig.comm_stream, case.fn("nccl", rig.nccl_group(ctas=k)))])
+                doc["coll_ctas"].append({"collective": c, "size": size, "impl": "nccl", "ctas": k,
+                                         "time_ms": analysis.summary(t)})
+            t = rig.timed([(rig.comm_stream, case.fn("conccl"))])
+            doc["coll_ctas"].append({"collective": c, "size": size, "impl": "conccl", "ctas": 0,
+                                     "time_ms": analysis.summary(t)})
+        save()
+        progress.step(f"{c} CTA sweep")
+    analysis.set_comm_peaks(doc)
+
+    # Scenarios: isolated times, then every strategy.
+    current = None
+    for s in cfg.scenarios:
+        if current is None or current.gemm is not s.gemm:
+            current = None
+            torch.cuda.empty_cache()
+            current = GemmCase(rig, s.gemm)
+        doc["scenarios"].append(measure_scenario(rig, s, current, arenas))
+        save()
+        progress.step(s.id)
+    progress.close()
+    doc["complete"] = True
+    save()
+    return doc if rank == 0 else None
+
+
+def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
+    size = s.size_for(rig.world)
+    case = CollectiveCase(rig, s.collective, size, arenas)
+    rec = analysis.new_scenario(s, size)
+    rec["t_gemm"] = analysis.summary(rig.timed([(rig.gemm_stream, gemm.fn())]))
+    for impl in ("nccl", "conccl") + (("torch_lc",) if s.collective == "all_gather" else ()):
+        t = rig.timed([(rig.comm_stream, case.fn(impl))])
+        rec["t_comm"][impl] = analysis.summary(t)
+    rec["hbm_bytes"] = {"gemm": s.gemm.bytes(), "comm": case.hbm_bytes()}
+    for strat in strategies_for(s.collective):
+        runs = []
+        for k in strat.sweep(rig.cfg.quick):
+            stream, granted = rig.green_stream(k if strat.partition else 0)
+            group = rig.nccl_group(ctas=k if strat.partition == "nccl_ctas" else None,
+                                   high_priority=strat.high_priority)
+            comm = (rig.comm_stream, case.fn(strat.impl, group))
+            work = (stream, gemm.fn())
+            parts = [comm, work] if strat.comm_first else [work, comm]
+            lc = strat.impl == "torch_lc"
+            t = rig.timed(parts, poison=case.poison_lc if lc else case.poison)
+            correct = case.check(case.lc_out) if lc else case.check()
+            runs.append({"sms": k if strat.partition else 0, "gemm_sms": granted, "time_ms": analysis.summary(t),
+                         "correct": correct})
+        rec["runs"][strat.name] = runs
+    case.lc_out = None
+    return rec
+
+

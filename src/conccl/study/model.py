@@ -1,0 +1,101 @@
+"""The study without a GPU: the same document, modelled from a measured hardware profile.
+
+- GEMM time: roofline, max(flops / (peak x efficiency), bytes / (HBM x efficiency)), with the
+  efficiencies the profile measured for each class.
+- Collective time: latency + size x (w-1)/w / bus bandwidth, fitted per implementation.
+- SM-loss and CTA tables: the profile's, nearest measured point.
+- Concurrent time of a strategy: the percent of ideal the profile measured for that strategy,
+  collective and taxonomy (or the collective's mean where the taxonomy has no sample), applied
+  to this scenario's ideal speedup. That is a fitted model, labelled a prediction everywhere.
+"""
+from __future__ import annotations
+
+from ..profile import HardwareProfile
+from . import analysis, metrics
+from .measure import CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SIZE_SWEEP, SIZE_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK
+from .scenarios import Gemm, Scenario
+from .strategies import strategies_for
+
+
+def _point(ms: float) -> dict:
+    return {"median": ms, "min": ms, "max": ms, "n": 0}
+
+
+def _nearest(table: dict, key: int) -> float:
+    if not table:
+        return 1.0
+    return table[min(table, key=lambda k: abs(k - key))]
+
+
+def gemm_ms(p: HardwareProfile, g: Gemm) -> tuple[float, str]:
+    ce = p.gemm_efficiency.get("compute-bound", 0.7)
+    me = p.gemm_efficiency.get("memory-bound", 0.7)
+    t_c = g.flops / (p.bf16_flops * ce)
+    t_m = g.bytes() / (p.hbm_bytes_per_s * me)
+    return 1e3 * max(t_c, t_m), ("compute-bound" if t_c >= t_m else "memory-bound")
+
+
+def comm_ms(p: HardwareProfile, impl: str, collective: str, size: int, world: int) -> float | None:
+    fit = p.collectives.get(impl, {}).get(collective)
+    if not fit:
+        return None
+    return 1e3 * (fit["latency_s"] + size * (world - 1) / world / fit["bus_bytes_per_s"])
+
+
+def overlap_pct(p: HardwareProfile, strategy: str, collective: str, taxonomy: str) -> float | None:
+    per = p.overlap.get(strategy, {}).get(collective, {})
+    return per.get(taxonomy, per.get("all"))
+
+
+def predict(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bool, meta: dict) -> dict:
+    doc = analysis.new_document("prediction", meta, {"quick": quick, "warmup": 0, "iters": 0, "world": world})
+    doc["machine"] = {"device": p.device, "sm_count": p.sm_count, "memory_bytes": p.memory_bytes, "world": world}
+    doc["peaks"] = {"bf16_flops": p.bf16_flops, "hbm_bytes_per_s": p.hbm_bytes_per_s,
+                    "nvlink_bytes_per_s": p.nvlink_bytes_per_s}
+    for g in {s.gemm.tag: s.gemm for s in scenarios}.values():
+        t0, cls = gemm_ms(p, g)
+        for k in SM_LOSS_QUICK if quick else SM_LOSS:
+            slow = 1.0 if k == 0 else _nearest(p.gemm_sm_loss.get(cls, {}), k)
+            doc["gemm_sm_loss"].append({"gemm": g.tag, "mnk": g.mnk, "flops": g.flops, "bytes": g.bytes(),
+                                        "sms_taken": k, "sms_granted": p.sm_count - k, "time_ms": _point(t0 * slow)})
+    colls = sorted({s.collective for s in scenarios})
+    for c in colls:
+        for size in SIZE_SWEEP_QUICK if quick else SIZE_SWEEP:
+            for impl in ("nccl", "conccl"):
+                t = comm_ms(p, impl, c, size, world)
+                if t is not None:
+                    doc["coll_sizes"].append({"collective": c, "size": size, "impl": impl, "time_ms": _point(t)})
+        for size in CTA_SIZES_QUICK if quick else CTA_SIZES:
+            base = comm_ms(p, "nccl", c, size, world)
+            if base is None:
+                continue
+            band = "latency-bound" if size <= 32 << 20 else "bandwidth-bound"
+            table = p.coll_cta_loss.get(c, {}).get(band, {})
+            for k in (*(CTA_SWEEP_QUICK if quick else CTA_SWEEP), None):
+                slow = 1.0 if k is None else _nearest(table, k)
+                doc["coll_ctas"].append({"collective": c, "size": size, "impl": "nccl", "ctas": k,
+                                         "time_ms": _point(base * slow)})
+    analysis.set_comm_peaks(doc)
+    doc["peaks"]["nvlink_bytes_per_s"] = p.nvlink_bytes_per_s
+    for s in scenarios:
+        size = s.size_for(world)
+        rec = analysis.new_scenario(s, size)
+        tg, _ = gemm_ms(p, s.gemm)
+        rec["t_gemm"] = _point(tg)
+        for impl in ("nccl", "conccl", "torch_lc"):
+            t = comm_ms(p, impl, s.collective, size, world)
+            if t is not None:
+                rec["t_comm"][impl] = _point(t)
+        tc = rec["t_comm"]["nccl"]["median"]
+        rec["hbm_bytes"] = {"gemm": s.gemm.bytes(),
+                            "comm": 2 * size * (world - 1) // world + (2 * size // world if s.collective == "all_to_all" else 0)}
+        ideal, tax = metrics.ideal_speedup(tg, tc), metrics.taxonomy(tg, tc)
+        for strat in strategies_for(s.collective):
+            pct = overlap_pct(p, strat.name, s.collective, tax)
+            if pct is None:
+                continue
+            sp = 1 + pct / 100 * (ideal - 1)
+            rec["runs"][strat.name] = [{"sms": 0, "gemm_sms": None, "time_ms": _point((tg + tc) / sp), "correct": None}]
+        doc["scenarios"].append(rec)
+    doc["complete"] = True
+    return doc
