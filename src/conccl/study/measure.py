@@ -85,16 +85,24 @@ class Rig:
 
     # -- SM partitions -----------------------------------------------------------------
     def green_stream(self, sms_taken: int):
-        """(stream, SMs granted to the GEMM): a green context holding all but ``sms_taken`` SMs."""
+        """(stream, SMs the GEMM gets): a green context holding at most ``sm_count - sms_taken`` SMs.
+
+        The driver rounds a request up to its granularity (8 SMs on H200: 116 asked -> 120
+        granted), which would leave the collective fewer SMs than its CTAs and stall it behind
+        the GEMM; so ask for less until the grant fits."""
         if sms_taken <= 0:
             return self.gemm_stream, self.sm_count
-        want = self.sm_count - sms_taken
-        if want not in self._green:
+        limit = self.sm_count - sms_taken
+        if limit not in self._green:
             from torch.cuda.green_contexts import GreenContext
 
+            want, granted = limit, granted_sms(self.device.index, limit)
+            while granted is not None and granted > limit and want > 1:
+                want -= 1
+                granted = granted_sms(self.device.index, want)
             gc = GreenContext.create(num_sms=want, device_id=self.device.index)
-            self._green[want] = (gc, gc.Stream(), granted_sms(self.device.index, want))
-        _, stream, granted = self._green[want]
+            self._green[limit] = (gc, gc.Stream(), granted if granted is not None else want)
+        _, stream, granted = self._green[limit]
         return stream, granted
 
     def nccl_group(self, ctas: int | None = None, high_priority: bool = False):
@@ -359,7 +367,8 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
             stream, granted = rig.green_stream(k)
             t = rig.timed([(stream, case.fn())])
             doc["gemm_sm_loss"].append({"gemm": g.tag, "mnk": g.mnk, "flops": g.flops, "bytes": g.bytes(),
-                                        "sms_taken": k, "sms_granted": granted, "time_ms": analysis.summary(t)})
+                                        "sms_asked": k, "sms_taken": rig.sm_count - granted, "sms_granted": granted,
+                                        "time_ms": analysis.summary(t)})
         del case
         torch.cuda.empty_cache()
         save()

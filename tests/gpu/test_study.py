@@ -1,0 +1,39 @@
+"""GPU tier: a two-scenario quick study, measured, end to end through the CLI.
+
+Skipped without CUDA or with fewer than 2 GPUs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                       reason="needs CUDA and at least 2 GPUs"),
+]
+
+
+def test_quick_study_measures_every_strategy_correctly(tmp_path):
+    from conccl.cli import main
+
+    out = tmp_path / "study"
+    rc = main(["study", "--quick", "--only", "cb1_896M/all_gather,dec1_64M/all_to_all", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["kind"] == "measured" and doc["complete"]
+    ids = [s["id"] for s in doc["scenarios"]]
+    assert ids == ["cb1_896M/all_gather", "dec1_64M/all_to_all"]
+    sm = doc["machine"]["sm_count"]
+    for s in doc["scenarios"]:
+        assert s["t_gemm"]["n"] == 9 and s["t_comm"]["nccl"]["n"] == 9
+        for name, st in s["strategies"].items():
+            assert st["correct"] is True, (s["id"], name)
+        # the partitioned strategies really ran the GEMM on fewer SMs (a green context)
+        assert all(r["gemm_sms"] is None or r["gemm_sms"] < sm for r in s["runs"]["c3_rp"])
+        assert set(s["strategies"]) >= {"c3_base", "c3_sp", "c3_rp", "c3_sp_rp", "conccl", "conccl_rp"}
+    assert (out / "report.md").read_text().startswith("# conccl study")
+    assert (out / "profile.json").exists()
+    assert len(list((out / "figures").glob("*.png"))) >= 5
