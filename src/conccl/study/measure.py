@@ -409,6 +409,7 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
         save()
         progress.step(s.id)
     progress.close()
+    doc["wall_s"] = time.monotonic() - progress.t0
     doc["complete"] = True
     save()
     return doc if rank == 0 else None
