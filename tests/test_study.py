@@ -236,3 +236,27 @@ def test_measured_study_needs_two_gpus(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert main(["study", "--quick", "--out", str(tmp_path / "o")]) == 2
     assert "at least 2 GPUs" in capsys.readouterr().err
+
+
+def test_ncu_csv_groups_kernels_by_gemm():
+    from conccl.study.ncu import parse
+
+    def rows(i, name, dr, dw, l2):
+        return [f'"{i}","1","python3","h","{name}","1","7","(1,1,1)","(1,1,1)","0","9.0","Command line profiler metrics",'
+                f'"{m}","byte","{v}"' for m, v in (("dram__bytes_read.sum", dr), ("dram__bytes_write.sum", dw),
+                                                   ("lts__t_bytes.sum", l2))]
+    header = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
+             '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+    text = "\n".join(["==PROF== Connected", header,
+                      *rows(0, "distribution_elementwise_grid_stride_kernel", 5, 5, 5),
+                      *rows(1, "vectorized_elementwise_kernel<4, at::native::FillFunctor<c10::BFloat16>>", 1, 2, 3),
+                      *rows(2, "nvjet_hsh_256x128", "1,000", 500, 4000),
+                      *rows(3, "splitKreduce_kernel", 10, 20, 30),
+                      *rows(4, "distribution_elementwise_grid_stride_kernel", 7, 7, 7),
+                      *rows(5, "vectorized_elementwise_kernel<4, at::native::FillFunctor<c10::BFloat16>>", 1, 1, 1),
+                      *rows(6, "sm90_xmma_gemm", 100, 50, 700)])
+    a, b = parse(text, 2)
+    assert a == {"dram_bytes": 1530.0, "l2_bytes": 4030.0, "kernels": 2}
+    assert b == {"dram_bytes": 150.0, "l2_bytes": 700.0, "kernels": 1}
+    with pytest.raises(ValueError, match="expected 3 GEMMs"):
+        parse(text, 3)

@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--profile", metavar="FILE", help="hardware profile for --predict (default: the embedded H200 x4)")
     s.add_argument("--report", metavar="DIR", help="only re-draw the report of an earlier run from its results.json")
     s.add_argument("--force", action="store_true", help="write into --out even if it holds a report")
+    s.add_argument("--no-ncu", action="store_true", help="skip reading GEMM DRAM/L2 bytes with ncu (when installed)")
     s.add_argument("--machine-kind", default=os.environ.get("CONCCL_MACHINE_KIND", "unknown"),
                    help="label recorded in the report (e.g. nvidia-h200-x4)")
     return p
@@ -217,7 +218,8 @@ def cmd_study(args) -> int:
         if args.profile:
             return fail("--profile is for --predict; a measured study writes its own profile.json")
         memory = torch.cuda.get_device_properties(0).total_memory
-        doc, finished = measured(scenarios, out, world, args.quick, environment(args.machine_kind, world), memory)
+        doc, finished = measured(scenarios, out, world, args.quick, environment(args.machine_kind, world), memory,
+                                  use_ncu=not args.no_ncu)
     except (StudyError, SuiteError, ProfileError) as e:
         return fail(str(e))
     if not finished:

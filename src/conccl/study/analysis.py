@@ -96,8 +96,18 @@ def _derive_scenario(doc: dict, s: dict) -> None:
     s["gemm_op_to_byte"] = g["flops"] / g["bytes"]
     s["gemm_flops_per_s"] = g["flops"] / tg
     s["gemm_hbm_bytes_per_s"] = g["bytes"] / tg
-    if peaks.get("bf16_flops") and peaks.get("hbm_bytes_per_s"):
+    counters = doc.get("ncu", {}).get(g["tag"])
+    if counters and counters.get("dram_bytes"):
+        # The paper's definition: measured op-to-byte (flops / DRAM bytes) against the machine's.
+        s["gemm_dram_bytes"], s["gemm_l2_bytes"] = counters["dram_bytes"], counters["l2_bytes"]
+        s["gemm_measured_op_to_byte"] = g["flops"] / counters["dram_bytes"]
+        s["gemm_hbm_bytes_per_s"] = counters["dram_bytes"] / tg
+    if counters and counters.get("dram_bytes") and peaks.get("op_to_byte"):
+        s["gemm_class"] = ("compute-bound" if s["gemm_measured_op_to_byte"] > peaks["op_to_byte"] else "memory-bound")
+        s["gemm_class_by"] = "ncu DRAM bytes: measured op-to-byte vs the machine's"
+    elif peaks.get("bf16_flops") and peaks.get("hbm_bytes_per_s"):
         s["gemm_class"] = metrics.gemm_class(g["flops"], g["bytes"], tg, peaks["bf16_flops"], peaks["hbm_bytes_per_s"])
+        s["gemm_class_by"] = "achieved rate: nearer roof (compulsory bytes)"
     s["comm_class"] = _comm_class(doc, s["collective"], s["size"])
     nccl = s["t_comm"].get("nccl")
     if not nccl:

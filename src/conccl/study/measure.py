@@ -43,6 +43,7 @@ class StudyConfig:
     iters: int = 9
     out_dir: str = "study"
     meta: dict = field(default_factory=dict)
+    ncu: dict = field(default_factory=dict)  # GEMM counters read by ncu beforehand (study/ncu.py)
 
 
 def arena_bytes(scenarios: list[Scenario], world: int, quick: bool) -> tuple[int, int]:
@@ -348,6 +349,7 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
 
     arena_out, arena_in = arena_bytes(cfg.scenarios, world, cfg.quick)
     arenas = (conccl.empty(arena_out, dtype=torch.uint8), conccl.empty(arena_in, dtype=torch.uint8))
+    doc["ncu"] = cfg.ncu
     doc["machine"] = {"sm_count": rig.sm_count, "memory_bytes": rig.memory, "world": world,
                       "device": torch.cuda.get_device_name(rig.device)}
 

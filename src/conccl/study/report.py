@@ -117,9 +117,21 @@ def markdown(doc: dict, figures: list[str], figure_note: str | None) -> str:
     mb = [s["id"] for s in doc["scenarios"] if s.get("gemm_class") == "memory-bound"]
     paper_mb = sorted({s["gemm"]["tag"] for s in doc["scenarios"] if s["gemm"].get("paper_class") == "memory-bound"
                        and s.get("gemm_class") == "compute-bound"})
+    by = sorted({s.get("gemm_class_by") for s in doc["scenarios"] if s.get("gemm_class_by")})
     out += ["", "Cells: speedup / percent of ideal (best of the SM sweep for the _rp strategies; the sweep is in "
-            "results.json). GEMM classes are measured: whichever roof (peak bf16 rate or HBM bandwidth) the "
-            "achieved rate is closer to."]
+            f"results.json). GEMM classes are measured, by {' and '.join(by) or 'n/a'}."]
+    ncu = doc.get("ncu") or {}
+    if ncu.get("error"):
+        out.append(f"ncu counters: not read ({ncu['error']}).")
+    elif ncu:
+        out += ["", "| GEMM | DRAM bytes (ncu) | compulsory bytes | L2 bytes (ncu) | measured op-to-byte |",
+                "| --- | --- | --- | --- | --- |"]
+        seen = set()
+        for s in doc["scenarios"]:
+            if "gemm_dram_bytes" in s and s["gemm"]["tag"] not in seen:
+                seen.add(s["gemm"]["tag"])
+                out.append(f"| {s['gemm']['tag']} | {s['gemm_dram_bytes'] / 1e9:.2f} GB | {s['gemm']['bytes'] / 1e9:.2f} GB"
+                           f" | {s['gemm_l2_bytes'] / 1e9:.2f} GB | {s['gemm_measured_op_to_byte']:.0f} |")
     if paper_mb:
         out.append(f"The paper's memory-bound GEMMs {', '.join(paper_mb)} measured compute-bound here.")
     out.append(f"Memory-bound GEMMs here: {', '.join(mb) if mb else 'none'}.")
@@ -132,7 +144,7 @@ def markdown(doc: dict, figures: list[str], figure_note: str | None) -> str:
     if figure_note:
         out.append(figure_note)
     out += [f"![{f}](figures/{f})" for f in figures]
-    out += ["", "Not measured: DRAM/L2 bytes from `ncu` counters (HBM figures are logical bytes over time); "
+    out += ["", "Not measured: collectives' DRAM/L2 bytes (their HBM figures are logical bytes over time); "
             "NCCL's copy-engine mode (it failed with `ce_coll.cc: Cuda failure 'invalid argument'` in NCCL 2.28.9 "
             "here, see benchmarks/2026-11-21-h200x4)."]
     return "\n".join(out) + "\n"
