@@ -27,7 +27,7 @@ def available() -> str | None:
     return shutil.which("ncu")
 
 
-def gemm_counters(gemms, device_index: int = 0, timeout_s: float = 600) -> dict:
+def gemm_counters(gemms, device_index: int = 0, timeout_s: float = 240) -> dict:
     """{gemm tag: {"dram_bytes", "l2_bytes", "kernels"}} or {"error": why}."""
     ncu = available()
     if not ncu:
