@@ -145,8 +145,8 @@ def markdown(doc: dict, figures: list[str], figure_note: str | None) -> str:
         out.append(figure_note)
     out += [f"![{f}](figures/{f})" for f in figures]
     out += ["", "Not measured: collectives' DRAM/L2 bytes (their HBM figures are logical bytes over time); "
-            "NCCL's copy-engine mode (it failed with `ce_coll.cc: Cuda failure 'invalid argument'` in NCCL 2.28.9 "
-            "here, see benchmarks/2026-11-21-h200x4)."]
+            "NCCL's copy-engine mode (NCCL 2.28.9 here ran its SM kernel with only the output registered and "
+            "failed with the input registered too; `scripts/nccl_ce_probe.py`)."]
     return "\n".join(out) + "\n"
 
 
