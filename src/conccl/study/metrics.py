@@ -77,11 +77,6 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def mean_or_none(values) -> float | None:
-    vals = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.fmean(vals) if vals else None
-
-
 def _positive(**kw):
     for k, v in kw.items():
         if not (v > 0) or math.isinf(v):

@@ -6,7 +6,7 @@ import sys
 
 from ..profile import load_profile, profile_from_study
 from . import report
-from .measure import StudyConfig, StudyError, required_bytes
+from .measure import StudyConfig, StudyError, required_bytes, study_worker
 from .scenarios import Scenario
 
 
@@ -52,7 +52,7 @@ def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_byt
     cfg = StudyConfig(scenarios=scenarios, quick=quick, out_dir=str(out_dir), meta=meta, ncu=counters)
     print(f"# conccl study: {len(scenarios)} scenarios on {world} GPUs -> {out_dir}", file=sys.stderr, flush=True)
     try:
-        doc = run_per_gpu(_worker, cfg, nprocs=None if under_torchrun() else world, timeout_s=24 * 3600)[0]
+        doc = run_per_gpu(study_worker, cfg, nprocs=None if under_torchrun() else world, timeout_s=24 * 3600)[0]
     except (RuntimeError, StudyError) as e:
         try:
             doc = report.load_results(out_dir)
@@ -71,8 +71,3 @@ def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_byt
         (pathlib.Path(out_dir) / "profile.json").write_text(prof.to_json())
     return doc, bool(doc.get("complete"))
 
-
-def _worker(rank, world, cfg):
-    from .measure import study_worker
-
-    return study_worker(rank, world, cfg)
