@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import pathlib
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 FORMAT = "conccl-profile/1"
 EMBEDDED = pathlib.Path(__file__).with_name("data") / "h200x4_profile.json"
@@ -39,6 +39,11 @@ class HardwareProfile:
     coll_cta_loss: dict = field(default_factory=dict)
     # strategy -> collective -> taxonomy | "all" -> mean percent of ideal measured
     overlap: dict = field(default_factory=dict)
+    # impl -> collective -> [[size, seconds], ...]: the measured size sweep (world = ``world``)
+    comm_sweep: dict = field(default_factory=dict)
+    # pairing ("ce", "sm", "base", "rp") -> GEMM class -> {"gemm", "comm"}: slowdowns while both
+    # run beyond lost SMs and shared HBM, fitted on the reference GEMMs' scenarios (planner.fit)
+    interference: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
     format: str = FORMAT
 
@@ -80,13 +85,24 @@ def load_profile(path=None) -> HardwareProfile:
     return HardwareProfile.from_dict(data, str(path))
 
 
+# The suite's reference GEMMs: one compute-bound, one memory-bound on H200 (as the paper built
+# its lookup tables from one GEMM of each kind). The profile's GEMM tables and the planner's
+# interference fit come from them and their scenarios only; the planner is judged on the rest.
+REFERENCE_GEMMS = ("mb1", "dec1")
+
+
 def profile_from_study(doc: dict) -> HardwareProfile:
     """Condense a measured, derived study document into a profile."""
+    from .planner.fit import fit_interference
+
     if doc.get("kind") != "measured":
         raise ProfileError("a profile must come from a measured study, not a prediction")
     peaks, world = doc["peaks"], doc["machine"]["world"]
+    tags = {s["gemm"]["tag"] for s in doc["scenarios"]}
+    refs = [t for t in REFERENCE_GEMMS if t in tags] or sorted(tags)
+    ref_scenarios = [s for s in doc["scenarios"] if s["gemm"]["tag"] in refs]
     eff: dict = {}
-    for s in doc["scenarios"]:
+    for s in ref_scenarios:
         cls = s.get("gemm_class")
         if cls == "compute-bound":
             eff.setdefault(cls, []).append(s["gemm_flops_per_s"] / peaks["bf16_flops"])
@@ -99,7 +115,10 @@ def profile_from_study(doc: dict) -> HardwareProfile:
           for s in doc["scenarios"] if "torch_lc" in s["t_comm"]]
     if lc:
         colls["torch_lc"] = {"all_gather": {"latency_s": 0.0, "bus_bytes_per_s": statistics.median(lc)}}
-    gemm_cls = {s["gemm"]["tag"]: s.get("gemm_class") for s in doc["scenarios"]}
+    sweep: dict = {}
+    for r in sorted(doc["coll_sizes"], key=lambda r: r["size"]):
+        sweep.setdefault(r["impl"], {}).setdefault(r["collective"], []).append([r["size"], r["time_ms"]["median"] / 1e3])
+    gemm_cls = {s["gemm"]["tag"]: s.get("gemm_class") for s in ref_scenarios}
     loss: dict = {}
     for r in doc["gemm_sm_loss"]:
         cls = gemm_cls.get(r["gemm"])
@@ -117,7 +136,7 @@ def profile_from_study(doc: dict) -> HardwareProfile:
             o.setdefault(s["taxonomy"], []).append(st["pct_ideal"])
             o.setdefault("all", []).append(st["pct_ideal"])
     m = doc["meta"]
-    return HardwareProfile(
+    prof = HardwareProfile(
         device=doc["machine"]["device"], world=world, sm_count=doc["machine"]["sm_count"],
         memory_bytes=doc["machine"]["memory_bytes"], bf16_flops=peaks["bf16_flops"],
         hbm_bytes_per_s=peaks["hbm_bytes_per_s"], nvlink_bytes_per_s=peaks.get("nvlink_bytes_per_s", 0.0),
@@ -126,6 +145,9 @@ def profile_from_study(doc: dict) -> HardwareProfile:
         coll_cta_loss=cta,
         overlap={n: {c: {t: statistics.fmean(v) for t, v in per.items()} for c, per in cs.items()}
                  for n, cs in overlap.items()},
+        comm_sweep=sweep,
         source={"date": m.get("date"), "commit": m.get("commit"), "machine_kind": m.get("machine_kind"),
-                "torch": m.get("torch"), "nccl": m.get("nccl"), "scenarios": len(doc["scenarios"])},
+                "torch": m.get("torch"), "nccl": m.get("nccl"), "scenarios": len(doc["scenarios"]),
+                "reference_gemms": refs, "fit_scenarios": [s["id"] for s in ref_scenarios]},
     )
+    return replace(prof, interference=fit_interference(prof, ref_scenarios))

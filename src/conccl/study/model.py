@@ -1,8 +1,7 @@
 """The study without a GPU: the same document, modelled from a measured hardware profile.
 
-- GEMM time: roofline, max(flops / (peak x efficiency), bytes / (HBM x efficiency)), with the
-  efficiencies the profile measured for each class.
-- Collective time: latency + size x (w-1)/w / bus bandwidth, fitted per implementation.
+- GEMM and collective times alone: the planner's (``conccl.planner.timing``): roofline with
+  the profile's measured efficiencies; the measured size sweep, interpolated.
 - SM-loss and CTA tables: the profile's, nearest measured point.
 - Concurrent time of a strategy: the percent of ideal the profile measured for that strategy,
   collective and taxonomy (or the collective's mean where the taxonomy has no sample), applied
@@ -10,6 +9,7 @@
 """
 from __future__ import annotations
 
+from ..planner import timing
 from ..profile import HardwareProfile
 from . import analysis, metrics
 from .measure import CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SIZE_SWEEP, SIZE_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK
@@ -28,18 +28,13 @@ def _nearest(table: dict, key: int) -> float:
 
 
 def gemm_ms(p: HardwareProfile, g: Gemm) -> tuple[float, str]:
-    ce = p.gemm_efficiency.get("compute-bound", 0.7)
-    me = p.gemm_efficiency.get("memory-bound", 0.7)
-    t_c = g.flops / (p.bf16_flops * ce)
-    t_m = g.bytes() / (p.hbm_bytes_per_s * me)
-    return 1e3 * max(t_c, t_m), ("compute-bound" if t_c >= t_m else "memory-bound")
+    t, cls = timing.gemm_time(p, timing.Workload(g.m, g.n, g.k, "all_gather", 1, p.world))
+    return 1e3 * t, cls
 
 
 def comm_ms(p: HardwareProfile, impl: str, collective: str, size: int, world: int) -> float | None:
-    fit = p.collectives.get(impl, {}).get(collective)
-    if not fit:
-        return None
-    return 1e3 * (fit["latency_s"] + size * (world - 1) / world / fit["bus_bytes_per_s"])
+    t = timing.comm_time(p, impl, collective, size, world)
+    return None if t is None else 1e3 * t
 
 
 def overlap_pct(p: HardwareProfile, strategy: str, collective: str, taxonomy: str) -> float | None:
