@@ -1,4 +1,4 @@
-"""The ``conccl`` command: ``conccl bench``, ``conccl study`` (and, later, ``plan``)."""
+"""The ``conccl`` command: ``conccl bench``, ``conccl study``, ``conccl plan``."""
 from __future__ import annotations
 
 import argparse
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-ncu", action="store_true", help="skip reading GEMM DRAM/L2 bytes with ncu (when installed)")
     s.add_argument("--machine-kind", default=os.environ.get("CONCCL_MACHINE_KIND", "unknown"),
                    help="label recorded in the report (e.g. nvidia-h200-x4)")
+    from .planner.command import add_parser as add_plan_parser
+
+    add_plan_parser(sub)
     return p
 
 
@@ -233,6 +236,10 @@ def main(argv=None) -> int:
         return cmd_bench(args)
     if args.command == "study":
         return cmd_study(args)
+    if args.command == "plan":
+        from .planner.command import cmd_plan
+
+        return cmd_plan(args)
     return 2
 
 

@@ -10,7 +10,9 @@ Pure functions of a :class:`~conccl.profile.HardwareProfile` and a workload; tim
   once one ends, the other runs alone (at its partitioned rate if it keeps a partition).
   Slowdowns while both run: the SMs each side loses (the profile's lookup tables), times the
   share of HBM bandwidth when both together ask for more than the GPU has, times the
-  profile's fitted interference residual for that pairing (``profile.interference``).
+  profile's fitted interference residual for that pairing (``profile.interference``: one
+  slowdown for both sides, and for a collective launched first the delay its host-side launch
+  puts before the GEMM's start).
 """
 from __future__ import annotations
 
@@ -137,13 +139,6 @@ def hbm_share(p: HardwareProfile, gemm_bytes_per_s: float, comm_bytes_per_s: flo
     return max(1.0, (gemm_bytes_per_s + comm_bytes_per_s) / p.hbm_bytes_per_s)
 
 
-def fixed_cost(p: HardwareProfile, impl: str, collective: str, t_comm: float) -> float:
-    """The part of a collective's time that moves no data: its time at the smallest measured
-    size (for conccl, host-side enqueue and signalling, during which a GEMM runs alone)."""
-    sweep = p.comm_sweep.get(impl, {}).get(collective)
-    return min(sweep[0][1], t_comm) if sweep else 0.0
-
-
 def residual(p: HardwareProfile, family: str, cls: str) -> tuple[float, float, float]:
     """The profile's fitted (gemm slowdown, collective slowdown, GEMM start delay in seconds)
     for a pairing, beyond lost SMs and shared HBM."""
@@ -154,23 +149,21 @@ def residual(p: HardwareProfile, family: str, cls: str) -> tuple[float, float, f
 def concurrent_time(p: HardwareProfile, family: str, cls: str, t_gemm: float, t_comm: float,
                     gemm_bytes: float, comm_bytes: float, gemm_sms_taken: int = 0,
                     comm_loss: float = 1.0, comm_sms: int = 0, partitioned: bool = False,
-                    comm_fixed: float = 0.0, resid: tuple[float, float, float] | None = None) -> float:
+                    resid: tuple[float, float, float] | None = None) -> float:
     """Predicted seconds for the GEMM and the collective together.
 
     ``family``: "ce" (copy-engine collective), "sm" (SM collective launched first), "base"
     (SM collective launched after the GEMM), "rp" (both confined to an SM partition).
     ``gemm_sms_taken``: SMs withheld from the GEMM (a green context, for the whole run when
     ``partitioned``); ``comm_sms``: SMs an SM collective occupies while it runs;
-    ``comm_loss``: the collective's slowdown from a CTA cap; ``comm_fixed``: seconds of the
-    collective that move no data (the GEMM runs alone meanwhile); ``resid``: (gemm, comm,
-    GEMM start delay) instead of the profile's fitted residual (for fitting it)."""
+    ``comm_loss``: the collective's slowdown from a CTA cap; ``resid``: (gemm, comm, GEMM start
+    delay) instead of the profile's fitted residual (for fitting it)."""
     lg_part = gemm_sm_loss(p, cls, gemm_sms_taken)
     lg = lg_part if partitioned else gemm_sm_loss(p, cls, max(gemm_sms_taken, comm_sms))
     rg, rc, delay = resid or residual(p, family, cls)
-    moving = max(t_comm * comm_loss - comm_fixed, 1e-9)
     # A GEMM that loses SMs also asks less of HBM.
-    share = hbm_share(p, gemm_bytes / (t_gemm * lg), comm_bytes / moving)
+    share = hbm_share(p, gemm_bytes / (t_gemm * lg), comm_bytes / (t_comm * comm_loss))
     if family == "base" and resid is None and not p.interference.get("base"):
         return t_gemm + t_comm * comm_loss  # the collective waits for the GEMM's SMs: serial
-    return two_phase(t_gemm, moving, lg * share * rg, share * rc, a_alone=lg_part if partitioned else 1.0,
-                     delay_a=delay, delay_b=comm_fixed)
+    return two_phase(t_gemm, t_comm * comm_loss, lg * share * rg, share * rc,
+                     a_alone=lg_part if partitioned else 1.0, delay_a=delay)
