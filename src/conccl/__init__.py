@@ -19,6 +19,10 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name in {"overlap", "run_concurrently", "get_plan", "plan_cache_info"}:
+        from . import runtime
+
+        return getattr(runtime, name)
     raise AttributeError(f"module 'conccl' has no attribute {name!r}")
 
 
@@ -29,6 +33,9 @@ __all__ = [
     "set_options",
     "destroy",
     "get_communicator",
+    "overlap",
+    "run_concurrently",
+    "get_plan",
     "Work",
     "Algorithm",
     "StreamMode",

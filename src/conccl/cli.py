@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--size", metavar="BYTES", help="your own scenario: collective output bytes per rank, e.g. 1G")
     s.add_argument("--collective", default="all", help="your own scenario: all_gather, all_to_all or all")
     s.add_argument("--predict", action="store_true", help="predict from a hardware profile even if GPUs are visible")
-    s.add_argument("--profile", metavar="FILE", help="hardware profile for --predict (default: the embedded H200 x4)")
+    s.add_argument("--profile", metavar="FILE", help="hardware profile to predict from, and that the 'auto' strategy "
+                                                     "plans with (default: the embedded H200 x4)")
     s.add_argument("--report", metavar="DIR", help="only re-draw the report of an earlier run from its results.json")
     s.add_argument("--force", action="store_true", help="write into --out even if it holds a report")
     s.add_argument("--no-ncu", action="store_true", help="skip reading GEMM DRAM/L2 bytes with ncu (when installed)")
@@ -218,11 +219,9 @@ def cmd_study(args) -> int:
         if world < 2:
             return fail(f"a measured study needs at least 2 GPUs linked by NVLink, found {world}; "
                         "pass --predict for a report modelled from a hardware profile")
-        if args.profile:
-            return fail("--profile is for --predict; a measured study writes its own profile.json")
         memory = torch.cuda.get_device_properties(0).total_memory
         doc, finished = measured(scenarios, out, world, args.quick, environment(args.machine_kind, world), memory,
-                                  use_ncu=not args.no_ncu)
+                                  use_ncu=not args.no_ncu, plan_profile=args.profile)
     except (StudyError, SuiteError, ProfileError) as e:
         return fail(str(e))
     if not finished:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..partition import Partitions
 from . import analysis
 from .scenarios import Gemm, Scenario
 from .strategies import strategies_for
@@ -44,6 +45,7 @@ class StudyConfig:
     out_dir: str = "study"
     meta: dict = field(default_factory=dict)
     ncu: dict = field(default_factory=dict)  # GEMM counters read by ncu beforehand (study/ncu.py)
+    plan_profile: str | None = None  # hardware profile the "auto" strategy plans with (None: shipped)
 
 
 def arena_bytes(scenarios: list[Scenario], world: int, quick: bool) -> tuple[int, int]:
@@ -81,43 +83,25 @@ class Rig:
         self.memory = props.total_memory
         self.gemm_stream = torch.cuda.Stream()
         self.comm_stream = torch.cuda.Stream()
-        self._green: dict[int, tuple] = {}
-        self._groups: dict[tuple, object] = {}
+        self.partitions = Partitions(self.device)
+        self.device_name = torch.cuda.get_device_name(self.device)
+        self.plan_error = None  # why the "auto" strategy cannot run here (no profile for this GPU)
+        try:
+            from .. import runtime
+
+            runtime._profile(cfg.plan_profile, self.device_name)
+        except Exception as e:  # noqa: BLE001 - recorded in the results, the rest of the study runs
+            self.plan_error = str(e)
 
     # -- SM partitions -----------------------------------------------------------------
     def green_stream(self, sms_taken: int):
-        """(stream, SMs the GEMM gets): a green context holding at most ``sm_count - sms_taken`` SMs.
-
-        The driver rounds a request up to its granularity (8 SMs on H200: 116 asked -> 120
-        granted), which would leave the collective fewer SMs than its CTAs and stall it behind
-        the GEMM; so ask for less until the grant fits."""
+        """(stream, SMs the GEMM gets); the GEMM stream itself when nothing is taken."""
         if sms_taken <= 0:
             return self.gemm_stream, self.sm_count
-        limit = self.sm_count - sms_taken
-        if limit not in self._green:
-            from torch.cuda.green_contexts import GreenContext
-
-            want, granted = limit, granted_sms(self.device.index, limit)
-            while granted is not None and granted > limit and want > 1:
-                want -= 1
-                granted = granted_sms(self.device.index, want)
-            gc = GreenContext.create(num_sms=want, device_id=self.device.index)
-            self._green[limit] = (gc, gc.Stream(), granted if granted is not None else want)
-        _, stream, granted = self._green[limit]
-        return stream, granted
+        return self.partitions.green_stream(sms_taken)
 
     def nccl_group(self, ctas: int | None = None, high_priority: bool = False):
-        """The world as a NCCL group, optionally capped to ``ctas`` CTAs or on a high-priority stream."""
-        if ctas is None and not high_priority:
-            return None  # the default group
-        key = (ctas, high_priority)
-        if key not in self._groups:
-            opts = self.dist.ProcessGroupNCCL.Options()
-            opts.is_high_priority_stream = high_priority
-            if ctas is not None:
-                opts.config.max_ctas = ctas
-            self._groups[key] = self.dist.new_group(backend="nccl", pg_options=opts)
-        return self._groups[key]
+        return self.partitions.nccl_group(ctas, high_priority)
 
     # -- timing ------------------------------------------------------------------------
     def _execute(self, parts):
@@ -156,23 +140,6 @@ class Rig:
         t = self.torch.tensor([1 if ok else 0], device=self.device)
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN)
         return bool(t.item())
-
-
-def granted_sms(device_index: int, want: int) -> int | None:
-    """SMs the driver grants a green context asked for ``want`` (it rounds to its granularity)."""
-    try:
-        from cuda.bindings import driver as cu
-
-        _, dev = cu.cuDeviceGet(device_index)
-        err, res = cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
-        if err != cu.CUresult.CUDA_SUCCESS:
-            return None
-        out = cu.cuDevSmResourceSplitByCount(1, res, 0, want)
-        if out[0] != cu.CUresult.CUDA_SUCCESS:
-            return None
-        return int(out[1][0].sm.smCount)
-    except Exception:  # noqa: BLE001 - older bindings: the request is recorded instead
-        return None
 
 
 # ------------------------------------------------------------------------ data patterns
@@ -350,6 +317,8 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
     arena_out, arena_in = arena_bytes(cfg.scenarios, world, cfg.quick)
     arenas = (conccl.empty(arena_out, dtype=torch.uint8), conccl.empty(arena_in, dtype=torch.uint8))
     doc["ncu"] = cfg.ncu
+    if rig.plan_error:
+        doc["auto_skipped"] = rig.plan_error
     doc["machine"] = {"sm_count": rig.sm_count, "memory_bytes": rig.memory, "world": world,
                       "device": torch.cuda.get_device_name(rig.device)}
 
@@ -427,6 +396,10 @@ def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
         rec["t_comm"][impl] = analysis.summary(t)
     rec["hbm_bytes"] = {"gemm": s.gemm.bytes(), "comm": case.hbm_bytes()}
     for strat in strategies_for(s.collective):
+        if strat.impl == "auto":
+            if rig.plan_error is None:
+                rec["runs"]["auto"] = [_measure_auto(rig, s, size, case, gemm)]
+            continue
         runs = []
         for k in strat.sweep(rig.cfg.quick):
             stream, granted = rig.green_stream(k if strat.partition else 0)
@@ -443,5 +416,20 @@ def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
         rec["runs"][strat.name] = runs
     case.lc_out = None
     return rec
+
+
+def _measure_auto(rig: Rig, s: Scenario, size: int, case, gemm: GemmCase) -> dict:
+    """The planner's plan for this scenario, applied by the runtime (conccl.overlap's launch)."""
+    from .. import runtime
+
+    g = s.gemm
+    plan = runtime.get_plan((g.m, g.n, g.k), s.collective, size, rig.world, "auto", rig.cfg.plan_profile,
+                            device_name=rig.device_name)
+    compute = gemm.fn()
+    parts = [(rig.comm_stream, lambda: runtime.launch(plan, compute, lambda impl, group: case.fn(impl, group)(),
+                                                      parts=rig.partitions))]
+    t = rig.timed(parts, poison=case.poison)
+    return {"sms": plan.sms, "gemm_sms": rig.sm_count - plan.gemm_sms_taken, "time_ms": analysis.summary(t),
+            "correct": case.check(), "plan": plan.strategy}
 
 

@@ -6,10 +6,11 @@
 - Concurrent time of a strategy: the percent of ideal the profile measured for that strategy,
   collective and taxonomy (or the collective's mean where the taxonomy has no sample), applied
   to this scenario's ideal speedup. That is a fitted model, labelled a prediction everywhere.
+  The "auto" strategy: the planner's plan and its predicted time.
 """
 from __future__ import annotations
 
-from ..planner import timing
+from ..planner import plan_auto, timing, workload
 from ..profile import HardwareProfile
 from . import analysis, metrics
 from .measure import CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SIZE_SWEEP, SIZE_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK
@@ -86,6 +87,12 @@ def predict(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bo
                             "comm": 2 * size * (world - 1) // world + (2 * size // world if s.collective == "all_to_all" else 0)}
         ideal, tax = metrics.ideal_speedup(tg, tc), metrics.taxonomy(tg, tc)
         for strat in strategies_for(s.collective):
+            if strat.impl == "auto":
+                w = workload((s.gemm.m, s.gemm.n, s.gemm.k), s.collective, size, world)
+                pl = plan_auto(p, w)
+                rec["runs"]["auto"] = [{"sms": pl.sms, "gemm_sms": p.sm_count - pl.gemm_sms_taken, "plan": pl.strategy,
+                                        "time_ms": _point(1e3 * pl.predicted["concurrent_s"]), "correct": None}]
+                continue
             pct = overlap_pct(p, strat.name, s.collective, tax)
             if pct is None:
                 continue

@@ -1,5 +1,5 @@
 """The strategies a study measures, one registry shared by the measurement, the model, the
-report and (later) the planner. A strategy says how a GEMM and a collective run together:
+report and the planner. A strategy says how a GEMM and a collective run together:
 which collective implementation, which is launched first, the collective stream's priority,
 and which SM partitions are tried (the best of the sweep is the strategy's figure)."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ CE_RP_SMS_QUICK = (8,)
 class Strategy:
     name: str
     description: str
-    impl: str  # "nccl" (SM kernels), "conccl" (copy engines), "torch_lc"
+    impl: str  # "nccl" (SM kernels), "conccl" (copy engines), "torch_lc", "auto" (the planner picks)
     comm_first: bool = False
     high_priority: bool = False
     partition: str | None = None  # None, "nccl_ctas" (GEMM green context + NCCL max_ctas), "gemm_only"
@@ -43,6 +43,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("c3_sp_rp", "c3_sp and c3_rp together", "nccl", comm_first=True, partition="nccl_ctas"),
     Strategy("conccl", "conccl copy-engine collective (no SM), GEMM launched first", "conccl"),
     Strategy("conccl_rp", "conccl, and the GEMM gives up SMs (green context)", "conccl", partition="gemm_only"),
+    Strategy("auto", "the planner's choice from the shipped hardware profile, run by conccl.overlap(plan='auto')",
+             "auto", reference=True),
     Strategy("torch_lc", "reference: PyTorch _low_contention_all_gather (copy engines + barrier kernel)",
              "torch_lc", collectives=("all_gather",), reference=True),
 ]}
