@@ -3,14 +3,14 @@
 - GEMM and collective times alone: the planner's (``conccl.planner.timing``): roofline with
   the profile's measured efficiencies; the measured size sweep, interpolated.
 - SM-loss and CTA tables: the profile's, nearest measured point.
-- Concurrent time of a strategy: the percent of ideal the profile measured for that strategy,
-  collective and taxonomy (or the collective's mean where the taxonomy has no sample), applied
-  to this scenario's ideal speedup. That is a fitted model, labelled a prediction everywhere.
-  The "auto" strategy: the planner's plan and its predicted time.
+- Concurrent time of a strategy: the planner's model of that strategy (and for "auto", of the
+  plan the planner picks); for an outside reference (torch_lc), the percent of ideal the profile
+  measured for it, collective and taxonomy, applied to this scenario's ideal speedup. A fitted
+  model, labelled a prediction everywhere.
 """
 from __future__ import annotations
 
-from ..planner import plan_auto, timing, workload
+from ..planner import plan_auto, plan_strategy, timing, workload
 from ..profile import HardwareProfile
 from . import analysis, metrics
 from .measure import CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SIZE_SWEEP, SIZE_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK
@@ -86,14 +86,17 @@ def predict(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bo
         rec["hbm_bytes"] = {"gemm": s.gemm.bytes(),
                             "comm": 2 * size * (world - 1) // world + (2 * size // world if s.collective == "all_to_all" else 0)}
         ideal, tax = metrics.ideal_speedup(tg, tc), metrics.taxonomy(tg, tc)
+        w = workload((s.gemm.m, s.gemm.n, s.gemm.k), s.collective, size, world)
         for strat in strategies_for(s.collective):
-            if strat.impl == "auto":
-                w = workload((s.gemm.m, s.gemm.n, s.gemm.k), s.collective, size, world)
-                pl = plan_auto(p, w)
-                rec["runs"]["auto"] = [{"sms": pl.sms, "gemm_sms": p.sm_count - pl.gemm_sms_taken, "plan": pl.strategy,
-                                        "time_ms": _point(1e3 * pl.predicted["concurrent_s"]), "correct": None}]
+            if strat.impl in ("nccl", "conccl", "auto"):
+                plans = ([plan_auto(p, w)] if strat.impl == "auto" else
+                         [plan_strategy(p, w, strat.name, k if strat.partition else None)
+                          for k in strat.sweep(quick)])
+                rec["runs"][strat.name] = [{"sms": pl.sms, "gemm_sms": p.sm_count - pl.gemm_sms_taken,
+                                            "plan": pl.strategy, "time_ms": _point(1e3 * pl.predicted["concurrent_s"]),
+                                            "correct": None} for pl in plans]
                 continue
-            pct = overlap_pct(p, strat.name, s.collective, tax)
+            pct = overlap_pct(p, strat.name, s.collective, tax)  # outside references: the measured mean
             if pct is None:
                 continue
             sp = 1 + pct / 100 * (ideal - 1)
