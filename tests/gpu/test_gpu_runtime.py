@@ -39,6 +39,7 @@ def _overlap_equals_serial(rank, world):
     from conccl import runtime
 
     out = []
+    conccl.get_communicator()  # set up (with NCCL's help) before anything is profiled
     g = torch.Generator(device="cuda").manual_seed(7 + rank)
     for plan, (m, n, k), coll, size in CASES:
         a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=g)
@@ -56,6 +57,10 @@ def _overlap_equals_serial(rank, world):
         # a producer right before (writes the input) and a consumer right after (reads both)
         inp_src = inp.clone()
         inp.zero_()
+        with conccl.overlap(plan=plan) as c3:  # warm-up: creates the plan's NCCL group or green context
+            c3.matmul(a, b)
+            c3.all_gather_into_tensor(res, inp) if coll == "all_gather" else c3.all_to_all_single(res, inp)
+        res.fill_(float("nan"))
         torch.cuda.synchronize()
         dist.barrier()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
