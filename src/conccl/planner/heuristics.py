@@ -132,8 +132,9 @@ def _plan(p: HardwareProfile, w: Workload, impl: str, order: tuple[str, ...], ge
 
 def candidates(p: HardwareProfile, w: Workload) -> list[Plan]:
     """The plans the heuristics propose, each with its prediction: the SM collective in
-    schedule-priority order, with and without the resource-partitioning split, and the
-    copy-engine collective with the SMs a memory-bound GEMM should give up."""
+    schedule-priority order (and, unpartitioned, in the other order), with and without the
+    resource-partitioning split, and the copy-engine collective with the SMs a memory-bound
+    GEMM should give up."""
     nccl_first = launch_order([Kernel("gemm", gemm_blocks(w.m, w.n, w.k, p.sm_count)),
                                Kernel("collective", timing.default_ctas(p, w.collective, w.size))])
     k, table = resource_partition(p, w)
@@ -145,8 +146,14 @@ def candidates(p: HardwareProfile, w: Workload) -> list[Plan]:
     why_ce = ("copy engines: no SM for the collective; "
               + (f"the memory-bound GEMM gives up {ce_k} SMs (its SM-loss table dips below 1 there)"
                  if ce_k else "the GEMM keeps every SM"))
+    # Schedule prioritization pays for its order with the first collective's host-side launch,
+    # which delays the GEMM; a collective shorter than that is better launched second.
+    other = tuple(reversed(nccl_first))
+    why_other = (f"launch order {' -> '.join(other)} also predicted: prioritization delays the other kernel "
+                 "by the first one's launch")
     return [
         _plan(p, w, "nccl", nccl_first, reasons=[why_sp]),
+        _plan(p, w, "nccl", other, reasons=[why_other]),
         _plan(p, w, "nccl", nccl_first, nccl_ctas=k, reasons=[why_sp, why_rp]),
         _plan(p, w, "conccl", ce_order, gemm_sms_taken=ce_k, reasons=[why_ce]),
     ]

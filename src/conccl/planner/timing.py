@@ -165,5 +165,7 @@ def concurrent_time(p: HardwareProfile, family: str, cls: str, t_gemm: float, t_
     share = hbm_share(p, gemm_bytes / (t_gemm * lg), comm_bytes / (t_comm * comm_loss))
     if family == "base" and resid is None and not p.interference.get("base"):
         return t_gemm + t_comm * comm_loss  # the collective waits for the GEMM's SMs: serial
-    return two_phase(t_gemm, t_comm * comm_loss, lg * share * rg, share * rc,
-                     a_alone=lg_part if partitioned else 1.0, delay_a=delay)
+    t = two_phase(t_gemm, t_comm * comm_loss, lg * share * rg, share * rc,
+                  a_alone=lg_part if partitioned else 1.0, delay_a=delay)
+    # Without a partition the GPU can always fall back to running one kernel after the other.
+    return t if partitioned else min(t, delay + t_gemm + t_comm * comm_loss)
