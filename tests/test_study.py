@@ -176,6 +176,10 @@ def test_prediction_end_to_end_is_labelled_on_every_page(tmp_path, capsys):
     # the model reproduces the profile's measured mean overlap of conccl within a few points
     measured = json.loads((RUN / "results.json").read_text())["summary"]["strategies"]["conccl"]["mean_pct_ideal"]
     assert abs(doc["summary"]["strategies"]["conccl"]["mean_pct_ideal"] - measured) < 10
+    # the planner's choice is a row, with the plan it picked
+    for s in doc["scenarios"]:
+        (auto,) = s["runs"]["auto"]
+        assert auto["plan"] in s["runs"] and auto["plan"] != "auto"
 
 
 def test_prediction_of_a_custom_scenario(tmp_path):

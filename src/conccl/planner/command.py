@@ -2,6 +2,7 @@
 against a measured study (``--evaluate``). Runs on a CPU machine."""
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import sys
@@ -78,7 +79,7 @@ def cmd_plan(args) -> int:
         size = parse_size(args.size)
         pl = plan(prof, (g.m, g.n, g.k), args.collective, size, args.world, args.strategy,
                   dtype_bytes=2 if args.dtype in ("bfloat16", "float16") else 4)
-    except (SuiteError, PlanError, ValueError) as e:
+    except (SuiteError, PlanError, ValueError, argparse.ArgumentTypeError) as e:
         return _fail(str(e))
     doc = {"format": "conccl-plan/1", "plan": pl.to_dict(),
            "candidates": [c.to_dict() for c in candidates(prof, pl.workload)],

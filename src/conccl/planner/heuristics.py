@@ -70,9 +70,23 @@ def workload(gemm, collective: str, size: int, world: int, dtype_bytes: int = 2)
     return Workload(m, n, k, collective, size, world, dtype_bytes)
 
 
-def resource_partition(p: HardwareProfile, w: Workload, candidates=RP_SMS) -> tuple[int, dict]:
+# The smallest SM partition: green contexts grant SMs in steps of 8 on H200 (MI300X: 8 CUs).
+MIN_PARTITION = 8
+
+
+def partition_candidates(p: HardwareProfile, w: Workload) -> tuple[int, ...]:
+    """SM splits to try: the CTA counts the profile measured for this collective (at least
+    MIN_PARTITION, at most half the GPU), else the study's sweep."""
+    band = "latency-bound" if w.size <= timing.LATENCY_BOUND_MAX else "bandwidth-bound"
+    keys = sorted(k for k in p.coll_cta_loss.get(w.collective, {}).get(band, {})
+                  if MIN_PARTITION <= k <= p.sm_count // 2)
+    return tuple(keys) or RP_SMS
+
+
+def resource_partition(p: HardwareProfile, w: Workload, candidates=None) -> tuple[int, dict]:
     """(SMs reserved for the SM collective, {candidate: (gemm s, collective s)}): the paper's
     heuristic, with the profile's measured efficiencies instead of its 70%."""
+    candidates = candidates or partition_candidates(p, w)
     tg, cls = timing.gemm_time(p, w)
     tn = _comm(p, "nccl", w)
     table = {k: (tg * timing.gemm_sm_loss(p, cls, k), tn * timing.comm_cta_loss(p, w.collective, w.size, k))
