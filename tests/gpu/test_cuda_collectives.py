@@ -1,6 +1,6 @@
 """GPU tier: conccl's copy-engine collectives on real GPUs, against NCCL.
 
-Skipped without CUDA or with fewer than 2 GPUs. Each test starts one process per GPU.
+Each test starts one process per GPU (skipping: conftest.py).
 """
 from __future__ import annotations
 
@@ -9,12 +9,6 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                       reason="needs CUDA and at least 2 GPUs"),
-]
 
 DTYPES = ["bfloat16", "float16", "float32", "int8"]
 GiB = 1 << 30

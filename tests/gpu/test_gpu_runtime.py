@@ -1,18 +1,12 @@
 """GPU tier: conccl.overlap / run_concurrently apply a plan, and give the serial results.
 
-Skipped without CUDA or with fewer than 2 GPUs. Each test starts one process per GPU.
+Each test starts one process per GPU (skipping: conftest.py).
 """
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                       reason="needs CUDA and at least 2 GPUs"),
-]
 
 # (plan, GEMM M x N x K, collective, output bytes per rank)
 CASES = [

@@ -1,6 +1,6 @@
 """GPU tier: a two-scenario quick study, measured, end to end through the CLI.
 
-Skipped without CUDA or with fewer than 2 GPUs."""
+Skipped without 2 GPUs (conftest.py)."""
 from __future__ import annotations
 
 import json
@@ -8,12 +8,6 @@ import json
 import pytest
 
 torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                       reason="needs CUDA and at least 2 GPUs"),
-]
 
 
 def test_quick_study_measures_every_strategy_correctly(tmp_path):

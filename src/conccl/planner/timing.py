@@ -84,7 +84,7 @@ def lookup(table: dict, key: int, default: float = 1.0) -> float:
         return default
     keys = sorted(table)
     if key <= keys[0]:
-        return table[keys[0]] if key > 0 else 1.0 if 0 not in table else table[0]
+        return table[keys[0]]
     if key >= keys[-1]:
         return table[keys[-1]]
     i = bisect.bisect_left(keys, key)

@@ -2,7 +2,7 @@
 
 - GEMM and collective times alone: the planner's (``conccl.planner.timing``): roofline with
   the profile's measured efficiencies; the measured size sweep, interpolated.
-- SM-loss and CTA tables: the profile's, nearest measured point.
+- SM-loss and CTA tables: the profile's, interpolated between measured points.
 - Concurrent time of a strategy: the planner's model of that strategy (and for "auto", of the
   plan the planner picks); for an outside reference (torch_lc), the percent of ideal the profile
   measured for it, collective and taxonomy, applied to this scenario's ideal speedup. A fitted
@@ -20,12 +20,6 @@ from .strategies import strategies_for
 
 def _point(ms: float) -> dict:
     return {"median": ms, "min": ms, "max": ms, "n": 0}
-
-
-def _nearest(table: dict, key: int) -> float:
-    if not table:
-        return 1.0
-    return table[min(table, key=lambda k: abs(k - key))]
 
 
 def gemm_ms(p: HardwareProfile, g: Gemm) -> tuple[float, str]:
@@ -51,7 +45,7 @@ def predict(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bo
     for g in {s.gemm.tag: s.gemm for s in scenarios}.values():
         t0, cls = gemm_ms(p, g)
         for k in SM_LOSS_QUICK if quick else SM_LOSS:
-            slow = 1.0 if k == 0 else _nearest(p.gemm_sm_loss.get(cls, {}), k)
+            slow = timing.gemm_sm_loss(p, cls, k)
             doc["gemm_sm_loss"].append({"gemm": g.tag, "mnk": g.mnk, "flops": g.flops, "bytes": g.bytes(),
                                         "sms_taken": k, "sms_granted": p.sm_count - k, "time_ms": _point(t0 * slow)})
     colls = sorted({s.collective for s in scenarios})
@@ -65,10 +59,8 @@ def predict(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bo
             base = comm_ms(p, "nccl", c, size, world)
             if base is None:
                 continue
-            band = "latency-bound" if size <= 32 << 20 else "bandwidth-bound"
-            table = p.coll_cta_loss.get(c, {}).get(band, {})
             for k in (*(CTA_SWEEP_QUICK if quick else CTA_SWEEP), None):
-                slow = 1.0 if k is None else _nearest(table, k)
+                slow = timing.comm_cta_loss(p, c, size, k)
                 doc["coll_ctas"].append({"collective": c, "size": size, "impl": "nccl", "ctas": k,
                                          "time_ms": _point(base * slow)})
     analysis.set_comm_peaks(doc)
