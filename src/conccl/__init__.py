@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import CollectiveError, CollectiveTimeout, InvalidArgument, UnsupportedGroup
+from .errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument, UnsupportedGroup
 from .schedule import Algorithm, StreamMode
 from .work import Work
 
@@ -41,6 +41,7 @@ __all__ = [
     "StreamMode",
     "CollectiveError",
     "CollectiveTimeout",
+    "GroupBroken",
     "InvalidArgument",
     "UnsupportedGroup",
 ]

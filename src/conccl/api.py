@@ -110,7 +110,7 @@ def empty(*size, dtype=None, device=None, group=None):
     return t
 
 
-def all_gather_into_tensor(output, input, group=None, async_op=False):
+def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout=None):
     """Gather ``input`` from every rank into ``output`` on copy engines.
 
     Args:
@@ -120,20 +120,29 @@ def all_gather_into_tensor(output, input, group=None, async_op=False):
         input: CUDA tensor, contiguous, any shape and dtype, the same size on every rank.
         group: process group (default: the world). All GPUs of it must be peer-accessible.
         async_op: return a :class:`conccl.Work` instead of ordering the caller's stream.
+        timeout: ``timedelta`` or seconds; default the group's (``set_options``, 10 minutes).
 
     Stream semantics: starts after the work already queued on the caller's current stream;
     with ``async_op=False`` later work on that stream sees the output; with ``async_op=True``
     ``work.wait()`` makes the current stream wait (the host never blocks). The call returns
     once every rank of the group has made it (a host handshake, microseconds).
 
+    Failures: a peer that does not arrive within ``timeout`` (or whose process exited) raises
+    :class:`conccl.CollectiveTimeout` naming it, on the host if it never called, otherwise
+    from ``work.wait()`` / ``work.synchronize()`` once the group's watchdog gives up on the
+    GPU side; the group is then broken and every later call raises :class:`conccl.GroupBroken`.
+    A peer calling with another size, dtype or collective raises :class:`conccl.CollectiveError`
+    on every rank before anything moves.
+
     SMs used: none (copy engines and stream memory operations only).
     Workspace: ``input`` bytes of symmetric memory per rank unless every rank's input was
     allocated with :func:`conccl.empty` (or is in place in such an output); none with push.
     """
-    return get_communicator(group).all_gather_into_tensor(output, input, async_op)
+    return get_communicator(group).all_gather_into_tensor(output, input, async_op, timeout=timeout)
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
+                      *, timeout=None):
     """Scatter chunks of ``input`` to every rank and gather theirs into ``output``, on copy engines.
 
     Args:
@@ -142,18 +151,23 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         input: CUDA tensor, contiguous, same dtype and row shape; ``input_split_sizes[r]`` rows
             go to rank r. Splits may be uneven or zero; they must match the peers' (rank a
             sends rank b what b expects from a), or every rank raises before anything moves.
-        group, async_op: as in :func:`all_gather_into_tensor`.
+        group, async_op, timeout: as in :func:`all_gather_into_tensor`.
 
-    Stream semantics, SMs used (none): as :func:`all_gather_into_tensor`.
+    Stream semantics, failures, SMs used (none): as :func:`all_gather_into_tensor`.
     Workspace: the largest input of any rank, in symmetric memory, unless every input was
     allocated with :func:`conccl.empty`; none with push.
     """
-    return get_communicator(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op)
+    return get_communicator(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op,
+                                                     timeout=timeout)
 
 
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
-                timeout: timedelta | None = None) -> None:
-    """Change a group's defaults (algorithm, stream mode, timeout) on this rank."""
+                timeout: timedelta | None = None, checks: bool | None = None) -> None:
+    """Change a group's defaults (algorithm, stream mode, timeout) on this rank.
+
+    ``checks=False`` turns off the mismatch checks and the watchdog; it exists to measure
+    what they cost (a dead peer then hangs the GPU stream) and must be set on every rank.
+    """
     opts = get_communicator(group).options
     if algorithm is not None:
         opts.algorithm = Algorithm(algorithm)
@@ -161,6 +175,8 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
         opts.stream_mode = StreamMode(stream_mode)
     if timeout is not None:
         opts.timeout = timeout
+    if checks is not None:
+        opts.checks = bool(checks)
 
 
 def destroy(group=None) -> None:

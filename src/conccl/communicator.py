@@ -9,27 +9,39 @@ A call goes through four steps, the first three on the host and before anything 
    the same decisions (staging, algorithm, workspace size) from the same rows;
 3. plan: a pure, cached function of sizes and options gives the rank's :class:`Schedule`;
 4. execute it on the executor (copy engines on CUDA, shared memory in the CPU reference).
+
+Failure handling (a dead, late or mismatched peer): step 2 is bounded by the call's timeout
+and notices a peer whose process exited; a mismatch raises on every rank before anything
+moves and leaves the group usable. Once queued, a CUDA call is watched by the group's
+:class:`~conccl.watchdog.Watchdog`. A timeout, on the host or the GPU, *breaks* the group:
+the cause is posted on the board for the peers, the GPU's stream waits are released, and
+every later call raises :class:`~conccl.errors.GroupBroken` at once with the original cause.
 """
 from __future__ import annotations
 
 import math
+import threading
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
 
-from .board import HostBoard
+from .board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
 from .collectives import all_gather as ag
 from .collectives import all_to_all as a2a
-from .errors import CollectiveError, InvalidArgument
+from .errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
 from .schedule import Algorithm, StreamMode
+from .watchdog import Flight, Watchdog
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL groups
 
 # Row published on the host board: fixed fields, then input and output split bytes per rank.
 _F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _NFIXED = range(8)
 _SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
+# A call running this long on the GPU gets its peers' liveness checked (cheap: a kill(pid, 0)
+# per peer per watchdog round); shorter calls are never judged before their timeout.
+_FAST_FAIL_AFTER_S = 0.25
 
 
 def _code(s: str) -> int:
@@ -47,6 +59,9 @@ class Options:
     # rotation, so each GPU is read by one peer at a time, and the own shard goes last.
     stream_mode: StreamMode = StreamMode.SINGLE
     timeout: timedelta = DEFAULT_TIMEOUT
+    # False skips the mismatch checks and the watchdog: for measuring what they cost only, as
+    # a dead peer then hangs the GPU stream for good.
+    checks: bool = True
 
 
 def board_row_len(world: int) -> int:
@@ -60,6 +75,12 @@ class Communicator:
         self.executor, self.board, self.rank, self.world = executor, board, rank, world
         self.options = options or Options()
         self.seq = 0
+        self.broken: BaseException | None = None  # the first failure; every later call raises it
+        self._lock = threading.Lock()  # orders queueing against the watchdog's release
+        self.watchdog = None
+        if getattr(executor, "tracks_flights", False):
+            self.watchdog = Watchdog(self._judge, self.fail, thread_init=executor.bind_thread,
+                                     name=f"conccl-watchdog-r{rank}")
 
     # ------------------------------------------------------------------ collectives
     def all_gather_into_tensor(self, output, input, async_op=False, *, algorithm=None, stream_mode=None, timeout=None):
@@ -68,6 +89,7 @@ class Communicator:
         nbytes = input.numel() * input.element_size()
         # An in-place input is reached through the output, at another offset on every rank.
         flags = _SYM_IN * (ex.is_symmetric(input) and not in_place) | _SYM_OUT * ex.is_symmetric(output) | _IN_PLACE * in_place
+        self._check_usable()
         rows = self._agree(ag.NAME, input.dtype, nbytes, output.numel() * output.element_size(), flags,
                            algorithm, [nbytes] * self.world, [nbytes] * self.world, timeout)
         all_flags = _all_flags(rows)
@@ -77,7 +99,7 @@ class Communicator:
             input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
             in_place=in_place, peers_in_place=bool(all_flags & _IN_PLACE),
         )
-        return self._execute(schedule, input, output, async_op)
+        return self._execute(schedule, input, output, async_op, timeout)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False,
                           *, algorithm=None, stream_mode=None, timeout=None):
@@ -85,6 +107,7 @@ class Communicator:
         out_splits, in_splits, row_bytes = a2a.check_all_to_all(
             output, input, output_split_sizes, input_split_sizes, self.world, ex.device_type)
         flags = _SYM_IN * ex.is_symmetric(input) | _SYM_OUT * ex.is_symmetric(output)
+        self._check_usable()
         rows = self._agree(a2a.NAME, input.dtype, input.numel() * input.element_size(),
                            output.numel() * output.element_size(), flags, algorithm,
                            [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], timeout)
@@ -93,7 +116,7 @@ class Communicator:
         if not np.array_equal(sent, received.T):
             src, dst = map(int, np.argwhere(sent != received.T)[0])
             raise CollectiveError(
-                f"all_to_all_single (sequence number {self.seq}): rank {src} sends {sent[src, dst]} bytes to rank "
+                f"all_to_all_single (sequence number {self.seq + 1}): rank {src} sends {sent[src, dst]} bytes to rank "
                 f"{dst}, but rank {dst} expects {received[dst, src]} bytes from rank {src}; nothing was moved")
         all_flags = _all_flags(rows)
         matrix = tuple(tuple(int(b) for b in row) for row in sent)
@@ -102,19 +125,27 @@ class Communicator:
             stream_mode=stream_mode or self.options.stream_mode,
             input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
         )
-        return self._execute(schedule, input, output, async_op)
+        return self._execute(schedule, input, output, async_op, timeout)
 
     # ------------------------------------------------------------------ steps
     def _agree(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, timeout):
-        """Publish this call on the board; check every peer made the same call."""
+        """Publish this call on the board; check every peer made the same call.
+
+        The call takes its sequence number only when it is queued (``_execute``): a mismatch
+        raises on every rank alike before that, so the ranks stay in step and the group usable.
+        """
         if algorithm is not None and not isinstance(algorithm, Algorithm):
             raise InvalidArgument(f"algorithm must be a conccl.Algorithm, got {algorithm!r}")
         seq = self.seq + 1
         row = [seq, _code(coll), _code(str(dtype)), in_bytes, out_bytes, flags,
                -1 if algorithm is None else _code(algorithm.value), *in_splits, *out_splits]
-        t = (timeout or self.options.timeout)
-        rows = self.board.exchange(row, f"conccl {coll}", t.total_seconds() if isinstance(t, timedelta) else float(t))
-        self.seq = seq
+        try:
+            rows = self.board.exchange(row, f"conccl {coll}", self._timeout_s(timeout), seq)
+        except (CollectiveTimeout, GroupBroken) as e:
+            self.fail(e)
+            raise
+        if not self.options.checks:
+            return rows
         for field, what in ((_F_SEQ, "sequence number"), (_F_COLL, "collective"), (_F_DTYPE, "dtype"),
                             (_F_ALGO, "algorithm")):
             bad = [p for p in range(self.world) if rows[p, field] != rows[self.rank, field]]
@@ -138,11 +169,81 @@ class Communicator:
             raise InvalidArgument("Algorithm.PUSH needs every rank's output allocated with conccl.empty")
         return algo
 
-    def _execute(self, schedule, input, output, async_op):
-        self.executor.ensure_workspace(schedule.workspace_bytes)
-        return self.executor.run(schedule, input, output, self.seq, async_op)
+    def _timeout_s(self, timeout) -> float:
+        t = timeout if timeout is not None else self.options.timeout
+        seconds = t.total_seconds() if isinstance(t, timedelta) else float(t)
+        if not seconds > 0:
+            raise InvalidArgument(f"timeout must be positive, got {t!r}")
+        return seconds
+
+    def _execute(self, schedule, input, output, async_op, timeout):
+        timeout_s = self._timeout_s(timeout)
+        seq = self.seq + 1
+        flight = Flight(seq, f"conccl {schedule.collective}", timeout_s, None, None, schedule, self._late_verdict)
+        try:
+            with self._lock:  # the watchdog releases under this lock: no call slips in between
+                self._check_usable()
+                self.executor.ensure_workspace(schedule.workspace_bytes)
+                self.seq = seq
+                work = self.executor.run(schedule, input, output, seq, async_op, timeout_s,
+                                         flight if self.watchdog is not None and self.options.checks else None)
+        except (CollectiveTimeout, GroupBroken) as e:  # the reference executor waits on the host
+            self.fail(e)
+            raise
+        if flight.end is not None:
+            self.watchdog.track(flight)
+        return work
+
+    # ------------------------------------------------------------------ failures
+    def _check_usable(self) -> None:
+        if self.broken is not None:
+            raise GroupBroken(
+                f"this conccl group is broken since an earlier collective failed ({self.broken}); nothing was moved. "
+                "Destroy the group (conccl.destroy) and create a new one.", self.broken) from self.broken
+
+    def fail(self, error: BaseException) -> None:
+        """Break the group with ``error``: tell the peers, fail and release every call in flight."""
+        with self._lock:
+            if self.broken is None:
+                self.broken = error
+                if not isinstance(error, GroupBroken):  # a peer's abort is on the board already
+                    missing = list(getattr(error, "missing", []))
+                    kind = (ABORT_EXITED if getattr(error, "exited", None) else ABORT_TIMEOUT
+                            if isinstance(error, CollectiveTimeout) else ABORT_OTHER)
+                    self.board.abort(getattr(error, "seq", self.seq), kind, missing)
+            flights = self.watchdog.drain(error) if self.watchdog is not None else []
+            if flights:
+                # Every wait queued so far waits for a value <= self.seq: writing it into the
+                # own pad lets the streams drain (the outputs are garbage, and flagged so).
+                self.executor.release(self.seq)
+
+    def _judge(self, flight: Flight, running_s: float):
+        """The watchdog's verdict on the oldest unfinished call (None: keep waiting)."""
+        if running_s > flight.timeout_s:
+            missing = self.executor.missing_peers(flight.schedule, flight.seq)
+            return CollectiveTimeout(flight.what, flight.seq, missing, running_s, self.board.exited_peers(missing))
+        if running_s < _FAST_FAIL_AFTER_S:
+            return None
+        broken = self.board.aborted()
+        exited = self.board.exited_peers()
+        if broken is None and not exited:
+            return None
+        missing = self.executor.missing_peers(flight.schedule, flight.seq)
+        if broken is not None and missing:  # a peer gave up on the group: these never come
+            return CollectiveTimeout(flight.what, flight.seq, missing, running_s, [p for p in missing if p in exited],
+                                     note=str(broken))
+        gone = [p for p in missing if p in exited]
+        if gone:  # a dead process never writes its signal: no need to wait for the timeout
+            return CollectiveTimeout(flight.what, flight.seq, missing, running_s, gone)
+        return None
+
+    def _late_verdict(self, seq: int):
+        broken = self.board.aborted() if self.board._ctrl is not None else None
+        return broken if broken is not None and broken.seq <= seq else None
 
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
         self.executor.close()
         self.board.close()
 

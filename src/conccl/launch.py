@@ -94,11 +94,12 @@ def run_per_gpu(fn, *args, nprocs: int | None = None, timeout_s: float = 1800.0)
     return collect_results(queue, procs, world, timeout_s, join_s=30)
 
 
-def collect_results(queue, procs, world: int, timeout_s: float, join_s: float) -> list:
+def collect_results(queue, procs, world: int, timeout_s: float, join_s: float, allow_missing=()) -> list:
     """Gather (rank, status, value) reports from ``procs``; bounded by ``timeout_s``.
 
     Raises RuntimeError naming every rank that failed, or that returned nothing (killed, hung
-    or crashed); processes still alive at the end are killed.
+    or crashed) unless it is in ``allow_missing`` (its result is then None); processes still
+    alive at the end are killed.
     """
     import queue as _q
     import time
@@ -106,13 +107,16 @@ def collect_results(queue, procs, world: int, timeout_s: float, join_s: float) -
     results, errors = {}, []
     deadline = time.monotonic() + timeout_s
     try:
-        while len(results) + len(errors) < world and time.monotonic() < deadline:
+        needed = set(range(world)) - set(allow_missing)
+        reported: set[int] = set()
+        while not needed <= reported and time.monotonic() < deadline:
             try:
                 rank, status, value = queue.get(timeout=0.5)
             except _q.Empty:
                 if not any(p.is_alive() for p in procs):
                     break
                 continue
+            reported.add(rank)
             if status == "ok":
                 results[rank] = value
             else:
@@ -123,9 +127,9 @@ def collect_results(queue, procs, world: int, timeout_s: float, join_s: float) -
             if p.is_alive():
                 p.kill()
     failed = {int(e.split(":")[0].split()[1]) for e in errors}
-    missing = sorted(set(range(world)) - set(results) - failed)
+    missing = sorted(set(range(world)) - set(results) - failed - set(allow_missing))
     if missing:
         errors.append(f"ranks {missing} returned nothing (killed, hung or crashed)")
     if errors:
         raise RuntimeError("\n".join(errors))
-    return [results[r] for r in range(world)]
+    return [results.get(r) for r in range(world)]

@@ -147,3 +147,18 @@ class StreamMode(enum.Enum):
     PER_PEER = "per_peer"  # one stream per peer: transfers to different peers run at once
     SINGLE = "single"      # everything on one stream, one cudaMemcpyAsync after another
     BATCH = "batch"        # one stream, the peer copies issued as one cudaMemcpyBatchAsync
+
+
+def awaited_peers(schedule: Schedule, seq: int, pad, world: int) -> list[int]:
+    """Peers named by a wait of ``schedule`` (call ``seq``) that ``pad`` does not satisfy yet.
+
+    Compared as the GPU does (``cuStreamWaitValue32`` GEQ: ``(int32)(word - value) >= 0``).
+    """
+    missing = set()
+    for ops in schedule.slots:
+        for op in ops:
+            if isinstance(op, WaitSignal):
+                diff = (int(pad[signal_word(op.kind, op.peer, world)]) - (seq + op.seq_delta)) & 0xFFFFFFFF
+                if diff >= 1 << 31:
+                    missing.add(op.peer)
+    return sorted(missing)

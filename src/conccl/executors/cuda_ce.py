@@ -16,14 +16,21 @@ Streams of one call (PER_PEER, 4 ranks, rank 0, pull from staged inputs)::
 
 Slot 0 also waits for the previous call's end, so calls on a group are ordered as on a NCCL
 communicator even with ``async_op=True``, and a signal word is never written out of order.
+
+Each call's start and end events go to the group's watchdog (``tracks_flights``). If a peer
+never signals, the watchdog reads the own pad to name the peers still awaited
+(:meth:`missing_peers`) and writes the awaited values into it itself (:meth:`release`), from a
+stream of its own, so the stuck streams drain.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .._driver import StreamOps
+from .._driver import StreamOps, check, driver
 from ..communicator import workspace_capacity
-from ..schedule import Buf, Copy, Schedule, SetSignal, StreamMode, WaitSignal, signal_pad_words, signal_word
+from ..schedule import (Buf, Copy, Schedule, SetSignal, StreamMode, WaitSignal, awaited_peers, signal_pad_words,
+                        signal_word)
 from ..work import Work
 
 
@@ -53,6 +60,7 @@ REGISTRY = SymmetricRegistry()
 
 class CudaCopyEngineExecutor:
     device_type = "cuda"
+    tracks_flights = True
 
     def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
         from torch.distributed import _symmetric_memory as symm_mem
@@ -72,6 +80,8 @@ class CudaCopyEngineExecutor:
         self._ws = None
         self._ws_handle = None
         self._ws_cap = 0
+        self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
+        self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
 
     def is_symmetric(self, t) -> bool:
         return REGISTRY.lookup(t) is not None
@@ -97,14 +107,18 @@ class CudaCopyEngineExecutor:
         handle, offset = REGISTRY.lookup(t)
         return handle.buffer_ptrs[rank] + offset
 
-    def run(self, schedule: Schedule, input, output, seq: int, async_op: bool) -> Work:
+    def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float = 0.0,
+            flight=None) -> Work:
+        """Queue ``schedule`` (call ``seq``). ``flight``: fill in its start and end events for
+        the watchdog (``timeout_s`` is the watchdog's business, not the GPU's)."""
         caller = torch.cuda.current_stream(self.device)
         streams, ops_of = self._streams, self._ops
         ctrl = streams[0]
         ctrl.wait_stream(caller)
         if self._last_end is not None:
             ctrl.wait_event(self._last_end)
-        self._start.record(ctrl)
+        start = self._start if flight is None else torch.cuda.Event()  # a tracked call needs its own
+        start.record(ctrl)
         batch = schedule.stream_mode is StreamMode.BATCH
         own_pad = self._pads[self.rank]
         bases: dict = {}  # (rank, buffer) -> address, resolved once per call
@@ -118,7 +132,7 @@ class CudaCopyEngineExecutor:
         for k, slot_ops in enumerate(schedule.slots):
             ops = ops_of[k]
             if k:
-                streams[k].wait_event(self._start)
+                streams[k].wait_event(start)
             pending: list[tuple[int, int, int]] = []
             for op in slot_ops:
                 if isinstance(op, Copy):
@@ -145,14 +159,41 @@ class CudaCopyEngineExecutor:
         end = torch.cuda.Event()
         end.record(ctrl)
         self._last_end = end
+        if flight is not None:
+            flight.start, flight.end = start, end
         if async_op:
             # The caller's stream is not ordered after the copies yet: tell the caching
             # allocator the tensors are in use on ctrl until then.
             for t in (input, output):
                 t.record_stream(ctrl)
-            return Work(end, self.device)
+            return Work(end, self.device, flight)
         caller.wait_event(end)
-        return Work(None)
+        return Work(None, flight=flight)
+
+    # ------------------------------------------------------------------ watchdog side
+    def bind_thread(self) -> None:
+        torch.cuda.set_device(self.device)
+
+    def read_pad(self) -> np.ndarray:
+        """The own signal pad as the GPU sees it now (a copy on the watchdog's stream)."""
+        cu = driver()
+        words = np.zeros(signal_pad_words(self.world), dtype=np.uint32)
+        check(cu.cuMemcpyDtoHAsync(words.ctypes.data, cu.CUdeviceptr(self._pads[self.rank]), words.nbytes,
+                                   self._watch_ops.stream))
+        check(cu.cuStreamSynchronize(self._watch_ops.stream))
+        return words
+
+    def missing_peers(self, schedule: Schedule, seq: int) -> list[int]:
+        """Peers whose signal call ``seq`` of ``schedule`` still waits for."""
+        return awaited_peers(schedule, seq, self.read_pad(), self.world)
+
+    def release(self, seq: int) -> None:
+        """Satisfy every stream wait queued for calls up to ``seq`` (the group is broken)."""
+        own = self._pads[self.rank]
+        for word in range(signal_pad_words(self.world)):
+            self._watch_ops.write_value32(own + 4 * word, seq)
+        self._watch_stream.synchronize()
 
     def close(self) -> None:
         self._ws = self._ws_handle = None
+

@@ -107,10 +107,18 @@ class ReferenceExecutor:
             self._peer_allocs[key] = self._attach_bytes(pattern.format(rank=rank))  # peers' sizes may differ
         return self._peer_allocs[key][t.data_ptr() - start:]
 
-    def run(self, schedule: Schedule, input, output, seq: int, async_op: bool) -> Work:
+    def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float | None = None,
+            flight=None) -> Work:
+        """Run ``schedule`` to completion on the host (calls here are never in flight).
+
+        A wait unsatisfied for ``timeout_s`` raises :class:`CollectiveTimeout`; one waiting
+        for a peer whose process exited, or after a peer aborted the group, raises at once.
+        """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         pads = self._pads
         pcs = [0] * schedule.num_slots
         start = time.monotonic()
+        next_liveness = start + 0.1
         while True:
             progress = False
             for k, ops in enumerate(schedule.slots):
@@ -129,12 +137,27 @@ class ReferenceExecutor:
                     pcs[k] += 1
                     progress = True
             if all(pc == len(ops) for pc, ops in zip(pcs, schedule.slots)):
+                # Done, but a peer may have given up on this very call meanwhile (this rank was
+                # too slow): its data cannot be trusted to be what the peer meant to send.
+                broken = self.board.aborted()
+                if broken is not None and broken.seq <= seq:
+                    raise broken
                 return Work()
             if not progress:
-                waited = time.monotonic() - start
-                if waited > self.timeout_s:
-                    blocked = sorted({ops[pc].peer for pc, ops in zip(pcs, schedule.slots) if pc < len(ops)})
-                    raise CollectiveTimeout(f"conccl {schedule.collective}", seq, blocked, waited)
+                now = time.monotonic()
+                blocked = lambda: sorted({ops[pc].peer for pc, ops in zip(pcs, schedule.slots) if pc < len(ops)})  # noqa: E731
+                if now > next_liveness:  # what the CUDA executor's watchdog does, inline
+                    next_liveness = now + 0.1
+                    broken = self.board.aborted()
+                    if broken is not None:
+                        raise CollectiveTimeout(f"conccl {schedule.collective}", seq, blocked(), now - start,
+                                                self.board.exited_peers(blocked()), note=str(broken))
+                    gone = self.board.exited_peers(blocked())
+                    if gone:
+                        raise CollectiveTimeout(f"conccl {schedule.collective}", seq, blocked(), now - start, gone)
+                if now - start > timeout_s:
+                    raise CollectiveTimeout(f"conccl {schedule.collective}", seq, blocked(), now - start,
+                                            self.board.exited_peers(blocked()))
                 time.sleep(20e-6)
 
     def close(self) -> None:
@@ -170,11 +193,13 @@ def _child(fn, prefix, rank, world, timeout, args, queue):
             comm.close()
 
 
-def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), join_timeout_s: float = 120.0):
+def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), join_timeout_s: float = 120.0,
+          allow_missing=()):
     """Run ``fn(comm, *args)`` on ``world`` processes of a reference group; return per-rank results.
 
     Raises RuntimeError with every failing rank's traceback. Bounded: processes still alive
-    after ``join_timeout_s`` are killed and reported.
+    after ``join_timeout_s`` are killed and reported. Ranks in ``allow_missing`` may die
+    without reporting (fault tests kill them); their result is None.
     """
     prefix = f"conccl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     board = HostBoard(f"{prefix}_board", 0, world, board_row_len(world), create=True)
@@ -184,7 +209,7 @@ def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), joi
     try:
         for p in procs:
             p.start()
-        return collect_results(queue, procs, world, join_timeout_s, join_s=5)
+        return collect_results(queue, procs, world, join_timeout_s, join_s=5, allow_missing=allow_missing)
     except RuntimeError as e:
         raise RuntimeError(f"reference group failed:\n{e}") from None
     finally:
