@@ -68,11 +68,13 @@ def _worker(rank, world, init_method, fn, args, queue):
             pass
 
 
-def run_per_gpu(fn, *args, nprocs: int | None = None, timeout_s: float = 1800.0) -> list:
+def run_per_gpu(fn, *args, nprocs: int | None = None, timeout_s: float = 1800.0, allow_missing=(),
+                exitcodes: list | None = None) -> list:
     """Run ``fn(rank, world, *args)`` in one process per GPU (or in place under torchrun).
 
     Returns the per-rank results (under torchrun: a one-element list with this rank's).
-    Raises RuntimeError with each failing rank's traceback.
+    Raises RuntimeError with each failing rank's traceback. Ranks in ``allow_missing`` may
+    die without a result (None); ``exitcodes``, if given, receives every process's exit code.
     """
     import torch
     import torch.multiprocessing as mp
@@ -91,10 +93,12 @@ def run_per_gpu(fn, *args, nprocs: int | None = None, timeout_s: float = 1800.0)
     procs = [ctx.Process(target=_worker, args=(r, world, init, fn, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    return collect_results(queue, procs, world, timeout_s, join_s=30)
+    return collect_results(queue, procs, world, timeout_s, join_s=30, allow_missing=allow_missing,
+                           exitcodes=exitcodes)
 
 
-def collect_results(queue, procs, world: int, timeout_s: float, join_s: float, allow_missing=()) -> list:
+def collect_results(queue, procs, world: int, timeout_s: float, join_s: float, allow_missing=(),
+                    exitcodes: list | None = None) -> list:
     """Gather (rank, status, value) reports from ``procs``; bounded by ``timeout_s``.
 
     Raises RuntimeError naming every rank that failed, or that returned nothing (killed, hung
@@ -126,6 +130,9 @@ def collect_results(queue, procs, world: int, timeout_s: float, join_s: float, a
             p.join(timeout=join_s)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5)
+        if exitcodes is not None:
+            exitcodes[:] = [p.exitcode for p in procs]
     failed = {int(e.split(":")[0].split()[1]) for e in errors}
     missing = sorted(set(range(world)) - set(results) - failed - set(allow_missing))
     if missing:
