@@ -72,7 +72,10 @@ class Watchdog:
             self._cv.notify()
 
     def in_flight(self) -> int:
+        """Calls queued and not finished (finished ones are dropped here too)."""
         with self._cv:
+            while self._flights and self._flights[0].done():
+                self._flights.popleft()
             return len(self._flights)
 
     def close(self) -> None:

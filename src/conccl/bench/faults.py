@@ -105,7 +105,7 @@ def run_peer_fault(mode: str, timeout_s: float, out_bytes: int = 1 << 30, stall_
     world = nprocs or torch.cuda.device_count()
     codes: list = []
     t0 = time.monotonic()
-    ranks = run_per_gpu(peer_fault_worker, mode, timeout_s, out_bytes, stall_s, nprocs=world, timeout_s=120,
+    ranks = run_per_gpu(peer_fault_worker, mode, timeout_s, out_bytes, stall_s, nprocs=world, timeout_s=60,
                         allow_missing=(world - 1,) if mode == "killed" else (), exitcodes=codes)
     return {"mode": mode, "timeout_s": timeout_s, "out_bytes": out_bytes, "stall_s": stall_s, "world": world,
             "ranks": ranks, "exitcodes": codes, "wall_s": time.monotonic() - t0}
