@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -94,7 +95,16 @@ class Watchdog:
                     self._cv.wait()  # idle: no polling while nothing is in flight
                 if self._closed:
                     return
-            self.poll()
+            try:
+                self.poll()
+            except Exception as e:  # noqa: BLE001 - a dead watchdog would leave the GPU stuck for good
+                error = RuntimeError(f"conccl watchdog failed: {type(e).__name__}: {e}")
+                traceback.print_exc()
+                try:
+                    self._fail(error)
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
+                return
             time.sleep(self.poll_s)
 
     def poll(self, now: float | None = None) -> BaseException | None:

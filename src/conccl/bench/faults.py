@@ -31,6 +31,10 @@ from datetime import timedelta
 
 
 # ---------------------------------------------------------------------------- dead / stalled peer
+def _say(rank: int, t0: float, msg: str) -> None:
+    print(f"[faults rank {rank} +{time.monotonic() - t0:.2f}s] {msg}", file=sys.stderr, flush=True)
+
+
 def _spin_cycles(seconds: float) -> int:
     import torch
 
@@ -74,21 +78,25 @@ def peer_fault_worker(rank: int, world: int, mode: str, timeout_s: float, out_by
     t0 = time.monotonic()
     work = conccl.all_gather_into_tensor(out, inp, async_op=True, timeout=timeout)
     call_s = time.monotonic() - t0
+    _say(rank, t0, "queued")
     err = None
     try:
-        work.synchronize()
+        work.synchronize(timeout=timeout_s + 10.0)  # bounded here too: a missed detection shows, not hangs
     except CollectiveError as e:
         err = e
     detect_s = time.monotonic() - t0
+    _say(rank, t0, f"raised {type(err).__name__}: {err}")
     x = torch.ones(1, device="cuda") + 1  # later work on the stream runs: nothing stays stuck
     torch.cuda.synchronize()
     drained_s = time.monotonic() - t0
+    _say(rank, t0, "drained")
     t1 = time.monotonic()
     again = None
     try:
         conccl.all_gather_into_tensor(out, inp)
     except CollectiveError as e:
         again = e
+    _say(rank, t0, f"next call: {type(again).__name__}")
     rec.update(role="survivor", call_s=call_s, detect_s=detect_s, drained_s=drained_s, stream_ok=float(x) == 2.0,
                error=type(err).__name__ if err else None, message=str(err) if err else None,
                missing=getattr(err, "missing", None), exited=getattr(err, "exited", None),
