@@ -263,3 +263,13 @@ def test_mismatched_size_or_dtype_raises_everywhere_moves_nothing_and_leaves_the
         assert "rank 1" in msg and "nothing was moved" in msg and untouched
         assert "dtype" in msg2 and "torch.float16" in msg2 and untouched2
         assert good
+
+
+def test_a_peer_abort_fails_a_finished_call_but_leaves_a_running_one_to_the_watchdog():
+    verdict = GroupBroken("rank 0 broke the group at sequence number 4: ...")
+    running = Flight(4, "x", 1.0, FakeEvent(True), FakeEvent(False), late_verdict=lambda seq: verdict)
+    assert running.failure() is None and not running.done()  # the watchdog still owns it
+    running.end.done = True
+    assert running.failure() is verdict  # finished after a peer gave up on it: not valid
+    older = Flight(3, "x", 1.0, FakeEvent(True), FakeEvent(True), late_verdict=lambda seq: None)
+    assert older.failure() is None

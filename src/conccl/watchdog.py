@@ -44,7 +44,9 @@ class Flight:
         return self.error is not None or self.end.query()
 
     def failure(self) -> BaseException | None:
-        if self.error is None and self.late_verdict is not None:
+        # The late verdict is for a call that *finished*: one still running belongs to the
+        # watchdog, which must release its stream waits before anyone gives up on it.
+        if self.error is None and self.late_verdict is not None and self.end is not None and self.end.query():
             self.error = self.late_verdict(self.seq)
         return self.error
 
