@@ -39,6 +39,12 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL 
 # Row published on the host board: fixed fields, then input and output split bytes per rank.
 _F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _NFIXED = range(8)
 _SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
+
+
+def _agreed(fixed_row: list) -> tuple:
+    """The fields every rank must have alike."""
+    return fixed_row[_F_SEQ], fixed_row[_F_COLL], fixed_row[_F_DTYPE], fixed_row[_F_ALGO]
+
 # A call running this long on the GPU gets its peers' liveness checked (cheap: a kill(pid, 0)
 # per peer per watchdog round); shorter calls are never judged before their timeout.
 _FAST_FAIL_AFTER_S = 0.25
@@ -146,6 +152,18 @@ class Communicator:
             raise
         if not self.options.checks:
             return rows
+        fixed = rows[:, :_NFIXED].tolist()  # plain ints: cheaper to compare than numpy scalars
+        mine = _agreed(fixed[self.rank])
+        if any(_agreed(x) != mine for x in fixed):
+            self._disagreement(coll, dtype, seq, rows)
+        if coll == ag.NAME and any(x[_F_IN] != in_bytes for x in fixed):
+            bad = [p for p in range(self.world) if rows[p, _F_IN] != in_bytes]
+            raise CollectiveError(
+                f"conccl all_gather (sequence number {seq}): rank {bad[0]} contributes {rows[bad[0], _F_IN]} bytes, "
+                f"rank {self.rank} {in_bytes}; every rank must pass the same input size; nothing was moved")
+        return rows
+
+    def _disagreement(self, coll, dtype, seq, rows):
         for field, what in ((_F_SEQ, "sequence number"), (_F_COLL, "collective"), (_F_DTYPE, "dtype"),
                             (_F_ALGO, "algorithm")):
             bad = [p for p in range(self.world) if rows[p, field] != rows[self.rank, field]]
@@ -153,13 +171,6 @@ class Communicator:
                 raise CollectiveError(
                     f"conccl {coll} (sequence number {seq}) on rank {self.rank}: rank {bad[0]} called with a different "
                     f"{what} ({_describe(field, rows[bad[0], field], dtype)} vs {_describe(field, rows[self.rank, field], dtype)} here); nothing was moved")
-        if coll == ag.NAME:
-            bad = [p for p in range(self.world) if rows[p, _F_IN] != in_bytes]
-            if bad:
-                raise CollectiveError(
-                    f"conccl all_gather (sequence number {seq}): rank {bad[0]} contributes {rows[bad[0], _F_IN]} bytes, "
-                    f"rank {self.rank} {in_bytes}; every rank must pass the same input size; nothing was moved")
-        return rows
 
     def _algorithm(self, requested: Algorithm | None, all_flags: int) -> Algorithm:
         algo = requested or self.options.algorithm

@@ -37,6 +37,8 @@ class Flight:
     # Asked by the handle after the call finished: did a peer give up on this call meanwhile?
     # (This rank was then too slow; what it received cannot be trusted.)
     late_verdict: Callable | None = field(default=None, repr=False)
+    # Called with the flight once it is finished and forgotten (the executor reuses its start event).
+    recycle: Callable | None = field(default=None, repr=False)
     started_at: float | None = None
     error: BaseException | None = field(default=None, repr=False)
 
@@ -77,9 +79,24 @@ class Watchdog:
     def in_flight(self) -> int:
         """Calls queued and not finished (finished ones are dropped here too)."""
         with self._cv:
-            while self._flights and self._flights[0].done():
-                self._flights.popleft()
+            self._prune()
             return len(self._flights)
+
+    def _prune(self) -> None:
+        """Drop finished flights (under the lock). Calls of a group run in order on the GPU, so
+        finished ones are at the front, and when the newest is done all are: one query covers
+        the hundreds of calls a busy group finishes between two rounds."""
+        flights = self._flights
+        if flights and flights[-1].done():
+            done = list(flights)
+            flights.clear()
+        else:
+            done = []
+            while flights and flights[0].done():
+                done.append(flights.popleft())
+        for f in done:
+            if f.recycle is not None and f.error is None:
+                f.recycle(f)
 
     def close(self) -> None:
         with self._cv:
@@ -113,9 +130,7 @@ class Watchdog:
         """One round (also called directly by tests): drop finished flights, judge the oldest."""
         now = time.monotonic() if now is None else now
         with self._cv:
-            # Calls of a group run in order on the GPU, so finished ones are at the front.
-            while self._flights and self._flights[0].done():
-                self._flights.popleft()
+            self._prune()
             flights = list(self._flights)
         for f in flights:
             if f.started_at is not None:

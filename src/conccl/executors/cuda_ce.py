@@ -80,6 +80,7 @@ class CudaCopyEngineExecutor:
         self._ws = None
         self._ws_handle = None
         self._ws_cap = 0
+        self._spare_starts: list = []  # start events of finished calls (list append/pop are atomic)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
         self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
 
@@ -117,7 +118,11 @@ class CudaCopyEngineExecutor:
         ctrl.wait_stream(caller)
         if self._last_end is not None:
             ctrl.wait_event(self._last_end)
-        start = self._start if flight is None else torch.cuda.Event()  # a tracked call needs its own
+        if flight is None:
+            start = self._start
+        else:  # a tracked call needs its own start event; finished ones come back through recycle
+            start = self._spare_starts.pop() if self._spare_starts else torch.cuda.Event()
+            flight.recycle = self._recycle
         start.record(ctrl)
         batch = schedule.stream_mode is StreamMode.BATCH
         own_pad = self._pads[self.rank]
@@ -171,6 +176,12 @@ class CudaCopyEngineExecutor:
         return Work(None, flight=flight)
 
     # ------------------------------------------------------------------ watchdog side
+    def _recycle(self, flight) -> None:
+        # Re-recording an event does not affect waits already queued on it, and nothing but
+        # the flight (now forgotten) refers to a start event.
+        if len(self._spare_starts) < 1024:
+            self._spare_starts.append(flight.start)
+
     def bind_thread(self) -> None:
         torch.cuda.set_device(self.device)
 
