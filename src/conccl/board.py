@@ -71,6 +71,10 @@ class HostBoard:
         self._procs[rank] = (os.getpid(), _pid_namespace())
         self.count = 0
 
+    @property
+    def closed(self) -> bool:
+        return self._ctrl is None
+
     # ------------------------------------------------------------------ liveness and abort
     def exited_peers(self, ranks=None) -> list[int]:
         """Ranks among ``ranks`` (default: all) whose process has surely exited."""

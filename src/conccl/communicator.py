@@ -45,6 +45,7 @@ def _agreed(fixed_row: list) -> tuple:
     """The fields every rank must have alike."""
     return fixed_row[_F_SEQ], fixed_row[_F_COLL], fixed_row[_F_DTYPE], fixed_row[_F_ALGO]
 
+
 # A call running this long on the GPU gets its peers' liveness checked (cheap: a kill(pid, 0)
 # per peer per watchdog round); shorter calls are never judged before their timeout.
 _FAST_FAIL_AFTER_S = 0.25
@@ -249,7 +250,7 @@ class Communicator:
         return None
 
     def _late_verdict(self, seq: int):
-        broken = self.board.aborted() if self.board._ctrl is not None else None
+        broken = None if self.board.closed else self.board.aborted()
         return broken if broken is not None and broken.seq <= seq else None
 
     def close(self) -> None:
