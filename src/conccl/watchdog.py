@@ -63,13 +63,14 @@ class Watchdog:
     """
 
     def __init__(self, judge: Callable, fail: Callable, poll_s: float = 0.05, thread_init: Callable | None = None,
-                 name: str = "conccl-watchdog"):
+                 name: str = "conccl-watchdog", start: bool = True):
         self._judge, self._fail, self.poll_s, self._init = judge, fail, poll_s, thread_init
         self._flights: collections.deque[Flight] = collections.deque()
         self._cv = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        if start:  # start=False: the caller drives poll() itself (tests with a fake clock)
+            self._thread.start()
 
     def track(self, flight: Flight) -> None:
         with self._cv:
@@ -102,7 +103,8 @@ class Watchdog:
         with self._cv:
             self._closed = True
             self._cv.notify()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     # ------------------------------------------------------------------ thread
     def _loop(self) -> None:
