@@ -1,6 +1,8 @@
 """The measured study: one process per GPU, every number as the paper took it.
 
-Every timing is ``warmup`` executions then ``iters`` timed ones (the paper: 6 + 9); before each,
+Every timing is ``warmup`` executions then ``iters`` timed ones (the paper: 6 + 9); the
+configurations of one scenario (GEMM alone, collectives alone, every strategy) take turns,
+one execution each per round, so that they are compared under the same conditions. Before each,
 the ranks meet at a barrier; each execution is timed between two CUDA events on one stream
 that every participating stream joins, and the slowest rank's time counts, execution by
 execution. Before the last execution of every configuration the output is poisoned, and
@@ -135,6 +137,40 @@ class Rig:
         t = torch.tensor(times, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
+
+    def timed_side_by_side(self, configs) -> list[tuple[list[float], bool | None]]:
+        """Time several configurations of one scenario in turn rather than one after another.
+
+        ``configs``: [(parts, poison, check)]. Each is warmed up ``warmup`` times; then come
+        ``iters`` rounds, and every round runs each configuration once, so that drift over the
+        run (clocks, heat, the other ranks' timing) touches all of them alike and the
+        comparison between strategies is fair. In the last round each configuration's output is
+        poisoned before its execution and ``check()`` runs right after it (None: not checked).
+        Returns per configuration (milliseconds of the slowest rank, correct).
+        """
+        torch, dist = self.torch, self.dist
+        for parts, _, _ in configs:
+            for _ in range(self.cfg.warmup):
+                torch.cuda.synchronize()
+                dist.barrier()
+                self._execute(parts)[1].synchronize()
+        times: list[list[float]] = [[] for _ in configs]
+        correct: list[bool | None] = [None] * len(configs)
+        for i in range(self.cfg.iters):
+            last = i == self.cfg.iters - 1
+            for j, (parts, poison, check) in enumerate(configs):
+                if last and poison is not None:
+                    poison()
+                torch.cuda.synchronize()
+                dist.barrier()
+                start, end = self._execute(parts)
+                end.synchronize()
+                times[j].append(start.elapsed_time(end))
+                if last and check is not None:
+                    correct[j] = check()
+        t = torch.tensor(times, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return list(zip(t.tolist(), correct))
 
     def all_true(self, ok: bool) -> bool:
         t = self.torch.tensor([1 if ok else 0], device=self.device)
@@ -387,20 +423,27 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
 
 
 def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
+    """Every configuration of one scenario, timed side by side (``Rig.timed_side_by_side``):
+    the GEMM alone, each collective alone, every strategy at every sweep point, and ``auto``."""
     size = s.size_for(rig.world)
     case = CollectiveCase(rig, s.collective, size, arenas)
     rec = analysis.new_scenario(s, size)
-    rec["t_gemm"] = analysis.summary(rig.timed([(rig.gemm_stream, gemm.fn())]))
-    for impl in ("nccl", "conccl") + (("torch_lc",) if s.collective == "all_gather" else ()):
-        t = rig.timed([(rig.comm_stream, case.fn(impl))])
-        rec["t_comm"][impl] = analysis.summary(t)
     rec["hbm_bytes"] = {"gemm": s.gemm.bytes(), "comm": case.hbm_bytes()}
+    configs, labels = [], []  # labels: how to file each result in rec
+
+    def add(label, parts, poison=None, check=None):
+        labels.append(label)
+        configs.append((parts, poison, check))
+
+    add(("gemm",), [(rig.gemm_stream, gemm.fn())])
+    for impl in ("nccl", "conccl") + (("torch_lc",) if s.collective == "all_gather" else ()):
+        add(("comm", impl), [(rig.comm_stream, case.fn(impl))])
     for strat in strategies_for(s.collective):
         if strat.impl == "auto":
             if rig.plan_error is None:
-                rec["runs"]["auto"] = [_measure_auto(rig, s, size, case, gemm)]
+                parts, info = _auto_parts(rig, s, size, case, gemm)
+                add(("auto", info), parts, case.poison, case.check)
             continue
-        runs = []
         for k in strat.sweep(rig.cfg.quick):
             stream, granted = rig.green_stream(k if strat.partition else 0)
             group = rig.nccl_group(ctas=k if strat.partition == "nccl_ctas" else None,
@@ -408,17 +451,27 @@ def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
             comm = (rig.comm_stream, case.fn(strat.impl, group))
             work = (stream, gemm.fn())
             parts = [comm, work] if strat.comm_first else [work, comm]
-            lc = strat.impl == "torch_lc"
-            t = rig.timed(parts, poison=case.poison_lc if lc else case.poison)
-            correct = case.check(case.lc_out) if lc else case.check()
-            runs.append({"sms": k if strat.partition else 0, "gemm_sms": granted, "time_ms": analysis.summary(t),
-                         "correct": correct})
-        rec["runs"][strat.name] = runs
+            if strat.impl == "torch_lc":
+                add(("run", strat.name, k if strat.partition else 0, granted), parts, case.poison_lc,
+                    lambda: case.check(case.lc_out))
+            else:
+                add(("run", strat.name, k if strat.partition else 0, granted), parts, case.poison, case.check)
+    for label, (t, correct) in zip(labels, rig.timed_side_by_side(configs)):
+        if label[0] == "gemm":
+            rec["t_gemm"] = analysis.summary(t)
+        elif label[0] == "comm":
+            rec["t_comm"][label[1]] = analysis.summary(t)
+        elif label[0] == "auto":
+            rec["runs"]["auto"] = [{**label[1], "time_ms": analysis.summary(t), "correct": correct}]
+        else:
+            _, name, sms, granted = label
+            rec["runs"].setdefault(name, []).append({"sms": sms, "gemm_sms": granted, "time_ms": analysis.summary(t),
+                                                     "correct": correct})
     case.lc_out = None
     return rec
 
 
-def _measure_auto(rig: Rig, s: Scenario, size: int, case, gemm: GemmCase) -> dict:
+def _auto_parts(rig: Rig, s: Scenario, size: int, case, gemm: GemmCase):
     """The planner's plan for this scenario, applied by the runtime (conccl.overlap's launch)."""
     from .. import runtime
 
@@ -428,8 +481,6 @@ def _measure_auto(rig: Rig, s: Scenario, size: int, case, gemm: GemmCase) -> dic
     compute = gemm.fn()
     parts = [(rig.comm_stream, lambda: runtime.launch(plan, compute, lambda impl, group: case.fn(impl, group)(),
                                                       parts=rig.partitions))]
-    t = rig.timed(parts, poison=case.poison)
-    return {"sms": plan.sms, "gemm_sms": rig.sm_count - plan.gemm_sms_taken, "time_ms": analysis.summary(t),
-            "correct": case.check(), "plan": plan.strategy}
+    return parts, {"sms": plan.sms, "gemm_sms": rig.sm_count - plan.gemm_sms_taken, "plan": plan.strategy}
 
 
