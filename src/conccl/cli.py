@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--report", metavar="DIR", help="only re-draw the report of an earlier run from its results.json")
     s.add_argument("--force", action="store_true", help="write into --out even if it holds a report")
     s.add_argument("--no-ncu", action="store_true", help="skip reading GEMM DRAM/L2 bytes with ncu (when installed)")
+    s.add_argument("--side-by-side", action="store_true",
+                   help="time a scenario's configurations in turns (round robin) instead of one after another")
     s.add_argument("--machine-kind", default=os.environ.get("CONCCL_MACHINE_KIND", "unknown"),
                    help="label recorded in the report (e.g. nvidia-h200-x4)")
     from .planner.command import add_parser as add_plan_parser
@@ -221,7 +223,7 @@ def cmd_study(args) -> int:
                         "pass --predict for a report modelled from a hardware profile")
         memory = torch.cuda.get_device_properties(0).total_memory
         doc, finished = measured(scenarios, out, world, args.quick, environment(args.machine_kind, world), memory,
-                                  use_ncu=not args.no_ncu, plan_profile=args.profile)
+                                  use_ncu=not args.no_ncu, plan_profile=args.profile, side_by_side=args.side_by_side)
     except (StudyError, SuiteError, ProfileError) as e:
         return fail(str(e))
     if not finished:

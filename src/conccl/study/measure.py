@@ -1,8 +1,8 @@
 """The measured study: one process per GPU, every number as the paper took it.
 
-Every timing is ``warmup`` executions then ``iters`` timed ones (the paper: 6 + 9); the
-configurations of one scenario (GEMM alone, collectives alone, every strategy) take turns,
-one execution each per round, so that they are compared under the same conditions. Before each,
+Every timing is ``warmup`` executions then ``iters`` timed ones (the paper: 6 + 9), each
+configuration's back to back; with ``side_by_side`` the configurations of one scenario (GEMM
+alone, collectives alone, every strategy) take turns instead, one execution each per round. Before each,
 the ranks meet at a barrier; each execution is timed between two CUDA events on one stream
 that every participating stream joins, and the slowest rank's time counts, execution by
 execution. Before the last execution of every configuration the output is poisoned, and
@@ -48,6 +48,10 @@ class StudyConfig:
     meta: dict = field(default_factory=dict)
     ncu: dict = field(default_factory=dict)  # GEMM counters read by ncu beforehand (study/ncu.py)
     plan_profile: str | None = None  # hardware profile the "auto" strategy plans with (None: shipped)
+    # True: a scenario's configurations take turns, one execution each per round (fairer between
+    # strategies under drift; it also shifts the alone baselines, see the README). False: the
+    # paper's way, each configuration's warm-ups and timed runs back to back.
+    side_by_side: bool = False
 
 
 def arena_bytes(scenarios: list[Scenario], world: int, quick: bool) -> tuple[int, int]:
@@ -340,7 +344,8 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
         raise StudyError(f"the study needs {need / 2**30:.1f} GiB per GPU but the GPU has "
                          f"{rig.memory / 2**30:.1f} GiB; the largest scenario is {worst.id}")
     doc = analysis.new_document("measured", cfg.meta, {"quick": cfg.quick, "warmup": cfg.warmup,
-                                                        "iters": cfg.iters, "world": world})
+                                                        "iters": cfg.iters, "world": world,
+                                                        "side_by_side": cfg.side_by_side})
     save = (lambda: report.save_results(cfg.out_dir, doc)) if rank == 0 else (lambda: None)
     gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
     sizes = SIZE_SWEEP_QUICK if cfg.quick else SIZE_SWEEP
@@ -456,7 +461,11 @@ def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
                     lambda: case.check(case.lc_out))
             else:
                 add(("run", strat.name, k if strat.partition else 0, granted), parts, case.poison, case.check)
-    for label, (t, correct) in zip(labels, rig.timed_side_by_side(configs)):
+    if rig.cfg.side_by_side:
+        results = rig.timed_side_by_side(configs)
+    else:
+        results = [(rig.timed(parts, poison), check() if check is not None else None) for parts, poison, check in configs]
+    for label, (t, correct) in zip(labels, results):
         if label[0] == "gemm":
             rec["t_gemm"] = analysis.summary(t)
         elif label[0] == "comm":

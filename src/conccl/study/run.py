@@ -38,7 +38,7 @@ def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, 
 
 
 def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_bytes: int,
-             use_ncu: bool = True, plan_profile: str | None = None) -> tuple[dict, bool]:
+             use_ncu: bool = True, plan_profile: str | None = None, side_by_side: bool = False) -> tuple[dict, bool]:
     """Run on ``world`` GPUs; (document, finished). An interrupted run's report says INCOMPLETE."""
     from ..launch import run_per_gpu, under_torchrun
     from . import ncu
@@ -50,7 +50,7 @@ def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_byt
             print("# reading GEMM DRAM/L2 bytes with ncu on GPU 0", file=sys.stderr, flush=True)
         counters = ncu.gemm_counters({s.gemm.tag: s.gemm for s in scenarios}.values())
     cfg = StudyConfig(scenarios=scenarios, quick=quick, out_dir=str(out_dir), meta=meta, ncu=counters,
-                      plan_profile=plan_profile)
+                      plan_profile=plan_profile, side_by_side=side_by_side)
     print(f"# conccl study: {len(scenarios)} scenarios on {world} GPUs -> {out_dir}", file=sys.stderr, flush=True)
     try:
         doc = run_per_gpu(study_worker, cfg, nprocs=None if under_torchrun() else world, timeout_s=24 * 3600)[0]
