@@ -216,6 +216,24 @@ def _async_ordering_soak(rank, world):
             wrong += (d != (i * 10000 + ranks * 100 + rank).repeat_interleave(m)).sum()
     torch.cuda.synchronize()
     report["soak_wrong"] = int(wrong)
+
+    # Calls that hop between streams: blocking ones run on the caller's stream itself, async
+    # ones on the group's; the group must still run them in order (signal words only grow).
+    side = torch.cuda.Stream()
+    bufs = [(torch.empty(m, dtype=torch.int32, device="cuda"), torch.empty(m * world, dtype=torch.int32, device="cuda"))
+            for _ in range(3)]
+    wrongs = [torch.zeros((), dtype=torch.int64, device="cuda") for _ in range(2)]
+    for i in range(300):
+        how = i % 3
+        src, dst = bufs[how]
+        with torch.cuda.stream(side if how == 1 else torch.cuda.default_stream()):
+            src.fill_(i * 100 + rank)
+            work = conccl.all_gather_into_tensor(dst, src, async_op=how == 2)
+            if how == 2:
+                work.wait()
+            wrongs[how == 1] += (dst != (i * 100 + ranks).repeat_interleave(m)).sum()
+    torch.cuda.synchronize()
+    report["streams_wrong"] = int(sum(wrongs))
     return report
 
 
@@ -226,7 +244,7 @@ def test_async_ordering_and_1000_calls():
         assert r["completed_early"] is False, r
         assert r["wait_host_ms"] < 20, r
         assert r["completed_after_sync"] and r["async_right"], r
-        assert r["ordering_wrong"] == 0 and r["soak_wrong"] == 0, r
+        assert r["ordering_wrong"] == 0 and r["soak_wrong"] == 0 and r["streams_wrong"] == 0, r
 
 
 def _bad_input_leaves_output(rank, world):

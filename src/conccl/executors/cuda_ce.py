@@ -27,25 +27,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._driver import StreamOps
+from .._driver import StreamOps, driver
 from ..communicator import workspace_capacity
-from ..schedule import (Buf, Copy, Schedule, SetSignal, StreamMode, WaitSignal, awaited_peers, signal_pad_words,
-                        signal_word)
+from ..schedule import Buf, Schedule, awaited_peers, signal_pad_words
 from ..work import Work
+from .cuda_program import CompiledProgram, lower
+
+_MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
 
 
 class SymmetricRegistry:
     """Maps tensors allocated by :func:`conccl.empty` to their peers' addresses."""
 
     def __init__(self):
-        self._by_storage: dict[int, tuple[int, object]] = {}  # storage ptr -> (nbytes, handle)
+        # storage ptr -> (nbytes, every rank's base address, handle kept alive)
+        self._by_storage: dict[int, tuple[int, tuple[int, ...], object]] = {}
 
     def add(self, tensor, handle) -> None:
         storage = tensor.untyped_storage()
-        self._by_storage[storage.data_ptr()] = (storage.nbytes(), handle)
+        self._by_storage[storage.data_ptr()] = (storage.nbytes(), tuple(handle.buffer_ptrs), handle)
 
     def lookup(self, tensor):
-        """(handle, byte offset in the allocation) or None if not peer-reachable."""
+        """(every rank's base address, byte offset in the allocation) or None if not peer-reachable."""
         if tensor.device.type != "cuda":
             return None
         storage = tensor.untyped_storage()
@@ -73,14 +76,20 @@ class CudaCopyEngineExecutor:
         self._pad_handle = symm_mem.rendezvous(pad, group_name)  # collective: peers zeroed theirs too
         self._pads = list(self._pad_handle.buffer_ptrs)
         self._streams = [torch.cuda.Stream(device) for _ in range(world + 1)]
-        self._ops = [StreamOps(s.cuda_stream) for s in self._streams]
+        self._cu_streams: dict[int, object] = {}  # stream handle -> CUstream
+        self._cu_streams_pool = [self._cu_stream(st) for st in self._streams]
         self._join = [torch.cuda.Event() for _ in self._streams]
         self._start = torch.cuda.Event()
+        self._caller_mark = torch.cuda.Event()
+        self._end_mark = torch.cuda.Event()
         self._last_end: torch.cuda.Event | None = None
+        self._last_stream = None
         self._ws = None
         self._ws_handle = None
+        self._ws_key = None
         self._ws_cap = 0
-        self._spare_starts: list = []  # start events of finished calls (list append/pop are atomic)
+        self._programs: dict = {}
+        self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
         self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
 
@@ -98,72 +107,82 @@ class CudaCopyEngineExecutor:
         ws = self.symm_mem.empty(cap, dtype=torch.uint8, device=self.device)
         self._ws_handle = self.symm_mem.rendezvous(ws, self.group_name)
         self._ws, self._ws_cap = ws, cap
+        self._ws_key = tuple(self._ws_handle.buffer_ptrs)
 
-    def _address(self, rank: int, buf: Buf, input, output) -> int:
-        if buf is Buf.WORKSPACE:
-            return self._ws_handle.buffer_ptrs[rank]
-        t = input if buf is Buf.INPUT else output
-        if rank == self.rank:
-            return t.data_ptr()
-        handle, offset = REGISTRY.lookup(t)
-        return handle.buffer_ptrs[rank] + offset
+    def _program(self, schedule: Schedule, input, output) -> CompiledProgram:
+        """``schedule`` compiled against these buffers (cached: loops reuse their tensors)."""
+        sym_in, sym_out = REGISTRY.lookup(input), REGISTRY.lookup(output)
+        ws = self._ws_handle.buffer_ptrs if schedule.workspace_bytes else None
+        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, self._ws_key)
+        hit = self._programs.get(key)
+        if hit is not None and hit[0] is schedule:  # id() alone could name a collected schedule
+            return hit[1]
+
+        def address(rank, buf):
+            if buf is Buf.WORKSPACE:
+                return ws[rank]
+            t, sym = (input, sym_in) if buf is Buf.INPUT else (output, sym_out)
+            if rank == self.rank:
+                return t.data_ptr()
+            return sym[0][rank] + sym[1]
+
+        program = CompiledProgram(lower(schedule, address, self._pads), driver())
+        if len(self._programs) >= _MAX_PROGRAMS:
+            self._programs.clear()
+        self._programs[key] = (schedule, program)
+        return program
+
+    def _cu_stream(self, stream) -> object:
+        handle = stream.cuda_stream
+        cu_stream = self._cu_streams.get(handle)
+        if cu_stream is None:
+            cu_stream = self._cu_streams[handle] = driver().CUstream(handle)
+        return cu_stream
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float = 0.0,
             flight=None) -> Work:
         """Queue ``schedule`` (call ``seq``). ``flight``: fill in its start and end events for
-        the watchdog (``timeout_s`` is the watchdog's business, not the GPU's)."""
+        the watchdog (``timeout_s`` is the watchdog's business, not the GPU's).
+
+        A blocking call (``async_op=False``) runs its first slot on the caller's stream itself:
+        ordered after the caller's work and before its later work with no event at all.
+        """
         caller = torch.cuda.current_stream(self.device)
-        streams, ops_of = self._streams, self._ops
-        ctrl = streams[0]
-        ctrl.wait_stream(caller)
-        if self._last_end is not None:
+        program = self._program(schedule, input, output)
+        if async_op:
+            ctrl = self._streams[0]
+            self._caller_mark.record(caller)
+            ctrl.wait_event(self._caller_mark)
+        else:
+            ctrl = caller
+        ctrl_handle = ctrl.cuda_stream
+        if self._last_end is not None and self._last_stream != ctrl_handle:
+            # Calls of a group run in order on the GPU (signal words only grow).
             ctrl.wait_event(self._last_end)
-        if flight is None:
+        start = None
+        if flight is not None:  # a tracked call needs its own events; finished ones come back
+            start = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
+            flight.recycle = self._recycle_start if async_op else self._recycle_both
+        elif len(program.slots) > 1:
             start = self._start
-        else:  # a tracked call needs its own start event; finished ones come back through recycle
-            start = self._spare_starts.pop() if self._spare_starts else torch.cuda.Event()
-            flight.recycle = self._recycle
-        start.record(ctrl)
-        batch = schedule.stream_mode is StreamMode.BATCH
-        own_pad = self._pads[self.rank]
-        bases: dict = {}  # (rank, buffer) -> address, resolved once per call
-
-        def address(rank, buf):
-            key = (rank, buf)
-            if key not in bases:
-                bases[key] = self._address(rank, buf, input, output)
-            return bases[key]
-
-        for k, slot_ops in enumerate(schedule.slots):
-            ops = ops_of[k]
-            if k:
-                streams[k].wait_event(start)
-            pending: list[tuple[int, int, int]] = []
-            for op in slot_ops:
-                if isinstance(op, Copy):
-                    t = op.transfer
-                    dst = address(t.dst_rank, t.dst) + t.dst_offset
-                    src = address(t.src_rank, t.src) + t.src_offset
-                    if batch and t.src_rank != t.dst_rank:
-                        pending.append((dst, src, t.nbytes))
-                    else:
-                        ops.memcpy(dst, src, t.nbytes)
-                    continue
-                if pending:
-                    ops.memcpy_batch(*map(list, zip(*pending)))
-                    pending = []
-                if isinstance(op, WaitSignal):
-                    ops.wait_value32(own_pad + 4 * signal_word(op.kind, op.peer, self.world), seq + op.seq_delta)
-                elif isinstance(op, SetSignal):
-                    ops.write_value32(self._pads[op.peer] + 4 * signal_word(op.kind, self.rank, self.world), seq + op.seq_delta)
-            if pending:
-                ops.memcpy_batch(*map(list, zip(*pending)))
-            if k:
-                self._join[k].record(streams[k])
-                ctrl.wait_event(self._join[k])
-        end = torch.cuda.Event()
+        if start is not None:
+            start.record(ctrl)
+        program.launch_slot(0, self._cu_stream(ctrl), seq)
+        for k in range(1, len(program.slots)):
+            stream = self._streams[k]
+            stream.wait_event(start)
+            program.launch_slot(k, self._cu_streams_pool[k], seq)
+            self._join[k].record(stream)
+            ctrl.wait_event(self._join[k])
+        if async_op:
+            end = torch.cuda.Event()  # the handle keeps it: never reused
+        elif flight is not None:
+            end = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
+        else:
+            # Only the next call's wait needs it, and that is queued before it is recorded again.
+            end = self._end_mark
         end.record(ctrl)
-        self._last_end = end
+        self._last_end, self._last_stream = end, ctrl_handle
         if flight is not None:
             flight.start, flight.end = start, end
         if async_op:
@@ -172,15 +191,21 @@ class CudaCopyEngineExecutor:
             for t in (input, output):
                 t.record_stream(ctrl)
             return Work(end, self.device, flight)
-        caller.wait_event(end)
         return Work(None, flight=flight)
 
     # ------------------------------------------------------------------ watchdog side
-    def _recycle(self, flight) -> None:
-        # Re-recording an event does not affect waits already queued on it, and nothing but
-        # the flight (now forgotten) refers to a start event.
-        if len(self._spare_starts) < 1024:
-            self._spare_starts.append(flight.start)
+    # Re-recording an event does not affect waits already queued on it, and the watchdog
+    # hands back only finished, forgotten flights. Nothing else refers to their start event,
+    # nor to the end event of a blocking call (its handle holds none; its late verdict is
+    # then no longer checked, but the group's next call raises it). An async call's end event
+    # stays with its handle.
+    def _recycle_start(self, flight) -> None:
+        if len(self._spare_events) < 1024:
+            self._spare_events.append(flight.start)
+
+    def _recycle_both(self, flight) -> None:
+        if len(self._spare_events) < 1024:
+            self._spare_events += (flight.start, flight.end)
 
     def bind_thread(self) -> None:
         torch.cuda.set_device(self.device)

@@ -1,0 +1,95 @@
+"""No-device tier: lowering a schedule to driver calls keeps every operation, in order."""
+from __future__ import annotations
+
+import pytest
+
+from conccl.collectives.all_gather import plan_all_gather
+from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
+from conccl.executors import cuda_program
+from conccl.executors.cuda_program import lower
+from conccl.schedule import Algorithm, Buf, Copy, SetSignal, StreamMode, WaitSignal, signal_word
+
+# Fake address space: rank r's buffer b at BASE[b] + r * STRIDE; pads at PAD + r * STRIDE.
+STRIDE, PAD = 1 << 40, 7 << 36
+BASE = {Buf.INPUT: 1 << 36, Buf.OUTPUT: 3 << 36, Buf.WORKSPACE: 5 << 36}
+
+
+def _address(rank, buf):
+    return BASE[buf] + rank * STRIDE
+
+
+def _pads(world):
+    return [PAD + r * STRIDE for r in range(world)]
+
+
+def _expected(schedule, slot_ops, batch):
+    """What the driver must be asked for, op by op, in schedule order."""
+    world, rank, pads = schedule.world, schedule.rank, _pads(schedule.world)
+    out = []
+    for op in slot_ops:
+        if isinstance(op, Copy):
+            t = op.transfer
+            kind = "batched" if batch and t.src_rank != t.dst_rank else "copy"
+            out.append((kind, _address(t.dst_rank, t.dst) + t.dst_offset, _address(t.src_rank, t.src) + t.src_offset,
+                        t.nbytes))
+        elif isinstance(op, WaitSignal):
+            out.append(("wait", pads[rank] + 4 * signal_word(op.kind, op.peer, world), op.seq_delta))
+        else:
+            assert isinstance(op, SetSignal)
+            out.append(("write", pads[op.peer] + 4 * signal_word(op.kind, rank, world), op.seq_delta))
+    return out
+
+
+def _flatten(steps):
+    out = []
+    for kind, payload in steps:
+        if kind == "signals":
+            out += [("wait" if w else "write", addr, d) for w, addr, d in payload]
+        elif kind == "copy":
+            out.append(("copy", *payload))
+        else:
+            assert kind == "copies"
+            out += [("batched", *c) for c in payload]
+    return out
+
+
+def _plans(world):
+    for rank in range(world):
+        for mode in StreamMode:
+            yield plan_all_gather(world, rank, 1000, algorithm=Algorithm.PULL, stream_mode=mode)
+            yield plan_all_gather(world, rank, 1000, algorithm=Algorithm.PUSH, stream_mode=mode,
+                                  input_symmetric=True, output_symmetric=True)
+            yield plan_all_to_all(world, rank, equal_split_matrix(world, 96), algorithm=Algorithm.PULL, stream_mode=mode)
+            yield plan_all_to_all(world, rank, equal_split_matrix(world, 96), algorithm=Algorithm.PUSH,
+                                  stream_mode=mode, output_symmetric=True)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_lowering_keeps_every_op_in_order(world):
+    for schedule in _plans(world):
+        lowered = lower(schedule, _address, _pads(world))
+        assert len(lowered) == schedule.num_slots
+        batch = schedule.stream_mode is StreamMode.BATCH
+        for ops, steps in zip(schedule.slots, lowered):
+            assert _flatten(steps) == _expected(schedule, ops, batch)
+            # No two signal batches (or two copy batches) in a row: each run is one driver call.
+            kinds = [k for k, _ in steps]
+            assert all(not (a == b and a != "copy") for a, b in zip(kinds, kinds[1:]))
+
+
+def test_push_all_gather_is_eight_driver_calls_on_four_ranks():
+    s = plan_all_gather(4, 1, 1 << 18, algorithm=Algorithm.PUSH, stream_mode=StreamMode.SINGLE,
+                        input_symmetric=True, output_symmetric=True)
+    (steps,) = lower(s, _address, _pads(4))
+    # READY to peers + wait READY | 3 peer copies | DONE to peers | own shard | wait DONE
+    assert [k for k, _ in steps] == ["signals", "copy", "copy", "copy", "signals", "copy", "signals"]
+    assert [len(p) for k, p in steps if k == "signals"] == [6, 3, 3]
+
+
+def test_long_signal_runs_are_split_below_the_driver_limit(monkeypatch):
+    monkeypatch.setattr(cuda_program, "MAX_SIGNALS_PER_BATCH", 4)
+    s = plan_all_gather(8, 0, 64, algorithm=Algorithm.PUSH, stream_mode=StreamMode.SINGLE,
+                        input_symmetric=True, output_symmetric=True)
+    (steps,) = lower(s, _address, _pads(8))
+    assert max(len(p) for k, p in steps if k == "signals") == 4
+    assert _flatten(steps) == _expected(s, s.slots[0], False)
