@@ -45,6 +45,9 @@ def _flatten(steps):
     for kind, payload in steps:
         if kind == "signals":
             out += [("wait" if w else "write", addr, d) for w, addr, d in payload]
+        elif kind == "signal":
+            w, addr, d = payload
+            out.append(("wait" if w else "write", addr, d))
         elif kind == "copy":
             out.append(("copy", *payload))
         else:
@@ -65,16 +68,22 @@ def _plans(world):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
-def test_lowering_keeps_every_op_in_order(world):
+@pytest.mark.parametrize("batching", cuda_program.BATCHING_MODES)
+def test_lowering_keeps_every_op_in_order(world, batching):
     for schedule in _plans(world):
-        lowered = lower(schedule, _address, _pads(world))
+        lowered = lower(schedule, _address, _pads(world), batching)
         assert len(lowered) == schedule.num_slots
         batch = schedule.stream_mode is StreamMode.BATCH
         for ops, steps in zip(schedule.slots, lowered):
             assert _flatten(steps) == _expected(schedule, ops, batch)
             # No two signal batches (or two copy batches) in a row: each run is one driver call.
             kinds = [k for k, _ in steps]
-            assert all(not (a == b and a != "copy") for a, b in zip(kinds, kinds[1:]))
+            assert all(not (a == b and a in ("signals", "copies")) for a, b in zip(kinds, kinds[1:]))
+            batched = [w for k, p in steps if k == "signals" for w, _, _ in p]
+            # only what the driver was found to take goes into a batch
+            assert {"all": True, "waits": all(batched), "none": not batched}[batching]
+            if batching == "all":
+                assert "signal" not in kinds
 
 
 def test_push_all_gather_is_eight_driver_calls_on_four_ranks():

@@ -109,6 +109,10 @@ def latency_worker(rank: int, world: int, impls: list[str], collectives: list[st
                 torch.cuda.synchronize()
                 rec = {"impl": name, "collective": coll, "size": size, "world": world,
                        "wrong": _wrong_elements(result(), expected, esize)}
+                if name != "nccl":  # which signal ops the driver took in one cuStreamBatchMemOp
+                    import conccl
+
+                    rec["signal_batching"] = getattr(conccl.get_communicator().executor, "batching", None)
                 times = _timed(run, iters, warmup)
                 hosts, gpus, loops, held = [], [], [], True
                 for _ in range(reps):
@@ -140,7 +144,9 @@ def markdown(res: dict) -> str:
     m = res["meta"]
     lines = [f"# Latency: host launch against GPU execution ({m.get('machine_kind')}, {m.get('date')})", "",
              f"commit {m.get('commit')}, torch {m.get('torch')}, NCCL {m.get('nccl')}, {res['world']} ranks, bf16, "
-             f"{res['iters']} calls per figure, median of {res['reps']} (time: of {res['iters']}), slowest rank.", "",
+             f"{res['iters']} calls per figure, median of {res['reps']} (time: of {res['iters']}), slowest rank. "
+             f"conccl signal batching: {sorted({str(r.get('signal_batching')) for r in res['records'] if r['impl'] != 'nccl'})}.",
+             "",
              "| collective | implementation | size (B) | time (us) | loop (us/call) | host (us/call) | GPU (us/call) | #wrong |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in res["records"]:

@@ -29,9 +29,9 @@ import torch
 
 from .._driver import StreamOps, driver
 from ..communicator import workspace_capacity
-from ..schedule import Buf, Schedule, awaited_peers, signal_pad_words
+from ..schedule import Buf, Schedule, Signal, awaited_peers, signal_pad_words, signal_word
 from ..work import Work
-from .cuda_program import CompiledProgram, lower
+from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
 
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
 
@@ -92,6 +92,18 @@ class CudaCopyEngineExecutor:
         self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
         self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
+        # What the driver takes in one cuStreamBatchMemOp, on our streams and on the legacy
+        # default stream (handle 0), where blocking calls from the default stream would run.
+        own_unused = self._pads[rank] + 4 * signal_word(Signal.READY, rank, world)  # nobody signals itself
+        peer_word = self._pads[(rank + 1) % world] + 4 * signal_word(Signal.READY, rank, world)
+        cu = driver()
+        on_pool = probe_batching(cu, self._cu_streams_pool[0], own_unused, peer_word)
+        on_default = probe_batching(cu, cu.CUstream(0), own_unused, peer_word)
+        if on_pool is None:
+            raise RuntimeError("this GPU or driver does not run stream memory operations (cuStreamWaitValue32), "
+                               "which conccl's copy-engine collectives need; use NCCL")
+        self.batching = max(on_pool, on_default or on_pool, key=BATCHING_MODES.index)
+        self._default_stream_ok = on_default is not None
 
     def is_symmetric(self, t) -> bool:
         return REGISTRY.lookup(t) is not None
@@ -126,7 +138,7 @@ class CudaCopyEngineExecutor:
                 return t.data_ptr()
             return sym[0][rank] + sym[1]
 
-        program = CompiledProgram(lower(schedule, address, self._pads), driver())
+        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver())
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, program)
@@ -149,7 +161,7 @@ class CudaCopyEngineExecutor:
         """
         caller = torch.cuda.current_stream(self.device)
         program = self._program(schedule, input, output)
-        if async_op:
+        if async_op or (caller.cuda_stream == 0 and not self._default_stream_ok):
             ctrl = self._streams[0]
             self._caller_mark.record(caller)
             ctrl.wait_event(self._caller_mark)
@@ -191,6 +203,8 @@ class CudaCopyEngineExecutor:
             for t in (input, output):
                 t.record_stream(ctrl)
             return Work(end, self.device, flight)
+        if ctrl is not caller:
+            caller.wait_event(end)
         return Work(None, flight=flight)
 
     # ------------------------------------------------------------------ watchdog side

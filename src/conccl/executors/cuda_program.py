@@ -17,6 +17,8 @@ Lowered form of one slot: a tuple of steps, each one of
 * ``("signals", ((is_wait, address, seq_delta), ...))``: one batch of stream memory ops;
   waits are "word >= seq + seq_delta" on the own pad, writes put ``seq + seq_delta`` into a
   peer's pad with a fence before it;
+* ``("signal", (is_wait, address, seq_delta))``: one ``cuStreamWaitValue32`` or
+  ``cuStreamWriteValue32``, where the driver does not take that op in a batch;
 * ``("copy", (dst, src, nbytes))``: one ``cuMemcpyAsync``;
 * ``("copies", ((dst, src, nbytes), ...))``: one ``cuMemcpyBatchAsync``.
 """
@@ -32,9 +34,11 @@ MAX_SIGNALS_PER_BATCH = 255
 
 
 def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank: int, world: int,
-               batch_copies: bool) -> tuple:
+               batch_copies: bool, batching: str = "all") -> tuple:
     """Lower one slot's ops to driver steps. ``address(rank, buf)`` is a buffer's base
-    address as this rank reaches it; ``pads[r]`` the address of rank r's signal pad."""
+    address as this rank reaches it; ``pads[r]`` the address of rank r's signal pad.
+    ``batching``: which signal ops may share a ``cuStreamBatchMemOp`` ("all", "waits" or
+    "none"; what the driver accepts is probed once per group, see :func:`probe_batching`)."""
     steps: list = []
     signals: list = []
     copies: list = []
@@ -62,20 +66,26 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             continue
         flush_copies()
         if isinstance(op, WaitSignal):
-            signals.append((True, pads[rank] + 4 * signal_word(op.kind, op.peer, world), op.seq_delta))
+            entry = (True, pads[rank] + 4 * signal_word(op.kind, op.peer, world), op.seq_delta)
         elif isinstance(op, SetSignal):
-            signals.append((False, pads[op.peer] + 4 * signal_word(op.kind, rank, world), op.seq_delta))
+            entry = (False, pads[op.peer] + 4 * signal_word(op.kind, rank, world), op.seq_delta)
         else:
             raise TypeError(f"unknown schedule op {op!r}")
+        if batching == "all" or (batching == "waits" and entry[0]):
+            signals.append(entry)
+        else:  # a batch of one: the plain cuStreamWaitValue32 / cuStreamWriteValue32
+            flush_signals()
+            steps.append(("signal", entry))
     flush_signals()
     flush_copies()
     return tuple(steps)
 
 
-def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[int]) -> tuple:
+def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[int], batching: str = "all") -> tuple:
     """Every slot of ``schedule`` lowered (see :func:`lower_slot`)."""
     batch = schedule.stream_mode is StreamMode.BATCH
-    return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch) for ops in schedule.slots)
+    return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch, batching)
+                 for ops in schedule.slots)
 
 
 class CompiledProgram:
@@ -90,6 +100,7 @@ class CompiledProgram:
         # also sees every copy this stream issued before it. GEQ compares
         # (int32)(*addr - value) >= 0, so sequence numbers may wrap around.
         fenced = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+        self._geq, self._fenced = geq, fenced
         self.slots = []
         for steps in lowered:
             built = []
@@ -106,6 +117,9 @@ class CompiledProgram:
                         params.append(p)
                         patches.append((sub, delta))
                     built.append((0, params, len(params), tuple(patches)))
+                elif kind == "signal":
+                    is_wait, addr, delta = payload
+                    built.append((3, cu.CUdeviceptr(addr), delta, is_wait))
                 elif kind == "copy":
                     dst, src, nbytes = payload
                     built.append((1, cu.CUdeviceptr(dst), cu.CUdeviceptr(src), nbytes))
@@ -127,7 +141,46 @@ class CompiledProgram:
                 err = cu.cuStreamBatchMemOp(stream, b, a, 0)
             elif kind == 1:
                 err = cu.cuMemcpyAsync(a, b, c, stream)
+            elif kind == 3:
+                value = (seq + b) & 0xFFFFFFFF
+                err = (cu.cuStreamWaitValue32(stream, a, value, self._geq) if c else
+                       cu.cuStreamWriteValue32(stream, a, value, self._fenced))
             else:
                 err = cu.cuMemcpyBatchAsync(*a, stream)
             if err[0]:
                 check(err)
+
+
+BATCHING_MODES = ("all", "waits", "none")  # most batched first
+
+
+def probe_batching(cu, stream, own_unused: int, peer_word: int) -> str | None:
+    """Which signal ops this driver takes in a ``cuStreamBatchMemOp`` on ``stream``: "all",
+    "waits" or "none" (only single ops); None if not even single stream memory ops.
+
+    Tried once per group, before any call, on words no protocol step reads: a wait on the
+    own pad's word for this rank itself (never written: nobody signals itself) and a write of
+    0 into this rank's word of a peer's pad (still 0: this rank has not signalled yet).
+    """
+    wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
+    write_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
+
+    def param(op, addr):
+        p = cu.CUstreamBatchMemOpParams()
+        p.operation = op
+        sub = p.waitValue if op == wait_op else p.writeValue
+        sub.operation, sub.address, sub.value = op, cu.CUdeviceptr(addr), 0
+        return p
+
+    for mode, params in (("all", [param(wait_op, own_unused), param(write_op, peer_word)]),
+                         ("waits", [param(wait_op, own_unused), param(wait_op, own_unused)])):
+        if not cu.cuStreamBatchMemOp(stream, len(params), params, 0)[0]:
+            check(cu.cuStreamSynchronize(stream))
+            return mode
+    geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+    fenced = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+    if (cu.cuStreamWaitValue32(stream, cu.CUdeviceptr(own_unused), 0, geq)[0]
+            or cu.cuStreamWriteValue32(stream, cu.CUdeviceptr(peer_word), 0, fenced)[0]):
+        return None
+    check(cu.cuStreamSynchronize(stream))
+    return "none"
