@@ -47,9 +47,9 @@ def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
     return host_us, s.elapsed_time(e) * 1e3 / iters, held
 
 
-def _profile_host(run, iters: int, path: str, title: str) -> None:
-    """cProfile of queueing ``iters`` calls on this rank (the others run them unprofiled),
-    appended to ``path``."""
+def _profile_host(run, iters: int, path: str | None, title: str) -> None:
+    """cProfile of queueing ``iters`` calls, appended to ``path`` (None: run them unprofiled,
+    as the peers of the profiled rank must)."""
     import cProfile
     import io
     import pstats
@@ -57,11 +57,14 @@ def _profile_host(run, iters: int, path: str, title: str) -> None:
     import torch
 
     prof = cProfile.Profile()
-    prof.enable()
+    if path:
+        prof.enable()
     for _ in range(iters):
         run()
     prof.disable()
     torch.cuda.synchronize()
+    if not path:
+        return
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
     with open(path, "a") as f:
@@ -121,8 +124,8 @@ def latency_worker(rank: int, world: int, impls: list[str], collectives: list[st
                     gpus.append(gpu_us)
                     held &= h
                     loops.append(_loop(run, iters))
-                if profile_dir and rank == 0 and name != "nccl":
-                    _profile_host(run, iters, os.path.join(profile_dir, "host_profile.txt"),
+                if profile_dir and name != "nccl":  # every rank calls; rank 0 profiles
+                    _profile_host(run, iters, os.path.join(profile_dir, "host_profile.txt") if rank == 0 else None,
                                   f"{coll} {name} {size} B, {iters} calls")
                 x = torch.tensor([statistics.median(hosts), statistics.median(gpus), statistics.median(loops),
                                   float(not held), float(rec["wrong"])], device="cuda")

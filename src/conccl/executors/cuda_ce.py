@@ -29,7 +29,7 @@ import torch
 
 from .._driver import StreamOps, driver
 from ..communicator import workspace_capacity
-from ..schedule import Buf, Schedule, Signal, awaited_peers, signal_pad_words, signal_word
+from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
 from ..work import Work
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
 
@@ -161,7 +161,9 @@ class CudaCopyEngineExecutor:
         """
         caller = torch.cuda.current_stream(self.device)
         program = self._program(schedule, input, output)
-        if async_op or (caller.cuda_stream == 0 and not self._default_stream_ok):
+        # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
+        if async_op or (caller.cuda_stream == 0 and (schedule.stream_mode is StreamMode.BATCH
+                                                     or not self._default_stream_ok)):
             ctrl = self._streams[0]
             self._caller_mark.record(caller)
             ctrl.wait_event(self._caller_mark)

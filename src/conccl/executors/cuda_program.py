@@ -134,7 +134,7 @@ class CompiledProgram:
     def launch_slot(self, k: int, stream, seq: int) -> None:
         """Queue slot ``k`` of call ``seq`` on ``stream`` (a ``CUstream``)."""
         cu = self.cu
-        for kind, a, b, c in self.slots[k]:
+        for i, (kind, a, b, c) in enumerate(self.slots[k]):
             if kind == 0:
                 for sub, delta in c:
                     sub.value = (seq + delta) & 0xFFFFFFFF
@@ -148,7 +148,16 @@ class CompiledProgram:
             else:
                 err = cu.cuMemcpyBatchAsync(*a, stream)
             if err[0]:
-                check(err)
+                self._fail(err, k, i)
+
+    def _fail(self, err, k: int, i: int) -> None:
+        kind, a, b, c = self.slots[k][i]
+        what = {0: f"cuStreamBatchMemOp of {b} ops", 1: f"cuMemcpyAsync of {c} bytes", 2: "cuMemcpyBatchAsync",
+                3: "cuStreamWaitValue32" if c else "cuStreamWriteValue32"}[kind]
+        try:
+            check(err)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e} in {what} (slot {k}, step {i} of {len(self.slots[k])})") from None
 
 
 BATCHING_MODES = ("all", "waits", "none")  # most batched first
