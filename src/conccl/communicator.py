@@ -120,15 +120,15 @@ class Communicator:
         rows = self._agree(a2a.NAME, input.dtype, input.numel() * input.element_size(),
                            output.numel() * output.element_size(), flags, algorithm,
                            [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], timeout)
-        sent = rows[:, _NFIXED:_NFIXED + self.world]
-        received = rows[:, _NFIXED + self.world:]
-        if not np.array_equal(sent, received.T):
-            src, dst = map(int, np.argwhere(sent != received.T)[0])
+        w = self.world
+        splits = rows[:, _NFIXED:_NFIXED + 2 * w].tolist()  # plain ints: cheaper than numpy scalars
+        matrix = tuple(tuple(r[:w]) for r in splits)  # sent[src][dst]
+        if any(matrix[src][dst] != splits[dst][w + src] for src in range(w) for dst in range(w)):
+            src, dst = next((s, d) for s in range(w) for d in range(w) if matrix[s][d] != splits[d][w + s])
             raise CollectiveError(
-                f"all_to_all_single (sequence number {self.seq + 1}): rank {src} sends {sent[src, dst]} bytes to rank "
-                f"{dst}, but rank {dst} expects {received[dst, src]} bytes from rank {src}; nothing was moved")
+                f"all_to_all_single (sequence number {self.seq + 1}): rank {src} sends {matrix[src][dst]} bytes to rank "
+                f"{dst}, but rank {dst} expects {splits[dst][w + src]} bytes from rank {src}; nothing was moved")
         all_flags = _all_flags(rows)
-        matrix = tuple(tuple(int(b) for b in row) for row in sent)
         schedule = a2a.plan_all_to_all(
             self.world, self.rank, matrix, algorithm=self._algorithm(algorithm, all_flags),
             stream_mode=stream_mode or self.options.stream_mode,
