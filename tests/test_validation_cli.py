@@ -115,3 +115,28 @@ def test_report_writer_on_recorded_numbers(tmp_path):
     cells = report.row_cells(rec)
     assert cells[0] == rec["size"] and float(cells[6]) == pytest.approx(rec["busbw"], abs=0.01)
     assert rec["busbw"] == pytest.approx(rec["algbw"] * (rec["world"] - 1) / rec["world"])
+
+
+def test_latency_bench_refuses_unknown_impls_and_runs_only_with_gpus(capsys):
+    from conccl.bench import latency
+
+    with pytest.raises(SystemExit) as e:
+        latency.main(["--out", "x", "--impls", "conccl,nccl_ce"])  # nccl_ce needs another process family
+    assert e.value.code == 2 and "nccl_ce" in capsys.readouterr().err
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        assert latency.main(["--out", "x"]) == 2
+        assert "at least 2 GPUs" in capsys.readouterr().err
+
+
+def test_latency_table_marks_an_expired_gate():
+    from conccl.bench.latency import markdown
+
+    rec = {"collective": "all_gather", "impl": "conccl", "size": 1 << 20, "time_us": 80.84, "loop_us": 70.0,
+           "host_us": 69.2, "gpu_us": 27.3, "gate_expired": True, "wrong": 0, "signal_batching": "all"}
+    text = markdown({"meta": {"machine_kind": "k", "date": "d", "commit": "c"}, "world": 4, "iters": 100, "reps": 3,
+                     "records": [rec, dict(rec, impl="nccl", gate_expired=False)]})
+    assert "| all_gather | conccl | 1048576 | 80.8 | 70.0 | 69.2 | 27.3 (gate expired) | 0 |" in text
+    assert "| all_gather | nccl | 1048576 | 80.8 | 70.0 | 69.2 | 27.3 | 0 |" in text
+    assert "signal batching: ['all']" in text
