@@ -1,9 +1,10 @@
 """CUDA copy-engine executor: runs a Schedule with no SM kernel at all.
 
 Peer-reachable memory comes from PyTorch symmetric memory (CUDA backend). Each slot of the
-schedule runs on its own stream from a pool, so transfers to different peers go to different
-copy engines at once (the paper's one transfer per engine). Signals are
-``cuStreamWriteValue32`` into a peer's pad and ``cuStreamWaitValue32`` on the own pad.
+schedule runs on its own stream, so transfers to different peers can go to different copy
+engines at once (the paper's one transfer per engine). Signals are ``cuStreamWriteValue32``
+into a peer's pad and ``cuStreamWaitValue32`` on the own pad, batched where the driver allows
+(:mod:`conccl.executors.cuda_program` compiles each schedule once into these calls).
 
 Streams of one call (PER_PEER, 4 ranks, rank 0, pull from staged inputs)::
 
@@ -14,8 +15,10 @@ Streams of one call (PER_PEER, 4 ranks, rank 0, pull from staged inputs)::
     slot 3           ╰─wait READY(s) of 3 · ws@3 → out[3] · DONE(s)→3 ─╯
     slot 4           ╰─in → out[0] (own shard, same GPU, off the critical path) ─╯
 
-Slot 0 also waits for the previous call's end, so calls on a group are ordered as on a NCCL
-communicator even with ``async_op=True``, and a signal word is never written out of order.
+Slot 0 runs on the caller's stream for a blocking call, on the group's stream for an async
+one (or where the driver refuses an op on the legacy default stream). It waits for the
+previous call's end whenever that ran on another stream, so calls on a group are ordered as
+on a NCCL communicator and a signal word is never written out of order.
 
 Each call's start and end events go to the group's watchdog (``tracks_flights``). If a peer
 never signals, the watchdog reads the own pad to name the peers still awaited
