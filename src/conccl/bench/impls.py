@@ -38,6 +38,22 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False):
     return setup
 
 
+def _conccl_in_place(coll, inp, out, ctx):
+    """All-gather with the input already in its place in a conccl.empty output: no own-shard copy."""
+    import torch
+    import torch.distributed as dist
+
+    import conccl
+
+    out = _to_symmetric(out, ctx, "out")
+    nbytes = inp.numel() * inp.element_size()
+    rank = dist.get_rank()
+    own = out.view(-1).view(torch.uint8)[rank * nbytes:(rank + 1) * nbytes].view(inp.dtype)
+    own.copy_(inp)
+    comm = conccl.get_communicator()
+    return (lambda: comm.all_gather_into_tensor(out, own)), lambda: out
+
+
 def _to_symmetric(t, ctx, role):
     """Copy ``t`` into a view of a per-role symmetric arena of ``ctx['max_bytes']``, allocated once:
     the symmetric allocator may hand ranks cached blocks of different sizes if allocations
@@ -119,6 +135,8 @@ REGISTRY: dict[str, Impl] = {
              "conccl pull, input and output from conccl.empty (no staging)", _conccl("pull", None, True)),
         Impl("conccl_symm_push", "cuda_symm", ("all_gather", "all_to_all"),
              "conccl push into peers' outputs from conccl.empty", _conccl("push", None, True)),
+        Impl("conccl_symm_push_in_place", "cuda_symm", ("all_gather",),
+             "conccl push, in place: the input is the own chunk of a conccl.empty output", _conccl_in_place),
         Impl("conccl_symm_push_single", "cuda_symm", ("all_gather", "all_to_all"),
              "conccl push from conccl.empty, one cudaMemcpyAsync after another", _conccl("push", "single", True)),
         Impl("conccl_symm_push_per_peer", "cuda_symm", ("all_gather", "all_to_all"),
