@@ -34,32 +34,26 @@ def check(result):
     return values[0] if len(values) == 1 else values
 
 
+def signal_flags(cu) -> tuple:
+    """(wait flags, write flags) of every signal operation.
+
+    Waits are GEQ: ``(int32)(*addr - value) >= 0``, so sequence numbers may wrap around.
+    Writes take the default flags, which put a system-scope fence before the write: a peer
+    that sees the signal also sees every copy the stream issued before it.
+    """
+    return cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ, cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+
+
 class StreamOps:
-    """Driver calls bound to one stream handle (``torch.cuda.Stream.cuda_stream``)."""
+    """Signal writes bound to one stream handle (``torch.cuda.Stream.cuda_stream``): what the
+    watchdog uses to release stuck waits. Collectives run compiled programs
+    (:mod:`conccl.executors.cuda_program`)."""
 
     def __init__(self, stream_handle: int):
         cu = driver()
         self.cu = cu
         self.stream = cu.CUstream(stream_handle)
-        self._geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
-        # Default write flags put a system-scope fence before the write, so a peer that sees
-        # the signal also sees every copy this stream issued before it.
-        self._write = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+        self._write = signal_flags(cu)[1]
 
     def write_value32(self, addr: int, value: int) -> None:
         check(self.cu.cuStreamWriteValue32(self.stream, self.cu.CUdeviceptr(addr), value & 0xFFFFFFFF, self._write))
-
-    def wait_value32(self, addr: int, value: int) -> None:
-        # GEQ compares (int32)(*addr - value) >= 0, so sequence numbers may wrap around.
-        check(self.cu.cuStreamWaitValue32(self.stream, self.cu.CUdeviceptr(addr), value & 0xFFFFFFFF, self._geq))
-
-    def memcpy(self, dst: int, src: int, nbytes: int) -> None:
-        check(self.cu.cuMemcpyAsync(self.cu.CUdeviceptr(dst), self.cu.CUdeviceptr(src), nbytes, self.stream))
-
-    def memcpy_batch(self, dsts: list[int], srcs: list[int], sizes: list[int]) -> None:
-        """One ``cuMemcpyBatchAsync`` for several independent copies."""
-        cu = self.cu
-        attrs = cu.CUmemcpyAttributes()
-        attrs.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-        args = ([cu.CUdeviceptr(d) for d in dsts], [cu.CUdeviceptr(s) for s in srcs], sizes, len(sizes), [attrs], [0], 1)
-        check(cu.cuMemcpyBatchAsync(*args, self.stream))

@@ -56,14 +56,15 @@ def _profile_host(run, iters: int, path: str | None, title: str) -> None:
 
     import torch
 
-    prof = cProfile.Profile()
-    if path:
+    prof = cProfile.Profile() if path else None
+    if prof:
         prof.enable()
     for _ in range(iters):
         run()
-    prof.disable()
+    if prof:
+        prof.disable()
     torch.cuda.synchronize()
-    if not path:
+    if not prof:
         return
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)

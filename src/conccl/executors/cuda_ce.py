@@ -127,8 +127,8 @@ class CudaCopyEngineExecutor:
     def _program(self, schedule: Schedule, input, output) -> CompiledProgram:
         """``schedule`` compiled against these buffers (cached: loops reuse their tensors)."""
         sym_in, sym_out = REGISTRY.lookup(input), REGISTRY.lookup(output)
-        ws = self._ws_handle.buffer_ptrs if schedule.workspace_bytes else None
-        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, self._ws_key)
+        ws = self._ws_key  # every rank's workspace address (None before the first staging)
+        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, ws)
         hit = self._programs.get(key)
         if hit is not None and hit[0] is schedule:  # id() alone could name a collected schedule
             return hit[1]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .._driver import check
+from .._driver import check, signal_flags
 from ..schedule import Copy, Schedule, SetSignal, StreamMode, WaitSignal, signal_word
 
 # cuStreamBatchMemOp takes fewer than 256 operations per call.
@@ -95,12 +95,7 @@ class CompiledProgram:
         self.cu = cu
         wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
         write_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
-        geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
-        # The default write flags put a fence before the write: a peer that sees the signal
-        # also sees every copy this stream issued before it. GEQ compares
-        # (int32)(*addr - value) >= 0, so sequence numbers may wrap around.
-        fenced = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
-        self._geq, self._fenced = geq, fenced
+        geq, fenced = self._geq, self._fenced = signal_flags(cu)
         self.slots = []
         for steps in lowered:
             built = []
@@ -186,8 +181,7 @@ def probe_batching(cu, stream, own_unused: int, peer_word: int) -> str | None:
         if not cu.cuStreamBatchMemOp(stream, len(params), params, 0)[0]:
             check(cu.cuStreamSynchronize(stream))
             return mode
-    geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
-    fenced = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+    geq, fenced = signal_flags(cu)
     if (cu.cuStreamWaitValue32(stream, cu.CUdeviceptr(own_unused), 0, geq)[0]
             or cu.cuStreamWriteValue32(stream, cu.CUdeviceptr(peer_word), 0, fenced)[0]):
         return None
