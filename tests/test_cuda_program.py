@@ -7,7 +7,7 @@ from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
 from conccl.executors import cuda_program
 from conccl.executors.cuda_program import lower
-from conccl.schedule import Algorithm, Buf, Copy, SetSignal, StreamMode, WaitSignal, signal_word
+from conccl.schedule import Algorithm, Buf, Copy, Phase, SetSignal, StreamMode, WaitSignal, signal_word
 
 # Fake address space: rank r's buffer b at BASE[b] + r * STRIDE; pads at PAD + r * STRIDE.
 STRIDE, PAD = 1 << 40, 7 << 36
@@ -29,7 +29,9 @@ def _expected(schedule, slot_ops, batch):
     for op in slot_ops:
         if isinstance(op, Copy):
             t = op.transfer
-            kind = "batched" if batch and t.src_rank != t.dst_rank else "copy"
+            small_local = t.phase is Phase.LOCAL and t.nbytes <= cuda_program.HOIST_LOCAL_MAX_BYTES
+            kind = "batched" if batch and (t.src_rank != t.dst_rank or (small_local and out and out[-1][0] == "batched")) \
+                else "copy"
             out.append((kind, _address(t.dst_rank, t.dst) + t.dst_offset, _address(t.src_rank, t.src) + t.src_offset,
                         t.nbytes))
         elif isinstance(op, WaitSignal):
@@ -75,7 +77,8 @@ def test_lowering_keeps_every_op_in_order(world, batching):
         assert len(lowered) == schedule.num_slots
         batch = schedule.stream_mode is StreamMode.BATCH
         for ops, steps in zip(schedule.slots, lowered):
-            assert _flatten(steps) == _expected(schedule, ops, batch)
+            # BATCH: the lowering may move a small own-shard copy up (checked on its own below)
+            assert _flatten(steps) == _expected(schedule, cuda_program.hoist_small_local(ops) if batch else ops, batch)
             # No two signal batches (or two copy batches) in a row: each run is one driver call.
             kinds = [k for k, _ in steps]
             assert all(not (a == b and a in ("signals", "copies")) for a, b in zip(kinds, kinds[1:]))
@@ -93,6 +96,39 @@ def test_push_all_gather_is_eight_driver_calls_on_four_ranks():
     # READY to peers + wait READY | 3 peer copies | DONE to peers | own shard | wait DONE
     assert [k for k, _ in steps] == ["signals", "copy", "copy", "copy", "signals", "copy", "signals"]
     assert [len(p) for k, p in steps if k == "signals"] == [6, 3, 3]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_hoisting_moves_only_small_own_shard_copies_over_signal_writes(world):
+    for schedule in _plans(world):
+        for ops in schedule.slots:
+            hoisted = cuda_program.hoist_small_local(ops)
+            assert sorted(map(id, hoisted)) == sorted(map(id, ops))  # a permutation
+            moved = [op for op in ops if cuda_program._is_small_local(op)]
+            rest = [op for op in ops if op not in moved]
+            assert [op for op in hoisted if op not in moved] == rest  # everything else in order
+            for op in moved:
+                i, j = ops.index(op), hoisted.index(op)
+                assert j <= i
+                # stepped over signal writes only, and now right behind a peer copy
+                assert all(isinstance(x, SetSignal) for x in ops[j:i])
+                if j < i:
+                    prev = hoisted[j - 1].transfer
+                    assert prev.src_rank != prev.dst_rank
+
+
+def test_push_all_gather_of_1mib_is_three_driver_calls_on_four_ranks():
+    s = plan_all_gather(4, 1, 1 << 18, algorithm=Algorithm.PUSH, stream_mode=StreamMode.BATCH,
+                        input_symmetric=True, output_symmetric=True)
+    (steps,) = lower(s, _address, _pads(4))
+    # READY to peers + wait READY | 3 peer copies and the own shard | DONE to peers + wait DONE
+    assert [k for k, _ in steps] == ["signals", "copies", "signals"]
+    assert [len(p) for _, p in steps] == [6, 4, 6]
+    # a larger own shard keeps its place after the DONE writes, off the critical path
+    big = plan_all_gather(4, 1, 2 * cuda_program.HOIST_LOCAL_MAX_BYTES, algorithm=Algorithm.PUSH,
+                          stream_mode=StreamMode.BATCH, input_symmetric=True, output_symmetric=True)
+    (steps,) = lower(big, _address, _pads(4))
+    assert [k for k, _ in steps] == ["signals", "copies", "signals", "copy", "signals"]
 
 
 def test_long_signal_runs_are_split_below_the_driver_limit(monkeypatch):

@@ -140,3 +140,31 @@ def test_latency_table_marks_an_expired_gate():
     assert "| all_gather | conccl | 1048576 | 80.8 | 70.0 | 69.2 | 27.3 (gate expired) | 0 |" in text
     assert "| all_gather | nccl | 1048576 | 80.8 | 70.0 | 69.2 | 27.3 | 0 |" in text
     assert "signal batching: ['all']" in text
+
+
+def test_latency_phase_timer_times_the_wrapped_phases_and_restores_them(monkeypatch):
+    import time
+
+    import torch
+
+    from conccl.bench import latency
+    from conccl.collectives import all_gather as ag
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    plan, check = ag.plan_all_gather, ag.check_all_gather
+
+    def run():
+        time.sleep(0.002)  # in no phase
+        ag.plan_all_gather(4, 0, 1 << 12)
+        time.sleep(0.001)
+
+    phases = latency._time_phases(run, 3)
+    assert ag.plan_all_gather is plan and ag.check_all_gather is check  # unwrapped again
+    assert set(phases) == set(latency.PHASE_LABELS)
+    assert 0 < phases["plan"] < 1000  # us per call: the plan only, not the sleeps
+    assert phases["validate"] == 0 and phases["call"] == 0
+    rec = {"collective": "all_gather", "impl": "conccl", "size": 1 << 20, "time_us": 80.0, "loop_us": 70.0,
+           "host_us": 69.0, "gpu_us": 27.0, "gate_expired": False, "wrong": 0, "host_phases_us": phases}
+    text = latency.markdown({"meta": {}, "world": 4, "iters": 3, "reps": 1, "records": [rec]})
+    assert "| collective | implementation | size (B) | call | validate |" in text
+    assert f"| all_gather | conccl | 1048576 | 0.0 | 0.0 | 0.0 | 0.0 | {phases['plan']:.1f} |" in text

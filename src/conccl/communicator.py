@@ -96,11 +96,14 @@ class Communicator:
         ex = self.executor
         in_place = ag.check_all_gather(output, input, self.world, self.rank, ex.device_type)
         nbytes = input.numel() * input.element_size()
+        views = (ex.peer_view(input), ex.peer_view(output))
         # An in-place input is reached through the output, at another offset on every rank.
-        flags = _SYM_IN * (ex.is_symmetric(input) and not in_place) | _SYM_OUT * ex.is_symmetric(output) | _IN_PLACE * in_place
+        flags = (_SYM_IN * (views[0] is not None and not in_place) | _SYM_OUT * (views[1] is not None)
+                 | _IN_PLACE * in_place)
         self._check_usable()
+        timeout_s = self._timeout_s(timeout)
         rows = self._agree(ag.NAME, input.dtype, nbytes, output.numel() * output.element_size(), flags,
-                           algorithm, [nbytes] * self.world, [nbytes] * self.world, timeout)
+                           algorithm, [nbytes] * self.world, [nbytes] * self.world, timeout_s)
         all_flags = _all_flags(rows)
         algo = self._algorithm(algorithm, all_flags)
         schedule = ag.plan_all_gather(
@@ -108,18 +111,20 @@ class Communicator:
             input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
             in_place=in_place, peers_in_place=bool(all_flags & _IN_PLACE),
         )
-        return self._execute(schedule, input, output, async_op, timeout)
+        return self._execute(schedule, input, output, async_op, timeout_s, views)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False,
                           *, algorithm=None, stream_mode=None, timeout=None):
         ex = self.executor
         out_splits, in_splits, row_bytes = a2a.check_all_to_all(
             output, input, output_split_sizes, input_split_sizes, self.world, ex.device_type)
-        flags = _SYM_IN * ex.is_symmetric(input) | _SYM_OUT * ex.is_symmetric(output)
+        views = (ex.peer_view(input), ex.peer_view(output))
+        flags = _SYM_IN * (views[0] is not None) | _SYM_OUT * (views[1] is not None)
         self._check_usable()
+        timeout_s = self._timeout_s(timeout)
         rows = self._agree(a2a.NAME, input.dtype, input.numel() * input.element_size(),
                            output.numel() * output.element_size(), flags, algorithm,
-                           [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], timeout)
+                           [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], timeout_s)
         w = self.world
         splits = rows[:, _NFIXED:_NFIXED + 2 * w].tolist()  # plain ints: cheaper than numpy scalars
         matrix = tuple(tuple(r[:w]) for r in splits)  # sent[src][dst]
@@ -134,10 +139,10 @@ class Communicator:
             stream_mode=stream_mode or self.options.stream_mode,
             input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
         )
-        return self._execute(schedule, input, output, async_op, timeout)
+        return self._execute(schedule, input, output, async_op, timeout_s, views)
 
     # ------------------------------------------------------------------ steps
-    def _agree(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, timeout):
+    def _agree(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, timeout_s: float):
         """Publish this call on the board; check every peer made the same call.
 
         The call takes its sequence number only when it is queued (``_execute``): a mismatch
@@ -149,7 +154,7 @@ class Communicator:
         row = [seq, _code(coll), _code(str(dtype)), in_bytes, out_bytes, flags,
                -1 if algorithm is None else _code(algorithm.value), *in_splits, *out_splits]
         try:
-            rows = self.board.exchange(row, f"conccl {coll}", self._timeout_s(timeout), seq)
+            rows = self.board.exchange(row, f"conccl {coll}", timeout_s, seq)
         except (CollectiveTimeout, GroupBroken) as e:
             self.fail(e)
             raise
@@ -190,8 +195,7 @@ class Communicator:
             raise InvalidArgument(f"timeout must be positive, got {t!r}")
         return seconds
 
-    def _execute(self, schedule, input, output, async_op, timeout):
-        timeout_s = self._timeout_s(timeout)
+    def _execute(self, schedule, input, output, async_op, timeout_s: float, views):
         seq = self.seq + 1
         flight = Flight(seq, f"conccl {schedule.collective}", timeout_s, None, None, schedule, self._late_verdict)
         try:
@@ -200,7 +204,8 @@ class Communicator:
                 self.executor.ensure_workspace(schedule.workspace_bytes)
                 self.seq = seq
                 work = self.executor.run(schedule, input, output, seq, async_op, timeout_s,
-                                         flight if self.watchdog is not None and self.options.checks else None)
+                                         flight if self.watchdog is not None and self.options.checks else None,
+                                         views)
         except (CollectiveTimeout, GroupBroken) as e:  # the reference executor waits on the host
             self.fail(e)
             raise

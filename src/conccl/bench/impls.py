@@ -22,7 +22,7 @@ class Impl:
     setup: Callable
 
 
-def _conccl(algorithm=None, stream_mode=None, symmetric=False):
+def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True):
     def setup(coll, inp, out, ctx):
         import conccl
 
@@ -32,8 +32,20 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False):
             inp, out = _to_symmetric(inp, ctx, "in"), _to_symmetric(out, ctx, "out")
         comm = conccl.get_communicator()
         if coll == "all_gather":
-            return (lambda: comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=mode)), lambda: out
-        return (lambda: comm.all_to_all_single(out, inp, algorithm=algo, stream_mode=mode)), lambda: out
+            call = lambda: comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
+        else:
+            call = lambda: comm.all_to_all_single(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
+        if checks:
+            return call, lambda: out
+
+        def unchecked():  # the group's other calls keep their checks
+            comm.options.checks = False
+            try:
+                call()
+            finally:
+                comm.options.checks = True
+
+        return unchecked, lambda: out
 
     return setup
 
@@ -137,6 +149,9 @@ REGISTRY: dict[str, Impl] = {
              "conccl push into peers' outputs from conccl.empty", _conccl("push", None, True)),
         Impl("conccl_symm_push_in_place", "cuda_symm", ("all_gather",),
              "conccl push, in place: the input is the own chunk of a conccl.empty output", _conccl_in_place),
+        Impl("conccl_symm_push_unchecked", "cuda_symm", ("all_gather", "all_to_all"),
+             "conccl push from conccl.empty without the mismatch checks and the watchdog (what they cost; "
+             "a dead peer then hangs the GPU)", _conccl("push", None, True, checks=False)),
         Impl("conccl_symm_push_single", "cuda_symm", ("all_gather", "all_to_all"),
              "conccl push from conccl.empty, one cudaMemcpyAsync after another", _conccl("push", "single", True)),
         Impl("conccl_symm_push_per_peer", "cuda_symm", ("all_gather", "all_to_all"),

@@ -47,29 +47,64 @@ def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
     return host_us, s.elapsed_time(e) * 1e3 / iters, held
 
 
-def _profile_host(run, iters: int, path: str | None, title: str) -> None:
-    """cProfile of queueing ``iters`` calls, appended to ``path`` (None: run them unprofiled,
-    as the peers of the profiled rank must)."""
-    import cProfile
-    import io
-    import pstats
+# Host phases of a conccl call, timed by wrapping these functions (inclusive times; a
+# phase's children are listed after it): (label, module, attribute).
+PHASES = (
+    ("call", "conccl.communicator", "Communicator.all_gather_into_tensor"),
+    ("call", "conccl.communicator", "Communicator.all_to_all_single"),
+    ("validate", "conccl.collectives.all_gather", "check_all_gather"),
+    ("validate", "conccl.collectives.all_to_all", "check_all_to_all"),
+    ("agree", "conccl.communicator", "Communicator._agree"),
+    ("board exchange", "conccl.board", "HostBoard.exchange"),
+    ("plan", "conccl.collectives.all_gather", "plan_all_gather"),
+    ("plan", "conccl.collectives.all_to_all", "plan_all_to_all"),
+    ("execute", "conccl.communicator", "Communicator._execute"),
+    ("executor run", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor.run"),
+    ("program lookup", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor._program"),
+    ("driver calls", "conccl.executors.cuda_program", "CompiledProgram.launch_slot"),
+    ("watchdog track", "conccl.watchdog", "Watchdog.track"),
+)
+PHASE_LABELS = tuple(dict.fromkeys(label for label, _, _ in PHASES))
+
+
+def _time_phases(run, iters: int) -> dict:
+    """Host us per call spent in each of :data:`PHASES` over ``iters`` calls of ``run``
+    (each wrapper adds ~0.2 us to the phases around it)."""
+    import collections
+    import functools
+    import importlib
 
     import torch
 
-    prof = cProfile.Profile() if path else None
-    if prof:
-        prof.enable()
-    for _ in range(iters):
-        run()
-    if prof:
-        prof.disable()
-    torch.cuda.synchronize()
-    if not prof:
-        return
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-    with open(path, "a") as f:
-        f.write(f"==== {title}\n{text.getvalue()}\n")
+    totals = collections.defaultdict(int)
+    patched = []
+
+    def timer(fn, label):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            t = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[label] += time.perf_counter_ns() - t
+        return timed
+
+    try:
+        for label, module, attr in PHASES:
+            owner = importlib.import_module(module)
+            *path, name = attr.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            fn = owner.__dict__[name]
+            setattr(owner, name, timer(fn, label))
+            patched.append((owner, name, fn))
+        for _ in range(iters):
+            run()
+        torch.cuda.synchronize()
+    finally:
+        for owner, name, fn in reversed(patched):
+            setattr(owner, name, fn)
+    return {label: totals[label] / 1e3 / iters for label in PHASE_LABELS}
 
 
 def _loop(run, iters: int) -> float:
@@ -88,7 +123,7 @@ def _loop(run, iters: int) -> float:
 
 
 def latency_worker(rank: int, world: int, impls: list[str], collectives: list[str], sizes: list[int],
-                   iters: int, warmup: int, reps: int, profile_dir: str | None = None) -> list[dict]:
+                   iters: int, warmup: int, reps: int, phases: bool = False) -> list[dict]:
     import torch
     import torch.distributed as dist
 
@@ -125,9 +160,11 @@ def latency_worker(rank: int, world: int, impls: list[str], collectives: list[st
                     gpus.append(gpu_us)
                     held &= h
                     loops.append(_loop(run, iters))
-                if profile_dir and name != "nccl":  # every rank calls; rank 0 profiles
-                    _profile_host(run, iters, os.path.join(profile_dir, "host_profile.txt") if rank == 0 else None,
-                                  f"{coll} {name} {size} B, {iters} calls")
+                if phases and name != "nccl":  # every rank, so that the board exchange waits alike
+                    ph = _time_phases(run, iters)
+                    t = torch.tensor(list(ph.values()), device="cuda")
+                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                    rec["host_phases_us"] = dict(zip(ph, t.tolist()))
                 x = torch.tensor([statistics.median(hosts), statistics.median(gpus), statistics.median(loops),
                                   float(not held), float(rec["wrong"])], device="cuda")
                 dist.all_reduce(x, op=dist.ReduceOp.MAX)  # the slowest rank counts
@@ -157,6 +194,16 @@ def markdown(res: dict) -> str:
         gpu = f"{r['gpu_us']:.1f}" + (" (gate expired)" if r["gate_expired"] else "")
         lines.append(f"| {r['collective']} | {r['impl']} | {r['size']} | {r['time_us']:.1f} | {r['loop_us']:.1f} | "
                      f"{r['host_us']:.1f} | {gpu} | {r['wrong']} |")
+    phased = [r for r in res["records"] if "host_phases_us" in r]
+    if phased:
+        lines += ["", "Host phases (us per call, inclusive, slowest rank per phase; `python -m conccl.bench.latency "
+                  "--phases`): call = validate + agree (board exchange) + plan + execute (executor run: program "
+                  "lookup, driver calls; watchdog track) + the rest.", "",
+                  "| collective | implementation | size (B) | " + " | ".join(PHASE_LABELS) + " |",
+                  "| --- | --- | --- |" + " --- |" * len(PHASE_LABELS)]
+        for r in phased:
+            lines.append(f"| {r['collective']} | {r['impl']} | {r['size']} | "
+                         + " | ".join(f"{r['host_phases_us'][k]:.1f}" for k in PHASE_LABELS) + " |")
     return "\n".join(lines)
 
 
@@ -170,8 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("-w", "--warmup", type=int, default=20)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--gpus", type=int, default=None)
-    ap.add_argument("--profile-host", action="store_true",
-                    help="also append rank 0's cProfile of each conccl case to OUT/host_profile.txt")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time the host phases of each conccl call (validate, agree, plan, driver calls...)")
     args = ap.parse_args(argv)
     from .impls import REGISTRY
 
@@ -194,7 +241,7 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     os.makedirs(args.out, exist_ok=True)
     records = run_per_gpu(latency_worker, impls, args.collectives.split(","), sizes, args.iters, args.warmup,
-                          args.reps, args.out if args.profile_host else None, nprocs=args.gpus, timeout_s=900)[0]
+                          args.reps, args.phases, nprocs=args.gpus, timeout_s=900)[0]
     res = {"meta": environment(os.environ.get("CONCCL_MACHINE_KIND", "unknown"), world), "world": world,
            "iters": args.iters, "reps": args.reps, "records": records}
     with open(os.path.join(args.out, "latency.json"), "w") as f:

@@ -71,8 +71,9 @@ class ReferenceExecutor:
         self._barrier()
         return t
 
-    def is_symmetric(self, t) -> bool:
-        return self._alloc_of(t) is not None
+    def peer_view(self, t):
+        """The shared-memory allocation holding ``t`` (None: peers cannot reach it)."""
+        return self._alloc_of(t)
 
     def _alloc_of(self, t):
         p = t.data_ptr()
@@ -108,7 +109,7 @@ class ReferenceExecutor:
         return self._peer_allocs[key][t.data_ptr() - start:]
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float | None = None,
-            flight=None) -> Work:
+            flight=None, views=None) -> Work:
         """Run ``schedule`` to completion on the host (calls here are never in flight).
 
         A wait unsatisfied for ``timeout_s`` raises :class:`CollectiveTimeout`; one waiting
