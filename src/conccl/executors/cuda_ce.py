@@ -100,6 +100,9 @@ class CudaCopyEngineExecutor:
         self._ws_key = None
         self._ws_cap = 0
         self._programs: dict = {}
+        # CUmemcpyFlags of batched copies; 1 = the driver's "prefer overlap with compute" hint
+        # (measured against 0 by the bench impl conccl_symm_push_overlap_hint).
+        self.copy_flags = 0
         self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
         self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
@@ -138,7 +141,7 @@ class CudaCopyEngineExecutor:
         """``schedule`` compiled against these buffers (cached: loops reuse their tensors)."""
         sym_in, sym_out = views
         ws = self._ws_key  # every rank's workspace address (None before the first staging)
-        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, ws)
+        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, ws, self.copy_flags)
         hit = self._programs.get(key)
         if hit is not None and hit[0] is schedule:  # id() alone could name a collected schedule
             return hit[1]
@@ -151,7 +154,7 @@ class CudaCopyEngineExecutor:
                 return t.data_ptr()
             return sym[0][rank] + sym[1]
 
-        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver())
+        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver(), self.copy_flags)
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, program)

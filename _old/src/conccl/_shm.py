@@ -1,0 +1,44 @@
+"""POSIX shared memory that conccl alone manages.
+
+Python < 3.13 registers every segment with the resource tracker, which unlinks segments when
+the process that *attached* them exits, and which forked children share with their parent.
+conccl unlinks its own segments explicitly, so it keeps them out of the tracker.
+"""
+from __future__ import annotations
+
+from multiprocessing import resource_tracker, shared_memory
+
+try:
+    import _posixshmem
+except ImportError:  # pragma: no cover - not POSIX
+    _posixshmem = None
+
+
+def _open(name: str, create: bool, nbytes: int = 0) -> shared_memory.SharedMemory:
+    try:
+        return shared_memory.SharedMemory(name=name, create=create, size=nbytes, track=False)  # Python >= 3.13
+    except TypeError:
+        pass
+    # Older Pythons: keep the segment from ever being registered (a register followed by an
+    # unregister races with the same pair in a forked sibling sharing the tracker).
+    register = resource_tracker.register
+    resource_tracker.register = lambda name, rtype: None if rtype == "shared_memory" else register(name, rtype)
+    try:
+        return shared_memory.SharedMemory(name=name, create=create, size=nbytes)
+    finally:
+        resource_tracker.register = register
+
+
+def create(name: str, nbytes: int) -> shared_memory.SharedMemory:
+    return _open(name, True, max(nbytes, 1))
+
+
+def attach(name: str) -> shared_memory.SharedMemory:
+    return _open(name, False)
+
+
+def unlink(shm: shared_memory.SharedMemory) -> None:
+    try:
+        _posixshmem.shm_unlink(shm._name)  # type: ignore[attr-defined]  # bypasses the tracker
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,191 @@
+"""Public collectives, shaped like ``torch.distributed``."""
+from __future__ import annotations
+
+import atexit
+import socket
+import uuid
+from datetime import timedelta
+
+from .board import HostBoard
+from .communicator import Communicator, Options, board_row_len
+from .errors import InvalidArgument, UnsupportedGroup
+from .schedule import Algorithm, StreamMode
+
+_COMMUNICATORS: dict[str, Communicator] = {}
+
+
+def _resolve_group(group):
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidArgument(
+            "the default process group is not initialised: call torch.distributed.init_process_group() first "
+            "(or launch with torchrun / `conccl bench`)")
+    group = group if group is not None else dist.group.WORLD
+    if group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise InvalidArgument("this rank is not a member of the given process group")
+    return group
+
+
+def get_communicator(group=None, options: Options | None = None) -> Communicator:
+    """The group's copy-engine communicator, created on first use (a collective call)."""
+    import torch
+    import torch.distributed as dist
+
+    group = _resolve_group(group)
+    name = group.group_name
+    comm = _COMMUNICATORS.get(name)
+    if comm is not None:
+        return comm
+    if not torch.cuda.is_available():
+        raise InvalidArgument("conccl collectives need CUDA GPUs; none is visible to this process")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    device = torch.device("cuda", torch.cuda.current_device())
+    me = {"host": socket.gethostname(), "device": device.index, "board": f"conccl_{uuid.uuid4().hex[:12]}",
+          "uuid": str(torch.cuda.get_device_properties(device).uuid)}
+    peers: list = [None] * world
+    dist.all_gather_object(peers, me, group=group)
+    _check_peer_access(peers, rank)
+    if rank == 0:
+        board = HostBoard(peers[0]["board"], rank, world, board_row_len(world), create=True)
+    dist.barrier(group=group)  # the board exists before anyone attaches
+    if rank != 0:
+        board = HostBoard(peers[0]["board"], rank, world, board_row_len(world), create=False)
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    if hasattr(symm_mem, "get_backend") and symm_mem.get_backend(device) is None:
+        symm_mem.set_backend("CUDA")
+    from .executors.cuda_ce import CudaCopyEngineExecutor
+
+    try:
+        ex = CudaCopyEngineExecutor(name, rank, world, device)
+    except Exception as e:
+        board.close()
+        raise UnsupportedGroup(
+            f"could not map peer memory for group {name!r} ({e}); use torch.distributed with NCCL for this group") from e
+    comm = Communicator(ex, board, rank, world, options)
+    _COMMUNICATORS[name] = comm
+    return comm
+
+
+def _check_peer_access(peers: list[dict], rank: int) -> None:
+    import torch
+
+    hosts = sorted({p["host"] for p in peers})
+    if len(hosts) > 1:
+        raise UnsupportedGroup(
+            f"the group spans {len(hosts)} hosts ({', '.join(hosts)}); conccl's copy-engine collectives need every "
+            "GPU of the group to reach every other by peer access (one NVLink node). Use torch.distributed with the "
+            "NCCL backend for this group.")
+    visible = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
+    mine = visible.get(peers[rank]["uuid"])
+    for p, info in enumerate(peers):
+        other = visible.get(info["uuid"])
+        if p == rank or mine is None or other is None or mine == other:
+            continue  # not visible here: the symmetric-memory rendezvous checks it
+        if not torch.cuda.can_device_access_peer(mine, other):
+            raise UnsupportedGroup(
+                f"GPU {mine} (rank {rank}) cannot access GPU {other} (rank {p}) by peer access; conccl's copy-engine "
+                "collectives need a fully connected NVLink/PCIe peer mesh. Use torch.distributed with NCCL for this group.")
+
+
+def empty(*size, dtype=None, device=None, group=None):
+    """Allocate an uninitialised CUDA tensor that every peer of ``group`` can read and write.
+
+    A collective call (every rank of the group calls it with the same size and dtype). Passing
+    such tensors to the collectives skips the staging copy of the input (pull) and enables
+    the push algorithm (output). Backed by PyTorch symmetric memory (CUDA backend).
+    """
+    import torch
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    from .executors.cuda_ce import REGISTRY
+
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    comm = get_communicator(group)
+    device = device if device is not None else comm.executor.device
+    t = symm_mem.empty(*size, dtype=dtype or torch.get_default_dtype(), device=device)
+    REGISTRY.add(t, symm_mem.rendezvous(t, _resolve_group(group).group_name))
+    return t
+
+
+def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout=None):
+    """Gather ``input`` from every rank into ``output`` on copy engines.
+
+    Args:
+        output: CUDA tensor, contiguous, ``world_size * input.numel()`` elements of ``input``'s
+            dtype; rank r's input lands in its r-th chunk. May hold ``input`` as its own chunk
+            (in place).
+        input: CUDA tensor, contiguous, any shape and dtype, the same size on every rank.
+        group: process group (default: the world). All GPUs of it must be peer-accessible.
+        async_op: return a :class:`conccl.Work` instead of ordering the caller's stream.
+        timeout: ``timedelta`` or seconds; default the group's (``set_options``, 10 minutes).
+
+    Stream semantics: starts after the work already queued on the caller's current stream;
+    with ``async_op=False`` later work on that stream sees the output; with ``async_op=True``
+    ``work.wait()`` makes the current stream wait (the host never blocks). The call returns
+    once every rank of the group has made it (a host handshake, microseconds).
+
+    Failures: a peer that does not arrive within ``timeout`` (or whose process exited) raises
+    :class:`conccl.CollectiveTimeout` naming it, on the host if it never called, otherwise
+    from ``work.wait()`` / ``work.synchronize()`` once the group's watchdog gives up on the
+    GPU side; the group is then broken and every later call raises :class:`conccl.GroupBroken`.
+    A peer calling with another size, dtype or collective raises :class:`conccl.CollectiveError`
+    on every rank before anything moves.
+
+    SMs used: none (copy engines and stream memory operations only).
+    Workspace: ``input`` bytes of symmetric memory per rank unless every rank's input was
+    allocated with :func:`conccl.empty` (or is in place in such an output); none with push.
+    """
+    return get_communicator(group).all_gather_into_tensor(output, input, async_op, timeout=timeout)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
+                      *, timeout=None):
+    """Scatter chunks of ``input`` to every rank and gather theirs into ``output``, on copy engines.
+
+    Args:
+        output: CUDA tensor, contiguous; along dim 0 it holds ``output_split_sizes[r]`` rows
+            from rank r, in rank order (equal splits when None).
+        input: CUDA tensor, contiguous, same dtype and row shape; ``input_split_sizes[r]`` rows
+            go to rank r. Splits may be uneven or zero; they must match the peers' (rank a
+            sends rank b what b expects from a), or every rank raises before anything moves.
+        group, async_op, timeout: as in :func:`all_gather_into_tensor`.
+
+    Stream semantics, failures, SMs used (none): as :func:`all_gather_into_tensor`.
+    Workspace: the largest input of any rank, in symmetric memory, unless every input was
+    allocated with :func:`conccl.empty`; none with push.
+    """
+    return get_communicator(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op,
+                                                     timeout=timeout)
+
+
+def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
+                timeout: timedelta | None = None, checks: bool | None = None) -> None:
+    """Change a group's defaults (algorithm, stream mode, timeout) on this rank.
+
+    ``checks=False`` turns off the mismatch checks and the watchdog; it exists to measure
+    what they cost (a dead peer then hangs the GPU stream) and must be set on every rank.
+    """
+    opts = get_communicator(group).options
+    if algorithm is not None:
+        opts.algorithm = Algorithm(algorithm)
+    if stream_mode is not None:
+        opts.stream_mode = StreamMode(stream_mode)
+    if timeout is not None:
+        opts.timeout = timeout
+    if checks is not None:
+        opts.checks = bool(checks)
+
+
+def destroy(group=None) -> None:
+    """Release a group's workspace, signal pad and board (all groups when ``group`` is None)."""
+    names = list(_COMMUNICATORS) if group is None else [_resolve_group(group).group_name]
+    for name in names:
+        comm = _COMMUNICATORS.pop(name, None)
+        if comm is not None:
+            comm.close()
+
+
+atexit.register(destroy)

@@ -1,0 +1,1 @@
+"""``conccl bench``: compare conccl with NCCL and PyTorch's copy-engine paths."""

@@ -1,0 +1,209 @@
+"""Where a small collective's time goes: host launch against GPU execution.
+
+``python -m conccl.bench.latency --out DIR`` runs, in one process per GPU, for each
+implementation, collective and (small) size, four figures, the slowest rank counting:
+
+* ``time``: as ``conccl bench`` reports it: one call between two CUDA events, median of
+  ``-n`` timed iterations (what a caller that waits for each call sees);
+* ``loop``: ``-n`` calls back to back between two events, per call (what a stream of calls sees);
+* ``host``: host time to queue one call (wall clock around ``-n`` calls, per call);
+* ``gpu``: GPU time of one call with the host out of the way: every rank holds its stream
+  behind a GPU-side sleep, queues ``-n`` calls, and the events around them measure only the
+  GPU once the sleep ends (``gate_expired`` says whether the sleep outlasted the queueing).
+
+A call costs max(host, gpu) when the caller waits for each one: the two columns say which
+side to make faster. Writes ``latency.json`` and ``latency.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+DEFAULT_SIZES = (4096, 65536, 1 << 20, 4 << 20)
+DEFAULT_IMPLS = ("conccl", "conccl_symm_push", "conccl_symm_pull", "nccl")
+
+
+def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
+    """(host us per call, GPU us per call, gate held) for ``iters`` calls queued behind a sleep."""
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.synchronize()
+    dist.barrier()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(gate_cycles)
+    s.record()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        run()
+    host_us = (time.perf_counter() - t0) / iters * 1e6
+    e.record()
+    held = not s.query()
+    torch.cuda.synchronize()
+    return host_us, s.elapsed_time(e) * 1e3 / iters, held
+
+
+def _profile_host(run, iters: int, path: str | None, title: str) -> None:
+    """cProfile of queueing ``iters`` calls, appended to ``path`` (None: run them unprofiled,
+    as the peers of the profiled rank must)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    prof = cProfile.Profile() if path else None
+    if prof:
+        prof.enable()
+    for _ in range(iters):
+        run()
+    if prof:
+        prof.disable()
+    torch.cuda.synchronize()
+    if not prof:
+        return
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    with open(path, "a") as f:
+        f.write(f"==== {title}\n{text.getvalue()}\n")
+
+
+def _loop(run, iters: int) -> float:
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.synchronize()
+    dist.barrier()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        run()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) * 1e3 / iters
+
+
+def latency_worker(rank: int, world: int, impls: list[str], collectives: list[str], sizes: list[int],
+                   iters: int, warmup: int, reps: int, profile_dir: str | None = None) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    from .faults import _spin_cycles
+    from .impls import REGISTRY
+    from .run import _timed, _wrong_elements, make_case, round_size
+
+    dtype, esize = torch.bfloat16, 2
+    ctx = {"max_bytes": max(round_size(s, world, esize) for s in sizes)}
+    records = []
+    for coll in collectives:
+        for name in impls:
+            impl = REGISTRY[name]
+            if coll not in impl.collectives or impl.family != "cuda_symm":
+                continue
+            for size in sizes:
+                size = round_size(size, world, esize)
+                inp, out, expected = make_case(coll, size, world, rank, dtype, "cuda")
+                run, result = impl.setup(coll, inp, out, ctx)
+                out.view(torch.uint8).fill_(0xAB)
+                run()
+                torch.cuda.synchronize()
+                rec = {"impl": name, "collective": coll, "size": size, "world": world,
+                       "wrong": _wrong_elements(result(), expected, esize)}
+                if name != "nccl":  # which signal ops the driver took in one cuStreamBatchMemOp
+                    import conccl
+
+                    rec["signal_batching"] = getattr(conccl.get_communicator().executor, "batching", None)
+                times = _timed(run, iters, warmup)
+                hosts, gpus, loops, held = [], [], [], True
+                for _ in range(reps):
+                    host_us, gpu_us, h = _gated(run, iters, _spin_cycles(0.05 + iters * 500e-6))
+                    hosts.append(host_us)
+                    gpus.append(gpu_us)
+                    held &= h
+                    loops.append(_loop(run, iters))
+                if profile_dir and name != "nccl":  # every rank calls; rank 0 profiles
+                    _profile_host(run, iters, os.path.join(profile_dir, "host_profile.txt") if rank == 0 else None,
+                                  f"{coll} {name} {size} B, {iters} calls")
+                x = torch.tensor([statistics.median(hosts), statistics.median(gpus), statistics.median(loops),
+                                  float(not held), float(rec["wrong"])], device="cuda")
+                dist.all_reduce(x, op=dist.ReduceOp.MAX)  # the slowest rank counts
+                rec.update(time_us=statistics.median(times), time_min_us=min(times), time_max_us=max(times),
+                           host_us=float(x[0]), gpu_us=float(x[1]), loop_us=float(x[2]), gate_expired=bool(x[3] > 0),
+                           wrong=int(x[4]))
+                records.append(rec)
+                if rank == 0:
+                    print(f"[latency] {coll:10s} {name:18s} {size:>9d} B  time {rec['time_us']:7.1f}  loop "
+                          f"{rec['loop_us']:7.1f}  host {rec['host_us']:6.1f}  gpu {rec['gpu_us']:6.1f} us"
+                          f"{'  (gate expired)' if rec['gate_expired'] else ''}  #wrong {rec['wrong']}", flush=True)
+                inp = out = expected = run = result = None
+                torch.cuda.empty_cache()
+    return records
+
+
+def markdown(res: dict) -> str:
+    m = res["meta"]
+    lines = [f"# Latency: host launch against GPU execution ({m.get('machine_kind')}, {m.get('date')})", "",
+             f"commit {m.get('commit')}, torch {m.get('torch')}, NCCL {m.get('nccl')}, {res['world']} ranks, bf16, "
+             f"{res['iters']} calls per figure, median of {res['reps']} (time: of {res['iters']}), slowest rank. "
+             f"conccl signal batching: {sorted({str(r.get('signal_batching')) for r in res['records'] if r['impl'] != 'nccl'})}.",
+             "",
+             "| collective | implementation | size (B) | time (us) | loop (us/call) | host (us/call) | GPU (us/call) | #wrong |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in res["records"]:
+        gpu = f"{r['gpu_us']:.1f}" + (" (gate expired)" if r["gate_expired"] else "")
+        lines.append(f"| {r['collective']} | {r['impl']} | {r['size']} | {r['time_us']:.1f} | {r['loop_us']:.1f} | "
+                     f"{r['host_us']:.1f} | {gpu} | {r['wrong']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m conccl.bench.latency", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for latency.json and latency.md")
+    ap.add_argument("--impls", default=",".join(DEFAULT_IMPLS))
+    ap.add_argument("--collectives", default="all_gather,all_to_all")
+    ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="output bytes per rank")
+    ap.add_argument("-n", "--iters", type=int, default=100)
+    ap.add_argument("-w", "--warmup", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--gpus", type=int, default=None)
+    ap.add_argument("--profile-host", action="store_true",
+                    help="also append rank 0's cProfile of each conccl case to OUT/host_profile.txt")
+    args = ap.parse_args(argv)
+    from .impls import REGISTRY
+
+    impls = args.impls.split(",")
+    unknown = [i for i in impls if i not in REGISTRY or REGISTRY[i].family != "cuda_symm"]
+    if unknown:
+        ap.error(f"unknown or unsupported implementation(s) {unknown}; choose from "
+                 f"{sorted(n for n, i in REGISTRY.items() if i.family == 'cuda_symm')}")
+    from ..launch import apply_safe_env, run_per_gpu
+
+    apply_safe_env()
+    import torch
+
+    from ..cli import environment
+
+    if torch.cuda.device_count() < 2:
+        print("error: the latency benchmark needs at least 2 GPUs", file=sys.stderr)
+        return 2
+    world = args.gpus or torch.cuda.device_count()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    os.makedirs(args.out, exist_ok=True)
+    records = run_per_gpu(latency_worker, impls, args.collectives.split(","), sizes, args.iters, args.warmup,
+                          args.reps, args.out if args.profile_host else None, nprocs=args.gpus, timeout_s=900)[0]
+    res = {"meta": environment(os.environ.get("CONCCL_MACHINE_KIND", "unknown"), world), "world": world,
+           "iters": args.iters, "reps": args.reps, "records": records}
+    with open(os.path.join(args.out, "latency.json"), "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    with open(os.path.join(args.out, "latency.md"), "w") as f:
+        f.write(markdown(res) + "\n")
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

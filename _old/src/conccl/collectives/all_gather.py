@@ -1,0 +1,86 @@
+"""All-gather: every rank's ``nbytes`` input lands at offset ``rank * nbytes`` of every output."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..schedule import Algorithm, Buf, Phase, Schedule, StreamMode, Transfer
+from ..validate import InvalidArgument, byte_range, check_pair, overlaps
+from .direct import build_direct_schedule
+
+NAME = "all_gather"
+
+
+def bus_factor(world: int) -> float:
+    return (world - 1) / world
+
+
+@lru_cache(maxsize=1024)
+def plan_all_gather(
+    world: int,
+    rank: int,
+    nbytes: int,
+    *,
+    algorithm: Algorithm = Algorithm.PULL,
+    stream_mode: StreamMode = StreamMode.PER_PEER,
+    input_symmetric: bool = False,
+    output_symmetric: bool = False,
+    in_place: bool = False,
+    peers_in_place: bool = False,
+) -> Schedule:
+    """Schedule of one rank's all-gather of ``nbytes`` per rank (a pure, cached function).
+
+    ``in_place``: this rank's input is its output's ``rank``-th chunk, so there is no own-shard
+    copy. ``peers_in_place``: every rank's is, so with a symmetric output a pull reads each
+    peer's chunk straight from the peer's output. Otherwise PULL reads peers' symmetric inputs
+    or, if any rank's input is not symmetric, the group workspace they were staged into. PUSH
+    writes into peers' outputs, which must be symmetric.
+    """
+    if not 0 <= rank < world:
+        raise InvalidArgument(f"rank {rank} outside a world of {world}")
+    if algorithm is Algorithm.PUSH and not output_symmetric:
+        raise InvalidArgument("push all-gather needs a peer-reachable output (allocate it with conccl.empty)")
+    from_output = peers_in_place and output_symmetric
+    src_symmetric = input_symmetric or from_output
+    staged = algorithm is Algorithm.PULL and not src_symmetric and world > 1
+    peers: dict[int, Transfer | None] = {}
+    for p in range(world):
+        if p == rank or nbytes == 0:
+            continue
+        if algorithm is Algorithm.PULL:
+            if staged:
+                src = (p, Buf.WORKSPACE, 0)
+            elif from_output:
+                src = (p, Buf.OUTPUT, p * nbytes)
+            else:
+                src = (p, Buf.INPUT, 0)
+            peers[p] = Transfer(*src, rank, Buf.OUTPUT, p * nbytes, nbytes, 0, Phase.PEER)
+        else:
+            peers[p] = Transfer(rank, Buf.INPUT, 0, p, Buf.OUTPUT, rank * nbytes, nbytes, 0, Phase.PEER)
+    stage = Transfer(rank, Buf.INPUT, 0, rank, Buf.WORKSPACE, 0, nbytes, 0, Phase.STAGE) if staged and nbytes else None
+    local = None
+    if not in_place and nbytes:
+        local = Transfer(rank, Buf.INPUT, 0, rank, Buf.OUTPUT, rank * nbytes, nbytes, 0, Phase.LOCAL)
+    return build_direct_schedule(
+        NAME, world, rank,
+        algorithm=algorithm, stream_mode=stream_mode, peer_transfers=peers,
+        stage=stage, local=local, staged=staged, workspace_bytes=nbytes if staged else 0,
+    )
+
+
+def check_all_gather(output, input, world: int, rank: int, device_type: str) -> bool:
+    """Validate arguments; return True when the call is in place (input is output's own chunk)."""
+    check_pair(output, input, device_type)
+    if output.numel() != world * input.numel():
+        raise InvalidArgument(
+            f"all_gather_into_tensor: output has {output.numel()} elements, expected world_size ({world}) x "
+            f"input ({input.numel()}) = {world * input.numel()}"
+        )
+    if not overlaps(output, input):
+        return False
+    chunk = input.numel() * input.element_size()
+    offset = byte_range(input)[0] - byte_range(output)[0]
+    if offset != rank * chunk:
+        raise InvalidArgument(
+            f"input overlaps output but is not its chunk for rank {rank} (byte offset {offset}, expected {rank * chunk})"
+        )
+    return True

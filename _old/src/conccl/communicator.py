@@ -1,0 +1,285 @@
+"""The front end every executor shares: validate, agree with peers, plan, execute.
+
+A call goes through four steps, the first three on the host and before anything is queued:
+
+1. validate the local arguments (a bad call raises and leaves the output untouched);
+2. publish what this rank is about to do on the group's host board and read every peer's
+   entry: collective, dtype, sizes or splits, whether its tensors are peer-reachable. A peer
+   that disagrees is named in the error instead of bytes being moved, and every rank derives
+   the same decisions (staging, algorithm, workspace size) from the same rows;
+3. plan: a pure, cached function of sizes and options gives the rank's :class:`Schedule`;
+4. execute it on the executor (copy engines on CUDA, shared memory in the CPU reference).
+
+Failure handling (a dead, late or mismatched peer): step 2 is bounded by the call's timeout
+and notices a peer whose process exited; a mismatch raises on every rank before anything
+moves and leaves the group usable. Once queued, a CUDA call is watched by the group's
+:class:`~conccl.watchdog.Watchdog`. A timeout, on the host or the GPU, *breaks* the group:
+the cause is posted on the board for the peers, the GPU's stream waits are released, and
+every later call raises :class:`~conccl.errors.GroupBroken` at once with the original cause.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+
+from .board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
+from .collectives import all_gather as ag
+from .collectives import all_to_all as a2a
+from .errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
+from .schedule import Algorithm, StreamMode
+from .watchdog import Flight, Watchdog
+
+DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL groups
+
+# Row published on the host board: fixed fields, then input and output split bytes per rank.
+_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _NFIXED = range(8)
+_SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
+
+
+def _agreed(fixed_row: list) -> tuple:
+    """The fields every rank must have alike."""
+    return fixed_row[_F_SEQ], fixed_row[_F_COLL], fixed_row[_F_DTYPE], fixed_row[_F_ALGO]
+
+
+# A call running this long on the GPU gets its peers' liveness checked (cheap: a kill(pid, 0)
+# per peer per watchdog round); shorter calls are never judged before their timeout.
+_FAST_FAIL_AFTER_S = 0.25
+
+
+def _code(s: str) -> int:
+    return zlib.crc32(s.encode())
+
+
+@dataclass
+class Options:
+    """Per-group defaults, chosen from measurements (see README)."""
+
+    # None: push when every rank's output is peer-reachable (the fastest path measured on
+    # H200 x4), otherwise pull through the staging workspace.
+    algorithm: Algorithm | None = None
+    # One stream measured fastest on H200 x4 (benchmarks/): its pulls visit peers in a
+    # rotation, so each GPU is read by one peer at a time, and the own shard goes last. Its
+    # peer copies as one cudaMemcpyBatchAsync took 13 us less GPU time per call than one
+    # cudaMemcpyAsync after another, and as much bandwidth or more at large sizes.
+    stream_mode: StreamMode = StreamMode.BATCH
+    timeout: timedelta = DEFAULT_TIMEOUT
+    # False skips the mismatch checks and the watchdog: for measuring what they cost only, as
+    # a dead peer then hangs the GPU stream for good.
+    checks: bool = True
+
+
+def board_row_len(world: int) -> int:
+    return _NFIXED + 2 * world
+
+
+class Communicator:
+    """One group's collectives over an executor. Not thread-safe (like a NCCL communicator)."""
+
+    def __init__(self, executor, board: HostBoard, rank: int, world: int, options: Options | None = None):
+        self.executor, self.board, self.rank, self.world = executor, board, rank, world
+        self.options = options or Options()
+        self.seq = 0
+        self.broken: BaseException | None = None  # the first failure; every later call raises it
+        self._lock = threading.Lock()  # orders queueing against the watchdog's release
+        self.watchdog = None
+        if getattr(executor, "tracks_flights", False):
+            self.watchdog = Watchdog(self._judge, self.fail, thread_init=executor.bind_thread,
+                                     name=f"conccl-watchdog-r{rank}")
+
+    # ------------------------------------------------------------------ collectives
+    def all_gather_into_tensor(self, output, input, async_op=False, *, algorithm=None, stream_mode=None, timeout=None):
+        ex = self.executor
+        in_place = ag.check_all_gather(output, input, self.world, self.rank, ex.device_type)
+        nbytes = input.numel() * input.element_size()
+        # An in-place input is reached through the output, at another offset on every rank.
+        flags = _SYM_IN * (ex.is_symmetric(input) and not in_place) | _SYM_OUT * ex.is_symmetric(output) | _IN_PLACE * in_place
+        self._check_usable()
+        rows = self._agree(ag.NAME, input.dtype, nbytes, output.numel() * output.element_size(), flags,
+                           algorithm, [nbytes] * self.world, [nbytes] * self.world, timeout)
+        all_flags = _all_flags(rows)
+        algo = self._algorithm(algorithm, all_flags)
+        schedule = ag.plan_all_gather(
+            self.world, self.rank, nbytes, algorithm=algo, stream_mode=stream_mode or self.options.stream_mode,
+            input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
+            in_place=in_place, peers_in_place=bool(all_flags & _IN_PLACE),
+        )
+        return self._execute(schedule, input, output, async_op, timeout)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False,
+                          *, algorithm=None, stream_mode=None, timeout=None):
+        ex = self.executor
+        out_splits, in_splits, row_bytes = a2a.check_all_to_all(
+            output, input, output_split_sizes, input_split_sizes, self.world, ex.device_type)
+        flags = _SYM_IN * ex.is_symmetric(input) | _SYM_OUT * ex.is_symmetric(output)
+        self._check_usable()
+        rows = self._agree(a2a.NAME, input.dtype, input.numel() * input.element_size(),
+                           output.numel() * output.element_size(), flags, algorithm,
+                           [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], timeout)
+        w = self.world
+        splits = rows[:, _NFIXED:_NFIXED + 2 * w].tolist()  # plain ints: cheaper than numpy scalars
+        matrix = tuple(tuple(r[:w]) for r in splits)  # sent[src][dst]
+        if any(matrix[src][dst] != splits[dst][w + src] for src in range(w) for dst in range(w)):
+            src, dst = next((s, d) for s in range(w) for d in range(w) if matrix[s][d] != splits[d][w + s])
+            raise CollectiveError(
+                f"all_to_all_single (sequence number {self.seq + 1}): rank {src} sends {matrix[src][dst]} bytes to rank "
+                f"{dst}, but rank {dst} expects {splits[dst][w + src]} bytes from rank {src}; nothing was moved")
+        all_flags = _all_flags(rows)
+        schedule = a2a.plan_all_to_all(
+            self.world, self.rank, matrix, algorithm=self._algorithm(algorithm, all_flags),
+            stream_mode=stream_mode or self.options.stream_mode,
+            input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
+        )
+        return self._execute(schedule, input, output, async_op, timeout)
+
+    # ------------------------------------------------------------------ steps
+    def _agree(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, timeout):
+        """Publish this call on the board; check every peer made the same call.
+
+        The call takes its sequence number only when it is queued (``_execute``): a mismatch
+        raises on every rank alike before that, so the ranks stay in step and the group usable.
+        """
+        if algorithm is not None and not isinstance(algorithm, Algorithm):
+            raise InvalidArgument(f"algorithm must be a conccl.Algorithm, got {algorithm!r}")
+        seq = self.seq + 1
+        row = [seq, _code(coll), _code(str(dtype)), in_bytes, out_bytes, flags,
+               -1 if algorithm is None else _code(algorithm.value), *in_splits, *out_splits]
+        try:
+            rows = self.board.exchange(row, f"conccl {coll}", self._timeout_s(timeout), seq)
+        except (CollectiveTimeout, GroupBroken) as e:
+            self.fail(e)
+            raise
+        if not self.options.checks:
+            return rows
+        fixed = rows[:, :_NFIXED].tolist()  # plain ints: cheaper to compare than numpy scalars
+        mine = _agreed(fixed[self.rank])
+        if any(_agreed(x) != mine for x in fixed):
+            self._disagreement(coll, dtype, seq, rows)
+        if coll == ag.NAME and any(x[_F_IN] != in_bytes for x in fixed):
+            bad = [p for p in range(self.world) if rows[p, _F_IN] != in_bytes]
+            raise CollectiveError(
+                f"conccl all_gather (sequence number {seq}): rank {bad[0]} contributes {rows[bad[0], _F_IN]} bytes, "
+                f"rank {self.rank} {in_bytes}; every rank must pass the same input size; nothing was moved")
+        return rows
+
+    def _disagreement(self, coll, dtype, seq, rows):
+        for field, what in ((_F_SEQ, "sequence number"), (_F_COLL, "collective"), (_F_DTYPE, "dtype"),
+                            (_F_ALGO, "algorithm")):
+            bad = [p for p in range(self.world) if rows[p, field] != rows[self.rank, field]]
+            if bad:
+                raise CollectiveError(
+                    f"conccl {coll} (sequence number {seq}) on rank {self.rank}: rank {bad[0]} called with a different "
+                    f"{what} ({_describe(field, rows[bad[0], field], dtype)} vs {_describe(field, rows[self.rank, field], dtype)} here); nothing was moved")
+
+    def _algorithm(self, requested: Algorithm | None, all_flags: int) -> Algorithm:
+        algo = requested or self.options.algorithm
+        if algo is None:
+            return Algorithm.PUSH if all_flags & _SYM_OUT else Algorithm.PULL
+        if algo is Algorithm.PUSH and not all_flags & _SYM_OUT:
+            raise InvalidArgument("Algorithm.PUSH needs every rank's output allocated with conccl.empty")
+        return algo
+
+    def _timeout_s(self, timeout) -> float:
+        t = timeout if timeout is not None else self.options.timeout
+        seconds = t.total_seconds() if isinstance(t, timedelta) else float(t)
+        if not seconds > 0:
+            raise InvalidArgument(f"timeout must be positive, got {t!r}")
+        return seconds
+
+    def _execute(self, schedule, input, output, async_op, timeout):
+        timeout_s = self._timeout_s(timeout)
+        seq = self.seq + 1
+        flight = Flight(seq, f"conccl {schedule.collective}", timeout_s, None, None, schedule, self._late_verdict)
+        try:
+            with self._lock:  # the watchdog releases under this lock: no call slips in between
+                self._check_usable()
+                self.executor.ensure_workspace(schedule.workspace_bytes)
+                self.seq = seq
+                work = self.executor.run(schedule, input, output, seq, async_op, timeout_s,
+                                         flight if self.watchdog is not None and self.options.checks else None)
+        except (CollectiveTimeout, GroupBroken) as e:  # the reference executor waits on the host
+            self.fail(e)
+            raise
+        if flight.end is not None:
+            self.watchdog.track(flight)
+        return work
+
+    # ------------------------------------------------------------------ failures
+    def _check_usable(self) -> None:
+        if self.broken is not None:
+            raise GroupBroken(
+                f"this conccl group is broken since an earlier collective failed ({self.broken}); nothing was moved. "
+                "Destroy the group (conccl.destroy) and create a new one.", self.broken) from self.broken
+
+    def fail(self, error: BaseException) -> None:
+        """Break the group with ``error``: tell the peers, fail and release every call in flight."""
+        with self._lock:
+            if self.broken is None:
+                self.broken = error
+                if not isinstance(error, GroupBroken):  # a peer's abort is on the board already
+                    missing = list(getattr(error, "missing", []))
+                    kind = (ABORT_EXITED if getattr(error, "exited", None) else ABORT_TIMEOUT
+                            if isinstance(error, CollectiveTimeout) else ABORT_OTHER)
+                    self.board.abort(getattr(error, "seq", self.seq), kind, missing)
+            flights = self.watchdog.drain(error) if self.watchdog is not None else []
+            if flights:
+                # Every wait queued so far waits for a value <= self.seq: writing it into the
+                # own pad lets the streams drain (the outputs are garbage, and flagged so).
+                self.executor.release(self.seq)
+
+    def _judge(self, flight: Flight, running_s: float):
+        """The watchdog's verdict on the oldest unfinished call (None: keep waiting)."""
+        if running_s > flight.timeout_s:
+            missing = self.executor.missing_peers(flight.schedule, flight.seq)
+            return CollectiveTimeout(flight.what, flight.seq, missing, running_s, self.board.exited_peers(missing))
+        if running_s < _FAST_FAIL_AFTER_S:
+            return None
+        broken = self.board.aborted()
+        exited = self.board.exited_peers()
+        if broken is None and not exited:
+            return None
+        missing = self.executor.missing_peers(flight.schedule, flight.seq)
+        if broken is not None and missing:  # a peer gave up on the group: these never come
+            return CollectiveTimeout(flight.what, flight.seq, missing, running_s, [p for p in missing if p in exited],
+                                     note=str(broken))
+        gone = [p for p in missing if p in exited]
+        if gone:  # a dead process never writes its signal: no need to wait for the timeout
+            return CollectiveTimeout(flight.what, flight.seq, missing, running_s, gone)
+        return None
+
+    def _late_verdict(self, seq: int):
+        broken = None if self.board.closed else self.board.aborted()
+        return broken if broken is not None and broken.seq <= seq else None
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
+        self.executor.close()
+        self.board.close()
+
+
+def _all_flags(rows) -> int:
+    """Flags set on every rank (an AND over ranks)."""
+    return int(np.bitwise_and.reduce(rows[:, _F_FLAGS]))
+
+
+def _describe(field: int, value, dtype) -> str:
+    if field == _F_DTYPE:
+        import torch
+
+        names = {_code(str(d)): str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
+        return names.get(int(value), f"dtype#{int(value)}")
+    if field == _F_COLL:
+        return {_code(n): n for n in (ag.NAME, a2a.NAME)}.get(int(value), f"collective#{int(value)}")
+    if field == _F_ALGO:
+        return {_code(a.value): a.value for a in Algorithm}.get(int(value), "default")
+    return str(int(value))
+
+
+def workspace_capacity(nbytes: int) -> int:
+    """Workspace sizes grow in powers of two (>= 1 MiB) so growth, a collective allocation, is rare."""
+    return 0 if nbytes <= 0 else max(1 << 20, 1 << math.ceil(math.log2(nbytes)))

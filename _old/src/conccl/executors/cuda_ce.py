@@ -1,0 +1,250 @@
+"""CUDA copy-engine executor: runs a Schedule with no SM kernel at all.
+
+Peer-reachable memory comes from PyTorch symmetric memory (CUDA backend). Each slot of the
+schedule runs on its own stream, so transfers to different peers can go to different copy
+engines at once (the paper's one transfer per engine). Signals are ``cuStreamWriteValue32``
+into a peer's pad and ``cuStreamWaitValue32`` on the own pad, batched where the driver allows
+(:mod:`conccl.executors.cuda_program` compiles each schedule once into these calls).
+
+Streams of one call (PER_PEER, 4 ranks, rank 0, pull from staged inputs)::
+
+    caller  ──work──●                                          ◆──later work
+    slot 0           ╰─wait DONE(s-1) · stage in→ws · READY(s)→1,2,3 ─ join ─╯
+    slot 1           ╰─wait READY(s) of 1 · ws@1 → out[1] · DONE(s)→1 ─╯
+    slot 2           ╰─wait READY(s) of 2 · ws@2 → out[2] · DONE(s)→2 ─╯
+    slot 3           ╰─wait READY(s) of 3 · ws@3 → out[3] · DONE(s)→3 ─╯
+    slot 4           ╰─in → out[0] (own shard, same GPU, off the critical path) ─╯
+
+Slot 0 runs on the caller's stream for a blocking call, on the group's stream for an async
+one (or where the driver refuses an op on the legacy default stream). It waits for the
+previous call's end whenever that ran on another stream, so calls on a group are ordered as
+on a NCCL communicator and a signal word is never written out of order.
+
+Each call's start and end events go to the group's watchdog (``tracks_flights``). If a peer
+never signals, the watchdog reads the own pad to name the peers still awaited
+(:meth:`missing_peers`) and writes the awaited values into it itself (:meth:`release`), from a
+stream of its own, so the stuck streams drain.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .._driver import StreamOps, driver
+from ..communicator import workspace_capacity
+from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
+from ..work import Work
+from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
+
+_MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
+
+
+class SymmetricRegistry:
+    """Maps tensors allocated by :func:`conccl.empty` to their peers' addresses."""
+
+    def __init__(self):
+        # storage ptr -> (nbytes, every rank's base address, handle kept alive)
+        self._by_storage: dict[int, tuple[int, tuple[int, ...], object]] = {}
+
+    def add(self, tensor, handle) -> None:
+        storage = tensor.untyped_storage()
+        self._by_storage[storage.data_ptr()] = (storage.nbytes(), tuple(handle.buffer_ptrs), handle)
+
+    def lookup(self, tensor):
+        """(every rank's base address, byte offset in the allocation) or None if not peer-reachable."""
+        if tensor.device.type != "cuda":
+            return None
+        storage = tensor.untyped_storage()
+        entry = self._by_storage.get(storage.data_ptr())
+        if entry is None or entry[0] != storage.nbytes():
+            return None
+        return entry[1], tensor.data_ptr() - storage.data_ptr()
+
+
+REGISTRY = SymmetricRegistry()
+
+
+class CudaCopyEngineExecutor:
+    device_type = "cuda"
+    tracks_flights = True
+
+    def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
+        pad = symm_mem.empty(signal_pad_words(world), dtype=torch.int32, device=device)
+        pad.zero_()  # set-up only; collectives never launch a kernel
+        torch.cuda.synchronize(device)
+        self._pad = pad
+        self._pad_handle = symm_mem.rendezvous(pad, group_name)  # collective: peers zeroed theirs too
+        self._pads = list(self._pad_handle.buffer_ptrs)
+        self._streams = [torch.cuda.Stream(device) for _ in range(world + 1)]
+        self._cu_streams: dict[int, object] = {}  # stream handle -> CUstream
+        self._cu_streams_pool = [self._cu_stream(st) for st in self._streams]
+        self._join = [torch.cuda.Event() for _ in self._streams]
+        self._start = torch.cuda.Event()
+        self._caller_mark = torch.cuda.Event()
+        self._end_mark = torch.cuda.Event()
+        self._last_end: torch.cuda.Event | None = None
+        self._last_stream = None
+        self._ws = None
+        self._ws_handle = None
+        self._ws_key = None
+        self._ws_cap = 0
+        self._programs: dict = {}
+        self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
+        self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
+        self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
+        # What the driver takes in one cuStreamBatchMemOp, on our streams and on the legacy
+        # default stream (handle 0), where blocking calls from the default stream would run.
+        own_unused = self._pads[rank] + 4 * signal_word(Signal.READY, rank, world)  # nobody signals itself
+        peer_word = self._pads[(rank + 1) % world] + 4 * signal_word(Signal.READY, rank, world)
+        cu = driver()
+        on_pool = probe_batching(cu, self._cu_streams_pool[0], own_unused, peer_word)
+        on_default = probe_batching(cu, cu.CUstream(0), own_unused, peer_word)
+        if on_pool is None:
+            raise RuntimeError("this GPU or driver does not run stream memory operations (cuStreamWaitValue32), "
+                               "which conccl's copy-engine collectives need; use NCCL")
+        self.batching = max(on_pool, on_default or on_pool, key=BATCHING_MODES.index)
+        self._default_stream_ok = on_default is not None
+
+    def is_symmetric(self, t) -> bool:
+        return REGISTRY.lookup(t) is not None
+
+    def ensure_workspace(self, nbytes: int) -> None:
+        if nbytes <= self._ws_cap:
+            return
+        # Every rank comes here with the same nbytes (decided from the host board). Synchronising
+        # first means this rank no longer reads any peer's old workspace; the rendezvous is a
+        # barrier, so once it returns no peer reads ours and the old one can go.
+        cap = workspace_capacity(nbytes)
+        torch.cuda.synchronize(self.device)
+        ws = self.symm_mem.empty(cap, dtype=torch.uint8, device=self.device)
+        self._ws_handle = self.symm_mem.rendezvous(ws, self.group_name)
+        self._ws, self._ws_cap = ws, cap
+        self._ws_key = tuple(self._ws_handle.buffer_ptrs)
+
+    def _program(self, schedule: Schedule, input, output) -> CompiledProgram:
+        """``schedule`` compiled against these buffers (cached: loops reuse their tensors)."""
+        sym_in, sym_out = REGISTRY.lookup(input), REGISTRY.lookup(output)
+        ws = self._ws_key  # every rank's workspace address (None before the first staging)
+        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, ws)
+        hit = self._programs.get(key)
+        if hit is not None and hit[0] is schedule:  # id() alone could name a collected schedule
+            return hit[1]
+
+        def address(rank, buf):
+            if buf is Buf.WORKSPACE:
+                return ws[rank]
+            t, sym = (input, sym_in) if buf is Buf.INPUT else (output, sym_out)
+            if rank == self.rank:
+                return t.data_ptr()
+            return sym[0][rank] + sym[1]
+
+        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver())
+        if len(self._programs) >= _MAX_PROGRAMS:
+            self._programs.clear()
+        self._programs[key] = (schedule, program)
+        return program
+
+    def _cu_stream(self, stream) -> object:
+        handle = stream.cuda_stream
+        cu_stream = self._cu_streams.get(handle)
+        if cu_stream is None:
+            cu_stream = self._cu_streams[handle] = driver().CUstream(handle)
+        return cu_stream
+
+    def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float = 0.0,
+            flight=None) -> Work:
+        """Queue ``schedule`` (call ``seq``). ``flight``: fill in its start and end events for
+        the watchdog (``timeout_s`` is the watchdog's business, not the GPU's).
+
+        A blocking call (``async_op=False``) runs its first slot on the caller's stream itself:
+        ordered after the caller's work and before its later work with no event at all.
+        """
+        caller = torch.cuda.current_stream(self.device)
+        program = self._program(schedule, input, output)
+        # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
+        if async_op or (caller.cuda_stream == 0 and (schedule.stream_mode is StreamMode.BATCH
+                                                     or not self._default_stream_ok)):
+            ctrl = self._streams[0]
+            self._caller_mark.record(caller)
+            ctrl.wait_event(self._caller_mark)
+        else:
+            ctrl = caller
+        ctrl_handle = ctrl.cuda_stream
+        if self._last_end is not None and self._last_stream != ctrl_handle:
+            # Calls of a group run in order on the GPU (signal words only grow).
+            ctrl.wait_event(self._last_end)
+        start = None
+        if flight is not None:  # a tracked call needs its own events; finished ones come back
+            start = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
+            flight.recycle = self._recycle_start if async_op else self._recycle_both
+        elif len(program.slots) > 1:
+            start = self._start
+        if start is not None:
+            start.record(ctrl)
+        program.launch_slot(0, self._cu_stream(ctrl), seq)
+        for k in range(1, len(program.slots)):
+            stream = self._streams[k]
+            stream.wait_event(start)
+            program.launch_slot(k, self._cu_streams_pool[k], seq)
+            self._join[k].record(stream)
+            ctrl.wait_event(self._join[k])
+        if async_op:
+            end = torch.cuda.Event()  # the handle keeps it: never reused
+        elif flight is not None:
+            end = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
+        else:
+            # Only the next call's wait needs it, and that is queued before it is recorded again.
+            end = self._end_mark
+        end.record(ctrl)
+        self._last_end, self._last_stream = end, ctrl_handle
+        if flight is not None:
+            flight.start, flight.end = start, end
+        if async_op:
+            # The caller's stream is not ordered after the copies yet: tell the caching
+            # allocator the tensors are in use on ctrl until then.
+            for t in (input, output):
+                t.record_stream(ctrl)
+            return Work(end, self.device, flight)
+        if ctrl is not caller:
+            caller.wait_event(end)
+        return Work(None, flight=flight)
+
+    # ------------------------------------------------------------------ watchdog side
+    # Re-recording an event does not affect waits already queued on it, and the watchdog
+    # hands back only finished, forgotten flights. Nothing else refers to their start event,
+    # nor to the end event of a blocking call (its handle holds none; its late verdict is
+    # then no longer checked, but the group's next call raises it). An async call's end event
+    # stays with its handle.
+    def _recycle_start(self, flight) -> None:
+        if len(self._spare_events) < 1024:
+            self._spare_events.append(flight.start)
+
+    def _recycle_both(self, flight) -> None:
+        if len(self._spare_events) < 1024:
+            self._spare_events += (flight.start, flight.end)
+
+    def bind_thread(self) -> None:
+        torch.cuda.set_device(self.device)
+
+    def read_pad(self) -> np.ndarray:
+        """The own signal pad as the GPU sees it now (a copy on the watchdog's stream)."""
+        with torch.cuda.stream(self._watch_stream):  # a plain device-to-host copy, no kernel
+            return self._pad.cpu().numpy().view(np.uint32)
+
+    def missing_peers(self, schedule: Schedule, seq: int) -> list[int]:
+        """Peers whose signal call ``seq`` of ``schedule`` still waits for."""
+        return awaited_peers(schedule, seq, self.read_pad(), self.world)
+
+    def release(self, seq: int) -> None:
+        """Satisfy every stream wait queued for calls up to ``seq`` (the group is broken)."""
+        own = self._pads[self.rank]
+        for word in range(signal_pad_words(self.world)):
+            self._watch_ops.write_value32(own + 4 * word, seq)
+        self._watch_stream.synchronize()
+
+    def close(self) -> None:
+        self._ws = self._ws_handle = None
+

@@ -1,0 +1,216 @@
+"""CPU reference executor: runs any Schedule across processes over shared memory.
+
+It follows the signal protocol of ``conccl.schedule`` word for word, with each rank's signal
+pad, workspace and symmetric tensors in POSIX shared memory, so CI checks data placement and
+synchronisation at any world size without a GPU. Slots are emulated as concurrent streams: a
+slot runs until it reaches a wait that is not yet satisfied, then the next slot gets a turn.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import time
+import traceback
+import uuid
+from datetime import timedelta
+
+import numpy as np
+
+from .. import _shm
+from ..board import HostBoard
+from ..communicator import Communicator, Options, board_row_len, workspace_capacity
+from ..launch import collect_results
+from ..errors import CollectiveTimeout
+from ..schedule import Buf, Copy, Schedule, SetSignal, WaitSignal, signal_pad_words, signal_word
+from ..work import Work
+
+
+class ReferenceExecutor:
+    device_type = "cpu"
+
+    def __init__(self, prefix: str, rank: int, world: int, board: HostBoard, timeout_s: float):
+        self.prefix, self.rank, self.world, self.board, self.timeout_s = prefix, rank, world, board, timeout_s
+        self._mine: list = []  # shared-memory segments this rank created (and unlinks)
+        self._attached: list = []  # peers' segments this rank maps
+        self._pad_shm = self._create(f"{prefix}_sig_r{rank}", signal_pad_words(world) * 4)
+        np.ndarray(signal_pad_words(world), np.uint32, self._pad_shm.buf)[:] = 0
+        self._barrier()
+        self._pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
+        self._ws_gen, self._ws_cap, self._ws = 0, 0, [None] * world
+        self._allocs: list[tuple[int, int, str]] = []  # (start, end, name pattern) of symmetric tensors
+        self._peer_allocs: dict[tuple[str, int], np.ndarray] = {}
+
+    # ------------------------------------------------------------ shared memory
+    def _create(self, name, nbytes):
+        shm = _shm.create(name, nbytes)
+        self._mine.append(shm)
+        return shm
+
+    def _attach_words(self, name):
+        return self._attach_bytes(name, signal_pad_words(self.world) * 4).view(np.uint32)
+
+    def _attach_bytes(self, name, nbytes=None):
+        shm = _shm.attach(name)
+        self._attached.append(shm)
+        return np.ndarray(shm.size if nbytes is None else nbytes, np.uint8, shm.buf)
+
+    def _barrier(self):
+        self.board.exchange([], "conccl reference barrier", self.timeout_s)
+
+    def empty(self, shape, dtype):
+        """A CPU tensor in shared memory that peers can read and write (collective call)."""
+        import torch
+
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        k = len(self._allocs)
+        pattern = f"{self.prefix}_t{k}_r{{rank}}"
+        shm = self._create(pattern.format(rank=self.rank), nbytes)
+        t = torch.frombuffer(shm.buf, dtype=torch.uint8, count=max(nbytes, 1))[:nbytes].view(dtype).view(shape)
+        self._allocs.append((t.data_ptr(), t.data_ptr() + nbytes, pattern))
+        self._barrier()
+        return t
+
+    def is_symmetric(self, t) -> bool:
+        return self._alloc_of(t) is not None
+
+    def _alloc_of(self, t):
+        p = t.data_ptr()
+        for start, end, pattern in self._allocs:
+            if start <= p < end or (start == p == end):
+                return start, end, pattern
+        return None
+
+    def ensure_workspace(self, nbytes: int) -> None:
+        if nbytes <= self._ws_cap:
+            return
+        # Every rank reaches this point with the same nbytes (decided from the board), and only
+        # after its previous calls completed, so no peer still reads the old workspace.
+        self._ws_gen += 1
+        cap = workspace_capacity(nbytes)
+        self._create(f"{self.prefix}_ws{self._ws_gen}_r{self.rank}", cap)
+        self._barrier()
+        self._ws = [self._attach_bytes(f"{self.prefix}_ws{self._ws_gen}_r{p}", cap) for p in range(self.world)]
+        self._ws_cap = cap
+
+    # ------------------------------------------------------------ execution
+    def _bytes(self, rank: int, buf: Buf, input, output) -> np.ndarray:
+        if buf is Buf.WORKSPACE:
+            return self._ws[rank]
+        t = input if buf is Buf.INPUT else output
+        local = t.view(-1).view(__import__("torch").uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+        if rank == self.rank:
+            return local
+        start, end, pattern = self._alloc_of(t)
+        key = (pattern, rank)
+        if key not in self._peer_allocs:
+            self._peer_allocs[key] = self._attach_bytes(pattern.format(rank=rank))  # peers' sizes may differ
+        return self._peer_allocs[key][t.data_ptr() - start:]
+
+    def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float | None = None,
+            flight=None) -> Work:
+        """Run ``schedule`` to completion on the host (calls here are never in flight).
+
+        A wait unsatisfied for ``timeout_s`` raises :class:`CollectiveTimeout`; one waiting
+        for a peer whose process exited, or after a peer aborted the group, raises at once.
+        """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        pads = self._pads
+        pcs = [0] * schedule.num_slots
+        start = time.monotonic()
+        next_liveness = start + 0.1
+        while True:
+            progress = False
+            for k, ops in enumerate(schedule.slots):
+                while pcs[k] < len(ops):
+                    op = ops[pcs[k]]
+                    if isinstance(op, WaitSignal):
+                        if pads[self.rank][signal_word(op.kind, op.peer, self.world)] < seq + op.seq_delta:
+                            break
+                    elif isinstance(op, SetSignal):
+                        pads[op.peer][signal_word(op.kind, self.rank, self.world)] = seq + op.seq_delta
+                    elif isinstance(op, Copy):
+                        t = op.transfer
+                        src = self._bytes(t.src_rank, t.src, input, output)
+                        dst = self._bytes(t.dst_rank, t.dst, input, output)
+                        dst[t.dst_offset:t.dst_offset + t.nbytes] = src[t.src_offset:t.src_offset + t.nbytes]
+                    pcs[k] += 1
+                    progress = True
+            if all(pc == len(ops) for pc, ops in zip(pcs, schedule.slots)):
+                # Done, but a peer may have given up on this very call meanwhile (this rank was
+                # too slow): its data cannot be trusted to be what the peer meant to send.
+                broken = self.board.aborted()
+                if broken is not None and broken.seq <= seq:
+                    raise broken
+                return Work()
+            if not progress:
+                now = time.monotonic()
+                blocked = lambda: sorted({ops[pc].peer for pc, ops in zip(pcs, schedule.slots) if pc < len(ops)})  # noqa: E731
+                if now > next_liveness:  # what the CUDA executor's watchdog does, inline
+                    next_liveness = now + 0.1
+                    broken = self.board.aborted()
+                    if broken is not None:
+                        raise CollectiveTimeout(f"conccl {schedule.collective}", seq, blocked(), now - start,
+                                                self.board.exited_peers(blocked()), note=str(broken))
+                    gone = self.board.exited_peers(blocked())
+                    if gone:
+                        raise CollectiveTimeout(f"conccl {schedule.collective}", seq, blocked(), now - start, gone)
+                if now - start > timeout_s:
+                    raise CollectiveTimeout(f"conccl {schedule.collective}", seq, blocked(), now - start,
+                                            self.board.exited_peers(blocked()))
+                time.sleep(20e-6)
+
+    def close(self) -> None:
+        for shm in self._attached:
+            try:
+                shm.close()
+            except BufferError:
+                pass
+        for shm in self._mine:
+            try:
+                shm.close()
+            except BufferError:
+                pass  # a tensor still views it; unlinking the name is what matters
+            _shm.unlink(shm)
+
+
+def reference_communicator(prefix: str, rank: int, world: int, timeout: timedelta = timedelta(seconds=60)) -> Communicator:
+    """Join the reference group ``prefix`` (its board must exist: see :func:`spawn`)."""
+    board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=False)
+    ex = ReferenceExecutor(prefix, rank, world, board, timeout.total_seconds())
+    return Communicator(ex, board, rank, world, Options(timeout=timeout))
+
+
+def _child(fn, prefix, rank, world, timeout, args, queue):
+    comm = None
+    try:
+        comm = reference_communicator(prefix, rank, world, timeout)
+        queue.put((rank, "ok", fn(comm, *args)))
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        if comm is not None:
+            comm.close()
+
+
+def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), join_timeout_s: float = 120.0,
+          allow_missing=()):
+    """Run ``fn(comm, *args)`` on ``world`` processes of a reference group; return per-rank results.
+
+    Raises RuntimeError with every failing rank's traceback. Bounded: processes still alive
+    after ``join_timeout_s`` are killed and reported. Ranks in ``allow_missing`` may die
+    without reporting (fault tests kill them); their result is None.
+    """
+    prefix = f"conccl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    board = HostBoard(f"{prefix}_board", 0, world, board_row_len(world), create=True)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(fn, prefix, r, world, timeout, args, queue), daemon=True) for r in range(world)]
+    try:
+        for p in procs:
+            p.start()
+        return collect_results(queue, procs, world, join_timeout_s, join_s=5, allow_missing=allow_missing)
+    except RuntimeError as e:
+        raise RuntimeError(f"reference group failed:\n{e}") from None
+    finally:
+        board.close()

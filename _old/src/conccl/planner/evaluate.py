@@ -1,0 +1,139 @@
+"""``conccl plan --evaluate``: the planner's choices against the best a study measured.
+
+For every scenario of a measured study, the planner picks a plan from the profile alone (it
+never sees the scenario's measured times); the study's measured time of that strategy and SM
+split is compared with the fastest measured run of any strategy the runtime can apply. A pick
+within 2% of the best counts as the best. Scenarios the profile was fitted on (its reference
+GEMMs') are reported apart; the goal is judged on the others.
+"""
+from __future__ import annotations
+
+import statistics
+
+from ..profile import HardwareProfile
+from ..study.strategies import STRATEGIES
+from .heuristics import plan_auto, workload
+
+WITHIN = 0.02  # a pick within 2% of the best measured time counts as the best
+GOAL_BEST, GOAL_LOSS = 90.0, 3.0  # percent of scenarios; worst loss, percent
+AUTO_GOAL_IDEAL, AUTO_GOAL_BEST = 90.0, 95.0  # plan="auto" measured: % of ideal; % of the best speedup
+
+
+def _runs(s: dict):
+    """(strategy, sms, seconds) of every measured run the runtime could apply."""
+    for name, runs in s.get("runs", {}).items():
+        st = STRATEGIES.get(name)
+        if st is None or st.impl not in ("nccl", "conccl"):
+            continue
+        for r in runs:
+            yield name, r["sms"], r["time_ms"]["median"] / 1e3
+
+
+def evaluate(doc: dict, p: HardwareProfile) -> dict:
+    if doc.get("kind") != "measured":
+        raise ValueError("evaluate a measured study (its results.json), not a prediction")
+    fitted = set(p.source.get("fit_scenarios") or [])
+    world = doc["machine"]["world"]
+    rows = []
+    for s in doc["scenarios"]:
+        runs = list(_runs(s))
+        if not runs:
+            continue
+        g = s["gemm"]
+        pl = plan_auto(p, workload((g["m"], g["n"], g["k"]), s["collective"], s["size"], world))
+        best = min(runs, key=lambda r: r[2])
+        picked = [r for r in runs if r[0] == pl.strategy and r[1] == pl.sms]
+        row = {"id": s["id"], "fitted": s["id"] in fitted, "taxonomy": s.get("taxonomy"),
+               "plan": pl.strategy, "plan_sms": pl.sms, "best": best[0], "best_sms": best[1],
+               "best_s": best[2], "predicted_s": pl.predicted["concurrent_s"]}
+        if picked:
+            t = picked[0][2]
+            row.update(plan_s=t, loss_pct=100 * (t / best[2] - 1), is_best=t <= best[2] * (1 + WITHIN))
+        else:
+            row.update(plan_s=None, loss_pct=None, is_best=None)
+        if "ideal" in s:
+            tn, tg = s["t_comm"]["nccl"]["median"] / 1e3, s["t_gemm"]["median"] / 1e3
+            for key, t in (("plan", row["plan_s"]), ("best", best[2])):
+                row[f"{key}_pct_ideal"] = None if t is None else 100 * ((tg + tn) / t - 1) / (s["ideal"] - 1)
+        auto = s.get("runs", {}).get("auto")
+        if auto:  # the study also ran plan="auto" through the runtime
+            row["auto_measured_s"] = t_auto = auto[0]["time_ms"]["median"] / 1e3
+            row["auto_plan"] = auto[0].get("plan")
+            row["auto_pct_of_best"] = 100 * best[2] / t_auto
+            if "ideal" in s:
+                row["auto_pct_ideal"] = 100 * ((tg + tn) / t_auto - 1) / (s["ideal"] - 1)
+        rows.append(row)
+    return {"rows": rows, "held_out": _summary([r for r in rows if not r["fitted"]]),
+            "fitted": _summary([r for r in rows if r["fitted"]]), "all": _summary(rows),
+            "profile": {"device": p.device, "world": p.world, **p.source},
+            "study": {k: doc.get("meta", {}).get(k) for k in ("date", "commit", "machine_kind")}}
+
+
+def _summary(rows: list[dict]) -> dict:
+    judged = [r for r in rows if r["is_best"] is not None]
+    if not judged:
+        return {"n": len(rows), "judged": 0}
+    losses = [r["loss_pct"] for r in judged]
+    pct = [r["plan_pct_ideal"] for r in judged if r.get("plan_pct_ideal") is not None]
+    best = [r["best_pct_ideal"] for r in judged if r.get("best_pct_ideal") is not None]
+    n_best = sum(r["is_best"] for r in judged)
+    out = {"n": len(rows), "judged": len(judged), "n_best": n_best, "pct_best": 100 * n_best / len(judged),
+           "max_loss_pct": max(losses), "mean_loss_pct": statistics.fmean(losses),
+           "mean_plan_pct_ideal": statistics.fmean(pct) if pct else None,
+           "mean_best_pct_ideal": statistics.fmean(best) if best else None,
+           "not_measured": [r["id"] for r in rows if r["is_best"] is None]}
+    out["goal_met"] = out["pct_best"] >= GOAL_BEST and out["max_loss_pct"] <= GOAL_LOSS
+    auto = [r for r in rows if "auto_pct_of_best" in r]
+    if auto:
+        out["auto"] = {"n": len(auto), "mean_pct_of_best": statistics.fmean(r["auto_pct_of_best"] for r in auto),
+                       "min_pct_of_best": min(r["auto_pct_of_best"] for r in auto),
+                       "mean_pct_ideal": statistics.fmean(r["auto_pct_ideal"] for r in auto if "auto_pct_ideal" in r)}
+    return out
+
+
+def markdown(ev: dict) -> str:
+    def f(v, fmt="{:.3f}"):
+        return "-" if v is None else fmt.format(v)
+
+    lines = ["# Planner accuracy", "",
+             f"Profile: {ev['profile'].get('device')} x{ev['profile'].get('world')}, measured "
+             f"{ev['profile'].get('date')} (commit {ev['profile'].get('commit')}); fitted on "
+             f"{', '.join(ev['profile'].get('reference_gemms') or []) or 'nothing'}.",
+             f"Study evaluated: {ev['study'].get('machine_kind')}, {ev['study'].get('date')}, commit "
+             f"{ev['study'].get('commit')}.", "",
+             f"A pick counts as the best within {100 * WITHIN:.0f}% of the best measured run. Goal: the best in "
+             f">= {GOAL_BEST:.0f}% of held-out scenarios, never more than {GOAL_LOSS:.0f}% lost.", "",
+             "| set | scenarios | best picked | worst loss | mean loss | plan % of ideal | best % of ideal | goal |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for key, label in (("held_out", "held out (judged)"), ("fitted", "fitted on"), ("all", "all")):
+        s = ev[key]
+        if not s.get("judged"):
+            lines.append(f"| {label} | {s['n']} | - | - | - | - | - | - |")
+            continue
+        lines.append(f"| {label} | {s['judged']} | {s['n_best']} ({s['pct_best']:.0f}%) | {s['max_loss_pct']:.1f}% | "
+                     f"{s['mean_loss_pct']:.2f}% | {f(s['mean_plan_pct_ideal'], '{:.1f}')} | "
+                     f"{f(s['mean_best_pct_ideal'], '{:.1f}')} | {'met' if s['goal_met'] else 'NOT met'} |")
+    autos = [(label, ev[key]["auto"]) for key, label in (("held_out", "held out"), ("fitted", "fitted on"), ("all", "all"))
+             if ev[key].get("auto")]
+    if autos:
+        lines += ["", "## plan='auto' run through the runtime (conccl.overlap), measured in the same study", "",
+                  f"Goal (all scenarios): >= {AUTO_GOAL_IDEAL:.0f}% of the ideal speedup on average and >= "
+                  f"{AUTO_GOAL_BEST:.0f}% of the best strategy's speedup.", "",
+                  "| set | scenarios | mean % of ideal | best time / auto time: mean | min |", "|---|---:|---:|---:|---:|"]
+        for label, a in autos:
+            lines.append(f"| {label} | {a['n']} | {a['mean_pct_ideal']:.1f} | {a['mean_pct_of_best']:.1f}% | "
+                         f"{a['min_pct_of_best']:.1f}% |")
+    lines += ["", "| scenario | set | planned | measured (ms) | best | best (ms) | loss | predicted (ms) |"
+              + (" auto run (ms) |" if any("auto_measured_s" in r for r in ev["rows"]) else ""),
+              "|---|---|---|---:|---|---:|---:|---:|" + ("---:|" if any("auto_measured_s" in r for r in ev["rows"]) else "")]
+    for r in ev["rows"]:
+        plan = r["plan"] + (f" ({r['plan_sms']} SMs)" if r["plan_sms"] else "")
+        best = r["best"] + (f" ({r['best_sms']} SMs)" if r["best_sms"] else "")
+        loss = "not measured" if r["loss_pct"] is None else f"{r['loss_pct']:.1f}%" + ("" if r["is_best"] else " **")
+        line = (f"| {r['id']} | {'fitted' if r['fitted'] else 'held out'} | {plan} | {f(r['plan_s'] and 1e3 * r['plan_s'])} "
+                f"| {best} | {1e3 * r['best_s']:.3f} | {loss} | {1e3 * r['predicted_s']:.3f} |")
+        if "auto_measured_s" in r:
+            line += f" {1e3 * r['auto_measured_s']:.3f} |"
+        lines.append(line)
+    lines += ["", "`**`: not within 2% of the best."]
+    return "\n".join(lines) + "\n"

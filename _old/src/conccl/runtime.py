@@ -1,0 +1,216 @@
+"""Run a computation and a collective together under a plan.
+
+    with conccl.overlap(plan="auto") as c3:
+        y = c3.matmul(x, w)                      # the computation (a GEMM: its shape is known)
+        c3.all_gather_into_tensor(out, shard)    # the collective
+    # here the caller's stream has both results, as if they had run one after the other
+
+On leaving the block, the plan for (GEMM shape, collective, size, world) is looked up (computed
+once by the planner from the hardware profile, then cached) and applied: the collective's
+implementation (NCCL's SM kernels or conccl's copy engines), the launch order, the collective
+stream's priority, a green-context SM partition for the GEMM and a CTA cap for NCCL.
+
+Stream semantics as in ``torch.distributed`` with ``async_op=False``: both start after the work
+already queued on the caller's current stream, and later work on that stream sees both
+results. The host does not block. One computation and one collective per block.
+"""
+from __future__ import annotations
+
+import threading
+
+from .errors import InvalidArgument
+from .planner import Plan, PlanError, plan_strategy, workload
+from .profile import HardwareProfile, load_profile
+
+_lock = threading.Lock()
+_PLANS: dict[tuple, Plan] = {}
+_STATS = {"hits": 0, "misses": 0}
+_PROFILES: dict[str | None, HardwareProfile] = {}
+_PARTITIONS: dict[int, object] = {}
+
+
+def _profile(path: str | None, device_name: str | None) -> HardwareProfile:
+    if path not in _PROFILES:
+        _PROFILES[path] = load_profile(path)
+    prof = _PROFILES[path]
+    if device_name:
+        prof.check_device(device_name)  # never a silent fallback to another GPU's profile
+    return prof
+
+
+def get_plan(gemm, collective: str, size: int, world: int, plan: str = "auto", profile: str | None = None,
+             dtype_bytes: int = 2, device_name: str | None = None) -> Plan:
+    """The plan for a GEMM (M, N, K) beside ``collective`` of ``size`` output bytes per rank,
+    computed once per distinct arguments and cached (a dictionary lookup afterwards)."""
+    key = (tuple(int(x) for x in gemm), collective, int(size), int(world), plan, profile, dtype_bytes, device_name)
+    with _lock:
+        hit = _PLANS.get(key)
+        if hit is not None:
+            _STATS["hits"] += 1
+            return hit
+        _STATS["misses"] += 1
+    prof = _profile(profile, device_name)
+    pl = plan_strategy(prof, workload(gemm, collective, size, world, dtype_bytes), plan)
+    with _lock:
+        _PLANS[key] = pl
+    return pl
+
+
+def plan_cache_info() -> dict:
+    """{"hits", "misses", "size"} of the plan cache."""
+    with _lock:
+        return {**_STATS, "size": len(_PLANS)}
+
+
+def clear_plan_cache() -> None:
+    with _lock:
+        _PLANS.clear()
+        _STATS.update(hits=0, misses=0)
+
+
+def partitions(device):
+    from .partition import Partitions
+
+    if device.index not in _PARTITIONS:
+        _PARTITIONS[device.index] = Partitions(device)
+    return _PARTITIONS[device.index]
+
+
+def launch(plan: Plan, compute_fn, comm_fn, parts=None, tensors=()) -> None:
+    """Queue ``compute_fn()`` and ``comm_fn(impl, nccl_group)`` as ``plan`` says, both after the
+    current stream's work; the current stream then waits for both. ``parts``: the
+    :class:`~conccl.partition.Partitions` to take streams and groups from."""
+    import torch
+
+    cur = torch.cuda.current_stream()
+    parts = parts or partitions(cur.device)
+    gemm_stream, _ = parts.green_stream(plan.gemm_sms_taken)
+    comm_stream = parts.comm_stream
+    group = parts.nccl_group(plan.nccl_ctas, plan.comm_high_priority) if plan.impl == "nccl" else None
+    ready = torch.cuda.Event()
+    ready.record(cur)
+    for name in plan.launch_order:
+        stream = gemm_stream if name == "gemm" else comm_stream
+        stream.wait_event(ready)
+        with torch.cuda.stream(stream):
+            if name == "gemm":
+                compute_fn()
+            else:
+                comm_fn(plan.impl, group)
+    for t in tensors:  # the caching allocator must not hand these out while the side streams use them
+        t.record_stream(gemm_stream)
+        t.record_stream(comm_stream)
+    cur.wait_stream(gemm_stream)
+    cur.wait_stream(comm_stream)
+
+
+class Overlap:
+    """The context of :func:`overlap`: record one computation and one collective, run both on exit."""
+
+    def __init__(self, plan: str = "auto", profile: str | None = None):
+        if not isinstance(plan, str):
+            raise InvalidArgument(f"plan must be 'auto' or a strategy name, got {plan!r}")
+        self.plan_name, self.profile = plan, profile
+        self.plan: Plan | None = None
+        self._compute = None
+        self._comm = None
+
+    def __enter__(self) -> "Overlap":
+        return self
+
+    def matmul(self, a, b, out=None):
+        """Record ``out = a @ b`` (2-D CUDA tensors, bf16 or fp16); returns ``out`` (allocated
+        here if not given), which holds the product after the block."""
+        import torch
+
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+            raise InvalidArgument(f"matmul needs [M, K] @ [K, N] matrices, got {tuple(a.shape)} @ {tuple(b.shape)}")
+        if not (a.is_cuda and b.is_cuda) or a.dtype != b.dtype:
+            raise InvalidArgument("matmul operands must be CUDA tensors of one dtype")
+        m, k = a.shape
+        n = b.shape[1]
+        if out is None:
+            out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+        self._set_compute(lambda: torch.mm(a, b, out=out), (m, n, k), a.element_size(), (a, b, out))
+        return out
+
+    def compute(self, fn, gemm):
+        """Record any computation ``fn()``, planned as a GEMM of shape ``gemm`` = (M, N, K)."""
+        if not callable(fn):
+            raise InvalidArgument("compute needs a callable")
+        self._set_compute(fn, tuple(gemm), 2, ())
+
+    def all_gather_into_tensor(self, output, input, group=None):
+        """Record ``torch.distributed.all_gather_into_tensor(output, input)`` (see conccl's)."""
+        self._set_comm("all_gather", output, input, group, None, None)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None):
+        """Record ``torch.distributed.all_to_all_single(output, input, ...)``."""
+        self._set_comm("all_to_all", output, input, group, output_split_sizes, input_split_sizes)
+
+    def _set_compute(self, fn, gemm, esize, tensors):
+        if self._compute is not None:
+            raise InvalidArgument("one computation per overlap block")
+        self._compute = (fn, gemm, esize, tensors)
+
+    def _set_comm(self, collective, output, input, group, out_splits, in_splits):
+        if self._comm is not None:
+            raise InvalidArgument("one collective per overlap block")
+        if group is not None:
+            import torch.distributed as dist
+
+            if group != dist.group.WORLD:
+                raise InvalidArgument("conccl.overlap runs collectives on the default (world) group")
+        self._comm = (collective, output, input, out_splits, in_splits)
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            return False
+        if self._compute is None or self._comm is None:
+            raise InvalidArgument("an overlap block needs one computation (matmul/compute) and one collective")
+        import torch
+        import torch.distributed as dist
+
+        from . import api
+
+        fn, gemm, esize, tensors = self._compute
+        collective, output, input, out_splits, in_splits = self._comm
+        world = dist.get_world_size() if dist.is_initialized() else 0
+        try:
+            self.plan = get_plan(gemm, collective, output.numel() * output.element_size(), world, self.plan_name,
+                                 self.profile, esize, torch.cuda.get_device_name(output.device))
+        except PlanError as e:
+            raise InvalidArgument(str(e)) from None
+
+        def comm(impl, group):
+            if collective == "all_gather":
+                f = api.all_gather_into_tensor if impl == "conccl" else dist.all_gather_into_tensor
+                f(output, input, group=group)
+            else:
+                f = api.all_to_all_single if impl == "conccl" else dist.all_to_all_single
+                f(output, input, out_splits, in_splits, group=group)
+
+        launch(self.plan, fn, comm, tensors=(*tensors, output, input))
+        return False
+
+
+def overlap(plan: str = "auto", profile: str | None = None) -> Overlap:
+    """A block whose one computation and one collective run concurrently under ``plan``:
+    ``"auto"`` (the planner's choice from the hardware profile, default the shipped H200
+    profile; a profile of another GPU model is refused) or a study strategy name."""
+    return Overlap(plan, profile)
+
+
+def run_concurrently(compute_fn, gemm, collective: str, output, input, plan: str = "auto",
+                     output_split_sizes=None, input_split_sizes=None, profile: str | None = None) -> Plan:
+    """``compute_fn()`` (planned as a GEMM of shape ``gemm`` = (M, N, K)) and the collective
+    (``"all_gather"`` or ``"all_to_all"`` on ``output``/``input``) together; returns the plan."""
+    with overlap(plan, profile) as c3:
+        c3.compute(compute_fn, gemm)
+        if collective == "all_gather":
+            c3.all_gather_into_tensor(output, input)
+        elif collective == "all_to_all":
+            c3.all_to_all_single(output, input, output_split_sizes, input_split_sizes)
+        else:
+            raise InvalidArgument(f"unknown collective {collective!r}; known: all_gather, all_to_all")
+    return c3.plan

@@ -1,0 +1,164 @@
+"""What a collective moves, as plain data.
+
+A :class:`Schedule` is one rank's part of one collective call: the byte transfers it issues
+and the signal operations that order them against its peers. It is produced by a pure
+function of (world size, rank, sizes, splits, options) in ``conccl.collectives`` and run by an
+executor (copy engines on CUDA, or the CPU reference executor in tests). Nothing here touches
+a device.
+
+Signal protocol (the same for every collective and both executors)
+------------------------------------------------------------------
+Every rank owns a small *signal pad* of 32-bit words that all peers can write. Word
+``kind * world + src`` holds the latest sequence number that rank ``src`` has reported for
+``kind``:
+
+* ``READY``: ``src`` has done what must precede its peers' transfers of call ``seq``
+  (for *pull*: its input is in peer-reachable memory; for *push*: its output may be written).
+* ``DONE``: ``src`` has finished every transfer of call ``seq`` that touches the pad owner's
+  memory (for *pull*: it has read the owner's buffer; for *push*: it has written into it).
+
+Every call of every collective on a group takes the next sequence number, and every rank
+writes READY and DONE to every peer in every call, even with zero bytes to move. Waits are
+"word >= value", so a slow reader can never mistake an older call for the current one and
+words never need resetting. Operations carry a ``seq_delta`` (0 = this call, -1 = the previous
+call) so one schedule serves every call with the same shapes and can be cached.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Signal(enum.IntEnum):
+    READY = 0
+    DONE = 1
+
+
+NUM_SIGNAL_KINDS = len(Signal)
+
+
+def signal_word(kind: Signal, src: int, world: int) -> int:
+    """Index of the word in a rank's pad where ``src`` reports ``kind``."""
+    return int(kind) * world + src
+
+
+def signal_pad_words(world: int) -> int:
+    return NUM_SIGNAL_KINDS * world
+
+
+class Buf(enum.Enum):
+    """Buffers a transfer can name. Which rank's copy is meant is given beside it."""
+
+    INPUT = "input"          # the caller's input tensor (a peer's only if symmetric)
+    OUTPUT = "output"        # the caller's output tensor (a peer's only if symmetric)
+    WORKSPACE = "workspace"  # the group's symmetric staging buffer
+
+
+class Phase(enum.Enum):
+    STAGE = "stage"  # local copy of the input into peer-reachable memory, before READY
+    PEER = "peer"    # a transfer that reads or writes a peer's memory, after its READY
+    LOCAL = "local"  # the rank's own shard, same GPU, kept off the critical path
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One contiguous byte copy. ``src_rank``/``dst_rank`` say whose buffer is meant."""
+
+    src_rank: int
+    src: Buf
+    src_offset: int
+    dst_rank: int
+    dst: Buf
+    dst_offset: int
+    nbytes: int
+    slot: int
+    phase: Phase
+
+    def __post_init__(self):
+        if self.nbytes <= 0 or self.src_offset < 0 or self.dst_offset < 0:
+            raise ValueError(f"bad transfer {self}")
+
+
+@dataclass(frozen=True)
+class Copy:
+    transfer: Transfer
+
+
+@dataclass(frozen=True)
+class SetSignal:
+    """Write ``seq + seq_delta`` into word (kind, self) of ``peer``'s pad, after prior work."""
+
+    peer: int
+    kind: Signal
+    seq_delta: int = 0
+
+
+@dataclass(frozen=True)
+class WaitSignal:
+    """Block the slot until word (kind, peer) of the own pad is >= ``seq + seq_delta``."""
+
+    peer: int
+    kind: Signal
+    seq_delta: int = 0
+
+
+Op = Copy | SetSignal | WaitSignal
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One rank's program for one call: ``slots[k]`` is an ordered list run on stream slot k.
+
+    Slots are independent except through signals; every slot starts after the work already
+    queued on the caller's stream, and the caller's stream waits for all slots at the end.
+    ``algorithm``, ``stream_mode`` and ``staged`` say how it was built (the executor issues a
+    BATCH schedule's peer copies as one batch). ``workspace_bytes`` is how much of the group's symmetric workspace every rank needs.
+    """
+
+    collective: str
+    world: int
+    rank: int
+    slots: tuple[tuple[Op, ...], ...]
+    algorithm: Algorithm
+    stream_mode: StreamMode
+    staged: bool
+    workspace_bytes: int = 0
+
+    @property
+    def transfers(self) -> tuple[Transfer, ...]:
+        return tuple(op.transfer for ops in self.slots for op in ops if isinstance(op, Copy))
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.slots)
+
+
+
+class Algorithm(enum.Enum):
+    """Direction of peer transfers over the full NVLink mesh."""
+
+    PULL = "pull"  # each rank reads its peers' (symmetric) inputs into its own output
+    PUSH = "push"  # each rank writes its input into its peers' (symmetric) outputs
+
+
+class StreamMode(enum.Enum):
+    """How transfers map to CUDA streams (and so to copy engines)."""
+
+    PER_PEER = "per_peer"  # one stream per peer: transfers to different peers run at once
+    SINGLE = "single"      # everything on one stream, one cudaMemcpyAsync after another
+    BATCH = "batch"        # one stream, the peer copies issued as one cudaMemcpyBatchAsync
+
+
+def awaited_peers(schedule: Schedule, seq: int, pad, world: int) -> list[int]:
+    """Peers named by a wait of ``schedule`` (call ``seq``) that ``pad`` does not satisfy yet.
+
+    Compared as the GPU does (``cuStreamWaitValue32`` GEQ: ``(int32)(word - value) >= 0``).
+    """
+    missing = set()
+    for ops in schedule.slots:
+        for op in ops:
+            if isinstance(op, WaitSignal):
+                diff = (int(pad[signal_word(op.kind, op.peer, world)]) - (seq + op.seq_delta)) & 0xFFFFFFFF
+                if diff >= 1 << 31:
+                    missing.add(op.peer)
+    return sorted(missing)

@@ -1,0 +1,495 @@
+"""The measured study: one process per GPU, every number as the paper took it.
+
+Every timing is ``warmup`` executions then ``iters`` timed ones (the paper: 6 + 9), each
+configuration's back to back; with ``side_by_side`` the configurations of one scenario (GEMM
+alone, collectives alone, every strategy) take turns instead, one execution each per round. Before each,
+the ranks meet at a barrier; each execution is timed between two CUDA events on one stream
+that every participating stream joins, and the slowest rank's time counts, execution by
+execution. Before the last execution of every configuration the output is poisoned, and
+after it every rank checks its output against the pattern that NCCL produces (the same check
+NCCL's own runs pass), so a strategy that moved nothing or the wrong bytes is caught.
+
+Rank 0 records the numbers in a results document (see ``analysis.py``) and saves it after
+every step, so an interrupted run keeps what it measured.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..partition import Partitions
+from . import analysis
+from .scenarios import Gemm, Scenario
+from .strategies import strategies_for
+
+SIZE_SWEEP = tuple(1 << s for s in (20, 22, 24, 26, 28, 30, 32))  # 1M .. 4G
+SIZE_SWEEP_QUICK = tuple(1 << s for s in (20, 24, 28))
+CTA_SWEEP = (1, 2, 4, 8, 16, 32)
+CTA_SWEEP_QUICK = (1, 4, 16)
+CTA_SIZES = (1 << 20, 1 << 30)  # a latency-bound and a bandwidth-bound size
+CTA_SIZES_QUICK = (1 << 20, 1 << 28)
+SM_LOSS = (0, 8, 16, 32, 64)
+SM_LOSS_QUICK = (0, 16, 64)
+HBM_PROBE_BYTES = 2 << 30
+HEADROOM = 3 << 30  # NCCL buffers, verification temporaries, allocator slack
+
+
+class StudyError(RuntimeError):
+    """The study cannot run as asked (too few GPUs, does not fit in memory, ...)."""
+
+
+@dataclass
+class StudyConfig:
+    scenarios: list[Scenario]
+    quick: bool = False
+    warmup: int = 6
+    iters: int = 9
+    out_dir: str = "study"
+    meta: dict = field(default_factory=dict)
+    ncu: dict = field(default_factory=dict)  # GEMM counters read by ncu beforehand (study/ncu.py)
+    plan_profile: str | None = None  # hardware profile the "auto" strategy plans with (None: shipped)
+    # True: a scenario's configurations take turns, one execution each per round (fairer between
+    # strategies under drift; it also shifts the alone baselines, see the README). False: the
+    # paper's way, each configuration's warm-ups and timed runs back to back.
+    side_by_side: bool = False
+
+
+def arena_bytes(scenarios: list[Scenario], world: int, quick: bool) -> tuple[int, int]:
+    """Symmetric arenas (output, input) large enough for every scenario and sweep.
+
+    Allocated once: symmetric allocations must have equal sizes on every rank, and the
+    allocator may return cached blocks of other sizes if allocations came and went."""
+    sweep = max(SIZE_SWEEP_QUICK if quick else SIZE_SWEEP)
+    out = max([s.size_for(world) for s in scenarios] + [sweep])
+    inp = max([s.size_for(world) if s.collective == "all_to_all" else s.size_for(world) // world
+               for s in scenarios] + [sweep])
+    return out, inp
+
+
+def required_bytes(scenarios: list[Scenario], world: int, quick: bool) -> int:
+    out, inp = arena_bytes(scenarios, world, quick)
+    per = max(s.gemm.bytes() + (s.size_for(world) if s.collective == "all_gather" else 0) for s in scenarios)
+    return out + inp + per + HEADROOM
+
+
+# ----------------------------------------------------------------------------- device rig
+
+class Rig:
+    """Per-rank GPU state: streams, green contexts and NCCL groups, created once."""
+
+    def __init__(self, rank: int, world: int, cfg: StudyConfig):
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.rank, self.world, self.cfg = rank, world, cfg
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        props = torch.cuda.get_device_properties(self.device)
+        self.sm_count = props.multi_processor_count
+        self.memory = props.total_memory
+        self.gemm_stream = torch.cuda.Stream()
+        self.comm_stream = torch.cuda.Stream()
+        self.partitions = Partitions(self.device)
+        self.device_name = torch.cuda.get_device_name(self.device)
+        self.plan_error = None  # why the "auto" strategy cannot run here (no profile for this GPU)
+        try:
+            from .. import runtime
+
+            runtime._profile(cfg.plan_profile, self.device_name)
+        except Exception as e:  # noqa: BLE001 - recorded in the results, the rest of the study runs
+            self.plan_error = str(e)
+
+    # -- SM partitions -----------------------------------------------------------------
+    def green_stream(self, sms_taken: int):
+        """(stream, SMs the GEMM gets); the GEMM stream itself when nothing is taken."""
+        if sms_taken <= 0:
+            return self.gemm_stream, self.sm_count
+        return self.partitions.green_stream(sms_taken)
+
+    def nccl_group(self, ctas: int | None = None, high_priority: bool = False):
+        return self.partitions.nccl_group(ctas, high_priority)
+
+    # -- timing ------------------------------------------------------------------------
+    def _execute(self, parts):
+        """Queue ``parts`` ([(stream, fn)], in launch order) behind one start event; return (start, end)."""
+        torch = self.torch
+        main = torch.cuda.current_stream()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(main)
+        for stream, fn in parts:
+            stream.wait_event(start)
+            with torch.cuda.stream(stream):
+                fn()
+            main.wait_stream(stream)
+        end.record(main)
+        return start, end
+
+    def timed(self, parts, poison=None) -> list[float]:
+        """Milliseconds of each timed execution, the slowest rank's (same list on every rank)."""
+        torch, dist = self.torch, self.dist
+        runs = self.cfg.warmup + self.cfg.iters
+        times = []
+        for i in range(runs):
+            if poison is not None and i == runs - 1:
+                poison()  # the checked execution must write every byte itself
+            torch.cuda.synchronize()
+            dist.barrier()
+            start, end = self._execute(parts)
+            end.synchronize()
+            if i >= self.cfg.warmup:
+                times.append(start.elapsed_time(end))
+        t = torch.tensor(times, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def timed_side_by_side(self, configs) -> list[tuple[list[float], bool | None]]:
+        """Time several configurations of one scenario in turn rather than one after another.
+
+        ``configs``: [(parts, poison, check)]. Each is warmed up ``warmup`` times; then come
+        ``iters`` rounds, and every round runs each configuration once, so that drift over the
+        run (clocks, heat, the other ranks' timing) touches all of them alike and the
+        comparison between strategies is fair. In the last round each configuration's output is
+        poisoned before its execution and ``check()`` runs right after it (None: not checked).
+        Returns per configuration (milliseconds of the slowest rank, correct).
+        """
+        torch, dist = self.torch, self.dist
+        for parts, _, _ in configs:
+            for _ in range(self.cfg.warmup):
+                torch.cuda.synchronize()
+                dist.barrier()
+                self._execute(parts)[1].synchronize()
+        times: list[list[float]] = [[] for _ in configs]
+        correct: list[bool | None] = [None] * len(configs)
+        for i in range(self.cfg.iters):
+            last = i == self.cfg.iters - 1
+            for j, (parts, poison, check) in enumerate(configs):
+                if last and poison is not None:
+                    poison()
+                torch.cuda.synchronize()
+                dist.barrier()
+                start, end = self._execute(parts)
+                end.synchronize()
+                times[j].append(start.elapsed_time(end))
+                if last and check is not None:
+                    correct[j] = check()
+        t = torch.tensor(times, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return list(zip(t.tolist(), correct))
+
+    def all_true(self, ok: bool) -> bool:
+        t = self.torch.tensor([1 if ok else 0], device=self.device)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN)
+        return bool(t.item())
+
+
+# ------------------------------------------------------------------------ data patterns
+
+def _pattern(src: int, dst: int, offset: int, n: int, device):
+    """The bytes rank ``src`` sends rank ``dst``, elements [offset, offset+n), as int16 (bf16 bits)."""
+    import torch
+
+    i = torch.arange(offset, offset + n, dtype=torch.int64, device=device)
+    return ((i * 7 + (src * 13 + dst * 29 + 1)) % 251).to(torch.int16)
+
+
+PIECE = 1 << 26  # elements per generated piece: bounds the temporaries (512 MiB of int64)
+
+
+def fill_pattern(t16, src: int, dst: int) -> None:
+    for off in range(0, t16.numel(), PIECE):
+        n = min(PIECE, t16.numel() - off)
+        t16[off:off + n].copy_(_pattern(src, dst, off, n, t16.device))
+
+
+def matches_pattern(t16, src: int, dst: int) -> bool:
+    for off in range(0, t16.numel(), PIECE):
+        n = min(PIECE, t16.numel() - off)
+        if not bool((t16[off:off + n] == _pattern(src, dst, off, n, t16.device)).all()):
+            return False
+    return True
+
+
+class CollectiveCase:
+    """Buffers of one collective in the symmetric arenas, the callables that run it with each
+    implementation, and its poison / check."""
+
+    def __init__(self, rig: Rig, collective: str, size: int, arenas):
+        import torch
+
+        self.rig, self.collective, self.size = rig, collective, size
+        w, r = rig.world, rig.rank
+        out_arena, in_arena = arenas
+        self.out = out_arena[:size].view(torch.bfloat16)
+        self.out16 = self.out.view(torch.int16)
+        chunks = self.out16.view(w, -1)
+        if collective == "all_gather":
+            self.inp = self.out.view(w, -1)[r]  # in place, as FSDP does
+            fill_pattern(chunks[r], r, 0)
+            self.lc_in = in_arena[: size // w].view(torch.bfloat16)  # same offset on every rank
+            self.lc_in.copy_(self.inp)
+        else:
+            self.inp = in_arena[:size].view(torch.bfloat16)
+            ins = self.inp.view(torch.int16).view(w, -1)
+            for d in range(w):
+                fill_pattern(ins[d], r, d)
+        self.lc_out = None
+
+    def poison(self, target=None) -> None:
+        w, r = self.rig.world, self.rig.rank
+        t = (target if target is not None else self.out).view(self.rig.torch.int16).view(w, -1)
+        for c in range(w):
+            if not (self.collective == "all_gather" and c == r and target is None):
+                t[c].fill_(-1)
+
+    def check(self, target=None) -> bool:
+        w, r = self.rig.world, self.rig.rank
+        t = (target if target is not None else self.out).view(self.rig.torch.int16).view(w, -1)
+        if self.collective == "all_gather":
+            ok = all(matches_pattern(t[s], s, 0) for s in range(w))
+        else:
+            ok = all(matches_pattern(t[s], s, r) for s in range(w))
+        return self.rig.all_true(ok)
+
+    def fn(self, impl: str, group=None):
+        import torch
+
+        dist = self.rig.dist
+        if impl == "nccl":
+            if self.collective == "all_gather":
+                return lambda: dist.all_gather_into_tensor(self.out, self.inp, group=group)
+            return lambda: dist.all_to_all_single(self.out, self.inp, group=group)
+        if impl == "conccl":
+            import conccl
+
+            if self.collective == "all_gather":
+                return lambda: conccl.all_gather_into_tensor(self.out, self.inp)
+            return lambda: conccl.all_to_all_single(self.out, self.inp)
+        if impl == "torch_lc":
+            name = dist.group.WORLD.group_name
+
+            def run():
+                out = torch.ops.symm_mem._low_contention_all_gather(self.lc_in, name)
+                self.lc_out = torch.ops._c10d_functional.wait_tensor(out)
+            return run
+        raise ValueError(f"unknown collective implementation {impl!r}")
+
+    def poison_lc(self) -> None:
+        """PyTorch's op allocates its output every call: poison the last one and let it go, so
+        the allocator's next block holds no correct bytes from before."""
+        if self.lc_out is not None:
+            self.poison(self.lc_out)
+            self.lc_out = None
+
+    def hbm_bytes(self) -> int:
+        """Bytes this rank's HBM reads and writes in the collective (its peers' share arrives by
+        NVLink and is written here; its own share is read once per peer)."""
+        w = self.rig.world
+        moved = 2 * self.size * (w - 1) // w
+        return moved + (2 * self.size // w if self.collective == "all_to_all" else 0)
+
+
+class GemmCase:
+    def __init__(self, rig: Rig, gemm: Gemm):
+        import torch
+
+        g = torch.Generator(device=rig.device).manual_seed(1234 + rig.rank)
+        self.gemm = gemm
+        self.a = torch.randn(gemm.m, gemm.k, dtype=torch.bfloat16, device=rig.device, generator=g)
+        self.b = torch.randn(gemm.k, gemm.n, dtype=torch.bfloat16, device=rig.device, generator=g)
+        self.c = torch.empty(gemm.m, gemm.n, dtype=torch.bfloat16, device=rig.device)
+
+    def fn(self):
+        import torch
+
+        return lambda: torch.mm(self.a, self.b, out=self.c)
+
+
+# ----------------------------------------------------------------------------- the study
+
+class Progress:
+    """A one-line progress bar on rank 0 (a line per step when not on a terminal)."""
+
+    def __init__(self, total: int, enabled: bool):
+        import sys
+
+        self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.monotonic()
+        self.out, self.tty = sys.stderr, sys.stderr.isatty()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        n = 30 * self.done // max(1, self.total)
+        el = time.monotonic() - self.t0
+        line = f"[{'#' * n}{'.' * (30 - n)}] {self.done}/{self.total} {el:6.0f}s  {label}"
+        print(("\r" + line.ljust(100)) if self.tty else line, end="" if self.tty else "\n", file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=self.out)
+
+
+def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
+    """Runs in every rank's process. Rank 0 returns (and saves as it goes) the results document."""
+    import torch
+
+    import conccl
+
+    from . import report
+
+    rig = Rig(rank, world, cfg)
+    need = required_bytes(cfg.scenarios, world, cfg.quick)
+    if need > rig.memory:
+        worst = max(cfg.scenarios, key=lambda s: s.memory_bytes(world))
+        raise StudyError(f"the study needs {need / 2**30:.1f} GiB per GPU but the GPU has "
+                         f"{rig.memory / 2**30:.1f} GiB; the largest scenario is {worst.id}")
+    doc = analysis.new_document("measured", cfg.meta, {"quick": cfg.quick, "warmup": cfg.warmup,
+                                                        "iters": cfg.iters, "world": world,
+                                                        "side_by_side": cfg.side_by_side})
+    save = (lambda: report.save_results(cfg.out_dir, doc)) if rank == 0 else (lambda: None)
+    gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
+    sizes = SIZE_SWEEP_QUICK if cfg.quick else SIZE_SWEEP
+    ctas = CTA_SWEEP_QUICK if cfg.quick else CTA_SWEEP
+    cta_sizes = CTA_SIZES_QUICK if cfg.quick else CTA_SIZES
+    sm_loss = SM_LOSS_QUICK if cfg.quick else SM_LOSS
+    colls = sorted({s.collective for s in cfg.scenarios})
+    progress = Progress(2 + len(gemms) + len(colls) * 2 + len(cfg.scenarios), rank == 0)
+
+    arena_out, arena_in = arena_bytes(cfg.scenarios, world, cfg.quick)
+    arenas = (conccl.empty(arena_out, dtype=torch.uint8), conccl.empty(arena_in, dtype=torch.uint8))
+    doc["ncu"] = cfg.ncu
+    if rig.plan_error:
+        doc["auto_skipped"] = rig.plan_error
+    doc["machine"] = {"sm_count": rig.sm_count, "memory_bytes": rig.memory, "world": world,
+                      "device": torch.cuda.get_device_name(rig.device)}
+
+    # Peak HBM bandwidth: a same-GPU copy reads and writes every byte.
+    src = torch.empty(HBM_PROBE_BYTES, dtype=torch.uint8, device=rig.device)
+    dst = torch.empty_like(src)
+    probe = (src, dst)
+    t = rig.timed([(rig.gemm_stream, lambda: probe[1].copy_(probe[0]))])
+    doc["peaks"]["hbm_bytes_per_s"] = 2 * HBM_PROBE_BYTES / (analysis.median(t) / 1e3)
+    src = dst = probe = None
+    progress.step("HBM bandwidth")
+
+    # GEMMs alone, losing SMs to a green context holding the rest.
+    for g in gemms:
+        case = GemmCase(rig, g)
+        for k in sm_loss:
+            stream, granted = rig.green_stream(k)
+            t = rig.timed([(stream, case.fn())])
+            doc["gemm_sm_loss"].append({"gemm": g.tag, "mnk": g.mnk, "flops": g.flops, "bytes": g.bytes(),
+                                        "sms_asked": k, "sms_taken": rig.sm_count - granted, "sms_granted": granted,
+                                        "time_ms": analysis.summary(t)})
+        del case
+        torch.cuda.empty_cache()
+        save()
+        progress.step(f"GEMM {g.tag} SM sweep")
+    analysis.set_gemm_peaks(doc)
+
+    # Collectives alone: over sizes (NCCL and conccl), and over the CTAs NCCL may use.
+    for c in colls:
+        for size in sizes:
+            case = CollectiveCase(rig, c, size, arenas)
+            for impl in ("nccl", "conccl"):
+                t = rig.timed([(rig.comm_stream, case.fn(impl))], poison=case.poison)
+                doc["coll_sizes"].append({"collective": c, "size": size, "impl": impl, "time_ms": analysis.summary(t),
+                                          "correct": case.check(), "hbm_bytes": case.hbm_bytes()})
+        save()
+        progress.step(f"{c} size sweep")
+        for size in cta_sizes:
+            case = CollectiveCase(rig, c, size, arenas)
+            for k in (*ctas, None):
+                t = rig.timed([(rig.comm_stream, case.fn("nccl", rig.nccl_group(ctas=k)))])
+                doc["coll_ctas"].append({"collective": c, "size": size, "impl": "nccl", "ctas": k,
+                                         "time_ms": analysis.summary(t)})
+            t = rig.timed([(rig.comm_stream, case.fn("conccl"))])
+            doc["coll_ctas"].append({"collective": c, "size": size, "impl": "conccl", "ctas": 0,
+                                     "time_ms": analysis.summary(t)})
+        save()
+        progress.step(f"{c} CTA sweep")
+    analysis.set_comm_peaks(doc)
+
+    # Scenarios: isolated times, then every strategy.
+    current = None
+    for s in cfg.scenarios:
+        if current is None or current.gemm is not s.gemm:
+            current = None
+            torch.cuda.empty_cache()
+            current = GemmCase(rig, s.gemm)
+        doc["scenarios"].append(measure_scenario(rig, s, current, arenas))
+        save()
+        progress.step(s.id)
+    progress.close()
+    doc["wall_s"] = time.monotonic() - progress.t0
+    doc["complete"] = True
+    save()
+    return doc if rank == 0 else None
+
+
+def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
+    """Every configuration of one scenario, timed side by side (``Rig.timed_side_by_side``):
+    the GEMM alone, each collective alone, every strategy at every sweep point, and ``auto``."""
+    size = s.size_for(rig.world)
+    case = CollectiveCase(rig, s.collective, size, arenas)
+    rec = analysis.new_scenario(s, size)
+    rec["hbm_bytes"] = {"gemm": s.gemm.bytes(), "comm": case.hbm_bytes()}
+    configs, labels = [], []  # labels: how to file each result in rec
+
+    def add(label, parts, poison=None, check=None):
+        labels.append(label)
+        configs.append((parts, poison, check))
+
+    add(("gemm",), [(rig.gemm_stream, gemm.fn())])
+    for impl in ("nccl", "conccl") + (("torch_lc",) if s.collective == "all_gather" else ()):
+        add(("comm", impl), [(rig.comm_stream, case.fn(impl))])
+    for strat in strategies_for(s.collective):
+        if strat.impl == "auto":
+            if rig.plan_error is None:
+                parts, info = _auto_parts(rig, s, size, case, gemm)
+                add(("auto", info), parts, case.poison, case.check)
+            continue
+        for k in strat.sweep(rig.cfg.quick):
+            stream, granted = rig.green_stream(k if strat.partition else 0)
+            group = rig.nccl_group(ctas=k if strat.partition == "nccl_ctas" else None,
+                                   high_priority=strat.high_priority)
+            comm = (rig.comm_stream, case.fn(strat.impl, group))
+            work = (stream, gemm.fn())
+            parts = [comm, work] if strat.comm_first else [work, comm]
+            if strat.impl == "torch_lc":
+                add(("run", strat.name, k if strat.partition else 0, granted), parts, case.poison_lc,
+                    lambda: case.check(case.lc_out))
+            else:
+                add(("run", strat.name, k if strat.partition else 0, granted), parts, case.poison, case.check)
+    if rig.cfg.side_by_side:
+        results = rig.timed_side_by_side(configs)
+    else:
+        results = [(rig.timed(parts, poison), check() if check is not None else None) for parts, poison, check in configs]
+    for label, (t, correct) in zip(labels, results):
+        if label[0] == "gemm":
+            rec["t_gemm"] = analysis.summary(t)
+        elif label[0] == "comm":
+            rec["t_comm"][label[1]] = analysis.summary(t)
+        elif label[0] == "auto":
+            rec["runs"]["auto"] = [{**label[1], "time_ms": analysis.summary(t), "correct": correct}]
+        else:
+            _, name, sms, granted = label
+            rec["runs"].setdefault(name, []).append({"sms": sms, "gemm_sms": granted, "time_ms": analysis.summary(t),
+                                                     "correct": correct})
+    case.lc_out = None
+    return rec
+
+
+def _auto_parts(rig: Rig, s: Scenario, size: int, case, gemm: GemmCase):
+    """The planner's plan for this scenario, applied by the runtime (conccl.overlap's launch)."""
+    from .. import runtime
+
+    g = s.gemm
+    plan = runtime.get_plan((g.m, g.n, g.k), s.collective, size, rig.world, "auto", rig.cfg.plan_profile,
+                            device_name=rig.device_name)
+    compute = gemm.fn()
+    parts = [(rig.comm_stream, lambda: runtime.launch(plan, compute, lambda impl, group: case.fn(impl, group)(),
+                                                      parts=rig.partitions))]
+    return parts, {"sms": plan.sms, "gemm_sms": rig.sm_count - plan.gemm_sms_taken, "plan": plan.strategy}
+
+
