@@ -38,6 +38,17 @@ class Partitions:
         self.comm_stream = torch.cuda.Stream(self.device)  # where a planned collective is called
         self._green: dict[int, tuple] = {}
         self._groups: dict[tuple, object] = {}
+        self._events = None
+
+    def events(self):
+        """Three events a launch records again on every call (ready, GEMM done, collective
+        done): one process launches from one thread at a time, and re-recording an event does
+        not change a wait already queued on it."""
+        if self._events is None:
+            import torch
+
+            self._events = tuple(torch.cuda.Event() for _ in range(3))
+        return self._events
 
     def green_stream(self, sms_taken: int):
         """(stream, SMs the GEMM gets): a green context holding at most ``sm_count - sms_taken`` SMs.
