@@ -1,4 +1,0 @@
-import sys
-from .cli import main
-
-sys.exit(main())

@@ -1,1 +1,0 @@
-"""``conccl bench``: compare conccl with NCCL and PyTorch's copy-engine paths."""
