@@ -22,7 +22,7 @@ class Impl:
     setup: Callable
 
 
-def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, copy_flags=0):
+def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True):
     def setup(coll, inp, out, ctx):
         import conccl
 
@@ -35,17 +35,17 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, copy
             call = lambda: comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
         else:
             call = lambda: comm.all_to_all_single(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
-        if checks and not copy_flags:
+        if checks:
             return call, lambda: out
 
-        def variant():  # the group's other calls keep the defaults
-            comm.options.checks, comm.executor.copy_flags = checks, copy_flags
+        def unchecked():  # the group's other calls keep their checks
+            comm.options.checks = False
             try:
                 call()
             finally:
-                comm.options.checks, comm.executor.copy_flags = True, 0
+                comm.options.checks = True
 
-        return variant, lambda: out
+        return unchecked, lambda: out
 
     return setup
 
@@ -152,9 +152,6 @@ REGISTRY: dict[str, Impl] = {
         Impl("conccl_symm_push_unchecked", "cuda_symm", ("all_gather", "all_to_all"),
              "conccl push from conccl.empty without the mismatch checks and the watchdog (what they cost; "
              "a dead peer then hangs the GPU)", _conccl("push", None, True, checks=False)),
-        Impl("conccl_symm_push_overlap_hint", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl push from conccl.empty, batched copies flagged CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE",
-             _conccl("push", None, True, copy_flags=1)),
         Impl("conccl_symm_push_single", "cuda_symm", ("all_gather", "all_to_all"),
              "conccl push from conccl.empty, one cudaMemcpyAsync after another", _conccl("push", "single", True)),
         Impl("conccl_symm_push_per_peer", "cuda_symm", ("all_gather", "all_to_all"),

@@ -100,9 +100,6 @@ class CudaCopyEngineExecutor:
         self._ws_key = None
         self._ws_cap = 0
         self._programs: dict = {}
-        # CUmemcpyFlags of batched copies; 1 = the driver's "prefer overlap with compute" hint
-        # (measured against 0 by the bench impl conccl_symm_push_overlap_hint).
-        self.copy_flags = 0
         self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
         self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
@@ -141,7 +138,7 @@ class CudaCopyEngineExecutor:
         """``schedule`` compiled against these buffers (cached: loops reuse their tensors)."""
         sym_in, sym_out = views
         ws = self._ws_key  # every rank's workspace address (None before the first staging)
-        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, ws, self.copy_flags)
+        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, ws)
         hit = self._programs.get(key)
         if hit is not None and hit[0] is schedule:  # id() alone could name a collected schedule
             return hit[1]
@@ -154,7 +151,7 @@ class CudaCopyEngineExecutor:
                 return t.data_ptr()
             return sym[0][rank] + sym[1]
 
-        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver(), self.copy_flags)
+        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver())
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, program)
@@ -181,17 +178,15 @@ class CudaCopyEngineExecutor:
         return cu_stream
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float = 0.0,
-            flight=None, views=None) -> Work:
+            flight=None, views=(None, None)) -> Work:
         """Queue ``schedule`` (call ``seq``). ``flight``: fill in its start and end events for
         the watchdog (``timeout_s`` is the watchdog's business, not the GPU's). ``views``:
-        :meth:`peer_view` of (input, output), looked up here if not given.
+        :meth:`peer_view` of (input, output), as the communicator looked them up.
 
         A blocking call (``async_op=False``) runs its first slot on the caller's stream itself:
         ordered after the caller's work and before its later work with no event at all.
         """
         caller = self._current_stream()
-        if views is None:
-            views = (REGISTRY.lookup(input), REGISTRY.lookup(output))
         program = self._program(schedule, input, output, views)
         # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
         if async_op or (caller.cuda_stream == 0 and (schedule.stream_mode is StreamMode.BATCH

@@ -122,9 +122,7 @@ def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[
 class CompiledProgram:
     """Lowered steps as prebuilt cuda-python objects; :meth:`launch` queues one call."""
 
-    def __init__(self, lowered: tuple, cu, copy_flags: int = 0):
-        """``copy_flags``: ``CUmemcpyFlags`` of every batched copy (e.g. 1, the driver's
-        "prefer overlap with compute" hint)."""
+    def __init__(self, lowered: tuple, cu):
         self.cu = cu
         wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
         write_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
@@ -154,7 +152,6 @@ class CompiledProgram:
                 else:
                     attrs = cu.CUmemcpyAttributes()
                     attrs.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-                    attrs.flags = copy_flags
                     dsts, srcs, sizes = (list(x) for x in zip(*payload))
                     built.append((2, ([cu.CUdeviceptr(d) for d in dsts], [cu.CUdeviceptr(s) for s in srcs], sizes,
                                       len(sizes), [attrs], [0], 1), None, None))

@@ -109,7 +109,7 @@ class ReferenceExecutor:
         return self._peer_allocs[key][t.data_ptr() - start:]
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float | None = None,
-            flight=None, views=None) -> Work:
+            flight=None, views=(None, None)) -> Work:
         """Run ``schedule`` to completion on the host (calls here are never in flight).
 
         A wait unsatisfied for ``timeout_s`` raises :class:`CollectiveTimeout`; one waiting
