@@ -80,6 +80,44 @@ def main():
             cu.cuStreamBatchMemOp(cs, len(params), params, 0)
         return f
 
+    # The same calls through ctypes, with every argument marshalled once: what cuda-python's
+    # per-call argument conversion costs on top of the driver itself.
+    import ctypes
+
+    ver = cu.cuDriverGetVersion()[1]
+
+    def proc(name, *argtypes):
+        err, pfn, _ = cu.cuGetProcAddress(name.encode(), ver, cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT)
+        assert not err and int(pfn), (name, err)
+        return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(int(pfn))
+
+    vp, sz, ui = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint
+    c_batch = proc("cuMemcpyBatchAsync", vp, vp, vp, sz, vp, vp, sz, vp)
+    c_memops = proc("cuStreamBatchMemOp", vp, ui, vp, ui)
+    c_copy = proc("cuMemcpyAsync", ctypes.c_uint64, ctypes.c_uint64, sz, vp)
+    c_dsts = (ctypes.c_uint64 * 3)(*[int(d) for d in dsts])
+    c_srcs = (ctypes.c_uint64 * 3)(*[int(x) for x in srcs])
+    c_sizes = (sz * 3)(*([chunk] * 3))
+    c_idx = (sz * 1)(0)
+    attrs_ptr, stream_ptr = attrs.getPtr(), stream.cuda_stream
+    c_args = (ctypes.addressof(c_dsts), ctypes.addressof(c_srcs), ctypes.addressof(c_sizes), 3, attrs_ptr,
+              ctypes.addressof(c_idx), 1, stream_ptr)
+    PARAM = 48  # sizeof(CUstreamBatchMemOpParams); the 32-bit value sits at byte 16
+    buf6 = ctypes.create_string_buffer(PARAM * 6)
+    for i, prm in enumerate(p6):
+        ctypes.memmove(ctypes.addressof(buf6) + PARAM * i, prm.getPtr(), PARAM)
+    vals6 = [ctypes.c_uint32.from_buffer(buf6, PARAM * i + 16) for i in range(6)]
+    buf6_ptr = ctypes.addressof(buf6)
+
+    def c_mem6():
+        for v in vals6:
+            v.value = 0
+        return c_memops(stream_ptr, 6, buf6_ptr, 0)
+
+    rc = (c_batch(*c_args), c_mem6(), c_copy(int(d0), int(s0), chunk, stream_ptr))
+    torch.cuda.synchronize()
+    assert rc == (0, 0, 0), rc
+
     rows = {
         "torch.cuda.current_stream()": lambda: torch.cuda.current_stream(dev),
         "Event.record(stream)": lambda: ev.record(stream),
@@ -91,6 +129,9 @@ def main():
         "cuStreamWriteValue32": lambda: cu.cuStreamWriteValue32(cs, d0, 0, fenced),
         "cuMemcpyAsync 256 KiB": lambda: cu.cuMemcpyAsync(d0, s0, chunk, cs),
         "cuMemcpyBatchAsync, 3 x 256 KiB": lambda: cu.cuMemcpyBatchAsync(*copy_args, cs),
+        "ctypes cuStreamBatchMemOp, 6 ops (values patched)": c_mem6,
+        "ctypes cuMemcpyAsync 256 KiB": lambda: c_copy(int(d0), int(s0), chunk, stream_ptr),
+        "ctypes cuMemcpyBatchAsync, 3 x 256 KiB": lambda: c_batch(*c_args),
         "Tensor.data_ptr()": lambda: a.data_ptr(),
         "Tensor.untyped_storage().data_ptr()": lambda: a.untyped_storage().data_ptr(),
     }
