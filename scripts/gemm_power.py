@@ -62,13 +62,16 @@ def _worker(rank: int, world: int, size: int, seconds: float) -> dict:
                        output_split_sizes=[piece if (rank == 0 and s != 0) else 0 for s in range(world)])
     send_splits = dict(input_split_sizes=[piece if (rank == 0 and d != 0) else 0 for d in range(world)],
                        output_split_sizes=[piece if (rank != 0 and s == 0) else 0 for s in range(world)])
+    for sp in (recv_splits, send_splits):  # tensors as long as their splits (a view of the buffers)
+        sp["input"] = a2a_in[:sum(sp["input_split_sizes"])]
+        sp["output"] = a2a_out[:sum(sp["output_split_sizes"])]
     comm_stream, compute_stream = torch.cuda.Stream(), torch.cuda.Stream()
 
     colls = {
         "push_ag": lambda: conccl.all_gather_into_tensor(ag_out, ag_in),
         "nccl_ag": lambda: dist.all_gather_into_tensor(nccl_out, nccl_in),
-        "recv": lambda: conccl.all_to_all_single(a2a_out, a2a_in, **recv_splits),
-        "send": lambda: conccl.all_to_all_single(a2a_out, a2a_in, **send_splits),
+        "recv": lambda: conccl.all_to_all_single(**recv_splits),
+        "send": lambda: conccl.all_to_all_single(**send_splits),
     }
 
     def timed_loop(fn, n, stream):
