@@ -82,6 +82,63 @@ def test_all_to_all(world, uneven):
         assert all(per_rank), per_rank
 
 
+def _one_way(comm, piece):
+    """Every rank sends to rank 0 only: rank 0's input and its peers' outputs are empty views
+    of peer-reachable buffers (an empty view's data_ptr() is 0; it must not move the others)."""
+    w, r = comm.world, comm.rank
+    ex = comm.executor
+    ok = []
+    for algo, mode in MODES:
+        in_splits = [piece if (r != 0 and d == 0) else 0 for d in range(w)]
+        out_splits = [piece if (r == 0 and s != 0) else 0 for s in range(w)]
+        inp = ex.empty((w * piece,), torch.int16)[:sum(in_splits)]
+        out = ex.empty((w * piece,), torch.int16)[:sum(out_splits)]
+        inp.fill_(r)
+        out.fill_(-1)
+        comm.all_to_all_single(out, inp, out_splits, in_splits, algorithm=algo, stream_mode=mode)
+        ok.append(bool(torch.equal(out, torch.tensor([s for s in range(w) for _ in range(out_splits[s])],
+                                                      dtype=torch.int16))))
+    return ok
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_to_all_one_way_with_empty_views(world):
+    for per_rank in spawn(world, _one_way, 8):
+        assert all(per_rank), per_rank
+
+
+def _views_at_rank_offsets(comm, n):
+    """Each rank passes views that start at a different offset of its peer-reachable buffers:
+    peers are reached at their own view, not at this rank's offset."""
+    w, r = comm.world, comm.rank
+    ex = comm.executor
+    ok = []
+    for algo, mode in MODES:
+        big_out = ex.empty((w * n + 3 * w,), torch.int32)
+        big_in = ex.empty((n + 5 * w,), torch.int32)
+        big_out.fill_(-1)
+        out = big_out[3 * r:3 * r + w * n]
+        inp = big_in[5 * (w - 1 - r):5 * (w - 1 - r) + n]
+        inp.copy_(torch.arange(n, dtype=torch.int32) + 1000 * r)
+        comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=mode)
+        expected = torch.cat([torch.arange(n, dtype=torch.int32) + 1000 * k for k in range(w)])
+        untouched = bool((big_out[:3 * r] == -1).all() and (big_out[3 * r + w * n:] == -1).all())
+        ok.append(bool(torch.equal(out, expected)) and untouched)
+        a2a_out = big_out[3 * r:3 * r + w * (n // w)]
+        a2a_out.fill_(-1)
+        a2a_in = big_in[5 * (w - 1 - r):5 * (w - 1 - r) + w * (n // w)]
+        a2a_in.copy_((torch.arange(w, dtype=torch.int32) + 100 * r).repeat_interleave(n // w))
+        comm.all_to_all_single(a2a_out, a2a_in, algorithm=algo, stream_mode=mode)
+        ok.append(bool(torch.equal(a2a_out, (torch.arange(w, dtype=torch.int32) * 100 + r).repeat_interleave(n // w))))
+    return ok
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_views_at_different_offsets_on_each_rank(world):
+    for per_rank in spawn(world, _views_at_rank_offsets, 12):
+        assert all(per_rank), per_rank
+
+
 def _back_to_back(comm, calls):
     w, r = comm.world, comm.rank
     wrong = 0

@@ -37,7 +37,9 @@ from .watchdog import Flight, Watchdog
 DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL groups
 
 # Row published on the host board: fixed fields, then input and output split bytes per rank.
-_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _NFIXED = range(8)
+# _F_IN_OFF / _F_OUT_OFF: the tensor's byte offset in its peer-reachable allocation (-1: none),
+# so a peer is reached at its own view, whatever offset each rank sliced.
+_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_OFF, _NFIXED = range(10)
 _SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
 
 
@@ -103,8 +105,9 @@ class Communicator:
         self._check_usable()
         timeout_s = self._timeout_s(timeout)
         rows = self._agree(ag.NAME, input.dtype, nbytes, output.numel() * output.element_size(), flags,
-                           algorithm, [nbytes] * self.world, [nbytes] * self.world, timeout_s)
+                           algorithm, [nbytes] * self.world, [nbytes] * self.world, timeout_s, views)
         all_flags = _all_flags(rows)
+        views = _peer_views(views, rows, all_flags)
         algo = self._algorithm(algorithm, all_flags)
         schedule = ag.plan_all_gather(
             self.world, self.rank, nbytes, algorithm=algo, stream_mode=stream_mode or self.options.stream_mode,
@@ -124,7 +127,7 @@ class Communicator:
         timeout_s = self._timeout_s(timeout)
         rows = self._agree(a2a.NAME, input.dtype, input.numel() * input.element_size(),
                            output.numel() * output.element_size(), flags, algorithm,
-                           [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], timeout_s)
+                           [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], timeout_s, views)
         w = self.world
         splits = rows[:, _NFIXED:_NFIXED + 2 * w].tolist()  # plain ints: cheaper than numpy scalars
         matrix = tuple(tuple(r[:w]) for r in splits)  # sent[src][dst]
@@ -134,6 +137,7 @@ class Communicator:
                 f"all_to_all_single (sequence number {self.seq + 1}): rank {src} sends {matrix[src][dst]} bytes to rank "
                 f"{dst}, but rank {dst} expects {splits[dst][w + src]} bytes from rank {src}; nothing was moved")
         all_flags = _all_flags(rows)
+        views = _peer_views(views, rows, all_flags)
         schedule = a2a.plan_all_to_all(
             self.world, self.rank, matrix, algorithm=self._algorithm(algorithm, all_flags),
             stream_mode=stream_mode or self.options.stream_mode,
@@ -142,7 +146,8 @@ class Communicator:
         return self._execute(schedule, input, output, async_op, timeout_s, views)
 
     # ------------------------------------------------------------------ steps
-    def _agree(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, timeout_s: float):
+    def _agree(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, timeout_s: float,
+               views=(None, None)):
         """Publish this call on the board; check every peer made the same call.
 
         The call takes its sequence number only when it is queued (``_execute``): a mismatch
@@ -152,7 +157,8 @@ class Communicator:
             raise InvalidArgument(f"algorithm must be a conccl.Algorithm, got {algorithm!r}")
         seq = self.seq + 1
         row = [seq, _code(coll), _code(str(dtype)), in_bytes, out_bytes, flags,
-               -1 if algorithm is None else _code(algorithm.value), *in_splits, *out_splits]
+               -1 if algorithm is None else _code(algorithm.value),
+               -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1], *in_splits, *out_splits]
         try:
             rows = self.board.exchange(row, f"conccl {coll}", timeout_s, seq)
         except (CollectiveTimeout, GroupBroken) as e:
@@ -265,6 +271,15 @@ class Communicator:
             self.watchdog.close()
         self.executor.close()
         self.board.close()
+
+
+def _peer_views(views, rows, all_flags: int) -> tuple:
+    """The executor's (peer bases, own offset) views with every rank's offset instead of the own:
+    ((bases, (offset of rank 0, ...)), ...), None where some rank's tensor is not peer-reachable."""
+    out = []
+    for view, flag, field in ((views[0], _SYM_IN, _F_IN_OFF), (views[1], _SYM_OUT, _F_OUT_OFF)):
+        out.append((view[0], tuple(rows[:, field].tolist())) if view is not None and all_flags & flag else None)
+    return tuple(out)
 
 
 def _all_flags(rows) -> int:

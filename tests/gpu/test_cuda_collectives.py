@@ -103,6 +103,50 @@ def _check_equal_with_nccl(rank, world):
         torch.cuda.synchronize()
         if not _same_bits(out, ref):
             failures.append(f"all_to_all uneven {label}")
+    # One-way traffic (only rank 0 receives, then only rank 0 sends): empty views of
+    # symmetric buffers on some ranks. An empty view's data_ptr() is 0; it once sent peers'
+    # copies to a wild address.
+    piece = 4096 * 3 + 5
+    for to_zero in (True, False):
+        for label, algo, smode, sym_in, sym_out in _modes():
+            if to_zero:
+                in_splits = [piece if (rank != 0 and d == 0) else 0 for d in range(world)]
+                out_splits = [piece if (rank == 0 and s != 0) else 0 for s in range(world)]
+            else:
+                in_splits = [piece if (rank == 0 and d != 0) else 0 for d in range(world)]
+                out_splits = [piece if (rank != 0 and s == 0) else 0 for s in range(world)]
+            inp = _alloc(sum(in_splits), torch.int8, sym_in)
+            inp.copy_(_random(inp.numel(), torch.int8, seed=rank + 11))
+            out = _alloc(sum(out_splits), torch.int8, sym_out, "out")
+            ref = torch.empty_like(out)
+            comm.all_to_all_single(out, inp, out_splits, in_splits, algorithm=algo, stream_mode=smode)
+            dist.all_to_all_single(ref, inp, out_splits, in_splits)
+            torch.cuda.synchronize()
+            if not _same_bits(out, ref):
+                failures.append(f"all_to_all one-way to_zero={to_zero} {label}")
+    # Views that start at a different offset of the symmetric buffers on every rank.
+    for label, algo, smode, sym_in, sym_out in _modes():
+        n = 1000 * world
+        big_in = _alloc(n + 64 * world, torch.float16, sym_in)
+        big_out = _alloc(n * world + 64 * world, torch.float16, sym_out, "out")
+        big_out.view(torch.uint8).fill_(0xAB)
+        inp = big_in[64 * (world - 1 - rank):64 * (world - 1 - rank) + n]
+        inp.copy_(_random(n * 2, torch.float16, seed=rank + 5))
+        out = big_out[64 * rank:64 * rank + n * world]
+        ref = torch.empty_like(out)
+        comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=smode)
+        dist.all_gather_into_tensor(ref, inp)
+        torch.cuda.synchronize()
+        outside = torch.cat([big_out[:64 * rank], big_out[64 * rank + n * world:]]).view(torch.uint8)
+        if not _same_bits(out, ref) or not bool((outside == 0xAB).all()):
+            failures.append(f"all_gather views at rank offsets {label}")
+        a_out = big_out[64 * rank:64 * rank + n]
+        comm.all_to_all_single(a_out, inp, algorithm=algo, stream_mode=smode)
+        ref = torch.empty_like(a_out)
+        dist.all_to_all_single(ref, inp)
+        torch.cuda.synchronize()
+        if not _same_bits(a_out, ref):
+            failures.append(f"all_to_all views at rank offsets {label}")
     # In place: the input is the output's own chunk.
     for sym in (False, True):
         out = _alloc(4096 * world, torch.float32, sym, "out")

@@ -57,14 +57,16 @@ class SymmetricRegistry:
         self._by_storage[storage.data_ptr()] = (storage.nbytes(), tuple(handle.buffer_ptrs), handle)
 
     def lookup(self, tensor):
-        """(every rank's base address, byte offset in the allocation) or None if not peer-reachable."""
+        """(every rank's base address, byte offset in the allocation) or None if not peer-reachable.
+
+        The offset comes from the storage offset, not ``data_ptr()``: an empty view's is 0."""
         if tensor.device.type != "cuda":
             return None
         storage = tensor.untyped_storage()
         entry = self._by_storage.get(storage.data_ptr())
         if entry is None or entry[0] != storage.nbytes():
             return None
-        return entry[1], tensor.data_ptr() - storage.data_ptr()
+        return entry[1], tensor.storage_offset() * tensor.element_size()
 
 
 REGISTRY = SymmetricRegistry()
@@ -149,7 +151,7 @@ class CudaCopyEngineExecutor:
             t, sym = (input, sym_in) if buf is Buf.INPUT else (output, sym_out)
             if rank == self.rank:
                 return t.data_ptr()
-            return sym[0][rank] + sym[1]
+            return sym[0][rank] + sym[1][rank]
 
         program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver())
         if len(self._programs) >= _MAX_PROGRAMS:
@@ -180,8 +182,9 @@ class CudaCopyEngineExecutor:
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float = 0.0,
             flight=None, views=(None, None)) -> Work:
         """Queue ``schedule`` (call ``seq``). ``flight``: fill in its start and end events for
-        the watchdog (``timeout_s`` is the watchdog's business, not the GPU's). ``views``:
-        :meth:`peer_view` of (input, output), as the communicator looked them up.
+        the watchdog (``timeout_s`` is the watchdog's business, not the GPU's). ``views``: for
+        input and output, (every rank's base address, every rank's byte offset) as the
+        communicator agreed them from :meth:`peer_view`, or None.
 
         A blocking call (``async_op=False``) runs its first slot on the caller's stream itself:
         ordered after the caller's work and before its later work with no event at all.

@@ -67,19 +67,19 @@ class ReferenceExecutor:
         pattern = f"{self.prefix}_t{k}_r{{rank}}"
         shm = self._create(pattern.format(rank=self.rank), nbytes)
         t = torch.frombuffer(shm.buf, dtype=torch.uint8, count=max(nbytes, 1))[:nbytes].view(dtype).view(shape)
-        self._allocs.append((t.data_ptr(), t.data_ptr() + nbytes, pattern))
+        base = t.untyped_storage().data_ptr()  # not t.data_ptr(): 0 for an empty tensor
+        self._allocs.append((base, base + nbytes, pattern))
         self._barrier()
         return t
 
     def peer_view(self, t):
-        """The shared-memory allocation holding ``t`` (None: peers cannot reach it)."""
-        return self._alloc_of(t)
-
-    def _alloc_of(self, t):
-        p = t.data_ptr()
+        """(the name pattern of the shared-memory allocation holding ``t``, byte offset in it);
+        None: peers cannot reach it."""
+        # From the storage, not t.data_ptr(): an empty view's data_ptr() is 0.
+        p = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
         for start, end, pattern in self._allocs:
             if start <= p < end or (start == p == end):
-                return start, end, pattern
+                return pattern, p - start
         return None
 
     def ensure_workspace(self, nbytes: int) -> None:
@@ -95,18 +95,17 @@ class ReferenceExecutor:
         self._ws_cap = cap
 
     # ------------------------------------------------------------ execution
-    def _bytes(self, rank: int, buf: Buf, input, output) -> np.ndarray:
+    def _bytes(self, rank: int, buf: Buf, input, output, views) -> np.ndarray:
         if buf is Buf.WORKSPACE:
             return self._ws[rank]
-        t = input if buf is Buf.INPUT else output
-        local = t.view(-1).view(__import__("torch").uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+        t, view = (input, views[0]) if buf is Buf.INPUT else (output, views[1])
         if rank == self.rank:
-            return local
-        start, end, pattern = self._alloc_of(t)
+            return t.view(-1).view(__import__("torch").uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+        pattern, offsets = view
         key = (pattern, rank)
         if key not in self._peer_allocs:
             self._peer_allocs[key] = self._attach_bytes(pattern.format(rank=rank))  # peers' sizes may differ
-        return self._peer_allocs[key][t.data_ptr() - start:]
+        return self._peer_allocs[key][offsets[rank]:]
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float | None = None,
             flight=None, views=(None, None)) -> Work:
@@ -132,8 +131,8 @@ class ReferenceExecutor:
                         pads[op.peer][signal_word(op.kind, self.rank, self.world)] = seq + op.seq_delta
                     elif isinstance(op, Copy):
                         t = op.transfer
-                        src = self._bytes(t.src_rank, t.src, input, output)
-                        dst = self._bytes(t.dst_rank, t.dst, input, output)
+                        src = self._bytes(t.src_rank, t.src, input, output, views)
+                        dst = self._bytes(t.dst_rank, t.dst, input, output, views)
                         dst[t.dst_offset:t.dst_offset + t.nbytes] = src[t.src_offset:t.src_offset + t.nbytes]
                     pcs[k] += 1
                     progress = True
