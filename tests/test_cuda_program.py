@@ -138,20 +138,3 @@ def test_long_signal_runs_are_split_below_the_driver_limit(monkeypatch):
     (steps,) = lower(s, _address, _pads(8))
     assert max(len(p) for k, p in steps if k == "signals") == 4
     assert _flatten(steps) == _expected(s, s.slots[0], False)
-
-
-def test_split_copies_cover_every_byte_once_peer_by_peer():
-    from conccl.executors.cuda_program import SPLIT_MIN_BYTES, split_copies
-
-    big, odd, small = 20 << 20, (9 << 20) + 5, SPLIT_MIN_BYTES - 1
-    copies = [(1 << 40, 0, big), (2 << 40, 1 << 30, small), (3 << 40, 2 << 30, odd)]
-    assert split_copies(copies, 1) == copies
-    out = split_copies(copies, 4)
-    assert out[:3] == [(1 << 40, 0, 5 << 20), (2 << 40, 1 << 30, small), (3 << 40, 2 << 30, out[2][2])]
-    assert [d >> 40 for d, _, _ in out] == [1, 2, 3, 1, 3, 1, 3, 1, 3]  # interleaved, the small one whole
-    for dst, src, n in copies:
-        pieces = sorted(p for p in out if dst <= p[0] < dst + n)
-        assert sum(p[2] for p in pieces) == n
-        assert all(p[0] - dst == p[1] - src for p in pieces)  # same offset on both sides
-        assert all(a[0] + a[2] == b[0] for a, b in zip(pieces, pieces[1:]))  # contiguous, no overlap
-        assert all(p[2] % 4096 == 0 for p in pieces[:-1])

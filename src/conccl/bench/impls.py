@@ -22,7 +22,7 @@ class Impl:
     setup: Callable
 
 
-def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, split=1):
+def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True):
     def setup(coll, inp, out, ctx):
         import conccl
 
@@ -35,15 +35,6 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, spli
             call = lambda: comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
         else:
             call = lambda: comm.all_to_all_single(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
-        if split != 1:
-            def split_call():  # the group's other calls keep their copies whole
-                comm.executor.copy_split = split
-                try:
-                    call()
-                finally:
-                    comm.executor.copy_split = 1
-
-            return split_call, lambda: out
         if checks:
             return call, lambda: out
 
@@ -161,12 +152,6 @@ REGISTRY: dict[str, Impl] = {
         Impl("conccl_symm_push_unchecked", "cuda_symm", ("all_gather", "all_to_all"),
              "conccl push from conccl.empty without the mismatch checks and the watchdog (what they cost; "
              "a dead peer then hangs the GPU)", _conccl("push", None, True, checks=False)),
-        Impl("conccl_symm_push_split2", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl push from conccl.empty, each batched peer copy >= 8 MiB in 2 pieces",
-             _conccl("push", None, True, split=2)),
-        Impl("conccl_symm_push_split4", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl push from conccl.empty, each batched peer copy >= 8 MiB in 4 pieces",
-             _conccl("push", None, True, split=4)),
         Impl("conccl_symm_push_single", "cuda_symm", ("all_gather", "all_to_all"),
              "conccl push from conccl.empty, one cudaMemcpyAsync after another", _conccl("push", "single", True)),
         Impl("conccl_symm_push_per_peer", "cuda_symm", ("all_gather", "all_to_all"),

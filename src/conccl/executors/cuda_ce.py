@@ -102,8 +102,6 @@ class CudaCopyEngineExecutor:
         self._ws_key = None
         self._ws_cap = 0
         self._programs: dict = {}
-        # Large batched copies in this many pieces (cuda_program.split_copies); an experiment.
-        self.copy_split = 1
         self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
         self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
@@ -142,7 +140,7 @@ class CudaCopyEngineExecutor:
         """``schedule`` compiled against these buffers (cached: loops reuse their tensors)."""
         sym_in, sym_out = views
         ws = self._ws_key  # every rank's workspace address (None before the first staging)
-        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, ws, self.copy_split)
+        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, ws)
         hit = self._programs.get(key)
         if hit is not None and hit[0] is schedule:  # id() alone could name a collected schedule
             return hit[1]
@@ -155,7 +153,7 @@ class CudaCopyEngineExecutor:
                 return t.data_ptr()
             return sym[0][rank] + sym[1][rank]
 
-        program = CompiledProgram(lower(schedule, address, self._pads, self.batching, self.copy_split), driver())
+        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver())
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, program)

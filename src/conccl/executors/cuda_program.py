@@ -34,8 +34,6 @@ from ..schedule import Copy, Phase, Schedule, SetSignal, StreamMode, WaitSignal,
 MAX_SIGNALS_PER_BATCH = 255
 # An own-shard copy up to this size rides in the peer-copy batch before it (see hoist_small_local).
 HOIST_LOCAL_MAX_BYTES = 1 << 20
-# Copies below this size are never split (split_copies): a piece would cost more to launch than it gains.
-SPLIT_MIN_BYTES = 8 << 20
 
 
 def _is_small_local(op) -> bool:
@@ -64,32 +62,12 @@ def hoist_small_local(ops) -> list:
     return out
 
 
-def split_copies(copies, parts: int, min_bytes: int = SPLIT_MIN_BYTES) -> list:
-    """Each peer copy of at least ``min_bytes`` as ``parts`` pieces (4 KiB-aligned), interleaved
-    peer by peer: (a0, b0, c0, a1, b1, c1, ...), so a batch holds more copies than peers and
-    the driver can give each peer more than one copy engine."""
-    if parts <= 1:
-        return list(copies)
-    pieces = []
-    for dst, src, nbytes in copies:
-        if nbytes < min_bytes:
-            pieces.append([(dst, src, nbytes)])
-            continue
-        step = (-(-nbytes // parts) + 4095) // 4096 * 4096
-        pieces.append([(dst + o, src + o, min(step, nbytes - o)) for o in range(0, nbytes, step)])
-    out = []
-    for i in range(max(len(p) for p in pieces)):
-        out.extend(p[i] for p in pieces if i < len(p))
-    return out
-
-
 def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank: int, world: int,
-               batch_copies: bool, batching: str = "all", split: int = 1) -> tuple:
+               batch_copies: bool, batching: str = "all") -> tuple:
     """Lower one slot's ops to driver steps. ``address(rank, buf)`` is a buffer's base
     address as this rank reaches it; ``pads[r]`` the address of rank r's signal pad.
     ``batching``: which signal ops may share a ``cuStreamBatchMemOp`` ("all", "waits" or
-    "none"; what the driver accepts is probed once per group, see :func:`probe_batching`).
-    ``split``: large batched copies in that many pieces (:func:`split_copies`)."""
+    "none"; what the driver accepts is probed once per group, see :func:`probe_batching`)."""
     steps: list = []
     signals: list = []
     copies: list = []
@@ -103,7 +81,7 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
 
     def flush_copies():
         if copies:
-            steps.append(("copies", tuple(split_copies(copies, split))))
+            steps.append(("copies", tuple(copies)))
             copies.clear()
 
     for op in ops:
@@ -134,11 +112,10 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
     return tuple(steps)
 
 
-def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[int], batching: str = "all",
-          split: int = 1) -> tuple:
+def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[int], batching: str = "all") -> tuple:
     """Every slot of ``schedule`` lowered (see :func:`lower_slot`)."""
     batch = schedule.stream_mode is StreamMode.BATCH
-    return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch, batching, split)
+    return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch, batching)
                  for ops in schedule.slots)
 
 
