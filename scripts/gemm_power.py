@@ -7,6 +7,8 @@ Phases (the GEMM runs on every rank unless said otherwise):
   gemm            the GEMM loop alone
   push_ag         conccl push all-gather of SIZE alone (no GEMM)
   gemm+push_ag    both at once, on two streams
+  gemm+push_ag/K  paced: one all-gather per K GEMMs, each queued behind the GEMM before it
+                  (an event wait, no kernel), so the copies run a 1/K-ish share of the time
   gemm+nccl_ag    the GEMM beside NCCL's all-gather of SIZE
   r0_gemm         only rank 0 runs the GEMM; no traffic
   r0_gemm+recv    only rank 0 runs the GEMM; ranks 1..n-1 push SIZE/n each to rank 0 only
@@ -35,7 +37,8 @@ QUERY = "index,timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_
 REASONS = {0x1: "idle", 0x2: "app_clock", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
            0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clock"}
 N = 8192
-PHASES = ("gemm", "push_ag", "gemm+push_ag", "gemm+nccl_ag", "r0_gemm", "r0_gemm+recv", "r0_gemm+send")
+PHASES = ("gemm", "push_ag", "gemm+push_ag", "gemm+push_ag/2", "gemm+push_ag/3", "gemm+nccl_ag", "r0_gemm",
+          "r0_gemm+recv", "r0_gemm+send")
 
 
 def _worker(rank: int, world: int, size: int, seconds: float) -> dict:
@@ -104,11 +107,16 @@ def _worker(rank: int, world: int, size: int, seconds: float) -> dict:
     for phase in PHASES:
         gemm_here = phase.startswith("gemm") or (phase.startswith("r0_gemm") and rank == 0)
         coll = phase.split("+")[1] if "+" in phase else (phase if phase in colls else None)
+        pace = 1
+        if coll and "/" in coll:
+            coll, pace = coll.split("/")[0], int(coll.split("/")[1])
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.time()
         window_us = n_gemm * t_gemm
         n_coll = math.ceil(1.05 * window_us / t_coll[coll]) if coll else 0
+        if pace > 1:
+            n_coll = n_gemm // pace
         # Interleave the enqueueing so that neither stream waits for the host to fill the other.
         s_g = torch.cuda.Event(enable_timing=True)
         e_g = torch.cuda.Event(enable_timing=True)
@@ -122,6 +130,13 @@ def _worker(rank: int, world: int, size: int, seconds: float) -> dict:
         for i in range(n_gemm if gemm_here else 0):
             with torch.cuda.stream(compute_stream):
                 gemm()
+            if pace > 1:
+                if i % pace == 0 and ic < n_coll:
+                    comm_stream.wait_event(compute_stream.record_event())
+                    with torch.cuda.stream(comm_stream):
+                        colls[coll]()
+                    ic += 1
+                continue
             while coll and ic < n_coll and ic * n_gemm <= (i + 1) * n_coll:
                 with torch.cuda.stream(comm_stream):
                     colls[coll]()
@@ -137,7 +152,7 @@ def _worker(rank: int, world: int, size: int, seconds: float) -> dict:
             time.sleep(seconds)
         torch.cuda.synchronize()
         t1 = time.time()
-        res = {"t0": t0, "t1": t1, "gemm_here": gemm_here, "coll": coll, "n_coll": n_coll}
+        res = {"t0": t0, "t1": t1, "gemm_here": gemm_here, "coll": coll, "n_coll": n_coll, "pace": pace}
         if gemm_here:
             res["gemm_us"] = s_g.elapsed_time(e_g) * 1e3 / n_gemm
         if coll:
@@ -213,6 +228,10 @@ def summarize(result: dict, samples: list[dict]) -> dict:
                 cell["gemm_slowdown"] = ph["gemm_us"] / base - 1.0
             if "coll_us" in ph:
                 cell["coll_us"] = ph["coll_us"]
+            if "gemm_us" in ph and ph.get("coll"):
+                # the share of the GEMM window the copies were busy, at their speed alone
+                t_alone = rank_phases[rank]["t_coll_us"][ph["coll"]]
+                cell["coll_share"] = min(1.0, ph["n_coll"] * t_alone / (ph["gemm_us"] * rank_phases[rank]["n_gemm"]))
             row[rank] = cell
         table[phase] = row
     return table
@@ -224,14 +243,14 @@ def markdown(res: dict) -> str:
              f"size {res['size']} B, GEMM bf16 {N}^3 alone {res['ranks'][0]['t_gemm_us']:.0f} us, "
              f"collectives alone (us): " + ", ".join(f"{k} {v:.0f}" for k, v in res['ranks'][0]['t_coll_us'].items()),
              f"all-gather equal to NCCL's: {all(r['ag_equal_nccl'] for r in res['ranks'])}", "",
-             "| phase | GPU | GEMM us | slowdown | coll us | SM MHz | power W | temp C | reasons (share of samples) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| phase | GPU | GEMM us | slowdown | coll us | coll busy | SM MHz | power W | temp C | reasons (share of samples) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for phase, row in res["table"].items():
         for gpu, c in row.items():
             fmt = lambda k, f: (f % c[k]) if k in c else "-"  # noqa: E731
             lines.append(f"| {phase} | {gpu} | {fmt('gemm_us', '%.0f')} | "
                          f"{(('%.1f%%' % (100 * c['gemm_slowdown'])) if 'gemm_slowdown' in c else '-')} | "
-                         f"{fmt('coll_us', '%.0f')} | {fmt('sm_mhz', '%.0f')} | {fmt('power_w', '%.0f')} | "
+                         f"{fmt('coll_us', '%.0f')} | {fmt('coll_share', '%.2f')} | {fmt('sm_mhz', '%.0f')} | {fmt('power_w', '%.0f')} | "
                          f"{fmt('temp_c', '%.0f')} | {c.get('reasons', '-')} |")
     return "\n".join(lines) + "\n"
 
