@@ -55,6 +55,16 @@ def _alloc(n, dtype, symmetric, role="in"):
     return _ARENAS[role][:nbytes].view(dtype)
 
 
+def _a2a_equal_to_nccl(comm, out, inp, out_splits=None, in_splits=None, algo=None, smode=None) -> bool:
+    import torch.distributed as dist
+
+    ref = torch.empty_like(out)
+    comm.all_to_all_single(out, inp, out_splits, in_splits, algorithm=algo, stream_mode=smode)
+    dist.all_to_all_single(ref, inp, out_splits, in_splits)
+    torch.cuda.synchronize()
+    return _same_bits(out, ref)
+
+
 def _check_equal_with_nccl(rank, world):
     import torch.distributed as dist
 
@@ -97,11 +107,7 @@ def _check_equal_with_nccl(rank, world):
         inp = _alloc(sum(in_splits) * 3, torch.bfloat16, sym_in).view(-1, 3)
         inp.copy_(_random(inp.numel() * 2, torch.bfloat16, seed=rank).view(-1, 3))
         out = _alloc(sum(out_splits) * 3, torch.bfloat16, sym_out, "out").view(-1, 3)
-        ref = torch.empty_like(out)
-        comm.all_to_all_single(out, inp, out_splits, in_splits, algorithm=algo, stream_mode=smode)
-        dist.all_to_all_single(ref, inp, out_splits, in_splits)
-        torch.cuda.synchronize()
-        if not _same_bits(out, ref):
+        if not _a2a_equal_to_nccl(comm, out, inp, out_splits, in_splits, algo, smode):
             failures.append(f"all_to_all uneven {label}")
     # One-way traffic (only rank 0 receives, then only rank 0 sends): empty views of
     # symmetric buffers on some ranks. An empty view's data_ptr() is 0; it once sent peers'
@@ -118,11 +124,7 @@ def _check_equal_with_nccl(rank, world):
             inp = _alloc(sum(in_splits), torch.int8, sym_in)
             inp.copy_(_random(inp.numel(), torch.int8, seed=rank + 11))
             out = _alloc(sum(out_splits), torch.int8, sym_out, "out")
-            ref = torch.empty_like(out)
-            comm.all_to_all_single(out, inp, out_splits, in_splits, algorithm=algo, stream_mode=smode)
-            dist.all_to_all_single(ref, inp, out_splits, in_splits)
-            torch.cuda.synchronize()
-            if not _same_bits(out, ref):
+            if not _a2a_equal_to_nccl(comm, out, inp, out_splits, in_splits, algo, smode):
                 failures.append(f"all_to_all one-way to_zero={to_zero} {label}")
     # Views that start at a different offset of the symmetric buffers on every rank.
     for label, algo, smode, sym_in, sym_out in _modes():
@@ -140,12 +142,7 @@ def _check_equal_with_nccl(rank, world):
         outside = torch.cat([big_out[:64 * rank], big_out[64 * rank + n * world:]]).view(torch.uint8)
         if not _same_bits(out, ref) or not bool((outside == 0xAB).all()):
             failures.append(f"all_gather views at rank offsets {label}")
-        a_out = big_out[64 * rank:64 * rank + n]
-        comm.all_to_all_single(a_out, inp, algorithm=algo, stream_mode=smode)
-        ref = torch.empty_like(a_out)
-        dist.all_to_all_single(ref, inp)
-        torch.cuda.synchronize()
-        if not _same_bits(a_out, ref):
+        if not _a2a_equal_to_nccl(comm, big_out[64 * rank:64 * rank + n], inp, algo=algo, smode=smode):
             failures.append(f"all_to_all views at rank offsets {label}")
     # In place: the input is the output's own chunk.
     for sym in (False, True):
