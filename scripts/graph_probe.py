@@ -89,11 +89,30 @@ def main():
         d.zero_()
     torch.cuda.synchronize()
 
-    check(cu.cuStreamBeginCapture(cs, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
-    try:
-        eager()
-    finally:
-        graph = check(cu.cuStreamEndCapture(cs))
+    def captured_calls():  # what a graph can hold: cuMemcpyBatchAsync may not be capturable
+        check(cu.cuStreamBatchMemOp(cs, len(pre), pre, 0))
+        if out["batch_capturable"]:
+            check(cu.cuMemcpyBatchAsync(*copy_args, cs))
+        else:
+            for d in dsts:
+                check(cu.cuMemcpyAsync(cu.CUdeviceptr(d.data_ptr()), cu.CUdeviceptr(src.data_ptr()), CHUNK, cs))
+        check(cu.cuStreamBatchMemOp(cs, len(post), post, 0))
+
+    out["batch_capturable"] = True
+    graph = None
+    for attempt in (0, 1):
+        check(cu.cuStreamBeginCapture(cs, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+        try:
+            captured_calls()
+        except RuntimeError as e:
+            out["batch_capture_error"] = str(e)
+            out["batch_capturable"] = False
+        finally:
+            res = cu.cuStreamEndCapture(cs)
+        if out["batch_capturable"]:
+            graph = check(res)
+            break
+    assert graph is not None
     exec_ = check(cu.cuGraphInstantiate(graph, 0))
     nodes, count = check(cu.cuGraphGetNodes(graph, 64))
     nodes = list(nodes)[:count]
