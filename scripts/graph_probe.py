@@ -102,14 +102,15 @@ def main():
     graph = None
     for attempt in (0, 1):
         check(cu.cuStreamBeginCapture(cs, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+        ok = True
         try:
             captured_calls()
         except RuntimeError as e:
             out["batch_capture_error"] = str(e)
-            out["batch_capturable"] = False
+            out["batch_capturable"] = ok = False
         finally:
             res = cu.cuStreamEndCapture(cs)
-        if out["batch_capturable"]:
+        if ok:
             graph = check(res)
             break
     assert graph is not None
