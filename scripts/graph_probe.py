@@ -37,6 +37,23 @@ def per_call_us(fn, n=N) -> float:
     return us
 
 
+def gated_us(fn, cu, cs, gate_word: int, n=300) -> float:
+    """Host us per call of ``fn`` while the stream is held by a wait on ``gate_word``, so the
+    GPU cannot push back on the host; the gate is then opened from another stream."""
+    torch.cuda.synchronize()
+    check(cu.cuStreamWaitValue32(cs, cu.CUdeviceptr(gate_word), 1, signal_flags(cu)[0]))
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    us = (time.perf_counter() - t) / n * 1e6
+    side = torch.cuda.Stream()
+    check(cu.cuStreamWriteValue32(cu.CUstream(side.cuda_stream), cu.CUdeviceptr(gate_word), 1, 0))
+    torch.cuda.synchronize()
+    check(cu.cuStreamWriteValue32(cu.CUstream(side.cuda_stream), cu.CUdeviceptr(gate_word), 0, 0))
+    torch.cuda.synchronize()
+    return us
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -83,7 +100,9 @@ def main():
         check(cu.cuStreamBatchMemOp(cs, len(post), post, 0))
 
     out = {"peers": peers}
+    gate = words.data_ptr() + 4 * 60
     out["eager_3_calls_us"] = per_call_us(eager)
+    out["eager_3_calls_gated_us"] = gated_us(eager, cu, cs, gate)
     ok_eager = all(torch.equal(d.cpu(), src.cpu()) for d in dsts)
     for d in dsts:
         d.zero_()
@@ -120,6 +139,7 @@ def main():
     kinds = [str(check(cu.cuGraphNodeGetType(n))).split(".")[-1] for n in nodes]
     out["graph_nodes"] = kinds
     out["graph_launch_us"] = per_call_us(lambda: check(cu.cuGraphLaunch(exec_, cs)))
+    out["graph_launch_gated_us"] = gated_us(lambda: check(cu.cuGraphLaunch(exec_, cs)), cu, cs, gate)
     torch.cuda.synchronize()
     out["graph_moved_bytes_right"] = all(torch.equal(d.cpu(), src.cpu()) for d in dsts)
     out["eager_moved_bytes_right"] = ok_eager
@@ -134,6 +154,8 @@ def main():
 
         out["exec_memop_set_params_us"] = per_call_us(patch)
         out["set_params_plus_launch_us"] = per_call_us(lambda: (patch(), patch(), check(cu.cuGraphLaunch(exec_, cs))))
+        out["set_params_x2_plus_launch_gated_us"] = gated_us(
+            lambda: (patch(), patch(), check(cu.cuGraphLaunch(exec_, cs))), cu, cs, gate)
 
     from torch.profiler import ProfilerActivity, profile
 
