@@ -37,9 +37,10 @@ def per_call_us(fn, n=N) -> float:
     return us
 
 
-def gated_us(fn, cu, cs, gate_word: int, n=300) -> float:
+def gated_us(fn, cu, cs, gate_word: int, n=40) -> float:
     """Host us per call of ``fn`` while the stream is held by a wait on ``gate_word``, so the
-    GPU cannot push back on the host; the gate is then opened from another stream."""
+    GPU cannot push back on the host; the gate is then opened from another stream. Few calls:
+    with the stream held, a few hundred fill its queue and the host would block for good."""
     torch.cuda.synchronize()
     check(cu.cuStreamWaitValue32(cs, cu.CUdeviceptr(gate_word), 1, signal_flags(cu)[0]))
     t = time.perf_counter()
