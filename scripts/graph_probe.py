@@ -20,21 +20,10 @@ import time
 import torch
 
 from conccl._driver import check, driver, signal_flags
+from host_floor import per_call_us  # scripts/ is on sys.path when this runs as a script
 
-N = 5000
 CHUNK = 1 << 18
-
-
-def per_call_us(fn, n=N) -> float:
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    us = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return us
+N = 5000  # calls per ungated figure
 
 
 def gated_us(fn, cu, cs, gate_word: int, n=40) -> float:
@@ -102,7 +91,7 @@ def main():
 
     out = {"peers": peers}
     gate = words.data_ptr() + 4 * 60
-    out["eager_3_calls_us"] = per_call_us(eager)
+    out["eager_3_calls_us"] = per_call_us(eager, N)
     out["eager_3_calls_gated_us"] = gated_us(eager, cu, cs, gate)
     ok_eager = all(torch.equal(d.cpu(), src.cpu()) for d in dsts)
     for d in dsts:
@@ -139,7 +128,7 @@ def main():
     nodes = list(nodes)[:count]
     kinds = [str(check(cu.cuGraphNodeGetType(n))).split(".")[-1] for n in nodes]
     out["graph_nodes"] = kinds
-    out["graph_launch_us"] = per_call_us(lambda: check(cu.cuGraphLaunch(exec_, cs)))
+    out["graph_launch_us"] = per_call_us(lambda: check(cu.cuGraphLaunch(exec_, cs)), N)
     out["graph_launch_gated_us"] = gated_us(lambda: check(cu.cuGraphLaunch(exec_, cs)), cu, cs, gate)
     torch.cuda.synchronize()
     out["graph_moved_bytes_right"] = all(torch.equal(d.cpu(), src.cpu()) for d in dsts)
@@ -153,8 +142,8 @@ def main():
         def patch():
             check(cu.cuGraphExecBatchMemOpNodeSetParams(exec_, node, params))
 
-        out["exec_memop_set_params_us"] = per_call_us(patch)
-        out["set_params_plus_launch_us"] = per_call_us(lambda: (patch(), patch(), check(cu.cuGraphLaunch(exec_, cs))))
+        out["exec_memop_set_params_us"] = per_call_us(patch, N)
+        out["set_params_plus_launch_us"] = per_call_us(lambda: (patch(), patch(), check(cu.cuGraphLaunch(exec_, cs))), N)
         out["set_params_x2_plus_launch_gated_us"] = gated_us(
             lambda: (patch(), patch(), check(cu.cuGraphLaunch(exec_, cs))), cu, cs, gate)
 

@@ -147,7 +147,7 @@ class Communicator:
 
     # ------------------------------------------------------------------ steps
     def _agree(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, timeout_s: float,
-               views=(None, None)):
+               views):
         """Publish this call on the board; check every peer made the same call.
 
         The call takes its sequence number only when it is queued (``_execute``): a mismatch
