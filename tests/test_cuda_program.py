@@ -138,3 +138,19 @@ def test_long_signal_runs_are_split_below_the_driver_limit(monkeypatch):
     (steps,) = lower(s, _address, _pads(8))
     assert max(len(p) for k, p in steps if k == "signals") == 4
     assert _flatten(steps) == _expected(s, s.slots[0], False)
+
+
+def test_symmetric_registry_generation_grows_with_every_allocation():
+    """A communicator remembers a call's peer views until the generation changes: an
+    allocation registered at an address seen before must change it."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    from conccl.executors.cuda_ce import SymmetricRegistry
+
+    reg = SymmetricRegistry()
+    t = torch.empty(4)
+    before = reg.generation
+    reg.add(t, types.SimpleNamespace(buffer_ptrs=[1, 2]))
+    reg.add(t, types.SimpleNamespace(buffer_ptrs=[3, 4]))  # the same address again
+    assert reg.generation == before + 2

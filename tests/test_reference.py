@@ -162,6 +162,75 @@ def test_back_to_back_calls_of_both_kinds():
     assert results == [(0, 200)] * 4
 
 
+def _peer_moves_its_view(comm, n):
+    """Rank 0 passes the same tensors every call; rank 1 moves its output view on call 3 and
+    changes its input size on call 5. Rank 0's remembered call must follow the peers' rows."""
+    w, r = comm.world, comm.rank
+    ex = comm.executor
+    inp = ex.empty((2 * n,), torch.int32)
+    big = ex.empty((w * n + 3 * n,), torch.int32)
+    results = []
+    for call in range(6):
+        shift = n if (r == 1 and call >= 2) else 0  # rank 1's view starts elsewhere from call 3
+        m = n + 1 if (r == 1 and call == 4) else n
+        out = big[shift:shift + w * m]
+        src = inp[:m]
+        src.copy_(torch.arange(m, dtype=torch.int32) + 1000 * r + 100 * call)
+        big.fill_(-1)  # before the call: peers write only after this rank's READY
+        try:
+            comm.all_gather_into_tensor(out, src, algorithm=Algorithm.PUSH)
+        except CollectiveError as e:
+            results.append(("error", "nothing was moved" in str(e), bool((out == -1).all())))
+            continue
+        expected = torch.cat([torch.arange(n, dtype=torch.int32) + 1000 * k + 100 * call for k in range(w)])
+        results.append(bool(torch.equal(out, expected)) and bool((big[:shift] == -1).all()))
+    return results
+
+
+def test_a_remembered_call_follows_peers_that_change_their_arguments():
+    for per_rank in spawn(3, _peer_moves_its_view, 6):
+        assert per_rank[:4] == [True] * 4 and per_rank[5] is True, per_rank
+        assert per_rank[4] == ("error", True, True), per_rank
+
+
+def _same_address_new_metadata(comm):
+    """The same memory, passed again with other strides or dtype, is validated again."""
+    w = comm.world
+    base = torch.zeros(4, 4 * w)
+    inp = torch.zeros(4, 4)
+    errors = []
+    for bad_out, bad_in in ((base.view(-1), inp.t()), (base.view(-1).view(torch.int32), inp)):
+        comm.all_gather_into_tensor(base.view(-1), inp)  # remembered: same address and shape as the bad call
+        try:
+            comm.all_gather_into_tensor(bad_out, bad_in)
+            errors.append("no error")
+        except ValueError as e:
+            errors.append(str(e))
+    return errors
+
+
+def test_the_same_memory_with_other_metadata_is_validated_again():
+    for non_contiguous, dtype in spawn(2, _same_address_new_metadata):
+        assert "contiguous" in non_contiguous and "dtype mismatch" in dtype
+
+
+def _algorithm_after_set_options(comm):
+    seen = []
+    run = comm.executor.run
+    comm.executor.run = lambda schedule, *a, **k: (seen.append(schedule.algorithm.value), run(schedule, *a, **k))[1]
+    out, inp = comm.executor.empty((comm.world * 4,), torch.float32), comm.executor.empty((4,), torch.float32)
+    comm.all_gather_into_tensor(out, inp)
+    comm.options.algorithm = Algorithm.PULL
+    comm.all_gather_into_tensor(out, inp)
+    comm.options.algorithm = None
+    comm.all_gather_into_tensor(out, inp)
+    return seen
+
+
+def test_changed_options_apply_to_a_remembered_call():
+    assert spawn(2, _algorithm_after_set_options) == [["push", "pull", "push"]] * 2
+
+
 def _mismatched_size(comm):
     n = 8 if comm.rank != 1 else 9
     out = torch.full((comm.world * n,), 3.0)
@@ -228,3 +297,23 @@ def test_a_peer_that_never_calls_times_out_with_its_rank_named():
         missing, waited = results[r]
         assert missing == [1] and waited < 1.5
     assert isinstance(CollectiveTimeout("x", 1, [1], 0.1), torch.distributed.DistError)
+
+
+def _splits_changed_in_place(comm):
+    """Split sizes given as 0-d tensors are read anew on every call, even the same objects
+    with the same tensors: first one row to every rank, then every row to the rank itself."""
+    w, r = comm.world, comm.rank
+    splits = [torch.tensor(1) for _ in range(w)]
+    inp = r * 10 + torch.arange(w)
+    out = torch.empty(w, dtype=inp.dtype)
+    results = []
+    for own_only in (False, True):
+        for p, s in enumerate(splits):
+            s.fill_((w if p == r else 0) if own_only else 1)
+        comm.all_to_all_single(out, inp, splits, splits)
+        results.append(out.tolist() == (inp.tolist() if own_only else (torch.arange(w) * 10 + r).tolist()))
+    return results
+
+
+def test_split_sizes_changed_in_place_are_read_again():
+    assert spawn(3, _splits_changed_in_place) == [[True, True]] * 3

@@ -23,6 +23,7 @@ import math
 import threading
 import zlib
 from dataclasses import dataclass
+from dataclasses import field as _field
 from datetime import timedelta
 
 import numpy as np
@@ -41,6 +42,38 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL 
 # so a peer is reached at its own view, whatever offset each rank sliced.
 _F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_OFF, _NFIXED = range(10)
 _SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
+
+
+_MAX_REMEMBERED = 64  # argument sets (and peers' rows per set) a communicator remembers
+
+
+@dataclass(eq=False)
+class _Local:
+    """A call's local step (see ``Communicator``): what its own arguments decide."""
+
+    coll: str
+    dtype: object
+    row: list  # published on the board; the sequence number is written per call
+    views: tuple  # the executor's peer_view of (input, output)
+    algorithm: Algorithm | None  # as requested (None: the group's default)
+    stream_mode: StreamMode
+    extra: tuple  # what the collective's settle step needs besides the rows
+    settled: dict = _field(default_factory=dict)  # rows (sequence numbers zeroed) -> (schedule, views)
+
+
+def _plain(arg):
+    """``arg`` as a key: split sizes only as plain ints (a tensor hashes by identity, and its
+    value can change in place); raises TypeError for anything else."""
+    if isinstance(arg, (list, tuple)):
+        arg = tuple(arg)
+        if not all(type(x) is int for x in arg):
+            raise TypeError("split sizes that are not plain ints are not remembered")
+    return arg
+
+
+def _check_algorithm(algorithm) -> None:
+    if algorithm is not None and not isinstance(algorithm, Algorithm):
+        raise InvalidArgument(f"algorithm must be a conccl.Algorithm, got {algorithm!r}")
 
 
 def _agreed(fixed_row: list) -> tuple:
@@ -86,6 +119,7 @@ class Communicator:
         self.executor, self.board, self.rank, self.world = executor, board, rank, world
         self.options = options or Options()
         self.seq = 0
+        self._locals: dict[tuple, _Local] = {}  # call key -> its local step (see the collectives)
         self.broken: BaseException | None = None  # the first failure; every later call raises it
         self._lock = threading.Lock()  # orders queueing against the watchdog's release
         self.watchdog = None
@@ -94,88 +128,163 @@ class Communicator:
                                      name=f"conccl-watchdog-r{rank}")
 
     # ------------------------------------------------------------------ collectives
+    # A call runs in three steps, and the first and last are remembered, because a loop passes
+    # the same tensors call after call (and a call's host time is the cost at small sizes):
+    # - local: validate the arguments, look up whether peers can reach them, build the row
+    #   this rank publishes. A pure function of the arguments' metadata (``_call_key``).
+    # - exchange: publish the row, read every peer's (always: this is the agreement).
+    # - settle: check the rows agree, take every rank's offsets, plan. A pure function of the
+    #   local step and the rows, so rows equal to an earlier call's (but for the sequence
+    #   number) reuse its checked schedule and views.
     def all_gather_into_tensor(self, output, input, async_op=False, *, algorithm=None, stream_mode=None, timeout=None):
+        key = self._call_key(ag.NAME, output, input, algorithm, stream_mode)
+        local = self._locals.get(key) if key is not None else None
+        if local is None:
+            local = self._local_all_gather(output, input, algorithm, stream_mode, key)
+        return self._run(local, self._settle_all_gather, input, output, async_op, timeout)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False,
+                          *, algorithm=None, stream_mode=None, timeout=None):
+        key = self._call_key(a2a.NAME, output, input, algorithm, stream_mode, output_split_sizes, input_split_sizes)
+        local = self._locals.get(key) if key is not None else None
+        if local is None:
+            local = self._local_all_to_all(output, input, output_split_sizes, input_split_sizes, algorithm,
+                                           stream_mode, key)
+        return self._run(local, self._settle_all_to_all, input, output, async_op, timeout)
+
+    # ------------------------------------------------------------------ steps
+    def _call_key(self, coll, output, input, *args):
+        """Everything the local step reads, or None (not remembered) when it cannot be had.
+
+        Validation depends on the tensors' address, shape, strides, dtype and device; the
+        peer-reachable views on the address and the executor's allocations (its generation
+        grows with every symmetric allocation); the row on the options too."""
+        try:
+            key = (coll, output.data_ptr(), input.data_ptr(), output.shape, input.shape, output.stride(),
+                   input.stride(), output.dtype, input.dtype, output.device, input.device,
+                   self.executor.views_generation, self.options.algorithm, self.options.stream_mode,
+                   self.options.checks, *map(_plain, args))
+            hash(key)
+        except (AttributeError, TypeError, RuntimeError):  # not tensors, odd splits: not remembered
+            return None
+        return key
+
+    def _remember(self, key, local: "_Local") -> "_Local":
+        if key is not None:
+            if len(self._locals) >= _MAX_REMEMBERED:
+                self._locals.clear()
+            self._locals[key] = local
+        return local
+
+    def _local_all_gather(self, output, input, algorithm, stream_mode, key) -> "_Local":
         ex = self.executor
         in_place = ag.check_all_gather(output, input, self.world, self.rank, ex.device_type)
+        _check_algorithm(algorithm)
         nbytes = input.numel() * input.element_size()
         views = (ex.peer_view(input), ex.peer_view(output))
         # An in-place input is reached through the output, at another offset on every rank.
         flags = (_SYM_IN * (views[0] is not None and not in_place) | _SYM_OUT * (views[1] is not None)
                  | _IN_PLACE * in_place)
-        self._check_usable()
-        timeout_s = self._timeout_s(timeout)
-        rows = self._agree(ag.NAME, input.dtype, nbytes, output.numel() * output.element_size(), flags,
-                           algorithm, [nbytes] * self.world, [nbytes] * self.world, timeout_s, views)
-        all_flags = _all_flags(rows)
-        views = _peer_views(views, rows, all_flags)
-        algo = self._algorithm(algorithm, all_flags)
-        schedule = ag.plan_all_gather(
-            self.world, self.rank, nbytes, algorithm=algo, stream_mode=stream_mode or self.options.stream_mode,
-            input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
-            in_place=in_place, peers_in_place=bool(all_flags & _IN_PLACE),
-        )
-        return self._execute(schedule, input, output, async_op, timeout_s, views)
+        row = self._row(ag.NAME, input.dtype, nbytes, output.numel() * output.element_size(), flags, algorithm,
+                        [nbytes] * self.world, [nbytes] * self.world, views)
+        return self._remember(key, _Local(ag.NAME, input.dtype, row, views, algorithm,
+                                          stream_mode or self.options.stream_mode, (nbytes, in_place)))
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False,
-                          *, algorithm=None, stream_mode=None, timeout=None):
+    def _local_all_to_all(self, output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode,
+                          key) -> "_Local":
         ex = self.executor
         out_splits, in_splits, row_bytes = a2a.check_all_to_all(
             output, input, output_split_sizes, input_split_sizes, self.world, ex.device_type)
+        _check_algorithm(algorithm)
         views = (ex.peer_view(input), ex.peer_view(output))
         flags = _SYM_IN * (views[0] is not None) | _SYM_OUT * (views[1] is not None)
+        row = self._row(a2a.NAME, input.dtype, input.numel() * input.element_size(),
+                        output.numel() * output.element_size(), flags, algorithm,
+                        [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], views)
+        return self._remember(key, _Local(a2a.NAME, input.dtype, row, views, algorithm,
+                                          stream_mode or self.options.stream_mode, ()))
+
+    def _row(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, views) -> list:
+        """This rank's board row; its sequence number is filled in per call."""
+        return [0, _code(coll), _code(str(dtype)), in_bytes, out_bytes, flags,
+                -1 if algorithm is None else _code(algorithm.value),
+                -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
+                *in_splits, *out_splits]
+
+    def _run(self, local: "_Local", settle, input, output, async_op, timeout):
         self._check_usable()
         timeout_s = self._timeout_s(timeout)
-        rows = self._agree(a2a.NAME, input.dtype, input.numel() * input.element_size(),
-                           output.numel() * output.element_size(), flags, algorithm,
-                           [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], timeout_s, views)
+        seq = self.seq + 1
+        rows = self._exchange(local, seq, timeout_s)
+        rows[:, _F_SEQ] -= seq  # the rows as an earlier call with the same peers' arguments saw them
+        settled = local.settled.get(rows.tobytes())
+        if settled is None:
+            key = rows.tobytes()
+            rows[:, _F_SEQ] += seq
+            settled = settle(local, rows, seq)
+            if len(local.settled) >= _MAX_REMEMBERED:
+                local.settled.clear()
+            local.settled[key] = settled
+        schedule, views = settled
+        return self._execute(schedule, input, output, async_op, timeout_s, views)
+
+    def _exchange(self, local: "_Local", seq: int, timeout_s: float):
+        """Publish this call on the board and read every rank's row.
+
+        The call takes its sequence number only when it is queued (``_execute``): a mismatch
+        raises on every rank alike before that, so the ranks stay in step and the group usable.
+        """
+        local.row[_F_SEQ] = seq
+        try:
+            return self.board.exchange(local.row, f"conccl {local.coll}", timeout_s, seq)
+        except (CollectiveTimeout, GroupBroken) as e:
+            self.fail(e)
+            raise
+
+    def _check_rows(self, local: "_Local", rows, seq: int) -> None:
+        """Raise (on every rank alike) unless every peer made the same call."""
+        if not self.options.checks:
+            return
+        fixed = rows[:, :_NFIXED].tolist()  # plain ints: cheaper to compare than numpy scalars
+        mine = _agreed(fixed[self.rank])
+        if any(_agreed(x) != mine for x in fixed):
+            self._disagreement(local.coll, local.dtype, seq, rows)
+        in_bytes = fixed[self.rank][_F_IN]
+        if local.coll == ag.NAME and any(x[_F_IN] != in_bytes for x in fixed):
+            bad = [p for p in range(self.world) if rows[p, _F_IN] != in_bytes]
+            raise CollectiveError(
+                f"conccl all_gather (sequence number {seq}): rank {bad[0]} contributes {rows[bad[0], _F_IN]} bytes, "
+                f"rank {self.rank} {in_bytes}; every rank must pass the same input size; nothing was moved")
+
+    def _settle_all_gather(self, local: "_Local", rows, seq: int) -> tuple:
+        self._check_rows(local, rows, seq)
+        nbytes, in_place = local.extra
+        all_flags = _all_flags(rows)
+        schedule = ag.plan_all_gather(
+            self.world, self.rank, nbytes, algorithm=self._algorithm(local.algorithm, all_flags),
+            stream_mode=local.stream_mode,
+            input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
+            in_place=in_place, peers_in_place=bool(all_flags & _IN_PLACE),
+        )
+        return schedule, _peer_views(local.views, rows, all_flags)
+
+    def _settle_all_to_all(self, local: "_Local", rows, seq: int) -> tuple:
+        self._check_rows(local, rows, seq)
         w = self.world
         splits = rows[:, _NFIXED:_NFIXED + 2 * w].tolist()  # plain ints: cheaper than numpy scalars
         matrix = tuple(tuple(r[:w]) for r in splits)  # sent[src][dst]
         if any(matrix[src][dst] != splits[dst][w + src] for src in range(w) for dst in range(w)):
             src, dst = next((s, d) for s in range(w) for d in range(w) if matrix[s][d] != splits[d][w + s])
             raise CollectiveError(
-                f"all_to_all_single (sequence number {self.seq + 1}): rank {src} sends {matrix[src][dst]} bytes to rank "
+                f"all_to_all_single (sequence number {seq}): rank {src} sends {matrix[src][dst]} bytes to rank "
                 f"{dst}, but rank {dst} expects {splits[dst][w + src]} bytes from rank {src}; nothing was moved")
         all_flags = _all_flags(rows)
-        views = _peer_views(views, rows, all_flags)
         schedule = a2a.plan_all_to_all(
-            self.world, self.rank, matrix, algorithm=self._algorithm(algorithm, all_flags),
-            stream_mode=stream_mode or self.options.stream_mode,
+            self.world, self.rank, matrix, algorithm=self._algorithm(local.algorithm, all_flags),
+            stream_mode=local.stream_mode,
             input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
         )
-        return self._execute(schedule, input, output, async_op, timeout_s, views)
-
-    # ------------------------------------------------------------------ steps
-    def _agree(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, timeout_s: float,
-               views):
-        """Publish this call on the board; check every peer made the same call.
-
-        The call takes its sequence number only when it is queued (``_execute``): a mismatch
-        raises on every rank alike before that, so the ranks stay in step and the group usable.
-        """
-        if algorithm is not None and not isinstance(algorithm, Algorithm):
-            raise InvalidArgument(f"algorithm must be a conccl.Algorithm, got {algorithm!r}")
-        seq = self.seq + 1
-        row = [seq, _code(coll), _code(str(dtype)), in_bytes, out_bytes, flags,
-               -1 if algorithm is None else _code(algorithm.value),
-               -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1], *in_splits, *out_splits]
-        try:
-            rows = self.board.exchange(row, f"conccl {coll}", timeout_s, seq)
-        except (CollectiveTimeout, GroupBroken) as e:
-            self.fail(e)
-            raise
-        if not self.options.checks:
-            return rows
-        fixed = rows[:, :_NFIXED].tolist()  # plain ints: cheaper to compare than numpy scalars
-        mine = _agreed(fixed[self.rank])
-        if any(_agreed(x) != mine for x in fixed):
-            self._disagreement(coll, dtype, seq, rows)
-        if coll == ag.NAME and any(x[_F_IN] != in_bytes for x in fixed):
-            bad = [p for p in range(self.world) if rows[p, _F_IN] != in_bytes]
-            raise CollectiveError(
-                f"conccl all_gather (sequence number {seq}): rank {bad[0]} contributes {rows[bad[0], _F_IN]} bytes, "
-                f"rank {self.rank} {in_bytes}; every rank must pass the same input size; nothing was moved")
-        return rows
+        return schedule, _peer_views(local.views, rows, all_flags)
 
     def _disagreement(self, coll, dtype, seq, rows):
         for field, what in ((_F_SEQ, "sequence number"), (_F_COLL, "collective"), (_F_DTYPE, "dtype"),

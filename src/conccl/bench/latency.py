@@ -52,10 +52,15 @@ def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
 PHASES = (
     ("call", "conccl.communicator", "Communicator.all_gather_into_tensor"),
     ("call", "conccl.communicator", "Communicator.all_to_all_single"),
+    ("call key", "conccl.communicator", "Communicator._call_key"),
+    # The local and settle steps run only for arguments (or peers' rows) not seen before.
+    ("local step", "conccl.communicator", "Communicator._local_all_gather"),
+    ("local step", "conccl.communicator", "Communicator._local_all_to_all"),
     ("validate", "conccl.collectives.all_gather", "check_all_gather"),
     ("validate", "conccl.collectives.all_to_all", "check_all_to_all"),
-    ("agree", "conccl.communicator", "Communicator._agree"),
     ("board exchange", "conccl.board", "HostBoard.exchange"),
+    ("settle", "conccl.communicator", "Communicator._settle_all_gather"),
+    ("settle", "conccl.communicator", "Communicator._settle_all_to_all"),
     ("plan", "conccl.collectives.all_gather", "plan_all_gather"),
     ("plan", "conccl.collectives.all_to_all", "plan_all_to_all"),
     ("execute", "conccl.communicator", "Communicator._execute"),

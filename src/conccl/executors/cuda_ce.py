@@ -51,9 +51,11 @@ class SymmetricRegistry:
     def __init__(self):
         # storage ptr -> (nbytes, every rank's base address, handle kept alive)
         self._by_storage: dict[int, tuple[int, tuple[int, ...], object]] = {}
+        self.generation = 0  # grows with every allocation: what lookup() answered may change
 
     def add(self, tensor, handle) -> None:
         storage = tensor.untyped_storage()
+        self.generation += 1
         self._by_storage[storage.data_ptr()] = (storage.nbytes(), tuple(handle.buffer_ptrs), handle)
 
     def lookup(self, tensor):
@@ -118,6 +120,11 @@ class CudaCopyEngineExecutor:
         self.batching = max(on_pool, on_default or on_pool, key=BATCHING_MODES.index)
         self._default_stream_ok = on_default is not None
 
+    @property
+    def views_generation(self) -> int:
+        """Changes whenever what :meth:`peer_view` answers for some address may have changed."""
+        return REGISTRY.generation
+
     def peer_view(self, t):
         """How peers reach ``t`` (every rank's base address, byte offset), None if they cannot;
         looked up once per call by the communicator and handed back to :meth:`run`."""
@@ -137,13 +144,18 @@ class CudaCopyEngineExecutor:
         self._ws_key = tuple(self._ws_handle.buffer_ptrs)
 
     def _program(self, schedule: Schedule, input, output, views) -> CompiledProgram:
-        """``schedule`` compiled against these buffers (cached: loops reuse their tensors)."""
-        sym_in, sym_out = views
+        """``schedule`` compiled against these buffers (cached: loops reuse their tensors).
+
+        Keyed by the identity of ``schedule`` and ``views``, which the communicator keeps while
+        a call's arguments and its peers' do not change (hashing the views' addresses would
+        cost more than the lookup saves); the hit is checked against the objects themselves,
+        as an id can name a collected object, and against the current workspace."""
         ws = self._ws_key  # every rank's workspace address (None before the first staging)
-        key = (id(schedule), input.data_ptr(), output.data_ptr(), sym_in, sym_out, ws)
+        key = (id(schedule), id(views), input.data_ptr(), output.data_ptr())
         hit = self._programs.get(key)
-        if hit is not None and hit[0] is schedule:  # id() alone could name a collected schedule
-            return hit[1]
+        if hit is not None and hit[0] is schedule and hit[1] is views and hit[2] is ws:
+            return hit[3]
+        sym_in, sym_out = views
 
         def address(rank, buf):
             if buf is Buf.WORKSPACE:
@@ -156,7 +168,7 @@ class CudaCopyEngineExecutor:
         program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver())
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
-        self._programs[key] = (schedule, program)
+        self._programs[key] = (schedule, views, ws, program)
         return program
 
     def _current_stream(self):

@@ -72,6 +72,11 @@ class ReferenceExecutor:
         self._barrier()
         return t
 
+    @property
+    def views_generation(self) -> int:
+        """Changes whenever what :meth:`peer_view` answers for some address may have changed."""
+        return len(self._allocs)
+
     def peer_view(self, t):
         """(the name pattern of the shared-memory allocation holding ``t``, byte offset in it);
         None: peers cannot reach it."""
