@@ -202,8 +202,9 @@ def markdown(res: dict) -> str:
     phased = [r for r in res["records"] if "host_phases_us" in r]
     if phased:
         lines += ["", "Host phases (us per call, inclusive, slowest rank per phase; `python -m conccl.bench.latency "
-                  "--phases`): call = validate + agree (board exchange) + plan + execute (executor run: program "
-                  "lookup, driver calls; watchdog track) + the rest.", "",
+                  "--phases`): call = call key + local step (validate; only for arguments not seen before) + "
+                  "board exchange + settle (plan; only for peers' rows not seen before) + execute (executor run: "
+                  "program lookup, driver calls; watchdog track) + the rest.", "",
                   "| collective | implementation | size (B) | " + " | ".join(PHASE_LABELS) + " |",
                   "| --- | --- | --- |" + " --- |" * len(PHASE_LABELS)]
         for r in phased:
@@ -223,7 +224,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--gpus", type=int, default=None)
     ap.add_argument("--phases", action="store_true",
-                    help="also time the host phases of each conccl call (validate, agree, plan, driver calls...)")
+                    help="also time the host phases of each conccl call (call key, board exchange, driver calls...)")
     args = ap.parse_args(argv)
     from .impls import REGISTRY
 
