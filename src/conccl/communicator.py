@@ -131,32 +131,31 @@ class Communicator:
     # A call runs in three steps, and the first and last are remembered, because a loop passes
     # the same tensors call after call (and a call's host time is the cost at small sizes):
     # - local: validate the arguments, look up whether peers can reach them, build the row
-    #   this rank publishes. A pure function of the arguments' metadata (``_call_key``).
+    #   this rank publishes. A pure function of the arguments' metadata (``_remembered``).
     # - exchange: publish the row, read every peer's (always: this is the agreement).
     # - settle: check the rows agree, take every rank's offsets, plan. A pure function of the
     #   local step and the rows, so rows equal to an earlier call's (but for the sequence
     #   number) reuse its checked schedule and views.
     def all_gather_into_tensor(self, output, input, async_op=False, *, algorithm=None, stream_mode=None, timeout=None):
-        key = self._call_key(ag.NAME, output, input, algorithm, stream_mode)
-        local = self._locals.get(key) if key is not None else None
+        key, local = self._remembered(ag.NAME, output, input, algorithm, stream_mode)
         if local is None:
             local = self._local_all_gather(output, input, algorithm, stream_mode, key)
         return self._run(local, self._settle_all_gather, input, output, async_op, timeout)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False,
                           *, algorithm=None, stream_mode=None, timeout=None):
-        key = self._call_key(a2a.NAME, output, input, algorithm, stream_mode, output_split_sizes, input_split_sizes)
-        local = self._locals.get(key) if key is not None else None
+        key, local = self._remembered(a2a.NAME, output, input, algorithm, stream_mode, output_split_sizes,
+                                      input_split_sizes)
         if local is None:
             local = self._local_all_to_all(output, input, output_split_sizes, input_split_sizes, algorithm,
                                            stream_mode, key)
         return self._run(local, self._settle_all_to_all, input, output, async_op, timeout)
 
     # ------------------------------------------------------------------ steps
-    def _call_key(self, coll, output, input, *args):
-        """Everything the local step reads, or None (not remembered) when it cannot be had.
+    def _remembered(self, coll, output, input, *args):
+        """(key, remembered local step or None); the key is None when it cannot be had.
 
-        Validation depends on the tensors' address, shape, strides, dtype and device; the
+        The key is everything the local step reads. Validation depends on the tensors' address, shape, strides, dtype and device; the
         peer-reachable views on the address and the executor's allocations (its generation
         grows with every symmetric allocation); the row on the options too."""
         try:
@@ -164,10 +163,9 @@ class Communicator:
                    input.stride(), output.dtype, input.dtype, output.device, input.device,
                    self.executor.views_generation, self.options.algorithm, self.options.stream_mode,
                    self.options.checks, *map(_plain, args))
-            hash(key)
+            return key, self._locals.get(key)  # hashes the key once; raises if it cannot
         except (AttributeError, TypeError, RuntimeError):  # not tensors, odd splits: not remembered
-            return None
-        return key
+            return None, None
 
     def _remember(self, key, local: "_Local") -> "_Local":
         if key is not None:
@@ -217,9 +215,9 @@ class Communicator:
         seq = self.seq + 1
         rows = self._exchange(local, seq, timeout_s)
         rows[:, _F_SEQ] -= seq  # the rows as an earlier call with the same peers' arguments saw them
-        settled = local.settled.get(rows.tobytes())
+        key = rows.tobytes()
+        settled = local.settled.get(key)
         if settled is None:
-            key = rows.tobytes()
             rows[:, _F_SEQ] += seq
             settled = settle(local, rows, seq)
             if len(local.settled) >= _MAX_REMEMBERED:
