@@ -190,6 +190,33 @@ def test_evaluate_judges_each_pick_against_the_measured_runs(h200):
     assert "held out (judged)" in markdown(ev)
 
 
+def test_evaluate_judges_auto_on_the_head_to_head_run_in_turns(h200):
+    doc = json.loads((STUDY / "results.json").read_text())
+    tg_tn = {}
+    for s in doc["scenarios"]:  # auto as fast as the best in turns, but for one scenario 10% slower
+        t = min(x["time_ms"]["median"] for n, rs in s["runs"].items() if n not in ("torch_lc", "auto") for x in rs)
+        slow = 1.10 if s["id"] == "cb4_2.5G/all_gather" else 1.0
+        s["auto_in_turns"] = {"strategy": "conccl", "sms": 0, "best_ms": {"median": t}, "auto_ms": {"median": t * slow},
+                              "correct": True}
+        tg_tn[s["id"]] = (s["t_gemm"]["median"] + s["t_comm"]["nccl"]["median"], t * slow, s["ideal"])
+    ev = evaluate(doc, h200)
+    a = ev["all"]["auto_in_turns"]
+    assert a["n"] == len(doc["scenarios"])
+    assert a["min_pct_of_best"] == pytest.approx(100 / 1.10)
+    assert not a["goal_met"]  # 90.9% of the best in one scenario
+    row = next(r for r in ev["rows"] if r["id"] == "dec2_1G/all_gather")
+    serial, t, ideal = tg_tn[row["id"]]
+    assert row["turns_pct_ideal"] == pytest.approx(100 * (serial / t - 1) / (ideal - 1))
+    assert row["turns_pct_of_best"] == pytest.approx(100.0)
+    md = markdown(ev)
+    assert "timed again in turns" in md and "NOT met" in md
+    for s in doc["scenarios"]:
+        s["auto_in_turns"]["auto_ms"]["median"] = s["auto_in_turns"]["best_ms"]["median"]
+    a = evaluate(doc, h200)["all"]["auto_in_turns"]
+    assert a["min_pct_of_best"] == pytest.approx(100.0)
+    assert a["goal_met"] == (a["mean_pct_ideal"] >= 90.0)
+
+
 def test_evaluate_refuses_a_prediction(h200):
     with pytest.raises(ValueError, match="measured"):
         evaluate({"kind": "prediction", "scenarios": []}, h200)

@@ -122,6 +122,39 @@ def test_gemm_and_collective_classes():
 
 # ------------------------------------------------------------------ report on recorded numbers
 
+def test_short_configurations_get_more_timed_runs():
+    from conccl.study.measure import timed_iterations
+
+    assert timed_iterations(10.0, 9, 20.0, 100) == 9  # long: the paper's 9
+    assert timed_iterations(0.5, 9, 20.0, 100) == 40  # 20 ms of 0.5 ms runs
+    assert timed_iterations(0.05, 9, 20.0, 100) == 100  # capped
+    assert timed_iterations(0.0, 9, 20.0, 100) == 9  # no estimate (no warm-ups)
+    assert timed_iterations(0.5, 9, 0.0, 100) == 9  # switched off
+    assert timed_iterations(0.5, 200, 20.0, 100) == 200  # never fewer than asked
+
+
+def test_auto_is_timed_again_in_turns_with_the_fastest_applicable_strategy():
+    from conccl.study.measure import _auto_in_turns
+
+    class Rig:
+        asked = None
+
+        def timed_side_by_side(self, configs):
+            Rig.asked = configs
+            return [([1.0, 1.1, 1.2], True), ([1.3, 1.2, 1.25], True)]
+
+    labels = [("gemm",), ("comm", "nccl"), ("run", "c3_base", 0, 132), ("run", "conccl", 0, 132),
+              ("run", "conccl_rp", 8, 124), ("auto", {"plan": "conccl"}), ("run", "torch_lc", 0, 132)]
+    configs = [f"config {i}" for i in range(len(labels))]
+    medians = [5.0, 0.1, 3.0, 2.0, 2.5, 2.1, 1.0]
+    out = _auto_in_turns(Rig(), labels, configs, [([m], True) for m in medians])
+    # torch_lc (1.0 ms) is no strategy the runtime applies; a collective alone is no strategy
+    assert Rig.asked == ["config 3", "config 5"]
+    assert (out["strategy"], out["sms"], out["correct"]) == ("conccl", 0, True)
+    assert (out["best_ms"]["median"], out["auto_ms"]["median"]) == (1.1, 1.25)
+    assert _auto_in_turns(Rig(), labels[:5], configs[:5], [([m], True) for m in medians[:5]]) is None
+
+
 def test_report_rebuilds_from_the_committed_h200_run(tmp_path):
     from conccl.cli import main
 

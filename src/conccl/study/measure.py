@@ -2,7 +2,10 @@
 
 Every timing is ``warmup`` executions then ``iters`` timed ones (the paper: 6 + 9), each
 configuration's back to back; with ``side_by_side`` the configurations of one scenario (GEMM
-alone, collectives alone, every strategy) take turns instead, one execution each per round. Before each,
+alone, collectives alone, every strategy) take turns instead, one execution each per round.
+A configuration shorter than ``min_timed_ms / iters`` gets more timed executions (up to
+``max_iters``), so that its median stands on at least ``min_timed_ms`` of GPU time: nine runs
+of a 0.2 ms decode pair are 2 ms, where one late host launch moves the median. Before each,
 the ranks meet at a barrier; each execution is timed between two CUDA events on one stream
 that every participating stream joins, and the slowest rank's time counts, execution by
 execution. Before the last execution of every configuration the output is poisoned, and
@@ -14,6 +17,8 @@ every step, so an interrupted run keeps what it measured.
 """
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -52,6 +57,13 @@ class StudyConfig:
     # strategies under drift; it also shifts the alone baselines, see the README). False: the
     # paper's way, each configuration's warm-ups and timed runs back to back.
     side_by_side: bool = False
+    # Short configurations get timed runs until they cover this much GPU time (estimated from
+    # the warm-ups, agreed by all ranks), between ``iters`` and ``max_iters`` runs.
+    min_timed_ms: float = 20.0
+    max_iters: int = 100
+    # After a scenario's strategies, time ``auto`` and the fastest measured strategy again, in
+    # turns: a fair head-to-head, free of what ran just before each (scripts/auto_gap.py).
+    auto_in_turns: bool = True
 
 
 def arena_bytes(scenarios: list[Scenario], world: int, quick: bool) -> tuple[int, int]:
@@ -124,20 +136,33 @@ class Rig:
         end.record(main)
         return start, end
 
+    def _once(self, parts) -> float:
+        """One execution of ``parts`` after a barrier: its milliseconds on this rank."""
+        self.torch.cuda.synchronize()
+        self.dist.barrier()
+        start, end = self._execute(parts)
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def iterations(self, warm_ms: list[float]) -> int:
+        """Timed runs for a configuration whose warm-ups took ``warm_ms``: ``iters``, more for
+        a short one (see ``StudyConfig.min_timed_ms``). Every rank gets the same number."""
+        cfg = self.cfg
+        est = self.torch.tensor([statistics.median(warm_ms) if warm_ms else 0.0], dtype=self.torch.float64,
+                                device=self.device)
+        self.dist.all_reduce(est, op=self.dist.ReduceOp.MAX)
+        return timed_iterations(float(est.item()), cfg.iters, cfg.min_timed_ms, cfg.max_iters)
+
     def timed(self, parts, poison=None) -> list[float]:
         """Milliseconds of each timed execution, the slowest rank's (same list on every rank)."""
         torch, dist = self.torch, self.dist
-        runs = self.cfg.warmup + self.cfg.iters
+        warm = [self._once(parts) for _ in range(self.cfg.warmup)]
+        runs = self.iterations(warm)
         times = []
         for i in range(runs):
             if poison is not None and i == runs - 1:
                 poison()  # the checked execution must write every byte itself
-            torch.cuda.synchronize()
-            dist.barrier()
-            start, end = self._execute(parts)
-            end.synchronize()
-            if i >= self.cfg.warmup:
-                times.append(start.elapsed_time(end))
+            times.append(self._once(parts))
         t = torch.tensor(times, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
@@ -146,30 +171,27 @@ class Rig:
         """Time several configurations of one scenario in turn rather than one after another.
 
         ``configs``: [(parts, poison, check)]. Each is warmed up ``warmup`` times; then come
-        ``iters`` rounds, and every round runs each configuration once, so that drift over the
-        run (clocks, heat, the other ranks' timing) touches all of them alike and the
+        rounds (``iters``, more when the longest configuration is short, see
+        :meth:`iterations`), and every round runs each configuration once, so that drift over
+        the run (clocks, heat, the other ranks' timing) touches all of them alike and the
         comparison between strategies is fair. In the last round each configuration's output is
         poisoned before its execution and ``check()`` runs right after it (None: not checked).
         Returns per configuration (milliseconds of the slowest rank, correct).
         """
         torch, dist = self.torch, self.dist
+        longest = []
         for parts, _, _ in configs:
-            for _ in range(self.cfg.warmup):
-                torch.cuda.synchronize()
-                dist.barrier()
-                self._execute(parts)[1].synchronize()
+            warm = [self._once(parts) for _ in range(self.cfg.warmup)]
+            longest = max(longest, warm, key=lambda w: statistics.median(w) if w else 0.0)
+        rounds = self.iterations(longest)
         times: list[list[float]] = [[] for _ in configs]
         correct: list[bool | None] = [None] * len(configs)
-        for i in range(self.cfg.iters):
-            last = i == self.cfg.iters - 1
+        for i in range(rounds):
+            last = i == rounds - 1
             for j, (parts, poison, check) in enumerate(configs):
                 if last and poison is not None:
                     poison()
-                torch.cuda.synchronize()
-                dist.barrier()
-                start, end = self._execute(parts)
-                end.synchronize()
-                times[j].append(start.elapsed_time(end))
+                times[j].append(self._once(parts))
                 if last and check is not None:
                     correct[j] = check()
         t = torch.tensor(times, dtype=torch.float64, device=self.device)
@@ -180,6 +202,14 @@ class Rig:
         t = self.torch.tensor([1 if ok else 0], device=self.device)
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN)
         return bool(t.item())
+
+
+def timed_iterations(estimate_ms: float, iters: int, min_timed_ms: float, max_iters: int) -> int:
+    """How many timed runs a configuration of ``estimate_ms`` per run gets: enough to cover
+    ``min_timed_ms``, at least ``iters`` and at most ``max(iters, max_iters)``."""
+    if estimate_ms <= 0 or min_timed_ms <= 0:
+        return iters
+    return max(iters, min(max_iters, math.ceil(min_timed_ms / estimate_ms)))
 
 
 # ------------------------------------------------------------------------ data patterns
@@ -476,8 +506,30 @@ def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
             _, name, sms, granted = label
             rec["runs"].setdefault(name, []).append({"sms": sms, "gemm_sms": granted, "time_ms": analysis.summary(t),
                                                      "correct": correct})
+    if rig.cfg.auto_in_turns and "auto" in rec["runs"]:
+        rec["auto_in_turns"] = _auto_in_turns(rig, labels, configs, results)
     case.lc_out = None
     return rec
+
+
+def _auto_in_turns(rig: Rig, labels, configs, results) -> dict | None:
+    """``auto`` and the fastest strategy the runtime could apply, timed again in turns.
+
+    Back to back, a configuration's time depends on what ran just before it (the power
+    controller's state): the same plan measured 0-10% apart as ``auto`` and as its strategy.
+    In turns, both see the same conditions."""
+    from .strategies import STRATEGIES
+
+    runs = [(results[i][0], i) for i, lb in enumerate(labels)
+            if lb[0] == "run" and STRATEGIES[lb[1]].impl in ("nccl", "conccl")]
+    auto = next((i for i, lb in enumerate(labels) if lb[0] == "auto"), None)
+    if not runs or auto is None:
+        return None
+    best = min(runs, key=lambda r: analysis.median(r[0]))[1]
+    (t_best, ok_best), (t_auto, ok_auto) = rig.timed_side_by_side([configs[best], configs[auto]])
+    _, name, sms, _ = labels[best]
+    return {"strategy": name, "sms": sms, "best_ms": analysis.summary(t_best),
+            "auto_ms": analysis.summary(t_auto), "correct": bool(ok_best and ok_auto)}
 
 
 def _auto_parts(rig: Rig, s: Scenario, size: int, case, gemm: GemmCase):
