@@ -154,3 +154,61 @@ def test_symmetric_registry_generation_grows_with_every_allocation():
     reg.add(t, types.SimpleNamespace(buffer_ptrs=[1, 2]))
     reg.add(t, types.SimpleNamespace(buffer_ptrs=[3, 4]))  # the same address again
     assert reg.generation == before + 2
+
+
+START, END = 11 << 36, (11 << 36) + 4
+
+
+@pytest.mark.parametrize("algorithm", [Algorithm.PUSH, Algorithm.PULL])
+@pytest.mark.parametrize("nbytes", [1 << 18, 4 * cuda_program.HOIST_LOCAL_MAX_BYTES])
+def test_marks_ride_first_and_last_in_the_batches_already_there(algorithm, nbytes):
+    s = plan_all_gather(4, 2, nbytes, algorithm=algorithm, stream_mode=StreamMode.BATCH,
+                        input_symmetric=False, output_symmetric=algorithm is Algorithm.PUSH)
+    lowered = lower(s, _address, _pads(4))
+    (plain,) = lowered
+    if plain[-1][0] == "copy":  # a staged pull's large own shard goes last: events instead
+        assert algorithm is Algorithm.PULL and nbytes > cuda_program.HOIST_LOCAL_MAX_BYTES
+        assert cuda_program.with_marks(lowered, START, END) is None
+        return
+    (marked,) = cuda_program.with_marks(lowered, START, END)
+    assert len(marked) == len(plain)  # not one driver call more
+    flat = _flatten(marked)
+    # the start before anything else, the end after every wait; everything else untouched
+    assert flat[0] == ("write", START, 0) and flat[-1] == ("write", END, 0)
+    assert flat[1:-1] == _flatten(plain)
+
+
+def test_no_marks_where_there_is_no_batch_to_ride_in(monkeypatch):
+    per_peer = plan_all_gather(4, 0, 1 << 18, algorithm=Algorithm.PUSH, stream_mode=StreamMode.PER_PEER,
+                               input_symmetric=True, output_symmetric=True)
+    assert cuda_program.with_marks(lower(per_peer, _address, _pads(4)), START, END) is None  # several slots
+    assert cuda_program.with_marks((( ("copy", (1, 2, 3)), ("signals", ((True, 5, 0),)) ),), START, END) is None
+    assert cuda_program.with_marks((( ("signals", ((True, 5, 0),)), ("copy", (1, 2, 3)) ),), START, END) is None
+    one = (( ("signals", ((True, 5, 0), (False, 6, 0))), ),)  # one batch: both marks in it
+    assert _flatten(cuda_program.with_marks(one, START, END)[0]) == [
+        ("write", START, 0), ("wait", 5, 0), ("write", 6, 0), ("write", END, 0)]
+    monkeypatch.setattr(cuda_program, "MAX_SIGNALS_PER_BATCH", 2)  # a full batch takes no more
+    assert cuda_program.with_marks(one, START, END) is None
+
+
+def test_a_mark_reads_like_an_event_across_the_32_bit_wrap():
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("torch")
+    from conccl.executors.cuda_ce import Mark
+
+    words = np.zeros(2, dtype=np.uint32)
+    m = Mark(words, 1, 5)
+    assert not m.query()
+    words[1] = 4
+    assert not m.query()
+    words[1] = 5
+    assert m.query()
+    words[1] = 9  # a later call's end: this one ended too
+    assert m.query()
+    late = Mark(words, 0, (1 << 32) + 1)  # sequence 2**32 + 1 is written as 1
+    words[0] = 0xFFFFFFFF
+    assert not late.query()
+    words[0] = 1
+    assert late.query()
+    words[0] = 3
+    assert late.query()
