@@ -208,7 +208,7 @@ class CudaCopyEngineExecutor:
 
         lowered = lower(schedule, address, self._pads, self.batching)
         marked = None if self._marks is None else with_marks(lowered, self._marks_addr, self._marks_addr + 4)
-        program = CompiledProgram(marked or lowered, driver(), marked is not None)
+        program = CompiledProgram(marked or lowered, driver(), marked is not None, (self._marks_addr,))
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, views, ws, program)

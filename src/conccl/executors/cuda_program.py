@@ -122,8 +122,8 @@ def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[
 def with_marks(lowered: tuple, start_addr: int, end_addr: int) -> tuple | None:
     """``lowered`` with the call's start and end written by the GPU (value: the sequence
     number) into ``start_addr`` and ``end_addr``, riding in the batches already there: the start
-    in the first batch after its leading signal writes (a write to host memory is slow to land,
-    and the peers' signals should not queue behind it), the end as the last op of the last batch,
+    in the first batch after its leading signal writes (a mark in host memory is slow to land,
+    and a fenced write after it would wait for it), the end as the last op of the last batch,
     after its waits. They replace two event records per call (a driver call each) for the
     watchdog and for the next call's ordering. None when the program has no such batches to
     ride in: several slots (the end is then after an event join), or a copy first or last."""
@@ -147,12 +147,14 @@ def with_marks(lowered: tuple, start_addr: int, end_addr: int) -> tuple | None:
 class CompiledProgram:
     """Lowered steps as prebuilt cuda-python objects; :meth:`launch` queues one call."""
 
-    def __init__(self, lowered: tuple, cu, marked: bool = False):
+    def __init__(self, lowered: tuple, cu, marked: bool = False, unfenced: tuple = ()):
+        """``unfenced``: addresses written without the fence (a start mark orders no data)."""
         self.cu = cu
         self.marked = marked  # writes the call's start and end marks (see with_marks)
         wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
         write_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
         geq, fenced = self._geq, self._fenced = signal_flags(cu)
+        bare = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER
         self.slots = []
         for steps in lowered:
             built = []
@@ -165,7 +167,7 @@ class CompiledProgram:
                         sub = p.waitValue if is_wait else p.writeValue
                         sub.operation = p.operation
                         sub.address = cu.CUdeviceptr(addr)
-                        sub.flags = geq if is_wait else fenced
+                        sub.flags = geq if is_wait else bare if addr in unfenced else fenced
                         params.append(p)
                         patches.append((sub, delta))
                     built.append((0, params, len(params), tuple(patches)))
