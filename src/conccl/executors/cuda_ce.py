@@ -137,7 +137,7 @@ class CudaCopyEngineExecutor:
                                "which conccl's copy-engine collectives need; use NCCL")
         self.batching = max(on_pool, on_default or on_pool, key=BATCHING_MODES.index)
         self._default_stream_ok = on_default is not None
-        self._marks = self._marks_host = self._marks_addr = None
+        self._marks = self._marks_host = None
         if self.batching == "all":
             self._set_up_marks(cu)
 
@@ -208,7 +208,7 @@ class CudaCopyEngineExecutor:
 
         lowered = lower(schedule, address, self._pads, self.batching)
         marked = None if self._marks is None else with_marks(lowered, self._marks_addr, self._marks_addr + 4)
-        program = CompiledProgram(marked or lowered, driver(), marked is not None, (self._marks_addr,))
+        program = CompiledProgram(marked or lowered, driver(), marked is not None)
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, views, ws, program)

@@ -122,11 +122,10 @@ def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[
 def with_marks(lowered: tuple, start_addr: int, end_addr: int) -> tuple | None:
     """``lowered`` with the call's start and end written by the GPU (value: the sequence
     number) into ``start_addr`` and ``end_addr``, riding in the batches already there: the start
-    in the first batch after its leading signal writes (a mark in host memory is slow to land,
-    and a fenced write after it would wait for it), the end as the last op of the last batch,
-    after its waits. They replace two event records per call (a driver call each) for the
-    watchdog and for the next call's ordering. None when the program has no such batches to
-    ride in: several slots (the end is then after an event join), or a copy first or last."""
+    as the first op of the first batch, the end as the last op of the last batch, after its waits.
+    They replace two event records per call (a driver call each) for the watchdog and for the
+    next call's ordering. None when the program has no such batches to ride in: several slots
+    (the end is then after an event join), or a copy first or last."""
     if len(lowered) != 1 or not lowered[0]:
         return None
     steps = list(lowered[0])
@@ -135,8 +134,7 @@ def with_marks(lowered: tuple, start_addr: int, end_addr: int) -> tuple | None:
         return None
     if len(first[1]) >= MAX_SIGNALS_PER_BATCH:
         return None
-    lead = next((i for i, (is_wait, _, _) in enumerate(first[1]) if is_wait), len(first[1]))
-    steps[0] = ("signals", first[1][:lead] + ((False, start_addr, 0),) + first[1][lead:])
+    steps[0] = ("signals", ((False, start_addr, 0),) + first[1])
     last = steps[-1]
     if len(last[1]) >= MAX_SIGNALS_PER_BATCH:
         return None
@@ -147,14 +145,12 @@ def with_marks(lowered: tuple, start_addr: int, end_addr: int) -> tuple | None:
 class CompiledProgram:
     """Lowered steps as prebuilt cuda-python objects; :meth:`launch` queues one call."""
 
-    def __init__(self, lowered: tuple, cu, marked: bool = False, unfenced: tuple = ()):
-        """``unfenced``: addresses written without the fence (a start mark orders no data)."""
+    def __init__(self, lowered: tuple, cu, marked: bool = False):
         self.cu = cu
         self.marked = marked  # writes the call's start and end marks (see with_marks)
         wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
         write_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
         geq, fenced = self._geq, self._fenced = signal_flags(cu)
-        bare = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER
         self.slots = []
         for steps in lowered:
             built = []
@@ -167,7 +163,7 @@ class CompiledProgram:
                         sub = p.waitValue if is_wait else p.writeValue
                         sub.operation = p.operation
                         sub.address = cu.CUdeviceptr(addr)
-                        sub.flags = geq if is_wait else bare if addr in unfenced else fenced
+                        sub.flags = geq if is_wait else fenced
                         params.append(p)
                         patches.append((sub, delta))
                     built.append((0, params, len(params), tuple(patches)))
