@@ -279,11 +279,6 @@ def _async_ordering_soak(rank, world):
             wrongs[how == 1] += (dst != (i * 100 + ranks).repeat_interleave(m)).sum()
     torch.cuda.synchronize()
     report["streams_wrong"] = int(sum(wrongs))
-    # Blocking calls marked their start and end in host memory (no event records); the
-    # watchdog saw every one finish.
-    comm = conccl.get_communicator()
-    report["marks"] = comm.executor.marks
-    report["in_flight"] = comm.watchdog.in_flight()
     return report
 
 
@@ -295,7 +290,6 @@ def test_async_ordering_and_1000_calls():
         assert r["wait_host_ms"] < 20, r
         assert r["completed_after_sync"] and r["async_right"], r
         assert r["ordering_wrong"] == 0 and r["soak_wrong"] == 0 and r["streams_wrong"] == 0, r
-        assert r["marks"] is True and r["in_flight"] == 0, r
 
 
 def _bad_input_leaves_output(rank, world):

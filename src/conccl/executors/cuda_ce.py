@@ -20,9 +20,7 @@ one (or where the driver refuses an op on the legacy default stream). It waits f
 previous call's end whenever that ran on another stream, so calls on a group are ordered as
 on a NCCL communicator and a signal word is never written out of order.
 
-Each call's start and end go to the group's watchdog (``tracks_flights``): for a blocking call
-of one slot, as :class:`Mark` words that its first and last signal batches write into pinned
-host memory (no event record, ~2 driver calls less per call), otherwise as events. If a peer
+Each call's start and end events go to the group's watchdog (``tracks_flights``). If a peer
 never signals, the watchdog reads the own pad to name the peers still awaited
 (:meth:`missing_peers`) and writes the awaited values into it itself (:meth:`release`), from a
 stream of its own, so the stuck streams drain.
@@ -32,11 +30,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._driver import StreamOps, check, driver, signal_flags
+from .._driver import StreamOps, driver
 from ..communicator import workspace_capacity
 from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
 from ..work import Work
-from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching, with_marks
+from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
 
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
 
@@ -74,22 +72,6 @@ class SymmetricRegistry:
 
 
 REGISTRY = SymmetricRegistry()
-
-_MASK = 0xFFFFFFFF
-
-
-class Mark:
-    """A call's start or end as the GPU wrote it (its sequence number) into a pinned host word;
-    ``query()`` like an event's, without an event record per call. 32-bit sequence numbers are
-    compared cyclically, as the stream waits compare them."""
-
-    __slots__ = ("words", "index", "seq")
-
-    def __init__(self, words, index: int, seq: int):
-        self.words, self.index, self.seq = words, index, seq & _MASK
-
-    def query(self) -> bool:
-        return (int(self.words[self.index]) - self.seq) & _MASK < 0x80000000
 
 
 class CudaCopyEngineExecutor:
@@ -137,29 +119,6 @@ class CudaCopyEngineExecutor:
                                "which conccl's copy-engine collectives need; use NCCL")
         self.batching = max(on_pool, on_default or on_pool, key=BATCHING_MODES.index)
         self._default_stream_ok = on_default is not None
-        self._marks = self._marks_host = None
-        if self.batching == "all":
-            self._set_up_marks(cu)
-
-    def _set_up_marks(self, cu) -> None:
-        """Pinned host words [start, end] that a call's first and last signal batches write
-        (cuda_program.with_marks), if this driver writes and waits on host memory from a stream."""
-        host = torch.zeros(2, dtype=torch.int32, pin_memory=True)
-        words = host.numpy().view(np.uint32)
-        addr, stream = host.data_ptr(), self._cu_streams_pool[0]
-        geq, fenced = signal_flags(cu)
-        ok = (not cu.cuStreamWriteValue32(stream, cu.CUdeviceptr(addr + 4), 7, fenced)[0]
-              and not cu.cuStreamWaitValue32(stream, cu.CUdeviceptr(addr + 4), 7, geq)[0]
-              and not cu.cuStreamSynchronize(stream)[0] and int(words[1]) == 7)
-        words[:] = 0
-        if ok:
-            self._marks_host, self._marks, self._marks_addr = host, words, addr
-            self._end_ptr, self._geq, self._marks_cu = cu.CUdeviceptr(addr + 4), geq, cu
-
-    @property
-    def marks(self) -> bool:
-        """True when calls mark their start and end in host memory instead of recording events."""
-        return self._marks is not None
 
     @property
     def views_generation(self) -> int:
@@ -206,9 +165,7 @@ class CudaCopyEngineExecutor:
                 return t.data_ptr()
             return sym[0][rank] + sym[1][rank]
 
-        lowered = lower(schedule, address, self._pads, self.batching)
-        marked = None if self._marks is None else with_marks(lowered, self._marks_addr, self._marks_addr + 4)
-        program = CompiledProgram(marked or lowered, driver(), marked is not None)
+        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver())
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, views, ws, program)
@@ -255,26 +212,16 @@ class CudaCopyEngineExecutor:
         else:
             ctrl = caller
         ctrl_handle = ctrl.cuda_stream
-        last = self._last_end
-        if last is not None and self._last_stream != ctrl_handle:
+        if self._last_end is not None and self._last_stream != ctrl_handle:
             # Calls of a group run in order on the GPU (signal words only grow).
-            if isinstance(last, Mark):
-                check(self._marks_cu.cuStreamWaitValue32(self._cu_stream(ctrl), self._end_ptr, last.seq, self._geq))
-            else:
-                ctrl.wait_event(last)
-        # A blocking call on the caller's stream whose program writes marks needs no event at
-        # all: the GPU writes its start and end into host words the watchdog reads.
-        marked = program.marked and ctrl is caller and not async_op
+            ctrl.wait_event(self._last_end)
         start = None
-        if marked:
-            if flight is not None:
-                start = Mark(self._marks, 0, seq)
-        elif flight is not None:  # a tracked call needs its own events; finished ones come back
+        if flight is not None:  # a tracked call needs its own events; finished ones come back
             start = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
             flight.recycle = self._recycle_start if async_op else self._recycle_both
         elif len(program.slots) > 1:
             start = self._start
-        if start is not None and not marked:
+        if start is not None:
             start.record(ctrl)
         program.launch_slot(0, self._cu_stream(ctrl), seq)
         for k in range(1, len(program.slots)):
@@ -283,17 +230,14 @@ class CudaCopyEngineExecutor:
             program.launch_slot(k, self._cu_streams_pool[k], seq)
             self._join[k].record(stream)
             ctrl.wait_event(self._join[k])
-        if marked:
-            end = Mark(self._marks, 1, seq)
+        if async_op:
+            end = torch.cuda.Event()  # the handle keeps it: never reused
+        elif flight is not None:
+            end = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
         else:
-            if async_op:
-                end = torch.cuda.Event()  # the handle keeps it: never reused
-            elif flight is not None:
-                end = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
-            else:
-                # Only the next call's wait needs it, and that is queued before it is recorded again.
-                end = self._end_mark
-            end.record(ctrl)
+            # Only the next call's wait needs it, and that is queued before it is recorded again.
+            end = self._end_mark
+        end.record(ctrl)
         self._last_end, self._last_stream = end, ctrl_handle
         if flight is not None:
             flight.start, flight.end = start, end
@@ -338,8 +282,6 @@ class CudaCopyEngineExecutor:
         own = self._pads[self.rank]
         for word in range(signal_pad_words(self.world)):
             self._watch_ops.write_value32(own + 4 * word, seq)
-        if self._marks is not None:  # a stream ordered after an earlier call's end mark
-            self._marks[:] = seq & _MASK
         self._watch_stream.synchronize()
 
     def close(self) -> None:

@@ -119,35 +119,11 @@ def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[
                  for ops in schedule.slots)
 
 
-def with_marks(lowered: tuple, start_addr: int, end_addr: int) -> tuple | None:
-    """``lowered`` with the call's start and end written by the GPU (value: the sequence
-    number) into ``start_addr`` and ``end_addr``, riding in the batches already there: the start
-    as the first op of the first batch, the end as the last op of the last batch, after its waits.
-    They replace two event records per call (a driver call each) for the watchdog and for the
-    next call's ordering. None when the program has no such batches to ride in: several slots
-    (the end is then after an event join), or a copy first or last."""
-    if len(lowered) != 1 or not lowered[0]:
-        return None
-    steps = list(lowered[0])
-    first, last = steps[0], steps[-1]
-    if first[0] != "signals" or last[0] != "signals":
-        return None
-    if len(first[1]) >= MAX_SIGNALS_PER_BATCH:
-        return None
-    steps[0] = ("signals", ((False, start_addr, 0),) + first[1])
-    last = steps[-1]
-    if len(last[1]) >= MAX_SIGNALS_PER_BATCH:
-        return None
-    steps[-1] = ("signals", last[1] + ((False, end_addr, 0),))
-    return (tuple(steps),)
-
-
 class CompiledProgram:
     """Lowered steps as prebuilt cuda-python objects; :meth:`launch` queues one call."""
 
-    def __init__(self, lowered: tuple, cu, marked: bool = False):
+    def __init__(self, lowered: tuple, cu):
         self.cu = cu
-        self.marked = marked  # writes the call's start and end marks (see with_marks)
         wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
         write_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
         geq, fenced = self._geq, self._fenced = signal_flags(cu)
