@@ -22,7 +22,12 @@ def test_quick_study_measures_every_strategy_correctly(tmp_path):
     assert ids == ["cb1_896M/all_gather", "dec1_64M/all_to_all"]
     sm = doc["machine"]["sm_count"]
     for s in doc["scenarios"]:
-        assert s["t_gemm"]["n"] == 9 and s["t_comm"]["nccl"]["n"] == 9
+        assert s["t_gemm"]["n"] >= 9 and s["t_comm"]["nccl"]["n"] >= 9
+        if s["id"].startswith("dec1"):  # a 0.14 ms GEMM gets more timed runs than 9 (20 ms of them)
+            assert s["t_gemm"]["n"] > 9 and s["t_comm"]["nccl"]["n"] > 9
+        # auto and the fastest strategy were timed again in turns, both correct
+        turns = s["auto_in_turns"]
+        assert turns["correct"] is True and turns["auto_ms"]["n"] >= 9, turns
         for name, st in s["strategies"].items():
             assert st["correct"] is True, (s["id"], name)
         # the partitioned strategies really ran the GEMM on fewer SMs (a green context)
