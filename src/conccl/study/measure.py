@@ -375,7 +375,9 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
                          f"{rig.memory / 2**30:.1f} GiB; the largest scenario is {worst.id}")
     doc = analysis.new_document("measured", cfg.meta, {"quick": cfg.quick, "warmup": cfg.warmup,
                                                         "iters": cfg.iters, "world": world,
-                                                        "side_by_side": cfg.side_by_side})
+                                                        "side_by_side": cfg.side_by_side,
+                                                        "min_timed_ms": cfg.min_timed_ms, "max_iters": cfg.max_iters,
+                                                        "auto_in_turns": cfg.auto_in_turns})
     save = (lambda: report.save_results(cfg.out_dir, doc)) if rank == 0 else (lambda: None)
     gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
     sizes = SIZE_SWEEP_QUICK if cfg.quick else SIZE_SWEEP

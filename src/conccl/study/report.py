@@ -60,8 +60,10 @@ def markdown(doc: dict, figures: list[str], figure_note: str | None) -> str:
         out += [banner(doc), ""]
     out += [f"{what} {m.get('date', '')}, machine `{m.get('machine_kind', 'unknown')}`, commit `{m.get('commit', '?')}`, "
             f"torch {m.get('torch')}, CUDA {m.get('cuda')}, NCCL {m.get('nccl')}, cuda-python {m.get('cuda_python')}. "
-            f"{doc['config'].get('warmup')} warm-ups then {doc['config'].get('iters')} timed executions per number, "
-            "CUDA events, ranks aligned by a barrier before each, median of the slowest rank (spread in results.csv).",
+            f"{doc['config'].get('warmup')} warm-ups then {doc['config'].get('iters')} timed executions per number"
+            + (f" (more for a short configuration: enough to cover {doc['config']['min_timed_ms']:g} ms, at most "
+               f"{doc['config']['max_iters']})" if doc["config"].get("min_timed_ms") else "")
+            + ", CUDA events, ranks aligned by a barrier before each, median of the slowest rank (spread in results.csv).",
             "", "Sizes are bytes of the collective's output per rank (K/M/G = 2^10/2^20/2^30). "
             "Speedup = (t_gemm + t_nccl) / t_concurrent against the serial run with NCCL; "
             "percent of ideal = (speedup - 1) / (ideal - 1).", ""]
@@ -82,6 +84,13 @@ def markdown(doc: dict, figures: list[str], figure_note: str | None) -> str:
                 f"in every scenario (the paper: 72%). This run: {best['mean_pct_ideal']:.1f}% on average "
                 f"({best['mean_pct_ideal'] - analysis.GOAL_MEAN:+.1f} points from the goal), minimum "
                 f"{best['min_pct_ideal']:.1f}%, {best['n_at_least_80']} of {best['n']} scenarios at >= 80%."]
+    turns = [s["auto_in_turns"] for s in doc.get("scenarios", []) if s.get("auto_in_turns")]
+    if turns:
+        ratio = [100 * t["best_ms"]["median"] / t["auto_ms"]["median"] for t in turns]
+        out += ["", f"`auto` timed again in turns with the fastest strategy of each scenario (back to back, a "
+                f"configuration's time depends on what ran just before it): best time / auto time "
+                f"{sum(ratio) / len(ratio):.1f}% on average, {min(ratio):.1f}% at worst, over {len(turns)} scenarios "
+                "(per scenario: results.json, `auto_in_turns`; judged by `conccl plan --evaluate`)."]
     if sm["wrong"]:
         out += ["", f"**Wrong results** (output differed from NCCL's pattern): {', '.join(sm['wrong'])}"]
     else:
