@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     p.add_argument("--strategy", default="auto",
                    help="auto (the planner) or a study strategy to predict: "
-                        + ", ".join(n for n, s in STRATEGIES.items() if s.impl in ("nccl", "conccl")))
+                        + ", ".join(n for n, s in STRATEGIES.items() if s.runtime_applies))
     p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the embedded H200 x4)")
     p.add_argument("--json", metavar="FILE", help="also write the plan as JSON to FILE ('-': JSON only, on stdout)")
     p.add_argument("--evaluate", metavar="REPORT_DIR", help="judge the planner on a measured study's results.json")

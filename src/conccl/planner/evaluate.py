@@ -23,7 +23,7 @@ def _runs(s: dict):
     """(strategy, sms, seconds) of every measured run the runtime could apply."""
     for name, runs in s.get("runs", {}).items():
         st = STRATEGIES.get(name)
-        if st is None or st.impl not in ("nccl", "conccl"):
+        if st is None or not st.runtime_applies:
             continue
         for r in runs:
             yield name, r["sms"], r["time_ms"]["median"] / 1e3

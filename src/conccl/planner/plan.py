@@ -52,8 +52,8 @@ def strategy_name(impl: str, comm_first: bool, high_priority: bool, partitioned:
 
 def check_strategy(name: str, collective: str) -> None:
     s = STRATEGIES.get(name)
-    if s is None or s.impl not in ("nccl", "conccl"):
-        known = ", ".join(n for n, st in STRATEGIES.items() if st.impl in ("nccl", "conccl"))
+    if s is None or not s.runtime_applies:
+        known = ", ".join(n for n, st in STRATEGIES.items() if st.runtime_applies)
         raise PlanError(f"unknown strategy {name!r}; known: auto, {known}")
     if collective not in s.collectives:
         raise PlanError(f"strategy {name!r} does not run {collective}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ..partition import Partitions
 from . import analysis
 from .scenarios import Gemm, Scenario
-from .strategies import strategies_for
+from .strategies import STRATEGIES, strategies_for
 
 SIZE_SWEEP = tuple(1 << s for s in (20, 22, 24, 26, 28, 30, 32))  # 1M .. 4G
 SIZE_SWEEP_QUICK = tuple(1 << s for s in (20, 24, 28))
@@ -144,20 +144,19 @@ class Rig:
         end.synchronize()
         return start.elapsed_time(end)
 
-    def iterations(self, warm_ms: list[float]) -> int:
-        """Timed runs for a configuration whose warm-ups took ``warm_ms``: ``iters``, more for
-        a short one (see ``StudyConfig.min_timed_ms``). Every rank gets the same number."""
+    def iterations(self, estimate_ms: float) -> int:
+        """Timed runs for a configuration of ``estimate_ms`` per run (the median of its warm-ups,
+        0 without): ``iters``, more for a short one (see ``StudyConfig.min_timed_ms``). Every
+        rank gets the same number (the slowest rank's estimate counts)."""
         cfg = self.cfg
-        est = self.torch.tensor([statistics.median(warm_ms) if warm_ms else 0.0], dtype=self.torch.float64,
-                                device=self.device)
+        est = self.torch.tensor([estimate_ms], dtype=self.torch.float64, device=self.device)
         self.dist.all_reduce(est, op=self.dist.ReduceOp.MAX)
         return timed_iterations(float(est.item()), cfg.iters, cfg.min_timed_ms, cfg.max_iters)
 
     def timed(self, parts, poison=None) -> list[float]:
         """Milliseconds of each timed execution, the slowest rank's (same list on every rank)."""
         torch, dist = self.torch, self.dist
-        warm = [self._once(parts) for _ in range(self.cfg.warmup)]
-        runs = self.iterations(warm)
+        runs = self.iterations(_median([self._once(parts) for _ in range(self.cfg.warmup)]))
         times = []
         for i in range(runs):
             if poison is not None and i == runs - 1:
@@ -179,11 +178,8 @@ class Rig:
         Returns per configuration (milliseconds of the slowest rank, correct).
         """
         torch, dist = self.torch, self.dist
-        longest = []
-        for parts, _, _ in configs:
-            warm = [self._once(parts) for _ in range(self.cfg.warmup)]
-            longest = max(longest, warm, key=lambda w: statistics.median(w) if w else 0.0)
-        rounds = self.iterations(longest)
+        rounds = self.iterations(max(_median([self._once(parts) for _ in range(self.cfg.warmup)])
+                                     for parts, _, _ in configs))
         times: list[list[float]] = [[] for _ in configs]
         correct: list[bool | None] = [None] * len(configs)
         for i in range(rounds):
@@ -202,6 +198,10 @@ class Rig:
         t = self.torch.tensor([1 if ok else 0], device=self.device)
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN)
         return bool(t.item())
+
+
+def _median(ms: list[float]) -> float:
+    return statistics.median(ms) if ms else 0.0
 
 
 def timed_iterations(estimate_ms: float, iters: int, min_timed_ms: float, max_iters: int) -> int:
@@ -520,10 +520,7 @@ def _auto_in_turns(rig: Rig, labels, configs, results) -> dict | None:
     Back to back, a configuration's time depends on what ran just before it (the power
     controller's state): the same plan measured 0-10% apart as ``auto`` and as its strategy.
     In turns, both see the same conditions."""
-    from .strategies import STRATEGIES
-
-    runs = [(results[i][0], i) for i, lb in enumerate(labels)
-            if lb[0] == "run" and STRATEGIES[lb[1]].impl in ("nccl", "conccl")]
+    runs = [(results[i][0], i) for i, lb in enumerate(labels) if lb[0] == "run" and STRATEGIES[lb[1]].runtime_applies]
     auto = next((i for i, lb in enumerate(labels) if lb[0] == "auto"), None)
     if not runs or auto is None:
         return None

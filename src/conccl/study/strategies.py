@@ -26,6 +26,11 @@ class Strategy:
     collectives: tuple[str, ...] = ("all_gather", "all_to_all")
     reference: bool = False  # an outside reference, not one of the paper's strategies
 
+    @property
+    def runtime_applies(self) -> bool:
+        """The planner may pick it and ``conccl.overlap`` run it (NCCL or conccl; not the references)."""
+        return self.impl in ("nccl", "conccl")
+
     def sweep(self, quick: bool) -> tuple[int, ...]:
         if self.partition == "nccl_ctas":
             return RP_SMS_QUICK if quick else RP_SMS
