@@ -8,6 +8,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument, UnsupportedGroup
+from .persistent import PersistentCollective
 from .schedule import Algorithm, StreamMode
 from .work import Work
 
@@ -15,7 +16,8 @@ from .work import Work
 def __getattr__(name):
     # The API module (and the CUDA executor behind it) loads on first use, keeping
     # `import conccl` light for the CLI and the pure parts (plans, reference executor).
-    if name in {"all_gather_into_tensor", "all_to_all_single", "empty", "set_options", "destroy", "get_communicator"}:
+    if name in {"all_gather_into_tensor", "all_to_all_single", "persistent_all_gather_into_tensor",
+                "persistent_all_to_all_single", "empty", "set_options", "destroy", "get_communicator"}:
         from . import api
 
         return getattr(api, name)
@@ -29,6 +31,9 @@ def __getattr__(name):
 __all__ = [
     "all_gather_into_tensor",
     "all_to_all_single",
+    "persistent_all_gather_into_tensor",
+    "persistent_all_to_all_single",
+    "PersistentCollective",
     "empty",
     "set_options",
     "destroy",

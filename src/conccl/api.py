@@ -161,6 +161,33 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                                                      timeout=timeout)
 
 
+def persistent_all_gather_into_tensor(output, input, group=None, *, timeout=None):
+    """Agree an all-gather of ``input`` into ``output`` with the peers once; start it many times.
+
+    A collective call (every rank of ``group``, like :func:`all_gather_into_tensor`, with the
+    same arguments' rules); nothing moves yet. Returns a :class:`conccl.PersistentCollective`
+    whose ``start(async_op=False)`` queues the gather with no host handshake: at 1 MiB on
+    H200 it skips the validation, the peer exchange and the plan lookup of a one-shot call.
+    Every rank must start its persistent ops in the same order (as with NCCL calls); see
+    :mod:`conccl.persistent` for what is and is not checked.
+
+    Shapes, dtypes, stream semantics of ``start``, SMs used (none) and workspace: as
+    :func:`all_gather_into_tensor`. The tensors must keep their memory while the op lives;
+    their contents may change between starts.
+    """
+    return get_communicator(group).persistent_all_gather_into_tensor(output, input, timeout=timeout)
+
+
+def persistent_all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, *,
+                                 timeout=None):
+    """Agree an all-to-all with the peers once; start it many times (see
+    :func:`persistent_all_gather_into_tensor`). The split sizes are read here, once: later
+    changes to them do not reach the op. Arguments as :func:`all_to_all_single`.
+    """
+    return get_communicator(group).persistent_all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                                                timeout=timeout)
+
+
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
                 timeout: timedelta | None = None, checks: bool | None = None) -> None:
     """Change a group's defaults (algorithm, stream mode, timeout) on this rank.

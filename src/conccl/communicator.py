@@ -119,6 +119,7 @@ class Communicator:
         self.executor, self.board, self.rank, self.world = executor, board, rank, world
         self.options = options or Options()
         self.seq = 0
+        self.persistent_ops = 0  # persistent collectives made on this group (their ids)
         self._locals: dict[tuple, _Local] = {}  # call key -> its local step (see the collectives)
         self.broken: BaseException | None = None  # the first failure; every later call raises it
         self._lock = threading.Lock()  # orders queueing against the watchdog's release
@@ -209,9 +210,41 @@ class Communicator:
                 -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
                 *in_splits, *out_splits]
 
+    # ------------------------------------------------------------------ persistent
+    # Agreed once (validate, exchange, settle, as a call does), started many times with only
+    # the execute step (see conccl.persistent).
+    def persistent_all_gather_into_tensor(self, output, input, *, algorithm=None, stream_mode=None, timeout=None):
+        key, local = self._remembered(ag.NAME, output, input, algorithm, stream_mode)
+        if local is None:
+            local = self._local_all_gather(output, input, algorithm, stream_mode, key)
+        return self._persistent(local, self._settle_all_gather, input, output, timeout)
+
+    def persistent_all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, *,
+                                     algorithm=None, stream_mode=None, timeout=None):
+        key, local = self._remembered(a2a.NAME, output, input, algorithm, stream_mode, output_split_sizes,
+                                      input_split_sizes)
+        if local is None:
+            local = self._local_all_to_all(output, input, output_split_sizes, input_split_sizes, algorithm,
+                                           stream_mode, key)
+        return self._persistent(local, self._settle_all_to_all, input, output, timeout)
+
+    def _persistent(self, local: "_Local", settle, input, output, timeout):
+        from .persistent import PersistentCollective
+
+        self._check_usable()
+        timeout_s = self._timeout_s(timeout)
+        schedule, views = self._agree(local, settle, timeout_s)
+        self.persistent_ops += 1
+        return PersistentCollective(self, self.persistent_ops, local.coll, schedule, views, input, output, timeout_s)
+
     def _run(self, local: "_Local", settle, input, output, async_op, timeout):
         self._check_usable()
         timeout_s = self._timeout_s(timeout)
+        schedule, views = self._agree(local, settle, timeout_s)
+        return self._execute(schedule, input, output, async_op, timeout_s, views)
+
+    def _agree(self, local: "_Local", settle, timeout_s: float) -> tuple:
+        """(schedule, views) every rank derives from every rank's row for the next call."""
         seq = self.seq + 1
         rows = self._exchange(local, seq, timeout_s)
         rows[:, _F_SEQ] -= seq  # the rows as an earlier call with the same peers' arguments saw them
@@ -223,8 +256,7 @@ class Communicator:
             if len(local.settled) >= _MAX_REMEMBERED:
                 local.settled.clear()
             local.settled[key] = settled
-        schedule, views = settled
-        return self._execute(schedule, input, output, async_op, timeout_s, views)
+        return settled
 
     def _exchange(self, local: "_Local", seq: int, timeout_s: float):
         """Publish this call on the board and read every rank's row.

@@ -22,7 +22,7 @@ class Impl:
     setup: Callable
 
 
-def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True):
+def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, persistent=False):
     def setup(coll, inp, out, ctx):
         import conccl
 
@@ -31,6 +31,9 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True):
         if symmetric:
             inp, out = _to_symmetric(inp, ctx, "in"), _to_symmetric(out, ctx, "out")
         comm = conccl.get_communicator()
+        if persistent:  # agreed once here; each run only starts it
+            make = comm.persistent_all_gather_into_tensor if coll == "all_gather" else comm.persistent_all_to_all_single
+            return make(out, inp, algorithm=algo, stream_mode=mode).start, lambda: out
         if coll == "all_gather":
             call = lambda: comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
         else:
@@ -149,6 +152,12 @@ REGISTRY: dict[str, Impl] = {
              "conccl push into peers' outputs from conccl.empty", _conccl("push", None, True)),
         Impl("conccl_symm_push_in_place", "cuda_symm", ("all_gather",),
              "conccl push, in place: the input is the own chunk of a conccl.empty output", _conccl_in_place),
+        Impl("conccl_persistent", "cuda_symm", ("all_gather", "all_to_all"),
+             "conccl default on ordinary tensors as a persistent op (conccl.persistent_*): agreed with the "
+             "peers once, each run only queues the copies", _conccl(persistent=True)),
+        Impl("conccl_symm_push_persistent", "cuda_symm", ("all_gather", "all_to_all"),
+             "conccl push from conccl.empty as a persistent op: agreed once, each run only queues the copies",
+             _conccl("push", None, True, persistent=True)),
         Impl("conccl_symm_push_unchecked", "cuda_symm", ("all_gather", "all_to_all"),
              "conccl push from conccl.empty without the mismatch checks and the watchdog (what they cost; "
              "a dead peer then hangs the GPU)", _conccl("push", None, True, checks=False)),

@@ -52,6 +52,7 @@ def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
 PHASES = (
     ("call", "conccl.communicator", "Communicator.all_gather_into_tensor"),
     ("call", "conccl.communicator", "Communicator.all_to_all_single"),
+    ("call", "conccl.persistent", "PersistentCollective.start"),  # a persistent op: execute only
     ("call key", "conccl.communicator", "Communicator._remembered"),
     # The local and settle steps run only for arguments (or peers' rows) not seen before.
     ("local step", "conccl.communicator", "Communicator._local_all_gather"),

@@ -1,0 +1,81 @@
+"""Persistent collectives: agree with the peers once, start many times.
+
+A call of :func:`conccl.all_gather_into_tensor` spends most of its host time at small sizes
+on agreeing with its peers (publishing its row on the host board and reading theirs, then
+looking the rows up among the remembered ones), not on queueing copies. A loop that gathers
+the same buffers every step (FSDP's parameter all-gather, a decode step's all-to-all) can
+agree once instead, as MPI's persistent collectives (``MPI_Allgather_init``) do::
+
+    op = conccl.persistent_all_gather_into_tensor(out, shard)   # every rank: validate, agree, plan
+    for step in range(n):
+        shard.copy_(...)                                        # contents may change
+        op.start()                                              # queue the copies only
+        use(out)
+    op.close()
+
+What :meth:`PersistentCollective.start` skips: the validation, the board exchange and the
+rows' lookup. What it keeps: the sequence number and signal protocol of every conccl call
+(so persistent starts and ordinary calls can be mixed on a group), the stream semantics, the
+watchdog (a peer that never starts its op times out with its rank named).
+
+What it cannot check: that every rank starts the *same* op. As with NCCL, the ranks of a
+group must issue the same collectives in the same order; a rank that starts another op
+than its peers (or makes an ordinary call while they start one) is not told at once: the
+peers' stream waits or host exchange time out and the group breaks.
+"""
+from __future__ import annotations
+
+
+class PersistentCollective:
+    """One collective's agreed schedule and buffers, started with :meth:`start`.
+
+    Made by :func:`conccl.persistent_all_gather_into_tensor` and
+    :func:`conccl.persistent_all_to_all_single` (a collective call: every rank of the group).
+    Holds references to its tensors: they must keep their storage (no ``resize_``, no
+    ``set_``); their contents may change between starts.
+    """
+
+    def __init__(self, comm, op_id: int, collective: str, schedule, views, input, output, timeout_s: float):
+        self._comm, self.op_id, self.collective = comm, op_id, collective
+        self._schedule, self._views = schedule, views
+        self._input, self._output, self._timeout_s = input, output, timeout_s
+        self._ptrs = (input.data_ptr(), output.data_ptr())
+
+    @property
+    def closed(self) -> bool:
+        return self._comm is None
+
+    def start(self, async_op: bool = False):
+        """Queue the collective on the caller's current stream, as the one-shot call would.
+
+        Stream semantics: starts after the work already queued on the caller's current stream;
+        with ``async_op=False`` later work on that stream sees the output, with ``async_op=True``
+        the returned :class:`conccl.Work` orders it (``wait()``). SMs used: none. No host
+        handshake with the peers: the call returns once its copies are queued.
+        """
+        comm = self._comm
+        if comm is None:
+            from .errors import InvalidArgument
+
+            raise InvalidArgument(f"persistent {self.collective} #{self.op_id} is closed; make a new one")
+        if (self._input.data_ptr(), self._output.data_ptr()) != self._ptrs:
+            from .errors import InvalidArgument
+
+            raise InvalidArgument(
+                f"persistent {self.collective} #{self.op_id}: a tensor moved since the op was made (resize_ or "
+                "set_); its peers would reach the old memory. Make a new persistent op")
+        return comm._execute(self._schedule, self._input, self._output, async_op, self._timeout_s, self._views)
+
+    def close(self) -> None:
+        """Drop the op's references (its tensors, its schedule). Local: no peer takes part."""
+        self._comm = self._input = self._output = self._schedule = self._views = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self._schedule.collective}, rank {self._comm.rank}/{self._comm.world}"
+        return f"PersistentCollective(#{self.op_id} {self.collective}, {state})"
