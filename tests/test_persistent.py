@@ -178,3 +178,16 @@ def _peer_never_starts(comm):
 def test_a_peer_that_never_starts_times_out_with_its_rank_named():
     results = spawn(3, _peer_never_starts)
     assert results[0] == [1] and results[2] == [1]
+
+
+def test_overlap_start_refuses_anything_but_an_open_persistent_op():
+    import conccl
+    from conccl.persistent import PersistentCollective
+
+    c3 = conccl.overlap(plan="conccl")
+    with pytest.raises(InvalidArgument, match="PersistentCollective"):
+        c3.start(lambda: None)
+    closed = PersistentCollective(object(), 1, "all_gather", None, None, torch.zeros(4), torch.zeros(8), 1.0)
+    closed.close()
+    with pytest.raises(InvalidArgument, match="closed"):
+        c3.start(closed)

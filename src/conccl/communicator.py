@@ -217,7 +217,7 @@ class Communicator:
         key, local = self._remembered(ag.NAME, output, input, algorithm, stream_mode)
         if local is None:
             local = self._local_all_gather(output, input, algorithm, stream_mode, key)
-        return self._persistent(local, self._settle_all_gather, input, output, timeout)
+        return self._persistent(local, self._settle_all_gather, input, output, timeout, (None, None))
 
     def persistent_all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, *,
                                      algorithm=None, stream_mode=None, timeout=None):
@@ -226,16 +226,18 @@ class Communicator:
         if local is None:
             local = self._local_all_to_all(output, input, output_split_sizes, input_split_sizes, algorithm,
                                            stream_mode, key)
-        return self._persistent(local, self._settle_all_to_all, input, output, timeout)
+        return self._persistent(local, self._settle_all_to_all, input, output, timeout,
+                                (output_split_sizes, input_split_sizes))
 
-    def _persistent(self, local: "_Local", settle, input, output, timeout):
+    def _persistent(self, local: "_Local", settle, input, output, timeout, split_sizes):
         from .persistent import PersistentCollective
 
         self._check_usable()
         timeout_s = self._timeout_s(timeout)
         schedule, views = self._agree(local, settle, timeout_s)
         self.persistent_ops += 1
-        return PersistentCollective(self, self.persistent_ops, local.coll, schedule, views, input, output, timeout_s)
+        return PersistentCollective(self, self.persistent_ops, local.coll, schedule, views, input, output, timeout_s,
+                                    split_sizes)
 
     def _run(self, local: "_Local", settle, input, output, async_op, timeout):
         self._check_usable()

@@ -35,11 +35,23 @@ class PersistentCollective:
     ``set_``); their contents may change between starts.
     """
 
-    def __init__(self, comm, op_id: int, collective: str, schedule, views, input, output, timeout_s: float):
+    def __init__(self, comm, op_id: int, collective: str, schedule, views, input, output, timeout_s: float,
+                 split_sizes=(None, None)):
         self._comm, self.op_id, self.collective = comm, op_id, collective
         self._schedule, self._views = schedule, views
         self._input, self._output, self._timeout_s = input, output, timeout_s
+        # (output, input) split sizes of an all-to-all as given (None: equal), so a runtime
+        # that plans NCCL for this pair can run the same collective with it
+        self.split_sizes = tuple(None if x is None else list(x) for x in split_sizes)
         self._ptrs = (input.data_ptr(), output.data_ptr())
+
+    @property
+    def input(self):
+        return self._input
+
+    @property
+    def output(self):
+        return self._output
 
     @property
     def closed(self) -> bool:

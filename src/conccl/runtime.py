@@ -125,6 +125,7 @@ class Overlap:
         self.plan: Plan | None = None
         self._compute = None
         self._comm = None
+        self._op = None  # a persistent op recorded with start()
 
     def __enter__(self) -> "Overlap":
         return self
@@ -158,6 +159,18 @@ class Overlap:
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None):
         """Record ``torch.distributed.all_to_all_single(output, input, ...)``."""
         self._set_comm("all_to_all", output, input, group, output_split_sizes, input_split_sizes)
+
+    def start(self, op):
+        """Record a :class:`conccl.PersistentCollective` (agreed once, see
+        :func:`conccl.persistent_all_gather_into_tensor`): where the plan picks conccl it is
+        started, skipping the per-call handshake; where it picks NCCL, NCCL runs the same
+        collective on the op's tensors."""
+        from .persistent import PersistentCollective
+
+        if not isinstance(op, PersistentCollective) or op.closed:
+            raise InvalidArgument(f"start needs an open conccl.PersistentCollective, got {op!r}")
+        self._set_comm(op.collective, op.output, op.input, None, *op.split_sizes)
+        self._op = op
 
     def _set_compute(self, fn, gemm, esize, tensors):
         if self._compute is not None:
@@ -193,8 +206,12 @@ class Overlap:
         except PlanError as e:
             raise InvalidArgument(str(e)) from None
 
+        op = self._op
+
         def comm(impl, group):
-            if collective == "all_gather":
+            if op is not None and impl == "conccl":
+                op.start()
+            elif collective == "all_gather":
                 f = api.all_gather_into_tensor if impl == "conccl" else dist.all_gather_into_tensor
                 f(output, input, group=group)
             else:

@@ -51,7 +51,7 @@ def _persistent_on_gpu(rank, world):
         ref = torch.empty_like(out)
         for i in range(30):
             torch.cuda._sleep(100_000)
-            inp.copy_(torch.randint(0, 1 << 15, inp.shape, device="cuda", generator=g).view(torch.bfloat16))  # producer
+            inp.copy_(torch.randint(0, 1 << 15, inp.shape, device="cuda", generator=g, dtype=torch.int16).view(torch.bfloat16))  # producer
             op.start()
             result = out.clone()  # consumer on the caller's stream, right after the start
             comm.board.exchange = exchange  # the reference (and a one-shot call) may exchange
@@ -64,7 +64,7 @@ def _persistent_on_gpu(rank, world):
             comm.board.exchange = counted
             report["wrong"] += int((result.view(torch.int16) != ref.view(torch.int16)).sum())
         comm.board.exchange = exchange
-        inp.copy_(torch.randint(0, 1 << 15, inp.shape, device="cuda", generator=g).view(torch.bfloat16))
+        inp.copy_(torch.randint(0, 1 << 15, inp.shape, device="cuda", generator=g, dtype=torch.int16).view(torch.bfloat16))
         if "all_gather" in label:
             dist.all_gather_into_tensor(ref, inp)
         else:
@@ -88,6 +88,28 @@ def _persistent_on_gpu(rank, world):
     gpu = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
     report["kernels"] = sorted({x for x in gpu if "memcpy" not in x.lower() and "memset" not in x.lower()})
     report["memcpy"] = sum("memcpy" in x.lower() for x in gpu)
+
+    # conccl.overlap runs a persistent op where its plan picks conccl, and NCCL on the op's
+    # tensors where it picks NCCL; both equal the serial result.
+    a = torch.randn(2048, 2048, dtype=torch.bfloat16, device="cuda", generator=g)
+    op, inp, out = ops["all_to_all uneven push"]
+    inp.copy_(torch.randint(0, 1 << 15, inp.shape, device="cuda", generator=g, dtype=torch.int16).view(torch.bfloat16))
+    ref = torch.empty_like(out)
+    dist.all_to_all_single(ref, inp, out_splits, in_splits)
+    report["overlap"] = {}
+    for plan in ("conccl", "c3_sp", "conccl", "c3_sp"):  # the first of each warms up (NCCL group, streams)
+        out.zero_()
+        torch.cuda.synchronize()
+        comm.board.exchange = counted
+        exchanges["n"] = 0
+        with conccl.overlap(plan=plan) as c3:
+            c3.matmul(a, a)
+            c3.start(op)
+        result = out.clone()
+        comm.board.exchange = exchange
+        torch.cuda.synchronize()
+        report["overlap"][plan] = (c3.plan.impl, exchanges["n"],
+                                   int((result.view(torch.int16) != ref.view(torch.int16)).sum()))
     for op, _, _ in ops.values():
         op.close()
     return report
@@ -102,3 +124,4 @@ def test_persistent_starts_equal_nccl_with_no_exchange_and_no_kernel():
         assert r["exchanges_in_starts"] == 0, r  # only the one-shot calls met the peers
         assert r["kernels"] == [] and r["memcpy"] >= 9, r
         assert r["async"] == [(False, True)] * 3, r
+        assert r["overlap"] == {"conccl": ("conccl", 0, 0), "c3_sp": ("nccl", 0, 0)}, r

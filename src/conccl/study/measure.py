@@ -263,6 +263,7 @@ class CollectiveCase:
             for d in range(w):
                 fill_pattern(ins[d], r, d)
         self.lc_out = None
+        self._conccl_op = None
 
     def poison(self, target=None) -> None:
         w, r = self.rig.world, self.rig.rank
@@ -289,11 +290,9 @@ class CollectiveCase:
                 return lambda: dist.all_gather_into_tensor(self.out, self.inp, group=group)
             return lambda: dist.all_to_all_single(self.out, self.inp, group=group)
         if impl == "conccl":
-            import conccl
-
-            if self.collective == "all_gather":
-                return lambda: conccl.all_gather_into_tensor(self.out, self.inp)
-            return lambda: conccl.all_to_all_single(self.out, self.inp)
+            # As a loop over the same buffers runs it: a persistent op, agreed with the peers
+            # once (the first time any strategy asks, on every rank alike), then only started.
+            return self.conccl_op().start
         if impl == "torch_lc":
             name = dist.group.WORLD.group_name
 
@@ -302,6 +301,15 @@ class CollectiveCase:
                 self.lc_out = torch.ops._c10d_functional.wait_tensor(out)
             return run
         raise ValueError(f"unknown collective implementation {impl!r}")
+
+    def conccl_op(self):
+        if self._conccl_op is None:
+            import conccl
+
+            make = (conccl.persistent_all_gather_into_tensor if self.collective == "all_gather"
+                    else conccl.persistent_all_to_all_single)
+            self._conccl_op = make(self.out, self.inp)
+        return self._conccl_op
 
     def poison_lc(self) -> None:
         """PyTorch's op allocates its output every call: poison the last one and let it go, so
@@ -377,7 +385,8 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
                                                         "iters": cfg.iters, "world": world,
                                                         "side_by_side": cfg.side_by_side,
                                                         "min_timed_ms": cfg.min_timed_ms, "max_iters": cfg.max_iters,
-                                                        "auto_in_turns": cfg.auto_in_turns})
+                                                        "auto_in_turns": cfg.auto_in_turns,
+                                                        "conccl_call": "persistent"})
     save = (lambda: report.save_results(cfg.out_dir, doc)) if rank == 0 else (lambda: None)
     gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
     sizes = SIZE_SWEEP_QUICK if cfg.quick else SIZE_SWEEP

@@ -63,7 +63,9 @@ def markdown(doc: dict, figures: list[str], figure_note: str | None) -> str:
             f"{doc['config'].get('warmup')} warm-ups then {doc['config'].get('iters')} timed executions per number"
             + (f" (more for a short configuration: enough to cover {doc['config']['min_timed_ms']:g} ms, at most "
                f"{doc['config']['max_iters']})" if doc["config"].get("min_timed_ms") else "")
-            + ", CUDA events, ranks aligned by a barrier before each, median of the slowest rank (spread in results.csv).",
+            + ", CUDA events, ranks aligned by a barrier before each, median of the slowest rank (spread in results.csv)."
+            + (" conccl runs as a persistent op (agreed with the peers once per scenario, then only started), as a "
+               "loop over the same buffers would." if doc["config"].get("conccl_call") == "persistent" else ""),
             "", "Sizes are bytes of the collective's output per rank (K/M/G = 2^10/2^20/2^30). "
             "Speedup = (t_gemm + t_nccl) / t_concurrent against the serial run with NCCL; "
             "percent of ideal = (speedup - 1) / (ideal - 1).", ""]

@@ -46,7 +46,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("c3_rp", "resource partitioning: GEMM in a green context, NCCL capped to the reserved SMs as CTAs",
              "nccl", partition="nccl_ctas"),
     Strategy("c3_sp_rp", "c3_sp and c3_rp together", "nccl", comm_first=True, partition="nccl_ctas"),
-    Strategy("conccl", "conccl copy-engine collective (no SM), GEMM launched first", "conccl"),
+    Strategy("conccl", "conccl copy-engine collective (no SM; a persistent op, agreed with the peers once), "
+             "GEMM launched first", "conccl"),
     Strategy("conccl_rp", "conccl, and the GEMM gives up SMs (green context)", "conccl", partition="gemm_only"),
     Strategy("auto", "the planner's choice from the shipped hardware profile, run by conccl.overlap(plan='auto')",
              "auto", reference=True),
