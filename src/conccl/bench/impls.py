@@ -33,7 +33,8 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, pers
         comm = conccl.get_communicator()
         if persistent:  # agreed once here; each run only starts it
             make = comm.persistent_all_gather_into_tensor if coll == "all_gather" else comm.persistent_all_to_all_single
-            return make(out, inp, algorithm=algo, stream_mode=mode).start, lambda: out
+            op = make(out, inp, algorithm=algo, stream_mode=mode)
+            return (lambda: op.start()), lambda: out  # looked up per call: --phases wraps start
         if coll == "all_gather":
             call = lambda: comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
         else:
