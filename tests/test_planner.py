@@ -285,3 +285,30 @@ def test_cli_plan_evaluate_writes_markdown(capsys, tmp_path):
     assert main(["plan", "--evaluate", str(STUDY), "--markdown", str(md), "--json", str(tmp_path / "e.json")]) == 0
     assert "# Planner accuracy" in md.read_text()
     assert json.loads((tmp_path / "e.json").read_text())["held_out"]["judged"] > 0
+
+
+def test_evaluate_judges_picks_in_turns_only_where_auto_ran_the_same_pick(h200):
+    doc = json.loads((STUDY / "results.json").read_text())
+    rows = {r["id"]: r for r in evaluate(doc, h200)["rows"]}
+    for i, s in enumerate(doc["scenarios"]):
+        r = rows[s["id"]]
+        t = 1e3 * r["best_s"]
+        other = i == 0  # the study's auto planned something else here: not judged in turns
+        s["runs"]["auto"] = [{"plan": "c3_base" if other else r["plan"], "sms": 0 if other else r["plan_sms"],
+                              "time_ms": {"median": t}}]
+        slow = 1.05 if s["id"] == "cb4_2.5G/all_gather" else 1.0
+        s["auto_in_turns"] = {"strategy": "conccl", "sms": 0, "best_ms": {"median": t},
+                              "auto_ms": {"median": t * slow}, "correct": True}
+    ev = evaluate(doc, h200)
+    first = next(r for r in ev["rows"] if r["id"] == doc["scenarios"][0]["id"])
+    assert "turns_loss_pct" not in first or first["plan"] == "c3_base"
+    picks = ev["all"]["picks_in_turns"]
+    assert picks["max_loss_pct"] == pytest.approx(5.0)
+    assert picks["n_best"] == picks["n"] - 1 and not picks["goal_met"]
+    assert "Judged in turns instead" in markdown(ev)
+    doc["scenarios"][1]["auto_in_turns"]["auto_ms"]["median"] *= 0.5  # faster than the best: no loss
+    for s in doc["scenarios"]:
+        if s["id"] == "cb4_2.5G/all_gather":
+            s["auto_in_turns"]["auto_ms"]["median"] = s["auto_in_turns"]["best_ms"]["median"] * 1.01
+    picks = evaluate(doc, h200)["all"]["picks_in_turns"]
+    assert picks["max_loss_pct"] == pytest.approx(1.0) and picks["goal_met"]
