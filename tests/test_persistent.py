@@ -191,3 +191,14 @@ def test_overlap_start_refuses_anything_but_an_open_persistent_op():
     closed.close()
     with pytest.raises(InvalidArgument, match="closed"):
         c3.start(closed)
+
+
+def test_an_op_of_a_destroyed_group_is_refused():
+    from types import SimpleNamespace
+
+    from conccl.persistent import PersistentCollective
+
+    comm = SimpleNamespace(board=SimpleNamespace(closed=True), rank=0, world=2)
+    op = PersistentCollective(comm, 1, "all_gather", None, None, torch.zeros(4), torch.zeros(8), 1.0)
+    with pytest.raises(InvalidArgument, match="destroyed"):
+        op.start()

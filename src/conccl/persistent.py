@@ -66,10 +66,11 @@ class PersistentCollective:
         handshake with the peers: the call returns once its copies are queued.
         """
         comm = self._comm
-        if comm is None:
+        if comm is None or comm.board.closed:
             from .errors import InvalidArgument
 
-            raise InvalidArgument(f"persistent {self.collective} #{self.op_id} is closed; make a new one")
+            raise InvalidArgument(f"persistent {self.collective} #{self.op_id} is closed (or its group was destroyed); "
+                                  "make a new one")
         if (self._input.data_ptr(), self._output.data_ptr()) != self._ptrs:
             from .errors import InvalidArgument
 
