@@ -138,19 +138,38 @@ class Communicator:
     #   local step and the rows, so rows equal to an earlier call's (but for the sequence
     #   number) reuse its checked schedule and views.
     def all_gather_into_tensor(self, output, input, async_op=False, *, algorithm=None, stream_mode=None, timeout=None):
-        key, local = self._remembered(ag.NAME, output, input, algorithm, stream_mode)
-        if local is None:
-            local = self._local_all_gather(output, input, algorithm, stream_mode, key)
+        local = self._gather_step(output, input, algorithm, stream_mode)
         return self._run(local, self._settle_all_gather, input, output, async_op, timeout)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False,
                           *, algorithm=None, stream_mode=None, timeout=None):
+        local = self._a2a_step(output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode)
+        return self._run(local, self._settle_all_to_all, input, output, async_op, timeout)
+
+    # Persistent ops: agreed once (validate, exchange, settle, as a call does), started many
+    # times with only the execute step (see conccl.persistent).
+    def persistent_all_gather_into_tensor(self, output, input, *, algorithm=None, stream_mode=None, timeout=None):
+        local = self._gather_step(output, input, algorithm, stream_mode)
+        return self._persistent(local, self._settle_all_gather, input, output, timeout, (None, None))
+
+    def persistent_all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, *,
+                                     algorithm=None, stream_mode=None, timeout=None):
+        local = self._a2a_step(output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode)
+        return self._persistent(local, self._settle_all_to_all, input, output, timeout,
+                                (output_split_sizes, input_split_sizes))
+
+    def _gather_step(self, output, input, algorithm, stream_mode) -> "_Local":
+        """The all-gather's local step, remembered or made now."""
+        key, local = self._remembered(ag.NAME, output, input, algorithm, stream_mode)
+        return local if local is not None else self._local_all_gather(output, input, algorithm, stream_mode, key)
+
+    def _a2a_step(self, output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode) -> "_Local":
+        """The all-to-all's local step, remembered or made now."""
         key, local = self._remembered(a2a.NAME, output, input, algorithm, stream_mode, output_split_sizes,
                                       input_split_sizes)
-        if local is None:
-            local = self._local_all_to_all(output, input, output_split_sizes, input_split_sizes, algorithm,
-                                           stream_mode, key)
-        return self._run(local, self._settle_all_to_all, input, output, async_op, timeout)
+        if local is not None:
+            return local
+        return self._local_all_to_all(output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode, key)
 
     # ------------------------------------------------------------------ steps
     def _remembered(self, coll, output, input, *args):
@@ -209,25 +228,6 @@ class Communicator:
                 -1 if algorithm is None else _code(algorithm.value),
                 -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
                 *in_splits, *out_splits]
-
-    # ------------------------------------------------------------------ persistent
-    # Agreed once (validate, exchange, settle, as a call does), started many times with only
-    # the execute step (see conccl.persistent).
-    def persistent_all_gather_into_tensor(self, output, input, *, algorithm=None, stream_mode=None, timeout=None):
-        key, local = self._remembered(ag.NAME, output, input, algorithm, stream_mode)
-        if local is None:
-            local = self._local_all_gather(output, input, algorithm, stream_mode, key)
-        return self._persistent(local, self._settle_all_gather, input, output, timeout, (None, None))
-
-    def persistent_all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, *,
-                                     algorithm=None, stream_mode=None, timeout=None):
-        key, local = self._remembered(a2a.NAME, output, input, algorithm, stream_mode, output_split_sizes,
-                                      input_split_sizes)
-        if local is None:
-            local = self._local_all_to_all(output, input, output_split_sizes, input_split_sizes, algorithm,
-                                           stream_mode, key)
-        return self._persistent(local, self._settle_all_to_all, input, output, timeout,
-                                (output_split_sizes, input_split_sizes))
 
     def _persistent(self, local: "_Local", settle, input, output, timeout, split_sizes):
         from .persistent import PersistentCollective

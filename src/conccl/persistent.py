@@ -90,5 +90,5 @@ class PersistentCollective:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{self._schedule.collective}, rank {self._comm.rank}/{self._comm.world}"
+        state = "closed" if self.closed else f"rank {self._comm.rank}/{self._comm.world}"
         return f"PersistentCollective(#{self.op_id} {self.collective}, {state})"
