@@ -15,7 +15,7 @@ from conccl.planner.evaluate import evaluate, markdown
 from conccl.planner.fit import fit_interference
 from conccl.profile import HardwareProfile, ProfileError, load_profile
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 STUDY = ROOT / "benchmarks" / "2026-11-21-h200x4-fast-path" / "study-a"
 GiB, MiB = 1 << 30, 1 << 20
 

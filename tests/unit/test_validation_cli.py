@@ -15,7 +15,7 @@ from conccl.collectives.all_gather import check_all_gather  # noqa: E402
 from conccl.collectives.all_to_all import check_all_to_all  # noqa: E402
 from conccl.validate import InvalidArgument  # noqa: E402
 
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.mark.parametrize("output,input,match", [

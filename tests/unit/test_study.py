@@ -11,7 +11,7 @@ import pytest
 from conccl.study import metrics
 from conccl.study.scenarios import SuiteError, load_suite, parse_gemm, parse_suite, scenario_from_args, select
 
-RUN = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "2026-11-21-h200x4-fast-path" / "study-a"
+RUN = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "2026-11-21-h200x4-fast-path" / "study-a"
 
 
 # ------------------------------------------------------------------ scenarios
