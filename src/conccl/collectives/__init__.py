@@ -1,26 +1,27 @@
-"""One module per collective; ``REGISTRY`` is what the API, CLI, tests and benchmark iterate."""
+"""One module per collective, each an instance of :class:`~conccl.collectives.base.Collective`;
+:data:`REGISTRY` is what the group, the CLI, tests, benchmark, study, planner and runtime iterate."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from .all_gather import ALL_GATHER
+from .all_to_all import ALL_TO_ALL
+from .base import Collective, Layout, LocalCall, PeerCalls
 
-from . import all_gather, all_to_all
+REGISTRY: dict[str, Collective] = {c.name: c for c in (ALL_GATHER, ALL_TO_ALL)}
 
-
-@dataclass(frozen=True)
-class CollectiveSpec:
-    name: str
-    bus_factor: Callable[[int], float]
+__all__ = ["REGISTRY", "Collective", "Layout", "LocalCall", "PeerCalls", "get", "by_api_name"]
 
 
-REGISTRY: dict[str, CollectiveSpec] = {
-    all_gather.NAME: CollectiveSpec(all_gather.NAME, all_gather.bus_factor),
-    all_to_all.NAME: CollectiveSpec(all_to_all.NAME, all_to_all.bus_factor),
-}
-
-
-def get(name: str) -> CollectiveSpec:
+def get(name: str) -> Collective:
+    """The registered collective called ``name``; ValueError naming the known ones otherwise."""
     try:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown collective {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def by_api_name(api_name: str) -> Collective:
+    """The collective whose torch.distributed function is ``api_name``."""
+    for c in REGISTRY.values():
+        if c.api_name == api_name:
+            return c
+    raise ValueError(f"no collective has the API function {api_name!r}")

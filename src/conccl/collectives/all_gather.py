@@ -3,15 +3,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ..errors import CollectiveError
 from ..schedule import Algorithm, Buf, Phase, Schedule, StreamMode, Transfer
 from ..validate import InvalidArgument, byte_range, check_pair, overlaps
+from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule
 
 NAME = "all_gather"
-
-
-def bus_factor(world: int) -> float:
-    return (world - 1) / world
 
 
 @lru_cache(maxsize=1024)
@@ -84,3 +82,41 @@ def check_all_gather(output, input, world: int, rank: int, device_type: str) -> 
             f"input overlaps output but is not its chunk for rank {rank} (byte offset {offset}, expected {rank * chunk})"
         )
     return True
+
+
+class AllGather(Collective):
+    """``all_gather_into_tensor(output, input)``: rank r's input lands in chunk r of every output."""
+
+    name = NAME
+    api_name = "all_gather_into_tensor"
+
+    def layout(self, world: int, rank: int) -> Layout:
+        return Layout(1, world, tuple(((src, 0),) for src in range(world)), in_place_chunk=rank)
+
+    def local(self, output, input, args, world, rank, device_type) -> LocalCall:
+        in_place = check_all_gather(output, input, world, rank, device_type)
+        nbytes = input.numel() * input.element_size()
+        return LocalCall((nbytes,) * world, (nbytes,) * world, in_place, (nbytes, in_place))
+
+    def check(self, peers: PeerCalls, rank: int, seq: int) -> None:
+        mine = peers.input_bytes[rank]
+        bad = [p for p, n in enumerate(peers.input_bytes) if n != mine]
+        if bad:
+            raise CollectiveError(
+                f"conccl all_gather (sequence number {seq}): rank {bad[0]} contributes {peers.input_bytes[bad[0]]} "
+                f"bytes, rank {rank} {mine}; every rank must pass the same input size; nothing was moved")
+
+    def plan(self, world, rank, local, peers, *, algorithm, stream_mode, input_symmetric, output_symmetric,
+             peers_in_place) -> Schedule:
+        nbytes, in_place = local.extra
+        return plan_all_gather(world, rank, nbytes, algorithm=algorithm, stream_mode=stream_mode,
+                               input_symmetric=input_symmetric, output_symmetric=output_symmetric,
+                               in_place=in_place, peers_in_place=peers_in_place)
+
+    def reference(self, inputs, rank, args=None):
+        import torch  # tests and checks only: the plans above stay importable without torch
+
+        return torch.cat([t.reshape(-1) for t in inputs])
+
+
+ALL_GATHER = AllGather()

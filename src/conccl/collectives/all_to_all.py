@@ -7,15 +7,12 @@ from functools import lru_cache
 
 from ..schedule import Algorithm, Buf, Phase, Schedule, StreamMode, Transfer
 from ..validate import InvalidArgument, check_pair, check_splits, overlaps
+from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule
 
 NAME = "all_to_all"
 
 SplitMatrix = tuple[tuple[int, ...], ...]
-
-
-def bus_factor(world: int) -> float:
-    return (world - 1) / world
 
 
 def equal_split_matrix(world: int, chunk_bytes: int) -> SplitMatrix:
@@ -91,3 +88,40 @@ def check_all_to_all(output, input, output_split_sizes, input_split_sizes, world
         raise InvalidArgument("all_to_all_single cannot run in place: output and input overlap")
     row_bytes = math.prod(input.shape[1:]) * input.element_size()
     return out_splits, in_splits, row_bytes
+
+
+class AllToAll(Collective):
+    """``all_to_all_single(output, input, output_split_sizes, input_split_sizes)``: chunk d of
+    rank s's input lands in chunk s of rank d's output (chunks along dim 0, sizes as split)."""
+
+    name = NAME
+    api_name = "all_to_all_single"
+    arg_names = ("output_split_sizes", "input_split_sizes")
+
+    def layout(self, world: int, rank: int) -> Layout:
+        return Layout(world, world, tuple(((src, rank),) for src in range(world)))
+
+    def local(self, output, input, args, world, rank, device_type) -> LocalCall:
+        output_split_sizes, input_split_sizes = (tuple(args) + (None, None))[:2]
+        out_splits, in_splits, row_bytes = check_all_to_all(output, input, output_split_sizes, input_split_sizes,
+                                                            world, device_type)
+        return LocalCall(tuple(s * row_bytes for s in in_splits), tuple(s * row_bytes for s in out_splits))
+
+    def plan(self, world, rank, local, peers: PeerCalls, *, algorithm, stream_mode, input_symmetric,
+             output_symmetric, peers_in_place) -> Schedule:
+        return plan_all_to_all(world, rank, peers.send, algorithm=algorithm, stream_mode=stream_mode,
+                               input_symmetric=input_symmetric, output_symmetric=output_symmetric)
+
+    def reference(self, inputs, rank, args=None):
+        import torch  # tests and checks only: the plans above stay importable without torch
+
+        world = len(inputs)
+        parts = []
+        for src, t in enumerate(inputs):
+            in_splits = None if args is None else (tuple(args[src]) + (None, None))[1]
+            splits = list(in_splits) if in_splits is not None else [t.shape[0] // world] * world
+            parts.append(torch.split(t, splits, dim=0)[rank])
+        return torch.cat(parts, dim=0)
+
+
+ALL_TO_ALL = AllToAll()

@@ -8,7 +8,7 @@ import pathlib
 import sys
 
 from ..collectives import REGISTRY as COLLECTIVES
-from ..study.strategies import STRATEGIES
+from ..strategy import STRATEGIES
 
 
 def add_parser(sub) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 
 from ..profile import HardwareProfile
-from ..study.strategies import STRATEGIES
+from ..strategy import STRATEGIES
 from .heuristics import plan_auto, workload
 
 WITHIN = 0.02  # a pick within 2% of the best measured time counts as the best

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from ..collectives import REGISTRY as COLLECTIVES
 from ..profile import HardwareProfile
-from ..study.strategies import RP_SMS, STRATEGIES
+from ..strategy import RP_SMS, STRATEGIES, strategy_for
 from . import timing
-from .plan import Plan, PlanError, check_strategy, strategy_name
+from .plan import Plan, PlanError, check_strategy
 from .timing import Workload
 
 # cuBLAS's usual bf16 tile on Hopper: the GEMM's thread blocks are its output tiles.
@@ -138,7 +138,7 @@ def predict(p: HardwareProfile, w: Workload, impl: str, comm_first: bool, gemm_s
 def _plan(p: HardwareProfile, w: Workload, impl: str, order: tuple[str, ...], gemm_sms_taken: int = 0,
           nccl_ctas: int | None = None, high_priority: bool = False, reasons=()) -> Plan:
     comm_first = order[0] == "collective"
-    name = strategy_name(impl, comm_first, high_priority, bool(gemm_sms_taken or nccl_ctas))
+    name = strategy_for(impl, comm_first, high_priority, bool(gemm_sms_taken or nccl_ctas))
     pred = predict(p, w, impl, comm_first, gemm_sms_taken, nccl_ctas)
     return Plan(name, impl, order, high_priority, nccl_ctas if nccl_ctas is not None else gemm_sms_taken,
                 nccl_ctas, w, pred, tuple(reasons))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..study.strategies import STRATEGIES
+from ..strategy import STRATEGIES, runtime_strategies
 from .timing import Workload
 
 
@@ -13,7 +13,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class Plan:
-    strategy: str  # a name of conccl.study.strategies.STRATEGIES
+    strategy: str  # a name of conccl.strategy.STRATEGIES
     impl: str  # collective implementation: "nccl" (SM kernels) or "conccl" (copy engines)
     launch_order: tuple[str, ...]  # kernel names, the first is launched first
     comm_high_priority: bool  # the collective's stream at high priority
@@ -39,21 +39,10 @@ class Plan:
         return d
 
 
-def strategy_name(impl: str, comm_first: bool, high_priority: bool, partitioned: bool) -> str:
-    """The study strategy a combination of knobs amounts to."""
-    if impl == "conccl":
-        return "conccl_rp" if partitioned else "conccl"
-    if partitioned:
-        return "c3_sp_rp" if comm_first else "c3_rp"
-    if comm_first:
-        return "c3_sp_hp" if high_priority else "c3_sp"
-    return "c3_base"
-
-
 def check_strategy(name: str, collective: str) -> None:
     s = STRATEGIES.get(name)
     if s is None or not s.runtime_applies:
-        known = ", ".join(n for n, st in STRATEGIES.items() if st.runtime_applies)
+        known = ", ".join(runtime_strategies())
         raise PlanError(f"unknown strategy {name!r}; known: auto, {known}")
-    if collective not in s.collectives:
+    if not s.runs(collective):
         raise PlanError(f"strategy {name!r} does not run {collective}")

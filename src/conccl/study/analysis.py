@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 
 from . import metrics
-from .strategies import PAPER_STRATEGIES, STRATEGIES
+from ..strategy import PAPER_STRATEGIES, STRATEGIES
 
 FORMAT = "conccl-study/1"
 GOAL_MEAN, GOAL_EACH = 90.0, 80.0  # the project's goal for the best strategy, percent of ideal

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pathlib
 
 from ..units import format_size
-from .strategies import PAPER_STRATEGIES
+from ..strategy import PAPER_STRATEGIES
 
 
 def draw_all(doc: dict, folder) -> tuple[list[str], str | None]:

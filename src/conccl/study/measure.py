@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ..partition import Partitions
 from . import analysis
 from .scenarios import Gemm, Scenario
-from .strategies import STRATEGIES, strategies_for
+from ..strategy import STRATEGIES, strategies_for
 
 SIZE_SWEEP = tuple(1 << s for s in (20, 22, 24, 26, 28, 30, 32))  # 1M .. 4G
 SIZE_SWEEP_QUICK = tuple(1 << s for s in (20, 24, 28))

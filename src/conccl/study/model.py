@@ -15,7 +15,7 @@ from ..profile import HardwareProfile
 from . import analysis, metrics
 from .measure import CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SIZE_SWEEP, SIZE_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK
 from .scenarios import Gemm, Scenario
-from .strategies import strategies_for
+from ..strategy import strategies_for
 
 
 def _point(ms: float) -> dict:

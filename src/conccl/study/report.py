@@ -11,7 +11,7 @@ import sys
 
 from ..units import format_size
 from . import analysis
-from .strategies import PAPER_STRATEGIES, STRATEGIES
+from ..strategy import PAPER_STRATEGIES, STRATEGIES
 
 RESULTS = "results.json"
 

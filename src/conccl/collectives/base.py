@@ -1,0 +1,151 @@
+"""The Collective protocol: everything the rest of conccl knows about one collective.
+
+A collective lives in one module of this package, as one instance of a :class:`Collective`
+subclass in :data:`conccl.collectives.REGISTRY`. The group (validation, agreement with the
+peers, planning), the CPU reference, the benchmark, the study, the planner and the runtime
+ask it; none of them compares a collective's name.
+
+What it answers, by who asks:
+
+- the group, per call: :meth:`Collective.local` (validate this rank's arguments: what it sends
+  and receives), :meth:`Collective.check` (do the peers' published arguments fit together?)
+  and :meth:`Collective.plan` (this rank's :class:`~conccl.schedule.Schedule`);
+- tests: :meth:`Collective.reference` (the expected output, computed with plain tensor ops);
+- the benchmark, the study and the runtime: how to call it (:attr:`Collective.api_name`, the
+  same function name in ``torch.distributed`` and in ``conccl``), the equal-chunk
+  :class:`Layout` their buffers use, and its sizes (:meth:`Collective.input_bytes`,
+  :meth:`Collective.bus_factor`, :meth:`Collective.hbm_bytes`).
+
+Sizes: a collective's *size* is the bytes of its output on each rank (the convention of the
+benchmark, the study and the planner, as in nccl-tests).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+from ..errors import CollectiveError
+from ..schedule import Algorithm, Schedule, StreamMode
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each byte goes when every rank's buffers are cut into equal chunks.
+
+    The input has ``input_chunks`` chunks, the output ``output_chunks``, all of
+    ``size // output_chunks`` bytes. ``sources[c]`` names the (rank, input chunk) whose bytes
+    output chunk ``c`` of this rank holds (several entries: their reduction, for reducing
+    collectives). ``in_place_chunk``: the output chunk that can be this rank's input itself
+    (no own-shard copy), or None.
+    """
+
+    input_chunks: int
+    output_chunks: int
+    sources: tuple[tuple[tuple[int, int], ...], ...]
+    in_place_chunk: int | None = None
+
+    def chunk_bytes(self, size: int) -> int:
+        return size // self.output_chunks
+
+
+@dataclass(frozen=True)
+class LocalCall:
+    """What validating one rank's arguments decided (:meth:`Collective.local`).
+
+    ``send[p]`` / ``recv[p]``: bytes this rank sends to / receives from rank ``p``, published to
+    the peers so every rank can check the call and derive the same plan. ``in_place``: the
+    input is the output's own chunk. ``extra``: what the collective's :meth:`~Collective.plan`
+    needs besides the peers' rows (hashable).
+    """
+
+    send: tuple[int, ...]
+    recv: tuple[int, ...]
+    in_place: bool = False
+    extra: tuple = ()
+
+
+@dataclass(frozen=True)
+class PeerCalls:
+    """Every rank's published call, as plain ints: ``send[src][dst]`` and ``recv[dst][src]``
+    bytes, and each rank's whole input and output bytes."""
+
+    send: tuple[tuple[int, ...], ...]
+    recv: tuple[tuple[int, ...], ...]
+    input_bytes: tuple[int, ...]
+    output_bytes: tuple[int, ...]
+
+
+class Collective(abc.ABC):
+    """One collective. Subclasses set the class attributes and implement the abstract methods."""
+
+    name: ClassVar[str]  # registry key; the spelling of the CLI, results files and profiles
+    api_name: ClassVar[str]  # the function in torch.distributed and in conccl: (output, input, *args)
+    # Names of the call's extra arguments after (output, input), as torch.distributed spells them.
+    arg_names: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------------ sizes
+    @abc.abstractmethod
+    def layout(self, world: int, rank: int) -> Layout:
+        """The equal-chunk layout of this rank's buffers."""
+
+    def bus_factor(self, world: int) -> float:
+        """nccl-tests' bus-bandwidth factor: busbw = size / time * factor."""
+        return (world - 1) / world
+
+    def input_bytes(self, size: int, world: int) -> int:
+        """Input bytes per rank for ``size`` output bytes per rank (equal chunks)."""
+        lay = self.layout(world, 0)
+        return lay.chunk_bytes(size) * lay.input_chunks
+
+    def in_place(self, world: int) -> bool:
+        """Whether the benchmark and the study run it in place (as FSDP gathers parameters)."""
+        return self.layout(world, 0).in_place_chunk is not None
+
+    def buffer_bytes(self, size: int, world: int) -> int:
+        """Device bytes its buffers take per rank, run as the study runs it."""
+        return size + (0 if self.in_place(world) else self.input_bytes(size, world))
+
+    def hbm_bytes(self, size: int, world: int) -> int:
+        """Bytes one rank's HBM reads and writes in the collective, run as the study runs it.
+
+        Every chunk from a peer is written here and every chunk sent is read here; the own
+        chunk, unless in place, is read and written once more."""
+        lay = self.layout(world, 0)
+        chunk = lay.chunk_bytes(size)
+        remote = sum(1 for srcs in lay.sources for (r, _) in srcs if r != 0)
+        own = 0 if lay.in_place_chunk is not None else sum(1 for srcs in lay.sources for (r, _) in srcs if r == 0)
+        return 2 * remote * chunk + 2 * own * chunk
+
+    # ------------------------------------------------------------------ a call
+    @abc.abstractmethod
+    def local(self, output, input, args: tuple, world: int, rank: int, device_type: str) -> LocalCall:
+        """Validate this rank's arguments (raise :class:`~conccl.errors.InvalidArgument`);
+        ``args`` are the call's extra arguments in :attr:`arg_names` order."""
+
+    def check(self, peers: PeerCalls, rank: int, seq: int) -> None:
+        """Raise :class:`~conccl.errors.CollectiveError` (on every rank alike: it sees the same
+        rows) unless the peers' calls fit together. The group has already checked that every
+        rank made this collective with the same dtype."""
+        w = len(peers.send)
+        for src in range(w):
+            for dst in range(w):
+                if peers.send[src][dst] != peers.recv[dst][src]:
+                    raise CollectiveError(
+                        f"conccl {self.name} (sequence number {seq}): rank {src} sends {peers.send[src][dst]} bytes "
+                        f"to rank {dst}, but rank {dst} expects {peers.recv[dst][src]} bytes from rank {src}; "
+                        "nothing was moved")
+
+    @abc.abstractmethod
+    def plan(self, world: int, rank: int, local: LocalCall, peers: PeerCalls, *, algorithm: Algorithm,
+             stream_mode: StreamMode, input_symmetric: bool, output_symmetric: bool,
+             peers_in_place: bool) -> Schedule:
+        """This rank's schedule (a pure function; cache it)."""
+
+    # ------------------------------------------------------------------ reference
+    @abc.abstractmethod
+    def reference(self, inputs: Sequence, rank: int, args: Sequence[tuple] | None = None):
+        """The output ``rank`` must hold when rank ``r`` passed ``inputs[r]`` (and ``args[r]``)."""
+
+    def __repr__(self) -> str:
+        return f"<collective {self.name}>"
