@@ -20,6 +20,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
+from .. import collectives
 from ..profile import HardwareProfile
 
 DEFAULT_EFFICIENCY = 0.7  # the paper's assumption, where a profile has no measured efficiency
@@ -47,10 +48,8 @@ class Workload:
 
     @property
     def comm_hbm_bytes(self) -> int:
-        """Local HBM bytes one rank's collective reads and writes (sent + received chunks; an
-        all-to-all also copies its own chunk)."""
-        w, s = self.world, self.size
-        return 2 * s * (w - 1) // w + (2 * s // w if self.collective == "all_to_all" else 0)
+        """Local HBM bytes one rank's collective reads and writes, run as the study runs it."""
+        return collectives.get(self.collective).hbm_bytes(self.size, self.world)
 
 
 def gemm_time(p: HardwareProfile, w: Workload) -> tuple[float, str]:

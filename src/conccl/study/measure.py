@@ -19,13 +19,20 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
+import torch
+import torch.distributed as dist
+
+import conccl
+
+from .. import collectives, runtime
 from ..partition import Partitions
-from . import analysis
-from .scenarios import Gemm, Scenario
 from ..strategy import STRATEGIES, strategies_for
+from . import analysis, report
+from .scenarios import Gemm, Scenario
 
 SIZE_SWEEP = tuple(1 << s for s in (20, 22, 24, 26, 28, 30, 32))  # 1M .. 4G
 SIZE_SWEEP_QUICK = tuple(1 << s for s in (20, 24, 28))
@@ -73,14 +80,15 @@ def arena_bytes(scenarios: list[Scenario], world: int, quick: bool) -> tuple[int
     allocator may return cached blocks of other sizes if allocations came and went."""
     sweep = max(SIZE_SWEEP_QUICK if quick else SIZE_SWEEP)
     out = max([s.size_for(world) for s in scenarios] + [sweep])
-    inp = max([s.size_for(world) if s.collective == "all_to_all" else s.size_for(world) // world
-               for s in scenarios] + [sweep])
+    inp = max([collectives.get(s.collective).input_bytes(s.size_for(world), world) for s in scenarios] + [sweep])
     return out, inp
 
 
 def required_bytes(scenarios: list[Scenario], world: int, quick: bool) -> int:
     out, inp = arena_bytes(scenarios, world, quick)
-    per = max(s.gemm.bytes() + (s.size_for(world) if s.collective == "all_gather" else 0) for s in scenarios)
+    # torch_lc's op allocates its whole output on every call, beside the arenas.
+    per = max(s.gemm.bytes() + (s.size_for(world) if STRATEGIES["torch_lc"].runs(s.collective) else 0)
+              for s in scenarios)
     return out + inp + per + HEADROOM
 
 
@@ -90,9 +98,6 @@ class Rig:
     """Per-rank GPU state: streams, green contexts and NCCL groups, created once."""
 
     def __init__(self, rank: int, world: int, cfg: StudyConfig):
-        import torch
-        import torch.distributed as dist
-
         self.torch, self.dist = torch, dist
         self.rank, self.world, self.cfg = rank, world, cfg
         self.device = torch.device("cuda", torch.cuda.current_device())
@@ -105,8 +110,6 @@ class Rig:
         self.device_name = torch.cuda.get_device_name(self.device)
         self.plan_error = None  # why the "auto" strategy cannot run here (no profile for this GPU)
         try:
-            from .. import runtime
-
             runtime._profile(cfg.plan_profile, self.device_name)
         except Exception as e:  # noqa: BLE001 - recorded in the results, the rest of the study runs
             self.plan_error = str(e)
@@ -214,81 +217,80 @@ def timed_iterations(estimate_ms: float, iters: int, min_timed_ms: float, max_it
 
 # ------------------------------------------------------------------------ data patterns
 
-def _pattern(src: int, dst: int, offset: int, n: int, device):
-    """The bytes rank ``src`` sends rank ``dst``, elements [offset, offset+n), as int16 (bf16 bits)."""
-    import torch
-
+def _pattern(src: int, chunk: int, offset: int, n: int, device):
+    """Input chunk ``chunk`` of rank ``src``, elements [offset, offset+n), as int16 (bf16 bits)."""
     i = torch.arange(offset, offset + n, dtype=torch.int64, device=device)
-    return ((i * 7 + (src * 13 + dst * 29 + 1)) % 251).to(torch.int16)
+    return ((i * 7 + (src * 13 + chunk * 29 + 1)) % 251).to(torch.int16)
 
 
 PIECE = 1 << 26  # elements per generated piece: bounds the temporaries (512 MiB of int64)
 
 
-def fill_pattern(t16, src: int, dst: int) -> None:
+def fill_pattern(t16, src: int, chunk: int) -> None:
     for off in range(0, t16.numel(), PIECE):
         n = min(PIECE, t16.numel() - off)
-        t16[off:off + n].copy_(_pattern(src, dst, off, n, t16.device))
+        t16[off:off + n].copy_(_pattern(src, chunk, off, n, t16.device))
 
 
-def matches_pattern(t16, src: int, dst: int) -> bool:
+def matches_pattern(t16, src: int, chunk: int) -> bool:
     for off in range(0, t16.numel(), PIECE):
         n = min(PIECE, t16.numel() - off)
-        if not bool((t16[off:off + n] == _pattern(src, dst, off, n, t16.device)).all()):
+        if not bool((t16[off:off + n] == _pattern(src, chunk, off, n, t16.device)).all()):
             return False
     return True
 
 
 class CollectiveCase:
     """Buffers of one collective in the symmetric arenas, the callables that run it with each
-    implementation, and its poison / check."""
+    implementation, and its poison / check, all from the collective's equal-chunk layout:
+    input chunk ``k`` of rank ``r`` holds ``pattern(r, k)``, and output chunk ``c`` must end up
+    holding the pattern of its source, ``layout.sources[c]``. A collective the study runs in
+    place (an all-gather, as FSDP runs it) takes its input from its own output chunk."""
 
     def __init__(self, rig: Rig, collective: str, size: int, arenas):
-        import torch
-
         self.rig, self.collective, self.size = rig, collective, size
+        self.coll = collectives.get(collective)
         w, r = rig.world, rig.rank
+        self.layout = lay = self.coll.layout(w, r)
+        self.in_place = self.coll.in_place(w)
+        in_bytes = self.coll.input_bytes(size, w)
         out_arena, in_arena = arenas
         self.out = out_arena[:size].view(torch.bfloat16)
         self.out16 = self.out.view(torch.int16)
-        chunks = self.out16.view(w, -1)
-        if collective == "all_gather":
-            self.inp = self.out.view(w, -1)[r]  # in place, as FSDP does
-            fill_pattern(chunks[r], r, 0)
-            self.lc_in = in_arena[: size // w].view(torch.bfloat16)  # same offset on every rank
-            self.lc_in.copy_(self.inp)
+        if self.in_place:
+            self.inp = self.out.view(lay.output_chunks, -1)[lay.in_place_chunk]
         else:
-            self.inp = in_arena[:size].view(torch.bfloat16)
-            ins = self.inp.view(torch.int16).view(w, -1)
-            for d in range(w):
-                fill_pattern(ins[d], r, d)
+            self.inp = in_arena[:in_bytes].view(torch.bfloat16)
+        ins = self.inp.view(torch.int16).view(lay.input_chunks, -1)
+        for k in range(lay.input_chunks):
+            fill_pattern(ins[k], r, k)
+        # PyTorch's op takes an input of its own, at the same offset on every rank.
+        self.lc_in = in_arena[:in_bytes].view(torch.bfloat16) if self.in_place else self.inp
+        if self.in_place:
+            self.lc_in.copy_(self.inp)
         self.lc_out = None
         self._conccl_op = None
 
+    def _chunks(self, target):
+        t = target if target is not None else self.out
+        return t.view(torch.int16).view(self.layout.output_chunks, -1)
+
     def poison(self, target=None) -> None:
-        w, r = self.rig.world, self.rig.rank
-        t = (target if target is not None else self.out).view(self.rig.torch.int16).view(w, -1)
-        for c in range(w):
-            if not (self.collective == "all_gather" and c == r and target is None):
-                t[c].fill_(-1)
+        """Overwrite every output chunk but the one that is the input itself."""
+        chunks = self._chunks(target)
+        for c in range(self.layout.output_chunks):
+            if not (self.in_place and c == self.layout.in_place_chunk and target is None):
+                chunks[c].fill_(-1)
 
     def check(self, target=None) -> bool:
-        w, r = self.rig.world, self.rig.rank
-        t = (target if target is not None else self.out).view(self.rig.torch.int16).view(w, -1)
-        if self.collective == "all_gather":
-            ok = all(matches_pattern(t[s], s, 0) for s in range(w))
-        else:
-            ok = all(matches_pattern(t[s], s, r) for s in range(w))
+        chunks = self._chunks(target)
+        ok = all(matches_pattern(chunks[c], *srcs[0]) for c, srcs in enumerate(self.layout.sources))
         return self.rig.all_true(ok)
 
     def fn(self, impl: str, group=None):
-        import torch
-
-        dist = self.rig.dist
         if impl == "nccl":
-            if self.collective == "all_gather":
-                return lambda: dist.all_gather_into_tensor(self.out, self.inp, group=group)
-            return lambda: dist.all_to_all_single(self.out, self.inp, group=group)
+            op = getattr(dist, self.coll.api_name)
+            return lambda: op(self.out, self.inp, group=group)
         if impl == "conccl":
             # As a loop over the same buffers runs it: a persistent op, agreed with the peers
             # once (the first time any strategy asks, on every rank alike), then only started.
@@ -304,11 +306,7 @@ class CollectiveCase:
 
     def conccl_op(self):
         if self._conccl_op is None:
-            import conccl
-
-            make = (conccl.persistent_all_gather_into_tensor if self.collective == "all_gather"
-                    else conccl.persistent_all_to_all_single)
-            self._conccl_op = make(self.out, self.inp)
+            self._conccl_op = getattr(conccl, "persistent_" + self.coll.api_name)(self.out, self.inp)
         return self._conccl_op
 
     def poison_lc(self) -> None:
@@ -321,15 +319,11 @@ class CollectiveCase:
     def hbm_bytes(self) -> int:
         """Bytes this rank's HBM reads and writes in the collective (its peers' share arrives by
         NVLink and is written here; its own share is read once per peer)."""
-        w = self.rig.world
-        moved = 2 * self.size * (w - 1) // w
-        return moved + (2 * self.size // w if self.collective == "all_to_all" else 0)
+        return self.coll.hbm_bytes(self.size, self.rig.world)
 
 
 class GemmCase:
     def __init__(self, rig: Rig, gemm: Gemm):
-        import torch
-
         g = torch.Generator(device=rig.device).manual_seed(1234 + rig.rank)
         self.gemm = gemm
         self.a = torch.randn(gemm.m, gemm.k, dtype=torch.bfloat16, device=rig.device, generator=g)
@@ -337,8 +331,6 @@ class GemmCase:
         self.c = torch.empty(gemm.m, gemm.n, dtype=torch.bfloat16, device=rig.device)
 
     def fn(self):
-        import torch
-
         return lambda: torch.mm(self.a, self.b, out=self.c)
 
 
@@ -348,8 +340,6 @@ class Progress:
     """A one-line progress bar on rank 0 (a line per step when not on a terminal)."""
 
     def __init__(self, total: int, enabled: bool):
-        import sys
-
         self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.monotonic()
         self.out, self.tty = sys.stderr, sys.stderr.isatty()
 
@@ -369,12 +359,6 @@ class Progress:
 
 def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
     """Runs in every rank's process. Rank 0 returns (and saves as it goes) the results document."""
-    import torch
-
-    import conccl
-
-    from . import report
-
     rig = Rig(rank, world, cfg)
     need = required_bytes(cfg.scenarios, world, cfg.quick)
     if need > rig.memory:
@@ -482,7 +466,7 @@ def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
         configs.append((parts, poison, check))
 
     add(("gemm",), [(rig.gemm_stream, gemm.fn())])
-    for impl in ("nccl", "conccl") + (("torch_lc",) if s.collective == "all_gather" else ()):
+    for impl in ("nccl", "conccl") + (("torch_lc",) if STRATEGIES["torch_lc"].runs(s.collective) else ()):
         add(("comm", impl), [(rig.comm_stream, case.fn(impl))])
     for strat in strategies_for(s.collective):
         if strat.impl == "auto":
@@ -542,8 +526,6 @@ def _auto_in_turns(rig: Rig, labels, configs, results) -> dict | None:
 
 def _auto_parts(rig: Rig, s: Scenario, size: int, case, gemm: GemmCase):
     """The planner's plan for this scenario, applied by the runtime (conccl.overlap's launch)."""
-    from .. import runtime
-
     g = s.gemm
     plan = runtime.get_plan((g.m, g.n, g.k), s.collective, size, rig.world, "auto", rig.cfg.plan_profile,
                             device_name=rig.device_name)

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+from .. import collectives
 from ..planner import plan_auto, plan_strategy, timing, workload
 from ..profile import HardwareProfile
 from . import analysis, metrics
@@ -75,8 +76,7 @@ def predict(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bo
             if t is not None:
                 rec["t_comm"][impl] = _point(t)
         tc = rec["t_comm"]["nccl"]["median"]
-        rec["hbm_bytes"] = {"gemm": s.gemm.bytes(),
-                            "comm": 2 * size * (world - 1) // world + (2 * size // world if s.collective == "all_to_all" else 0)}
+        rec["hbm_bytes"] = {"gemm": s.gemm.bytes(), "comm": collectives.get(s.collective).hbm_bytes(size, world)}
         ideal, tax = metrics.ideal_speedup(tg, tc), metrics.taxonomy(tg, tc)
         w = workload((s.gemm.m, s.gemm.n, s.gemm.k), s.collective, size, world)
         for strat in strategies_for(s.collective):

@@ -70,9 +70,7 @@ class Scenario:
     def memory_bytes(self, world: int) -> int:
         """GPU memory one rank needs for this scenario (GEMM operands + collective buffers)."""
         esize = DTYPE_BYTES[self.dtype]
-        size = self.size_for(world)
-        comm = size if self.collective == "all_gather" else 2 * size  # all-gather runs in place
-        return self.gemm.bytes(esize) + comm
+        return self.gemm.bytes(esize) + COLLECTIVES[self.collective].buffer_bytes(self.size_for(world), world)
 
 
 def parse_gemm(text: str, tag: str | None = None) -> Gemm:
