@@ -17,7 +17,8 @@ def __getattr__(name):
     # The API module (and the CUDA executor behind it) loads on first use, keeping
     # `import conccl` light for the CLI and the pure parts (plans, reference executor).
     if name in {"all_gather_into_tensor", "all_to_all_single", "persistent_all_gather_into_tensor",
-                "persistent_all_to_all_single", "empty", "set_options", "destroy", "get_communicator"}:
+                "persistent_all_to_all_single", "empty", "set_options", "destroy", "get_communicator",
+                "get_group"}:
         from . import api
 
         return getattr(api, name)
@@ -37,6 +38,7 @@ __all__ = [
     "empty",
     "set_options",
     "destroy",
+    "get_group",
     "get_communicator",
     "overlap",
     "run_concurrently",

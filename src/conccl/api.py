@@ -1,4 +1,9 @@
-"""Public collectives, shaped like ``torch.distributed``."""
+"""Public collectives, shaped like ``torch.distributed``, and the groups behind them.
+
+Each function resolves its process group to the :class:`~conccl.group.Group` conccl keeps for
+it (made on first use: a collective call) and hands the call to the group with the
+collective's registry entry. :func:`destroy` closes groups; nothing here outlives them.
+"""
 from __future__ import annotations
 
 import atexit
@@ -6,17 +11,23 @@ import socket
 import uuid
 from datetime import timedelta
 
+import torch
+import torch.distributed as dist
+from torch.distributed import _symmetric_memory as symm_mem
+
 from .board import HostBoard
-from .communicator import Communicator, Options, board_row_len
+from .collectives.all_gather import ALL_GATHER
+from .collectives.all_to_all import ALL_TO_ALL
 from .errors import InvalidArgument, UnsupportedGroup
+from .executors.cuda_ce import CudaCopyEngineExecutor
+from .group import Group, Options, board_row_len
 from .schedule import Algorithm, StreamMode
 
-_COMMUNICATORS: dict[str, Communicator] = {}
+# The open groups by process-group name; an entry lives until destroy() closes its group.
+_GROUPS: dict[str, Group] = {}
 
 
 def _resolve_group(group):
-    import torch.distributed as dist
-
     if not dist.is_available() or not dist.is_initialized():
         raise InvalidArgument(
             "the default process group is not initialised: call torch.distributed.init_process_group() first "
@@ -27,16 +38,15 @@ def _resolve_group(group):
     return group
 
 
-def get_communicator(group=None, options: Options | None = None) -> Communicator:
-    """The group's copy-engine communicator, created on first use (a collective call)."""
-    import torch
-    import torch.distributed as dist
-
+def get_group(group=None, options: Options | None = None) -> Group:
+    """The :class:`~conccl.group.Group` conccl keeps for ``group`` (default: the world), made
+    on first use. A collective call the first time (every rank of ``group``): the ranks
+    exchange their hosts and GPUs, create the host board and map each other's signal pads."""
     group = _resolve_group(group)
     name = group.group_name
-    comm = _COMMUNICATORS.get(name)
-    if comm is not None:
-        return comm
+    g = _GROUPS.get(name)
+    if g is not None:
+        return g
     if not torch.cuda.is_available():
         raise InvalidArgument("conccl collectives need CUDA GPUs; none is visible to this process")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -51,26 +61,23 @@ def get_communicator(group=None, options: Options | None = None) -> Communicator
     dist.barrier(group=group)  # the board exists before anyone attaches
     if rank != 0:
         board = HostBoard(peers[0]["board"], rank, world, board_row_len(world), create=False)
-    from torch.distributed import _symmetric_memory as symm_mem
-
     if hasattr(symm_mem, "get_backend") and symm_mem.get_backend(device) is None:
         symm_mem.set_backend("CUDA")
-    from .executors.cuda_ce import CudaCopyEngineExecutor
-
     try:
         ex = CudaCopyEngineExecutor(name, rank, world, device)
     except Exception as e:
         board.close()
         raise UnsupportedGroup(
             f"could not map peer memory for group {name!r} ({e}); use torch.distributed with NCCL for this group") from e
-    comm = Communicator(ex, board, rank, world, options)
-    _COMMUNICATORS[name] = comm
-    return comm
+    g = _GROUPS[name] = Group(ex, board, rank, world, options, name=name)
+    return g
+
+
+# The name earlier releases documented; the same function.
+get_communicator = get_group
 
 
 def _check_peer_access(peers: list[dict], rank: int) -> None:
-    import torch
-
     hosts = sorted({p["host"] for p in peers})
     if len(hosts) > 1:
         raise UnsupportedGroup(
@@ -96,17 +103,12 @@ def empty(*size, dtype=None, device=None, group=None):
     such tensors to the collectives skips the staging copy of the input (pull) and enables
     the push algorithm (output). Backed by PyTorch symmetric memory (CUDA backend).
     """
-    import torch
-    from torch.distributed import _symmetric_memory as symm_mem
-
-    from .executors.cuda_ce import REGISTRY
-
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
-    comm = get_communicator(group)
-    device = device if device is not None else comm.executor.device
+    g = get_group(group)
+    device = device if device is not None else g.executor.device
     t = symm_mem.empty(*size, dtype=dtype or torch.get_default_dtype(), device=device)
-    REGISTRY.add(t, symm_mem.rendezvous(t, _resolve_group(group).group_name))
+    g.executor.symmetric.add(t, symm_mem.rendezvous(t, g.name))
     return t
 
 
@@ -138,7 +140,7 @@ def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout
     Workspace: ``input`` bytes of symmetric memory per rank unless every rank's input was
     allocated with :func:`conccl.empty` (or is in place in such an output); none with push.
     """
-    return get_communicator(group).all_gather_into_tensor(output, input, async_op, timeout=timeout)
+    return get_group(group).call(ALL_GATHER, output, input, (), async_op, timeout=timeout)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
@@ -157,8 +159,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     Workspace: the largest input of any rank, in symmetric memory, unless every input was
     allocated with :func:`conccl.empty`; none with push.
     """
-    return get_communicator(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op,
-                                                     timeout=timeout)
+    return get_group(group).call(ALL_TO_ALL, output, input, (output_split_sizes, input_split_sizes), async_op,
+                                 timeout=timeout)
 
 
 def persistent_all_gather_into_tensor(output, input, group=None, *, timeout=None):
@@ -175,7 +177,7 @@ def persistent_all_gather_into_tensor(output, input, group=None, *, timeout=None
     :func:`all_gather_into_tensor`. The tensors must keep their memory while the op lives;
     their contents may change between starts.
     """
-    return get_communicator(group).persistent_all_gather_into_tensor(output, input, timeout=timeout)
+    return get_group(group).persistent(ALL_GATHER, output, input, (), timeout=timeout)
 
 
 def persistent_all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, *,
@@ -184,8 +186,8 @@ def persistent_all_to_all_single(output, input, output_split_sizes=None, input_s
     :func:`persistent_all_gather_into_tensor`). The split sizes are read here, once: later
     changes to them do not reach the op. Arguments as :func:`all_to_all_single`.
     """
-    return get_communicator(group).persistent_all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                                                timeout=timeout)
+    return get_group(group).persistent(ALL_TO_ALL, output, input, (output_split_sizes, input_split_sizes),
+                                       timeout=timeout)
 
 
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
@@ -195,7 +197,7 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
     ``checks=False`` turns off the mismatch checks and the watchdog; it exists to measure
     what they cost (a dead peer then hangs the GPU stream) and must be set on every rank.
     """
-    opts = get_communicator(group).options
+    opts = get_group(group).options
     if algorithm is not None:
         opts.algorithm = Algorithm(algorithm)
     if stream_mode is not None:
@@ -207,12 +209,14 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
 
 
 def destroy(group=None) -> None:
-    """Release a group's workspace, signal pad and board (all groups when ``group`` is None)."""
-    names = list(_COMMUNICATORS) if group is None else [_resolve_group(group).group_name]
+    """Close a group's conccl state (every group's when ``group`` is None): its persistent ops,
+    workspace, signal pad, board, watchdog and what upper layers attached to it. A later call
+    on the process group makes a new one. Local: each rank destroys its own."""
+    names = list(_GROUPS) if group is None else [_resolve_group(group).group_name]
     for name in names:
-        comm = _COMMUNICATORS.pop(name, None)
-        if comm is not None:
-            comm.close()
+        g = _GROUPS.pop(name, None)
+        if g is not None:
+            g.close()
 
 
 atexit.register(destroy)

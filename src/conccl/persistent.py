@@ -25,6 +25,8 @@ peers' stream waits or host exchange time out and the group breaks.
 """
 from __future__ import annotations
 
+from .errors import InvalidArgument
+
 
 class PersistentCollective:
     """One collective's agreed schedule and buffers, started with :meth:`start`.
@@ -35,15 +37,19 @@ class PersistentCollective:
     ``set_``); their contents may change between starts.
     """
 
-    def __init__(self, comm, op_id: int, collective: str, schedule, views, input, output, timeout_s: float,
-                 split_sizes=(None, None)):
-        self._comm, self.op_id, self.collective = comm, op_id, collective
+    def __init__(self, group, op_id: int, coll, schedule, views, input, output, timeout_s: float, args=()):
+        self._comm, self.op_id, self.coll = group, op_id, coll
         self._schedule, self._views = schedule, views
         self._input, self._output, self._timeout_s = input, output, timeout_s
-        # (output, input) split sizes of an all-to-all as given (None: equal), so a runtime
-        # that plans NCCL for this pair can run the same collective with it
-        self.split_sizes = tuple(None if x is None else list(x) for x in split_sizes)
+        # The call's extra arguments as given (an all-to-all's split sizes, copied), so a
+        # runtime that plans NCCL for this pair can run the same collective with them.
+        self.args = tuple(list(a) if isinstance(a, (list, tuple)) else a for a in args)
         self._ptrs = (input.data_ptr(), output.data_ptr())
+
+    @property
+    def collective(self) -> str:
+        """The collective's registry name (``"all_gather"``, ...)."""
+        return self.coll.name
 
     @property
     def input(self):
@@ -66,21 +72,18 @@ class PersistentCollective:
         handshake with the peers: the call returns once its copies are queued.
         """
         comm = self._comm
-        if comm is None or comm.board.closed:
-            from .errors import InvalidArgument
-
+        if comm is None or comm.closed:
             raise InvalidArgument(f"persistent {self.collective} #{self.op_id} is closed (or its group was destroyed); "
                                   "make a new one")
         if (self._input.data_ptr(), self._output.data_ptr()) != self._ptrs:
-            from .errors import InvalidArgument
-
             raise InvalidArgument(
                 f"persistent {self.collective} #{self.op_id}: a tensor moved since the op was made (resize_ or "
                 "set_); its peers would reach the old memory. Make a new persistent op")
         return comm._execute(self._schedule, self._input, self._output, async_op, self._timeout_s, self._views)
 
     def close(self) -> None:
-        """Drop the op's references (its tensors, its schedule). Local: no peer takes part."""
+        """Drop the op's references (its tensors, its schedule). Local: no peer takes part.
+        Closing its group closes it too."""
         self._comm = self._input = self._output = self._schedule = self._views = None
 
     def __enter__(self):

@@ -16,64 +16,60 @@ results. The host does not block. One computation and one collective per block.
 """
 from __future__ import annotations
 
-import threading
+import functools
 
+import torch
+import torch.distributed as dist
+
+from . import api
+from .collectives import REGISTRY, Collective
 from .errors import InvalidArgument
+from .partition import Partitions
+from .persistent import PersistentCollective
 from .planner import Plan, PlanError, plan_strategy, workload
 from .profile import HardwareProfile, load_profile
 
-_lock = threading.Lock()
-_PLANS: dict[tuple, Plan] = {}
-_STATS = {"hits": 0, "misses": 0}
-_PROFILES: dict[str | None, HardwareProfile] = {}
-_PARTITIONS: dict[int, object] = {}
+
+# Plans and profiles are immutable values of their arguments: memoised, not state. What a
+# plan needs at run time (streams, green contexts, NCCL groups) belongs to the conccl group
+# (partitions()), and goes when it is destroyed.
+@functools.lru_cache(maxsize=None)
+def _profile(path: str | None) -> HardwareProfile:
+    return load_profile(path)
 
 
-def _profile(path: str | None, device_name: str | None) -> HardwareProfile:
-    if path not in _PROFILES:
-        _PROFILES[path] = load_profile(path)
-    prof = _PROFILES[path]
+@functools.lru_cache(maxsize=4096)
+def _plan(gemm: tuple, collective: str, size: int, world: int, plan: str, profile: str | None, dtype_bytes: int,
+          device_name: str | None) -> Plan:
+    prof = _profile(profile)
     if device_name:
         prof.check_device(device_name)  # never a silent fallback to another GPU's profile
-    return prof
+    return plan_strategy(prof, workload(gemm, collective, size, world, dtype_bytes), plan)
 
 
 def get_plan(gemm, collective: str, size: int, world: int, plan: str = "auto", profile: str | None = None,
              dtype_bytes: int = 2, device_name: str | None = None) -> Plan:
     """The plan for a GEMM (M, N, K) beside ``collective`` of ``size`` output bytes per rank,
     computed once per distinct arguments and cached (a dictionary lookup afterwards)."""
-    key = (tuple(int(x) for x in gemm), collective, int(size), int(world), plan, profile, dtype_bytes, device_name)
-    with _lock:
-        hit = _PLANS.get(key)
-        if hit is not None:
-            _STATS["hits"] += 1
-            return hit
-        _STATS["misses"] += 1
-    prof = _profile(profile, device_name)
-    pl = plan_strategy(prof, workload(gemm, collective, size, world, dtype_bytes), plan)
-    with _lock:
-        _PLANS[key] = pl
-    return pl
+    return _plan(tuple(int(x) for x in gemm), collective, int(size), int(world), plan, profile, dtype_bytes,
+                 device_name)
 
 
 def plan_cache_info() -> dict:
     """{"hits", "misses", "size"} of the plan cache."""
-    with _lock:
-        return {**_STATS, "size": len(_PLANS)}
+    info = _plan.cache_info()
+    return {"hits": info.hits, "misses": info.misses, "size": info.currsize}
 
 
 def clear_plan_cache() -> None:
-    with _lock:
-        _PLANS.clear()
-        _STATS.update(hits=0, misses=0)
+    _plan.cache_clear()
+    _profile.cache_clear()
 
 
-def partitions(device):
-    from .partition import Partitions
-
-    if device.index not in _PARTITIONS:
-        _PARTITIONS[device.index] = Partitions(device)
-    return _PARTITIONS[device.index]
+def partitions(device) -> Partitions:
+    """The streams, green contexts and NCCL groups plans run on: the world group's, kept on
+    its conccl :class:`~conccl.group.Group` (closed by :func:`conccl.destroy`)."""
+    return api.get_group().resource(f"runtime.partitions.{device.index}", lambda: Partitions(device))
 
 
 def launch(plan: Plan, compute_fn, comm_fn, parts=None, tensors=()) -> None:
@@ -86,8 +82,6 @@ def launch(plan: Plan, compute_fn, comm_fn, parts=None, tensors=()) -> None:
     again on every call (a wait already queued keeps the state it was queued with), and the
     streams are switched with ``set_stream`` rather than a new context manager per kernel.
     """
-    import torch
-
     cur = torch.cuda.current_stream()
     parts = parts or partitions(cur.device)
     gemm_stream, _ = parts.green_stream(plan.gemm_sms_taken)
@@ -133,8 +127,6 @@ class Overlap:
     def matmul(self, a, b, out=None):
         """Record ``out = a @ b`` (2-D CUDA tensors, bf16 or fp16); returns ``out`` (allocated
         here if not given), which holds the product after the block."""
-        import torch
-
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise InvalidArgument(f"matmul needs [M, K] @ [K, N] matrices, got {tuple(a.shape)} @ {tuple(b.shape)}")
         if not (a.is_cuda and b.is_cuda) or a.dtype != b.dtype:
@@ -152,24 +144,30 @@ class Overlap:
             raise InvalidArgument("compute needs a callable")
         self._set_compute(fn, tuple(gemm), 2, ())
 
+    def collective(self, coll: Collective | str, output, input, *args, group=None):
+        """Record any registered collective: ``coll`` (or its name) on (output, input, *args),
+        the arguments of its torch.distributed function (``coll.api_name``)."""
+        coll = REGISTRY.get(coll, coll) if isinstance(coll, str) else coll
+        if not isinstance(coll, Collective):
+            raise InvalidArgument(f"unknown collective {coll!r}; known: {', '.join(REGISTRY)}")
+        self._set_comm(coll, output, input, group, tuple(args))
+
     def all_gather_into_tensor(self, output, input, group=None):
         """Record ``torch.distributed.all_gather_into_tensor(output, input)`` (see conccl's)."""
-        self._set_comm("all_gather", output, input, group, None, None)
+        self.collective("all_gather", output, input, group=group)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None):
         """Record ``torch.distributed.all_to_all_single(output, input, ...)``."""
-        self._set_comm("all_to_all", output, input, group, output_split_sizes, input_split_sizes)
+        self.collective("all_to_all", output, input, output_split_sizes, input_split_sizes, group=group)
 
     def start(self, op):
         """Record a :class:`conccl.PersistentCollective` (agreed once, see
         :func:`conccl.persistent_all_gather_into_tensor`): where the plan picks conccl it is
         started, skipping the per-call handshake; where it picks NCCL, NCCL runs the same
         collective on the op's tensors."""
-        from .persistent import PersistentCollective
-
         if not isinstance(op, PersistentCollective) or op.closed:
             raise InvalidArgument(f"start needs an open conccl.PersistentCollective, got {op!r}")
-        self._set_comm(op.collective, op.output, op.input, None, *op.split_sizes)
+        self._set_comm(op.coll, op.output, op.input, None, op.args)
         self._op = op
 
     def _set_compute(self, fn, gemm, esize, tensors):
@@ -177,31 +175,23 @@ class Overlap:
             raise InvalidArgument("one computation per overlap block")
         self._compute = (fn, gemm, esize, tensors)
 
-    def _set_comm(self, collective, output, input, group, out_splits, in_splits):
+    def _set_comm(self, coll: Collective, output, input, group, args: tuple):
         if self._comm is not None:
             raise InvalidArgument("one collective per overlap block")
-        if group is not None:
-            import torch.distributed as dist
-
-            if group != dist.group.WORLD:
-                raise InvalidArgument("conccl.overlap runs collectives on the default (world) group")
-        self._comm = (collective, output, input, out_splits, in_splits)
+        if group is not None and group != dist.group.WORLD:
+            raise InvalidArgument("conccl.overlap runs collectives on the default (world) group")
+        self._comm = (coll, output, input, args)
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             return False
         if self._compute is None or self._comm is None:
             raise InvalidArgument("an overlap block needs one computation (matmul/compute) and one collective")
-        import torch
-        import torch.distributed as dist
-
-        from . import api
-
         fn, gemm, esize, tensors = self._compute
-        collective, output, input, out_splits, in_splits = self._comm
+        coll, output, input, args = self._comm
         world = dist.get_world_size() if dist.is_initialized() else 0
         try:
-            self.plan = get_plan(gemm, collective, output.numel() * output.element_size(), world, self.plan_name,
+            self.plan = get_plan(gemm, coll.name, output.numel() * output.element_size(), world, self.plan_name,
                                  self.profile, esize, torch.cuda.get_device_name(output.device))
         except PlanError as e:
             raise InvalidArgument(str(e)) from None
@@ -211,12 +201,8 @@ class Overlap:
         def comm(impl, group):
             if op is not None and impl == "conccl":
                 op.start()
-            elif collective == "all_gather":
-                f = api.all_gather_into_tensor if impl == "conccl" else dist.all_gather_into_tensor
-                f(output, input, group=group)
-            else:
-                f = api.all_to_all_single if impl == "conccl" else dist.all_to_all_single
-                f(output, input, out_splits, in_splits, group=group)
+            else:  # conccl's functions and torch.distributed's share names and arguments
+                getattr(api if impl == "conccl" else dist, coll.api_name)(output, input, *args, group=group)
 
         launch(self.plan, fn, comm, tensors=(*tensors, output, input))
         return False
@@ -232,13 +218,13 @@ def overlap(plan: str = "auto", profile: str | None = None) -> Overlap:
 def run_concurrently(compute_fn, gemm, collective: str, output, input, plan: str = "auto",
                      output_split_sizes=None, input_split_sizes=None, profile: str | None = None) -> Plan:
     """``compute_fn()`` (planned as a GEMM of shape ``gemm`` = (M, N, K)) and the collective
-    (``"all_gather"`` or ``"all_to_all"`` on ``output``/``input``) together; returns the plan."""
+    (a registry name, e.g. ``"all_gather"``, on ``output``/``input``) together; returns the plan.
+    ``output_split_sizes``/``input_split_sizes`` are passed where the collective takes them."""
+    if collective not in REGISTRY:
+        raise InvalidArgument(f"unknown collective {collective!r}; known: {', '.join(REGISTRY)}")
+    coll = REGISTRY[collective]
+    given = {"output_split_sizes": output_split_sizes, "input_split_sizes": input_split_sizes}
     with overlap(plan, profile) as c3:
         c3.compute(compute_fn, gemm)
-        if collective == "all_gather":
-            c3.all_gather_into_tensor(output, input)
-        elif collective == "all_to_all":
-            c3.all_to_all_single(output, input, output_split_sizes, input_split_sizes)
-        else:
-            raise InvalidArgument(f"unknown collective {collective!r}; known: all_gather, all_to_all")
+        c3.collective(coll, output, input, *(given.get(n) for n in coll.arg_names))
     return c3.plan

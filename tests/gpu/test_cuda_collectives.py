@@ -69,9 +69,9 @@ def _check_equal_with_nccl(rank, world):
     import torch.distributed as dist
 
     import conccl
-    from conccl.communicator import Communicator
+    from conccl.group import Group
 
-    comm: Communicator = conccl.get_communicator()
+    comm: Group = conccl.get_group()
     failures = []
     # Element counts per rank, from one element to 1 GiB of all-gather output.
     for dtype_name in DTYPES:

@@ -187,18 +187,26 @@ def test_overlap_start_refuses_anything_but_an_open_persistent_op():
     c3 = conccl.overlap(plan="conccl")
     with pytest.raises(InvalidArgument, match="PersistentCollective"):
         c3.start(lambda: None)
-    closed = PersistentCollective(object(), 1, "all_gather", None, None, torch.zeros(4), torch.zeros(8), 1.0)
+    from conccl.collectives import REGISTRY
+
+    closed = PersistentCollective(object(), 1, REGISTRY["all_gather"], None, None, torch.zeros(4), torch.zeros(8), 1.0)
     closed.close()
     with pytest.raises(InvalidArgument, match="closed"):
         c3.start(closed)
 
 
-def test_an_op_of_a_destroyed_group_is_refused():
-    from types import SimpleNamespace
-
-    from conccl.persistent import PersistentCollective
-
-    comm = SimpleNamespace(board=SimpleNamespace(closed=True), rank=0, world=2)
-    op = PersistentCollective(comm, 1, "all_gather", None, None, torch.zeros(4), torch.zeros(8), 1.0)
-    with pytest.raises(InvalidArgument, match="destroyed"):
+def _op_of_a_closed_group(comm):
+    out = torch.zeros(comm.world * 4)
+    op = comm.persistent_all_gather_into_tensor(out, torch.ones(4))
+    op.start()
+    comm.close()  # what conccl.destroy() does to each group
+    try:
         op.start()
+    except InvalidArgument as e:
+        return op.closed, str(e)
+    return op.closed, "started"
+
+
+def test_an_op_of_a_destroyed_group_is_refused():
+    for closed, msg in spawn(2, _op_of_a_closed_group):
+        assert closed and "destroyed" in msg

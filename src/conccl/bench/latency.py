@@ -50,21 +50,18 @@ def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
 # Host phases of a conccl call, timed by wrapping these functions (inclusive times; a
 # phase's children are listed after it): (label, module, attribute).
 PHASES = (
-    ("call", "conccl.communicator", "Communicator.all_gather_into_tensor"),
-    ("call", "conccl.communicator", "Communicator.all_to_all_single"),
+    ("call", "conccl.group.group", "Group.call"),
     ("call", "conccl.persistent", "PersistentCollective.start"),  # a persistent op: execute only
-    ("call key", "conccl.communicator", "Communicator._remembered"),
+    ("call key", "conccl.group.group", "Group._remembered"),
     # The local and settle steps run only for arguments (or peers' rows) not seen before.
-    ("local step", "conccl.communicator", "Communicator._local_all_gather"),
-    ("local step", "conccl.communicator", "Communicator._local_all_to_all"),
+    ("local step", "conccl.group.group", "Group._local"),
     ("validate", "conccl.collectives.all_gather", "check_all_gather"),
     ("validate", "conccl.collectives.all_to_all", "check_all_to_all"),
     ("board exchange", "conccl.board", "HostBoard.exchange"),
-    ("settle", "conccl.communicator", "Communicator._settle_all_gather"),
-    ("settle", "conccl.communicator", "Communicator._settle_all_to_all"),
+    ("settle", "conccl.group.group", "Group._settle"),
     ("plan", "conccl.collectives.all_gather", "plan_all_gather"),
     ("plan", "conccl.collectives.all_to_all", "plan_all_to_all"),
-    ("execute", "conccl.communicator", "Communicator._execute"),
+    ("execute", "conccl.group.group", "Group._execute"),
     ("executor run", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor.run"),
     ("program lookup", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor._program"),
     ("driver calls", "conccl.executors.cuda_program", "CompiledProgram.launch_slot"),

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from .._driver import StreamOps, driver
-from ..communicator import workspace_capacity
 from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
 from ..work import Work
+from .base import workspace_capacity
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
 
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
@@ -71,8 +71,6 @@ class SymmetricRegistry:
         return entry[1], tensor.storage_offset() * tensor.element_size()
 
 
-REGISTRY = SymmetricRegistry()
-
 
 class CudaCopyEngineExecutor:
     device_type = "cuda"
@@ -82,6 +80,7 @@ class CudaCopyEngineExecutor:
         from torch.distributed import _symmetric_memory as symm_mem
 
         self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
+        self.symmetric = SymmetricRegistry()  # this group's conccl.empty tensors
         pad = symm_mem.empty(signal_pad_words(world), dtype=torch.int32, device=device)
         pad.zero_()  # set-up only; collectives never launch a kernel
         torch.cuda.synchronize(device)
@@ -123,12 +122,12 @@ class CudaCopyEngineExecutor:
     @property
     def views_generation(self) -> int:
         """Changes whenever what :meth:`peer_view` answers for some address may have changed."""
-        return REGISTRY.generation
+        return self.symmetric.generation
 
     def peer_view(self, t):
         """How peers reach ``t`` (every rank's base address, byte offset), None if they cannot;
         looked up once per call by the communicator and handed back to :meth:`run`."""
-        return REGISTRY.lookup(t)
+        return self.symmetric.lookup(t)
 
     def ensure_workspace(self, nbytes: int) -> None:
         if nbytes <= self._ws_cap:
@@ -285,5 +284,15 @@ class CudaCopyEngineExecutor:
         self._watch_stream.synchronize()
 
     def close(self) -> None:
+        """Drop the group's handles: its workspace, signal pad, symmetric registrations and
+        compiled programs (the memory goes back to PyTorch's symmetric-memory allocator).
+
+        A call still queued keeps them: its copies and signal writes would otherwise land in
+        memory the allocator may hand out again (leaked, not corrupted)."""
+        if self._last_end is not None and not self._last_end.query():
+            return
         self._ws = self._ws_handle = None
+        self._pad = self._pad_handle = None
+        self.symmetric = SymmetricRegistry()
+        self._programs.clear()
 

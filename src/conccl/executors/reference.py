@@ -19,11 +19,12 @@ import numpy as np
 
 from .. import _shm
 from ..board import HostBoard
-from ..communicator import Communicator, Options, board_row_len, workspace_capacity
+from ..group import Group, Options, board_row_len
 from ..launch import collect_results
 from ..errors import CollectiveTimeout
 from ..schedule import Buf, Copy, Schedule, SetSignal, WaitSignal, signal_pad_words, signal_word
 from ..work import Work
+from .base import workspace_capacity
 
 
 class ReferenceExecutor:
@@ -179,17 +180,17 @@ class ReferenceExecutor:
             _shm.unlink(shm)
 
 
-def reference_communicator(prefix: str, rank: int, world: int, timeout: timedelta = timedelta(seconds=60)) -> Communicator:
-    """Join the reference group ``prefix`` (its board must exist: see :func:`spawn`)."""
+def reference_group(prefix: str, rank: int, world: int, timeout: timedelta = timedelta(seconds=60)) -> Group:
+    """Join the reference group ``prefix`` (its board ``{prefix}_board`` must exist: see :func:`spawn`)."""
     board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=False)
     ex = ReferenceExecutor(prefix, rank, world, board, timeout.total_seconds())
-    return Communicator(ex, board, rank, world, Options(timeout=timeout))
+    return Group(ex, board, rank, world, Options(timeout=timeout), name=prefix)
 
 
 def _child(fn, prefix, rank, world, timeout, args, queue):
     comm = None
     try:
-        comm = reference_communicator(prefix, rank, world, timeout)
+        comm = reference_group(prefix, rank, world, timeout)
         queue.put((rank, "ok", fn(comm, *args)))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

@@ -1,4 +1,11 @@
-"""The front end every executor shares: validate, agree with peers, plan, execute.
+"""A Group: one process group's conccl state, and the front end every executor shares.
+
+A :class:`Group` owns everything conccl keeps for one process group (its host board, its
+executor with the signal pads, workspace and peer-reachable allocations, its watchdog, its
+persistent ops and whatever an upper layer attaches with :meth:`Group.resource`) and
+releases all of it in :meth:`Group.close`. Its calls are generic over
+:class:`~conccl.collectives.base.Collective`: a collective says how to validate, check and
+plan; the group does the rest, the same for every collective.
 
 A call goes through four steps, the first three on the host and before anything is queued:
 
@@ -19,8 +26,8 @@ every later call raises :class:`~conccl.errors.GroupBroken` at once with the ori
 """
 from __future__ import annotations
 
-import math
 import threading
+import weakref
 import zlib
 from dataclasses import dataclass
 from dataclasses import field as _field
@@ -28,12 +35,12 @@ from datetime import timedelta
 
 import numpy as np
 
-from .board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
-from .collectives import all_gather as ag
-from .collectives import all_to_all as a2a
-from .errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
-from .schedule import Algorithm, StreamMode
-from .watchdog import Flight, Watchdog
+from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
+from ..collectives import REGISTRY, Collective, LocalCall, PeerCalls
+from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
+from ..persistent import PersistentCollective
+from ..schedule import Algorithm, StreamMode
+from ..watchdog import Flight, Watchdog
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL groups
 
@@ -44,20 +51,20 @@ _F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_O
 _SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
 
 
-_MAX_REMEMBERED = 64  # argument sets (and peers' rows per set) a communicator remembers
+_MAX_REMEMBERED = 64  # argument sets (and peers' rows per set) a group remembers
 
 
 @dataclass(eq=False)
 class _Local:
-    """A call's local step (see ``Communicator``): what its own arguments decide."""
+    """A call's local step (see :class:`Group`): what its own arguments decide."""
 
-    coll: str
+    coll: Collective
     dtype: object
     row: list  # published on the board; the sequence number is written per call
     views: tuple  # the executor's peer_view of (input, output)
     algorithm: Algorithm | None  # as requested (None: the group's default)
     stream_mode: StreamMode
-    extra: tuple  # what the collective's settle step needs besides the rows
+    call: LocalCall  # what the collective's validation decided
     settled: dict = _field(default_factory=dict)  # rows (sequence numbers zeroed) -> (schedule, views)
 
 
@@ -112,16 +119,25 @@ def board_row_len(world: int) -> int:
     return _NFIXED + 2 * world
 
 
-class Communicator:
-    """One group's collectives over an executor. Not thread-safe (like a NCCL communicator)."""
+class Group:
+    """One process group's conccl state and its collectives over an executor.
 
-    def __init__(self, executor, board: HostBoard, rank: int, world: int, options: Options | None = None):
-        self.executor, self.board, self.rank, self.world = executor, board, rank, world
+    Not thread-safe (like a NCCL communicator). Made by :func:`conccl.get_group` (CUDA) or
+    :func:`conccl.executors.reference.reference_group` (CPU); released by :meth:`close`
+    (:func:`conccl.destroy` closes every group the API made).
+    """
+
+    def __init__(self, executor, board: HostBoard, rank: int, world: int, options: Options | None = None,
+                 name: str = ""):
+        self.executor, self.board, self.rank, self.world, self.name = executor, board, rank, world, name
         self.options = options or Options()
         self.seq = 0
         self.persistent_ops = 0  # persistent collectives made on this group (their ids)
-        self._locals: dict[tuple, _Local] = {}  # call key -> its local step (see the collectives)
+        self._ops: weakref.WeakSet = weakref.WeakSet()  # the open ones, closed with the group
+        self._resources: dict[str, object] = {}  # what upper layers attached (resource())
+        self._locals: dict[tuple, _Local] = {}  # call key -> its local step
         self.broken: BaseException | None = None  # the first failure; every later call raises it
+        self.closed = False
         self._lock = threading.Lock()  # orders queueing against the watchdog's release
         self.watchdog = None
         if getattr(executor, "tracks_flights", False):
@@ -137,47 +153,42 @@ class Communicator:
     # - settle: check the rows agree, take every rank's offsets, plan. A pure function of the
     #   local step and the rows, so rows equal to an earlier call's (but for the sequence
     #   number) reuse its checked schedule and views.
-    def all_gather_into_tensor(self, output, input, async_op=False, *, algorithm=None, stream_mode=None, timeout=None):
-        local = self._gather_step(output, input, algorithm, stream_mode)
-        return self._run(local, self._settle_all_gather, input, output, async_op, timeout)
+    def call(self, coll: Collective, output, input, args: tuple = (), async_op: bool = False, *, algorithm=None,
+             stream_mode=None, timeout=None):
+        """Run ``coll`` on (output, input, *args) now; see the API function of ``coll.api_name``."""
+        local = self._local_step(coll, output, input, args, algorithm, stream_mode)
+        self._check_usable()
+        timeout_s = self._timeout_s(timeout)
+        schedule, views = self._agree(local, timeout_s)
+        return self._execute(schedule, input, output, async_op, timeout_s, views)
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False,
-                          *, algorithm=None, stream_mode=None, timeout=None):
-        local = self._a2a_step(output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode)
-        return self._run(local, self._settle_all_to_all, input, output, async_op, timeout)
-
-    # Persistent ops: agreed once (validate, exchange, settle, as a call does), started many
-    # times with only the execute step (see conccl.persistent).
-    def persistent_all_gather_into_tensor(self, output, input, *, algorithm=None, stream_mode=None, timeout=None):
-        local = self._gather_step(output, input, algorithm, stream_mode)
-        return self._persistent(local, self._settle_all_gather, input, output, timeout, (None, None))
-
-    def persistent_all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, *,
-                                     algorithm=None, stream_mode=None, timeout=None):
-        local = self._a2a_step(output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode)
-        return self._persistent(local, self._settle_all_to_all, input, output, timeout,
-                                (output_split_sizes, input_split_sizes))
-
-    def _gather_step(self, output, input, algorithm, stream_mode) -> "_Local":
-        """The all-gather's local step, remembered or made now."""
-        key, local = self._remembered(ag.NAME, output, input, algorithm, stream_mode)
-        return local if local is not None else self._local_all_gather(output, input, algorithm, stream_mode, key)
-
-    def _a2a_step(self, output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode) -> "_Local":
-        """The all-to-all's local step, remembered or made now."""
-        key, local = self._remembered(a2a.NAME, output, input, algorithm, stream_mode, output_split_sizes,
-                                      input_split_sizes)
-        if local is not None:
-            return local
-        return self._local_all_to_all(output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode, key)
+    def persistent(self, coll: Collective, output, input, args: tuple = (), *, algorithm=None, stream_mode=None,
+                   timeout=None) -> PersistentCollective:
+        """Agree ``coll`` on these buffers once (validate, exchange, settle, as a call does);
+        the returned op starts it with only the execute step (see :mod:`conccl.persistent`)."""
+        local = self._local_step(coll, output, input, args, algorithm, stream_mode)
+        self._check_usable()
+        timeout_s = self._timeout_s(timeout)
+        schedule, views = self._agree(local, timeout_s)
+        self.persistent_ops += 1
+        op = PersistentCollective(self, self.persistent_ops, coll, schedule, views, input, output, timeout_s,
+                                  tuple(args))
+        self._ops.add(op)
+        return op
 
     # ------------------------------------------------------------------ steps
+    def _local_step(self, coll: Collective, output, input, args, algorithm, stream_mode) -> "_Local":
+        """The call's local step, remembered or made now."""
+        key, local = self._remembered(coll.name, output, input, algorithm, stream_mode, *args)
+        return local if local is not None else self._local(coll, output, input, args, algorithm, stream_mode, key)
+
     def _remembered(self, coll, output, input, *args):
         """(key, remembered local step or None); the key is None when it cannot be had.
 
-        The key is everything the local step reads. Validation depends on the tensors' address, shape, strides, dtype and device; the
-        peer-reachable views on the address and the executor's allocations (its generation
-        grows with every symmetric allocation); the row on the options too."""
+        The key is everything the local step reads. Validation depends on the tensors' address,
+        shape, strides, dtype and device; the peer-reachable views on the address and the
+        executor's allocations (its generation grows with every symmetric allocation); the row
+        on the options too."""
         try:
             key = (coll, output.data_ptr(), input.data_ptr(), output.shape, input.shape, output.stride(),
                    input.stride(), output.dtype, input.dtype, output.device, input.device,
@@ -187,65 +198,26 @@ class Communicator:
         except (AttributeError, TypeError, RuntimeError):  # not tensors, odd splits: not remembered
             return None, None
 
-    def _remember(self, key, local: "_Local") -> "_Local":
+    def _local(self, coll: Collective, output, input, args, algorithm, stream_mode, key) -> "_Local":
+        ex = self.executor
+        call = coll.local(output, input, tuple(args), self.world, self.rank, ex.device_type)
+        _check_algorithm(algorithm)
+        views = (ex.peer_view(input), ex.peer_view(output))
+        # An in-place input is reached through the output, at another offset on every rank.
+        flags = (_SYM_IN * (views[0] is not None and not call.in_place) | _SYM_OUT * (views[1] is not None)
+                 | _IN_PLACE * call.in_place)
+        row = [0, _code(coll.name), _code(str(input.dtype)), input.numel() * input.element_size(),
+               output.numel() * output.element_size(), flags, -1 if algorithm is None else _code(algorithm.value),
+               -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
+               *call.send, *call.recv]
+        local = _Local(coll, input.dtype, row, views, algorithm, stream_mode or self.options.stream_mode, call)
         if key is not None:
             if len(self._locals) >= _MAX_REMEMBERED:
                 self._locals.clear()
             self._locals[key] = local
         return local
 
-    def _local_all_gather(self, output, input, algorithm, stream_mode, key) -> "_Local":
-        ex = self.executor
-        in_place = ag.check_all_gather(output, input, self.world, self.rank, ex.device_type)
-        _check_algorithm(algorithm)
-        nbytes = input.numel() * input.element_size()
-        views = (ex.peer_view(input), ex.peer_view(output))
-        # An in-place input is reached through the output, at another offset on every rank.
-        flags = (_SYM_IN * (views[0] is not None and not in_place) | _SYM_OUT * (views[1] is not None)
-                 | _IN_PLACE * in_place)
-        row = self._row(ag.NAME, input.dtype, nbytes, output.numel() * output.element_size(), flags, algorithm,
-                        [nbytes] * self.world, [nbytes] * self.world, views)
-        return self._remember(key, _Local(ag.NAME, input.dtype, row, views, algorithm,
-                                          stream_mode or self.options.stream_mode, (nbytes, in_place)))
-
-    def _local_all_to_all(self, output, input, output_split_sizes, input_split_sizes, algorithm, stream_mode,
-                          key) -> "_Local":
-        ex = self.executor
-        out_splits, in_splits, row_bytes = a2a.check_all_to_all(
-            output, input, output_split_sizes, input_split_sizes, self.world, ex.device_type)
-        _check_algorithm(algorithm)
-        views = (ex.peer_view(input), ex.peer_view(output))
-        flags = _SYM_IN * (views[0] is not None) | _SYM_OUT * (views[1] is not None)
-        row = self._row(a2a.NAME, input.dtype, input.numel() * input.element_size(),
-                        output.numel() * output.element_size(), flags, algorithm,
-                        [s * row_bytes for s in in_splits], [s * row_bytes for s in out_splits], views)
-        return self._remember(key, _Local(a2a.NAME, input.dtype, row, views, algorithm,
-                                          stream_mode or self.options.stream_mode, ()))
-
-    def _row(self, coll, dtype, in_bytes, out_bytes, flags, algorithm, in_splits, out_splits, views) -> list:
-        """This rank's board row; its sequence number is filled in per call."""
-        return [0, _code(coll), _code(str(dtype)), in_bytes, out_bytes, flags,
-                -1 if algorithm is None else _code(algorithm.value),
-                -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
-                *in_splits, *out_splits]
-
-    def _persistent(self, local: "_Local", settle, input, output, timeout, split_sizes):
-        from .persistent import PersistentCollective
-
-        self._check_usable()
-        timeout_s = self._timeout_s(timeout)
-        schedule, views = self._agree(local, settle, timeout_s)
-        self.persistent_ops += 1
-        return PersistentCollective(self, self.persistent_ops, local.coll, schedule, views, input, output, timeout_s,
-                                    split_sizes)
-
-    def _run(self, local: "_Local", settle, input, output, async_op, timeout):
-        self._check_usable()
-        timeout_s = self._timeout_s(timeout)
-        schedule, views = self._agree(local, settle, timeout_s)
-        return self._execute(schedule, input, output, async_op, timeout_s, views)
-
-    def _agree(self, local: "_Local", settle, timeout_s: float) -> tuple:
+    def _agree(self, local: "_Local", timeout_s: float) -> tuple:
         """(schedule, views) every rank derives from every rank's row for the next call."""
         seq = self.seq + 1
         rows = self._exchange(local, seq, timeout_s)
@@ -254,7 +226,7 @@ class Communicator:
         settled = local.settled.get(key)
         if settled is None:
             rows[:, _F_SEQ] += seq
-            settled = settle(local, rows, seq)
+            settled = self._settle(local, rows, seq)
             if len(local.settled) >= _MAX_REMEMBERED:
                 local.settled.clear()
             local.settled[key] = settled
@@ -268,54 +240,29 @@ class Communicator:
         """
         local.row[_F_SEQ] = seq
         try:
-            return self.board.exchange(local.row, f"conccl {local.coll}", timeout_s, seq)
+            return self.board.exchange(local.row, f"conccl {local.coll.name}", timeout_s, seq)
         except (CollectiveTimeout, GroupBroken) as e:
             self.fail(e)
             raise
 
-    def _check_rows(self, local: "_Local", rows, seq: int) -> None:
-        """Raise (on every rank alike) unless every peer made the same call."""
-        if not self.options.checks:
-            return
-        fixed = rows[:, :_NFIXED].tolist()  # plain ints: cheaper to compare than numpy scalars
-        mine = _agreed(fixed[self.rank])
-        if any(_agreed(x) != mine for x in fixed):
-            self._disagreement(local.coll, local.dtype, seq, rows)
-        in_bytes = fixed[self.rank][_F_IN]
-        if local.coll == ag.NAME and any(x[_F_IN] != in_bytes for x in fixed):
-            bad = [p for p in range(self.world) if rows[p, _F_IN] != in_bytes]
-            raise CollectiveError(
-                f"conccl all_gather (sequence number {seq}): rank {bad[0]} contributes {rows[bad[0], _F_IN]} bytes, "
-                f"rank {self.rank} {in_bytes}; every rank must pass the same input size; nothing was moved")
-
-    def _settle_all_gather(self, local: "_Local", rows, seq: int) -> tuple:
-        self._check_rows(local, rows, seq)
-        nbytes, in_place = local.extra
-        all_flags = _all_flags(rows)
-        schedule = ag.plan_all_gather(
-            self.world, self.rank, nbytes, algorithm=self._algorithm(local.algorithm, all_flags),
-            stream_mode=local.stream_mode,
-            input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
-            in_place=in_place, peers_in_place=bool(all_flags & _IN_PLACE),
-        )
-        return schedule, _peer_views(local.views, rows, all_flags)
-
-    def _settle_all_to_all(self, local: "_Local", rows, seq: int) -> tuple:
-        self._check_rows(local, rows, seq)
+    def _settle(self, local: "_Local", rows, seq: int) -> tuple:
+        """Check that every rank made the same call (raising alike on every rank), then plan."""
         w = self.world
         splits = rows[:, _NFIXED:_NFIXED + 2 * w].tolist()  # plain ints: cheaper than numpy scalars
-        matrix = tuple(tuple(r[:w]) for r in splits)  # sent[src][dst]
-        if any(matrix[src][dst] != splits[dst][w + src] for src in range(w) for dst in range(w)):
-            src, dst = next((s, d) for s in range(w) for d in range(w) if matrix[s][d] != splits[d][w + s])
-            raise CollectiveError(
-                f"all_to_all_single (sequence number {seq}): rank {src} sends {matrix[src][dst]} bytes to rank "
-                f"{dst}, but rank {dst} expects {splits[dst][w + src]} bytes from rank {src}; nothing was moved")
+        peers = PeerCalls(send=tuple(tuple(r[:w]) for r in splits), recv=tuple(tuple(r[w:]) for r in splits),
+                          input_bytes=tuple(rows[:, _F_IN].tolist()), output_bytes=tuple(rows[:, _F_OUT].tolist()))
+        if self.options.checks:
+            fixed = rows[:, :_NFIXED].tolist()
+            mine = _agreed(fixed[self.rank])
+            if any(_agreed(x) != mine for x in fixed):
+                self._disagreement(local.coll.name, local.dtype, seq, rows)
+        # Even unchecked: a plan from byte counts the peers disagree on would copy out of bounds.
+        local.coll.check(peers, self.rank, seq)
         all_flags = _all_flags(rows)
-        schedule = a2a.plan_all_to_all(
-            self.world, self.rank, matrix, algorithm=self._algorithm(local.algorithm, all_flags),
-            stream_mode=local.stream_mode,
-            input_symmetric=bool(all_flags & _SYM_IN), output_symmetric=bool(all_flags & _SYM_OUT),
-        )
+        schedule = local.coll.plan(
+            w, self.rank, local.call, peers, algorithm=self._algorithm(local.algorithm, all_flags),
+            stream_mode=local.stream_mode, input_symmetric=bool(all_flags & _SYM_IN),
+            output_symmetric=bool(all_flags & _SYM_OUT), peers_in_place=bool(all_flags & _IN_PLACE))
         return schedule, _peer_views(local.views, rows, all_flags)
 
     def _disagreement(self, coll, dtype, seq, rows):
@@ -407,11 +354,39 @@ class Communicator:
         broken = None if self.board.closed else self.board.aborted()
         return broken if broken is not None and broken.seq <= seq else None
 
+    def resource(self, key: str, make):
+        """The object an upper layer keeps for this group under ``key``, made by ``make()`` on
+        first use; closed (its ``close()``, if any) when the group closes."""
+        if self.closed:
+            raise InvalidArgument(f"conccl group {self.name!r} is closed")
+        obj = self._resources.get(key)
+        if obj is None:
+            obj = self._resources[key] = make()
+        return obj
+
     def close(self) -> None:
+        """Release everything the group holds: persistent ops, attached resources, the
+        watchdog's thread, the executor's memory and the board. Local and idempotent; every
+        rank closes its own (a peer still calling then times out, as with any absent peer)."""
+        if self.closed:
+            return
+        self.closed = True
+        for op in list(self._ops):
+            op.close()
+        for obj in reversed(list(self._resources.values())):
+            close = getattr(obj, "close", None)
+            if close is not None:
+                close()
+        self._resources.clear()
+        self._locals.clear()
         if self.watchdog is not None:
             self.watchdog.close()
         self.executor.close()
         self.board.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"seq {self.seq}"
+        return f"Group({self.name!r}, rank {self.rank}/{self.world}, {state})"
 
 
 def _peer_views(views, rows, all_flags: int) -> tuple:
@@ -435,12 +410,45 @@ def _describe(field: int, value, dtype) -> str:
         names = {_code(str(d)): str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
         return names.get(int(value), f"dtype#{int(value)}")
     if field == _F_COLL:
-        return {_code(n): n for n in (ag.NAME, a2a.NAME)}.get(int(value), f"collective#{int(value)}")
+        return {_code(n): n for n in REGISTRY}.get(int(value), f"collective#{int(value)}")
     if field == _F_ALGO:
         return {_code(a.value): a.value for a in Algorithm}.get(int(value), "default")
     return str(int(value))
 
 
-def workspace_capacity(nbytes: int) -> int:
-    """Workspace sizes grow in powers of two (>= 1 MiB) so growth, a collective allocation, is rare."""
-    return 0 if nbytes <= 0 else max(1 << 20, 1 << math.ceil(math.log2(nbytes)))
+def _bind(coll: Collective) -> None:
+    """Give :class:`Group` the collective's call and persistent methods, named and shaped as in
+    torch.distributed: ``group.<api_name>(output, input, *args, async_op=False, *,
+    algorithm=None, stream_mode=None, timeout=None)`` and ``group.persistent_<api_name>(...)``,
+    where ``args`` are ``coll.arg_names`` (positional or by name)."""
+    names = coll.arg_names
+
+    def split(args, kwargs, allow_async: bool):
+        extra = list(args[:len(names)]) + [None] * (len(names) - len(args[:len(names)]))
+        for i, n in enumerate(names):
+            if n in kwargs:
+                extra[i] = kwargs.pop(n)
+        rest = args[len(names):]
+        if len(rest) > (1 if allow_async else 0):
+            raise TypeError(f"{coll.api_name}() takes output, input, {', '.join(names) or 'no other arguments'}"
+                            + (" and async_op" if allow_async else ""))
+        return tuple(extra), rest
+
+    def call(self, output, input, *args, **kwargs):
+        extra, rest = split(args, kwargs, True)
+        async_op = rest[0] if rest else kwargs.pop("async_op", False)
+        return self.call(coll, output, input, extra, async_op, **kwargs)
+
+    def persistent(self, output, input, *args, **kwargs):
+        extra, _ = split(args, kwargs, False)
+        return self.persistent(coll, output, input, extra, **kwargs)
+
+    call.__name__, persistent.__name__ = coll.api_name, f"persistent_{coll.api_name}"
+    call.__doc__ = f"``{coll.api_name}`` on this group (see :func:`conccl.{coll.api_name}`)."
+    persistent.__doc__ = f"A persistent ``{coll.api_name}`` on this group (see :mod:`conccl.persistent`)."
+    setattr(Group, call.__name__, call)
+    setattr(Group, persistent.__name__, persistent)
+
+
+for _coll in REGISTRY.values():
+    _bind(_coll)

@@ -1,0 +1,40 @@
+"""The Executor protocol: what a :class:`~conccl.group.Group` needs from whatever runs schedules.
+
+Two executors implement it: :mod:`conccl.executors.cuda_ce` (copy engines and stream memory
+operations on CUDA GPUs) and :mod:`conccl.executors.reference` (CPU processes over shared
+memory, for tests). A schedule is plain data (:mod:`conccl.schedule`), so any executor runs
+any collective's schedule.
+"""
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from ..schedule import Schedule
+
+
+class Executor(Protocol):
+    device_type: str  # "cuda" or "cpu": the device the collectives' tensors must be on
+    tracks_flights: bool  # True: calls stay in flight after run() returns; the group's watchdog tracks them
+
+    @property
+    def views_generation(self) -> int:
+        """Changes whenever what :meth:`peer_view` answers for some address may have changed."""
+
+    def peer_view(self, t) -> tuple | None:
+        """How peers reach tensor ``t`` (an opaque handle, byte offset), None if they cannot."""
+
+    def ensure_workspace(self, nbytes: int) -> None:
+        """Grow the group's symmetric workspace to ``nbytes`` (a collective call: every rank
+        comes with the same size, decided from the board)."""
+
+    def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float, flight, views):
+        """Queue (CUDA) or run (reference) ``schedule`` as call ``seq``; return a :class:`~conccl.work.Work`."""
+
+    def close(self) -> None:
+        """Release every allocation and handle."""
+
+
+def workspace_capacity(nbytes: int) -> int:
+    """Workspace sizes grow in powers of two (>= 1 MiB) so growth, a collective allocation, is rare."""
+    return 0 if nbytes <= 0 else max(1 << 20, 1 << math.ceil(math.log2(nbytes)))
