@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import time
 
+from .errors import CollectiveTimeout
+
 
 class Work:
     """A collective in flight. ``wait()`` makes the caller's current stream wait for it (the
@@ -15,7 +17,9 @@ class Work:
     """
 
     def __init__(self, event=None, device=None, flight=None):
-        self._event = event  # None: completed when returned (the CPU reference executor)
+        # A CUDA event; None: completed when returned; or the reference executor's deferred
+        # call, which has run_now() (its model of a stream the caller waits for).
+        self._event = event
         self._device = device
         self._flight = flight  # the watchdog's record: carries the error if the call failed
 
@@ -36,10 +40,14 @@ class Work:
         self._raise_if_failed()
         if self._event is None:
             return True
+        run_now = getattr(self._event, "run_now", None)
+        if run_now is not None:
+            run_now()
+            return True
         if timeout is not None:
             self.synchronize(timeout)
             return True
-        import torch
+        import torch  # here: `import conccl` (which loads this module) works without torch
 
         torch.cuda.current_stream(self._device).wait_event(self._event)
         return True
@@ -56,11 +64,12 @@ class Work:
         limit = None if timeout is None else getattr(timeout, "total_seconds", lambda: timeout)()
         deadline = None if limit is None else time.monotonic() + float(limit)
         pause = 20e-6
+        run_now = getattr(self._event, "run_now", None)
+        if run_now is not None:
+            run_now()
         while self._event is not None and not self._event.query():
             self._raise_if_failed()
             if deadline is not None and time.monotonic() > deadline:
-                from .errors import CollectiveTimeout
-
                 what = self._flight.what if self._flight else "conccl collective"
                 seq = self._flight.seq if self._flight else -1
                 raise CollectiveTimeout(what, seq, [], float(limit))

@@ -109,16 +109,38 @@ def test_persistent_starts_and_calls_interleave():
     assert spawn(4, _mixed_with_calls, 20) == [(0, 60, (1, 2))] * 4
 
 
-def _async_start(comm):
-    w = comm.world
-    out, inp = comm.executor.empty((w * 4,), torch.float32), torch.full((4,), float(comm.rank))
-    work = comm.persistent_all_gather_into_tensor(out, inp).start(async_op=True)
+def _async_start_ordering(comm):
+    """An async start is not complete when it returns and its output is not there yet; a
+    later call of the group runs after it (it reads what the async start wrote); wait()
+    completes it. The reference executor defers async calls as a stream would."""
+    w, r = comm.world, comm.rank
+    out = comm.executor.empty((w * 4,), torch.float32)
+    out.fill_(-1.0)
+    inp = torch.full((4,), float(r))
+    op = comm.persistent_all_gather_into_tensor(out, inp)
+    work = op.start(async_op=True)
+    early = (work.is_completed(), bool((out == -1.0).all()))
+    # A one-shot call whose input is the async start's output: stream order means it runs
+    # second, so it gathers the gathered values (every rank's chunk r: r's own value).
+    again = torch.empty(w * w * 4)
+    comm.all_gather_into_tensor(again, out)
+    late = work.is_completed()
     work.wait()
-    return work.is_completed(), out.tolist() == torch.arange(w).float().repeat_interleave(4).tolist()
+    gathered = torch.arange(w).float().repeat_interleave(4)
+    first = out.tolist() == gathered.tolist() and again.tolist() == gathered.repeat(w).tolist()
+    # With no later call, wait() alone is what completes a start.
+    inp.add_(10.0)
+    work = op.start(async_op=True)
+    pending = work.is_completed()
+    work.wait()
+    return early, late, first, (pending, work.is_completed(), out.tolist() == (gathered + 10).tolist())
 
 
-def test_async_start_returns_a_work_handle():
-    assert spawn(2, _async_start) == [(True, True)] * 2
+EXPECTED_ORDER = ((False, True), True, True, (False, True, True))
+
+
+def test_async_start_is_ordered_before_later_calls_and_completes_on_wait():
+    assert spawn(3, _async_start_ordering) == [EXPECTED_ORDER] * 3
 
 
 def _mismatched_init(comm):
@@ -210,3 +232,27 @@ def _op_of_a_closed_group(comm):
 def test_an_op_of_a_destroyed_group_is_refused():
     for closed, msg in spawn(2, _op_of_a_closed_group):
         assert closed and "destroyed" in msg
+
+
+@pytest.mark.parametrize("broken", ["runs_at_once", "later_call_first", "wait_runs_nothing"])
+def test_the_async_ordering_test_fails_when_the_ordering_is_broken(monkeypatch, broken):
+    """The test above is not vacuous: break the ordering it checks, three ways, and it fails
+    (the children are forked, so they inherit the patched executor)."""
+    from conccl.executors import reference
+
+    if broken == "runs_at_once":
+        run = reference.ReferenceExecutor.run
+        monkeypatch.setattr(reference.ReferenceExecutor, "run",
+                            lambda self, *a, **k: run(self, *a[:4], False, *a[5:], **k))
+    elif broken == "later_call_first":
+        flush = reference.ReferenceExecutor.flush
+        monkeypatch.setattr(reference.ReferenceExecutor, "flush",
+                            lambda self, until=None: flush(self, until) if until is not None else None)
+    else:
+        monkeypatch.setattr(reference._Deferred, "run_now", lambda self: None)
+    try:
+        results = spawn(3, _async_start_ordering, timeout=timedelta(seconds=3))
+    except RuntimeError as e:  # a rank finished while a peer still waited for its copies
+        assert "CollectiveTimeout" in str(e)
+        return
+    assert results != [EXPECTED_ORDER] * 3

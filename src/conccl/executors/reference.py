@@ -27,6 +27,24 @@ from ..work import Work
 from .base import workspace_capacity
 
 
+class _Deferred:
+    """An ``async_op=True`` call on the reference executor, modelling a stream: it runs when
+    waited on, or before any later call of the group runs (in call order), never at once. So a
+    test sees what CUDA users see: not complete when returned, complete after ``wait()``."""
+
+    def __init__(self, executor: "ReferenceExecutor", run):
+        self._executor, self._run, self.done, self.error = executor, run, False, None
+
+    def query(self) -> bool:
+        return self.done
+
+    def run_now(self) -> None:
+        """Run every deferred call of the group up to this one, in order (stream semantics)."""
+        self._executor.flush(until=self)
+        if self.error is not None:
+            raise self.error
+
+
 class ReferenceExecutor:
     device_type = "cpu"
 
@@ -41,6 +59,7 @@ class ReferenceExecutor:
         self._ws_gen, self._ws_cap, self._ws = 0, 0, [None] * world
         self._allocs: list[tuple[int, int, str]] = []  # (start, end, name pattern) of symmetric tensors
         self._peer_allocs: dict[tuple[str, int], np.ndarray] = {}
+        self._deferred: list[_Deferred] = []  # async calls not run yet, in call order
 
     # ------------------------------------------------------------ shared memory
     def _create(self, name, nbytes):
@@ -115,7 +134,30 @@ class ReferenceExecutor:
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float | None = None,
             flight=None, views=(None, None)) -> Work:
-        """Run ``schedule`` to completion on the host (calls here are never in flight).
+        """Run ``schedule`` as call ``seq``: now (after any deferred calls) when blocking; when
+        ``async_op``, deferred until waited on or until a later call runs (see :class:`_Deferred`)."""
+        if async_op:
+            d = _Deferred(self, lambda: self._run_now(schedule, input, output, seq, timeout_s, views))
+            self._deferred.append(d)
+            return Work(event=d)
+        self.flush()
+        self._run_now(schedule, input, output, seq, timeout_s, views)
+        return Work()
+
+    def flush(self, until: _Deferred | None = None) -> None:
+        """Run the deferred calls in order (all of them, or up to and including ``until``)."""
+        while self._deferred and (until is None or not until.done):
+            d = self._deferred.pop(0)
+            try:
+                d._run()
+            except BaseException as e:
+                d.error = e
+                raise
+            finally:
+                d.done = True
+
+    def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views) -> None:
+        """Run ``schedule`` to completion on the host.
 
         A wait unsatisfied for ``timeout_s`` raises :class:`CollectiveTimeout`; one waiting
         for a peer whose process exited, or after a peer aborted the group, raises at once.
@@ -148,7 +190,7 @@ class ReferenceExecutor:
                 broken = self.board.aborted()
                 if broken is not None and broken.seq <= seq:
                     raise broken
-                return Work()
+                return
             if not progress:
                 now = time.monotonic()
                 blocked = lambda: sorted({ops[pc].peer for pc, ops in zip(pcs, schedule.slots) if pc < len(ops)})  # noqa: E731
@@ -183,6 +225,20 @@ class ReferenceExecutor:
 def reference_group(prefix: str, rank: int, world: int, timeout: timedelta = timedelta(seconds=60)) -> Group:
     """Join the reference group ``prefix`` (its board ``{prefix}_board`` must exist: see :func:`spawn`)."""
     board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=False)
+    ex = ReferenceExecutor(prefix, rank, world, board, timeout.total_seconds())
+    return Group(ex, board, rank, world, Options(timeout=timeout), name=prefix)
+
+
+def new_reference_group(parent: Group, tag: str, timeout: timedelta | None = None) -> Group:
+    """A new reference group of ``parent``'s ranks, named ``{parent.name}_{tag}`` (a collective
+    call on ``parent``: rank 0 creates the new board, ``parent``'s board orders the attaching)."""
+    timeout = timeout or parent.options.timeout
+    prefix = f"{parent.name}_{tag}"
+    rank, world = parent.rank, parent.world
+    board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=True) if rank == 0 else None
+    parent.board.exchange([], "conccl reference group", timeout.total_seconds())
+    if board is None:
+        board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=False)
     ex = ReferenceExecutor(prefix, rank, world, board, timeout.total_seconds())
     return Group(ex, board, rank, world, Options(timeout=timeout), name=prefix)
 
