@@ -6,9 +6,16 @@ shared hosts, a program using it can take the host's GPUs out of service.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
+import queue as _q
 import socket
+import time
 import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -30,9 +37,6 @@ def free_port() -> int:
 
 def init_rank(rank: int, world: int, init_method: str | None, backend: str = "nccl"):
     """Bind this process to its GPU and initialise the default process group."""
-    import torch
-    import torch.distributed as dist
-
     apply_safe_env()
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
@@ -45,11 +49,7 @@ def init_rank(rank: int, world: int, init_method: str | None, backend: str = "nc
 
 
 def _worker(rank, world, init_method, fn, args, queue):
-    import torch.distributed as dist
-
     if os.environ.get("CONCCL_DUMP_AFTER_S"):  # debugging hangs: print every thread's stack
-        import faulthandler
-
         faulthandler.dump_traceback_later(float(os.environ["CONCCL_DUMP_AFTER_S"]), exit=True)
     try:
         init_rank(rank, world, init_method)
@@ -59,7 +59,7 @@ def _worker(rank, world, init_method, fn, args, queue):
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
         try:
-            from . import api
+            from . import api  # here: the CUDA executor behind it loads only in GPU workers
 
             api.destroy()
             if dist.is_initialized():
@@ -76,9 +76,6 @@ def run_per_gpu(fn, *args, nprocs: int | None = None, timeout_s: float = 1800.0,
     Raises RuntimeError with each failing rank's traceback. Ranks in ``allow_missing`` may
     die without a result (None); ``exitcodes``, if given, receives every process's exit code.
     """
-    import torch
-    import torch.multiprocessing as mp
-
     apply_safe_env()
     if under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -105,9 +102,6 @@ def collect_results(queue, procs, world: int, timeout_s: float, join_s: float, a
     or crashed) unless it is in ``allow_missing`` (its result is then None); processes still
     alive at the end are killed.
     """
-    import queue as _q
-    import time
-
     results, errors = {}, []
     deadline = time.monotonic() + timeout_s
     try:

@@ -8,11 +8,15 @@
 """
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
+from torch.cuda.green_contexts import GreenContext
+
 
 def granted_sms(device_index: int, want: int) -> int | None:
     """SMs the driver grants a green context asked for ``want`` (it rounds to its granularity)."""
     try:
-        from cuda.bindings import driver as cu
+        from cuda.bindings import driver as cu  # optional (cuda-python): without it the request is recorded
 
         _, dev = cu.cuDeviceGet(device_index)
         err, res = cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
@@ -30,8 +34,6 @@ class Partitions:
     """Per-process cache of green-context streams (per device and SM count) and NCCL groups."""
 
     def __init__(self, device):
-        import torch
-
         self.device = torch.device(device)
         self.sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.side_stream = torch.cuda.Stream(self.device)  # a GEMM that keeps every SM
@@ -45,8 +47,6 @@ class Partitions:
         done): one process launches from one thread at a time, and re-recording an event does
         not change a wait already queued on it."""
         if self._events is None:
-            import torch
-
             self._events = tuple(torch.cuda.Event() for _ in range(3))
         return self._events
 
@@ -62,8 +62,6 @@ class Partitions:
         if limit < 1:
             raise ValueError(f"cannot take {sms_taken} of the GPU's {self.sm_count} SMs from the GEMM")
         if limit not in self._green:
-            from torch.cuda.green_contexts import GreenContext
-
             want, granted = limit, granted_sms(self.device.index, limit)
             while granted is not None and granted > limit and want > 1:
                 want -= 1
@@ -76,8 +74,6 @@ class Partitions:
     def nccl_group(self, ctas: int | None = None, high_priority: bool = False):
         """The world as a NCCL group, optionally capped to ``ctas`` CTAs or on a high-priority stream
         (None: the default group)."""
-        import torch.distributed as dist
-
         if ctas is None and not high_priority:
             return None
         key = (ctas, high_priority)

@@ -10,7 +10,7 @@ class InvalidArgument(ValueError):
 
 
 def check_tensor(name: str, t, device_type: str) -> None:
-    import torch
+    import torch  # here: `import conccl` (errors -> validate) works without torch
 
     if not isinstance(t, torch.Tensor):
         raise InvalidArgument(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.distributed import _symmetric_memory as symm_mem
 
 from .._driver import StreamOps, driver
 from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
@@ -77,8 +78,6 @@ class CudaCopyEngineExecutor:
     tracks_flights = True
 
     def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
-        from torch.distributed import _symmetric_memory as symm_mem
-
         self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
         self.symmetric = SymmetricRegistry()  # this group's conccl.empty tensors
         pad = symm_mem.empty(signal_pad_words(world), dtype=torch.int32, device=device)

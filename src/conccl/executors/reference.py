@@ -16,6 +16,7 @@ import uuid
 from datetime import timedelta
 
 import numpy as np
+import torch
 
 from .. import _shm
 from ..board import HostBoard
@@ -80,8 +81,6 @@ class ReferenceExecutor:
 
     def empty(self, shape, dtype):
         """A CPU tensor in shared memory that peers can read and write (collective call)."""
-        import torch
-
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         k = len(self._allocs)
         pattern = f"{self.prefix}_t{k}_r{{rank}}"
@@ -125,7 +124,7 @@ class ReferenceExecutor:
             return self._ws[rank]
         t, view = (input, views[0]) if buf is Buf.INPUT else (output, views[1])
         if rank == self.rank:
-            return t.view(-1).view(__import__("torch").uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+            return t.view(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
         pattern, offsets = view
         key = (pattern, rank)
         if key not in self._peer_allocs:

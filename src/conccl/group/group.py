@@ -34,6 +34,7 @@ from dataclasses import field as _field
 from datetime import timedelta
 
 import numpy as np
+import torch
 
 from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
 from ..collectives import REGISTRY, Collective, LocalCall, PeerCalls
@@ -405,8 +406,6 @@ def _all_flags(rows) -> int:
 
 def _describe(field: int, value, dtype) -> str:
     if field == _F_DTYPE:
-        import torch
-
         names = {_code(str(d)): str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
         return names.get(int(value), f"dtype#{int(value)}")
     if field == _F_COLL:
