@@ -26,17 +26,18 @@ import os
 import statistics
 import sys
 
+import torch
+
+import conccl
+from conccl import runtime
+from conccl.launch import run_per_gpu
+from conccl.study.measure import CollectiveCase, GemmCase, Rig, StudyConfig, _auto_parts, arena_bytes
+from conccl.study.scenarios import load_suite
+
 DEFAULT = "cb4_2.5G/all_gather,cb4_512M/all_gather,mb1_896M/all_gather,dec2_128M/all_to_all"
 
 
 def worker(rank: int, world: int, ids: list[str]) -> list[dict] | None:
-    import torch
-
-    import conccl
-    from conccl import runtime
-    from conccl.study.measure import CollectiveCase, GemmCase, Rig, StudyConfig, _auto_parts, arena_bytes
-    from conccl.study.scenarios import load_suite
-
     suite = {s.id: s for s in load_suite()}
     scenarios = [suite[i] for i in ids]
     cfg = StudyConfig(scenarios=scenarios)
@@ -105,7 +106,6 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default=DEFAULT)
     args = ap.parse_args()
-    from conccl.launch import run_per_gpu
 
     rows = run_per_gpu(worker, args.only.split(","), timeout_s=900)[0]
     os.makedirs(args.out, exist_ok=True)

@@ -27,7 +27,7 @@ from .errors import InvalidArgument
 from .partition import Partitions
 from .persistent import PersistentCollective
 from .planner import Plan, PlanError, plan_strategy, workload
-from .profile import HardwareProfile, load_profile
+from .planner.profile import HardwareProfile, load_profile
 
 
 # Plans and profiles are immutable values of their arguments: memoised, not state. What a

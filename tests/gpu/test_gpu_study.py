@@ -3,36 +3,36 @@
 Skipped without 2 GPUs (conftest.py)."""
 from __future__ import annotations
 
-import json
-
 import pytest
+
+from conccl.cli import main
+from conccl.planner.profile import load_profile
+from conccl.study.results import SCHEMA, load_results
 
 torch = pytest.importorskip("torch")
 
 
 def test_quick_study_measures_every_strategy_correctly(tmp_path):
-    from conccl.cli import main
-
     out = tmp_path / "study"
     rc = main(["study", "--quick", "--only", "cb1_896M/all_gather,dec1_64M/all_to_all", "--out", str(out)])
     assert rc == 0
-    doc = json.loads((out / "results.json").read_text())
-    assert doc["kind"] == "measured" and doc["complete"]
-    ids = [s["id"] for s in doc["scenarios"]]
+    doc = load_results(out)
+    assert doc.schema == SCHEMA and doc.kind == "measured" and doc.complete
+    ids = [s.id for s in doc.scenarios]
     assert ids == ["cb1_896M/all_gather", "dec1_64M/all_to_all"]
-    sm = doc["machine"]["sm_count"]
-    for s in doc["scenarios"]:
-        assert s["t_gemm"]["n"] >= 9 and s["t_comm"]["nccl"]["n"] >= 9
-        if s["id"].startswith("dec1"):  # a 0.14 ms GEMM gets more timed runs than 9 (20 ms of them)
-            assert s["t_gemm"]["n"] > 9 and s["t_comm"]["nccl"]["n"] > 9
+    sm = doc.machine.sm_count
+    for s in doc.scenarios:
+        assert s.t_gemm.n >= 9 and s.t_comm["nccl"].n >= 9
+        if s.id.startswith("dec1"):  # a 0.14 ms GEMM gets more timed runs than 9 (20 ms of them)
+            assert s.t_gemm.n > 9 and s.t_comm["nccl"].n > 9
         # auto and the fastest strategy were timed again in turns, both correct
-        turns = s["auto_in_turns"]
-        assert turns["correct"] is True and turns["auto_ms"]["n"] >= 9, turns
-        for name, st in s["strategies"].items():
-            assert st["correct"] is True, (s["id"], name)
+        turns = s.auto_in_turns
+        assert turns.correct is True and turns.auto_ms.n >= 9, turns
+        for name, st in s.strategies.items():
+            assert st.correct is True, (s.id, name)
         # the partitioned strategies really ran the GEMM on fewer SMs (a green context)
-        assert all(r["gemm_sms"] is None or r["gemm_sms"] < sm for r in s["runs"]["c3_rp"])
-        assert set(s["strategies"]) >= {"c3_base", "c3_sp", "c3_rp", "c3_sp_rp", "conccl", "conccl_rp"}
+        assert all(r.gemm_sms is None or r.gemm_sms < sm for r in s.runs["c3_rp"])
+        assert set(s.strategies) >= {"c3_base", "c3_sp", "c3_rp", "c3_sp_rp", "conccl", "conccl_rp"}
     assert (out / "report.md").read_text().startswith("# conccl study")
-    assert (out / "profile.json").exists()
+    assert load_profile(out / "profile.json").world == doc.machine.world
     assert len(list((out / "figures").glob("*.png"))) >= 5

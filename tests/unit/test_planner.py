@@ -1,4 +1,5 @@
-"""CPU tier: the planner's heuristics, time model, fit, evaluation, plan cache and CLI."""
+"""CPU tier: the planner's heuristics, time model, profile reader and writer, fit, evaluation,
+plan cache and CLI."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,17 +8,30 @@ import pathlib
 
 import pytest
 
+import conccl
+from conccl import runtime
 from conccl.cli import main
+from conccl.errors import InvalidArgument
 from conccl.planner import (Kernel, PlanError, candidates, copy_engine_sms, launch_order, plan, plan_auto,
                             plan_strategy, resource_partition, workload)
 from conccl.planner import timing
-from conccl.planner.evaluate import evaluate, markdown
-from conccl.planner.fit import fit_interference
-from conccl.profile import HardwareProfile, ProfileError, load_profile
+from conccl.planner.fit import Observation, fit_interference
+from conccl.planner.profile import EMBEDDED, FORMAT, HardwareProfile, ProfileError, load_profile
+from conccl.study import analysis
+from conccl.study.evaluate import evaluate, markdown
+from conccl.study.results import AutoInTurns, Run, RunConfig, StudyResults, Timing, load_results
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-STUDY = ROOT / "benchmarks" / "2026-11-21-h200x4-fast-path" / "study-a"
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
+STUDY = FIXTURES / "study-v1"  # a measured H200 x4 study, 7 of its scenarios
 GiB, MiB = 1 << 30, 1 << 20
+
+
+def study() -> StudyResults:
+    return analysis.derive(load_results(STUDY))
+
+
+def ms(t: float) -> Timing:
+    return Timing(t, t, t, 9)
 
 
 def mi300x_profile() -> HardwareProfile:
@@ -152,16 +166,45 @@ def test_profile_of_another_format_or_gpu_is_refused(tmp_path, h200):
 def test_fit_recovers_a_known_residual(h200):
     p = dataclasses.replace(h200, interference={})
     truth = (1.3, 1.3, 0.0)
-    scenarios = []
+    observations = []
     for tg, tc, sz in [(10e-3, 3e-3, GiB), (5e-3, 9e-3, 2 * GiB), (2e-3, 2.5e-3, 512 * MiB)]:
         t = timing.concurrent_time(p, "ce", "compute-bound", tg, tc, 2 * GiB, sz, resid=truth)
-        scenarios.append({"gemm_class": "compute-bound", "collective": "all_gather", "size": sz,
-                          "gemm": {"bytes": 2 * GiB}, "hbm_bytes": {"comm": sz},
-                          "t_gemm": {"median": 1e3 * tg}, "t_comm": {"conccl": {"median": 1e3 * tc}},
-                          "runs": {"conccl": [{"sms": 0, "gemm_sms": 132, "time_ms": {"median": 1e3 * t}}]}})
-    fit = fit_interference(p, scenarios)
+        observations.append(Observation(gemm_class="compute-bound", collective="all_gather", size=sz,
+                                        gemm_bytes=2 * GiB, comm_bytes=sz, t_gemm=tg, t_comm={"conccl": tc},
+                                        runs={"conccl": ((0, 132, t),)}))
+    fit = fit_interference(p, observations)
     assert fit["ce"]["compute-bound"]["gemm"] == pytest.approx(1.3)
     assert fit["ce"]["compute-bound"]["rms_log_error"] < 1e-6
+
+
+def test_profile_round_trips_through_the_writer_and_reader(h200, tmp_path):
+    back = HardwareProfile.from_dict(json.loads(h200.to_json()))
+    assert back == h200
+    assert all(isinstance(k, int) for t in back.gemm_sm_loss.values() for k in t)  # integer keys come back
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        h200.world = 8
+    f = tmp_path / "p.json"
+    f.write_text(h200.to_json())
+    assert load_profile(f) == h200 and load_profile(EMBEDDED) == h200
+
+
+def test_profile_reader_names_the_format_found_and_expected(tmp_path):
+    data = json.loads(EMBEDDED.read_text())
+    for fmt in ("conccl-profile/2", None):
+        bad = dict(data, format=fmt) if fmt else {k: v for k, v in data.items() if k != "format"}
+        with pytest.raises(ProfileError, match=f"format {fmt!r} found, {FORMAT!r} expected"):
+            HardwareProfile.from_dict(bad)
+    with pytest.raises(ProfileError, match="missing field.*memory_bytes"):
+        HardwareProfile.from_dict({k: v for k, v in data.items() if k != "memory_bytes"})
+    with pytest.raises(ProfileError, match="unknown field.*colour"):
+        HardwareProfile.from_dict(dict(data, colour="red"))
+
+
+def test_an_early_profile_without_sweeps_or_fit_still_plans():
+    early = load_profile(FIXTURES / "profile-early.json")  # from before comm_sweep and interference
+    assert early.comm_sweep == {} and early.interference == {}
+    assert plan(early, (8192, 8192, 8192), "all_gather", GiB).strategy in {"conccl", "conccl_rp", "c3_sp", "c3_base",
+                                                                            "c3_rp", "c3_sp_rp"}
 
 
 def test_embedded_profile_lists_what_it_was_fitted_on(h200):
@@ -174,34 +217,34 @@ def test_embedded_profile_lists_what_it_was_fitted_on(h200):
 # --------------------------------------------------------------------------- evaluation
 
 def test_evaluate_judges_each_pick_against_the_measured_runs(h200):
-    doc = json.loads((STUDY / "results.json").read_text())
+    doc = study()
     ev = evaluate(doc, h200)
-    assert len(ev["rows"]) == len(doc["scenarios"])
+    assert len(ev["rows"]) == len(doc.scenarios)
     for r in ev["rows"]:
-        s = next(s for s in doc["scenarios"] if s["id"] == r["id"])
-        runs = [(n, x["sms"], x["time_ms"]["median"] / 1e3) for n, rs in s["runs"].items() if n not in ("torch_lc", "auto")
+        s = next(s for s in doc.scenarios if s.id == r["id"])
+        runs = [(n, x.sms, x.time_ms.median / 1e3) for n, rs in s.runs.items() if n not in ("torch_lc", "auto")
                 for x in rs]
         assert r["best_s"] == min(t for _, _, t in runs)
         mine = [t for n, k, t in runs if n == r["plan"] and k == r["plan_sms"]]
         assert r["plan_s"] == mine[0]
         assert r["is_best"] == (mine[0] <= 1.02 * r["best_s"])
-        assert r["fitted"] == (s["gemm"]["tag"] in ("mb1", "dec1"))
-    assert ev["held_out"]["judged"] + ev["fitted"]["judged"] == len(doc["scenarios"])
+        assert r["fitted"] == (s.gemm.tag in ("mb1", "dec1"))
+    assert ev["held_out"]["judged"] + ev["fitted"]["judged"] == len(doc.scenarios)
+    assert ev["held_out"]["judged"] > 0 and ev["fitted"]["judged"] > 0
     assert "held out (judged)" in markdown(ev)
 
 
 def test_evaluate_judges_auto_on_the_head_to_head_run_in_turns(h200):
-    doc = json.loads((STUDY / "results.json").read_text())
+    doc = study()
     tg_tn = {}
-    for s in doc["scenarios"]:  # auto as fast as the best in turns, but for one scenario 10% slower
-        t = min(x["time_ms"]["median"] for n, rs in s["runs"].items() if n not in ("torch_lc", "auto") for x in rs)
-        slow = 1.10 if s["id"] == "cb4_2.5G/all_gather" else 1.0
-        s["auto_in_turns"] = {"strategy": "conccl", "sms": 0, "best_ms": {"median": t}, "auto_ms": {"median": t * slow},
-                              "correct": True}
-        tg_tn[s["id"]] = (s["t_gemm"]["median"] + s["t_comm"]["nccl"]["median"], t * slow, s["ideal"])
+    for s in doc.scenarios:  # auto as fast as the best in turns, but for one scenario 10% slower
+        t = min(x.time_ms.median for n, rs in s.runs.items() if n not in ("torch_lc", "auto") for x in rs)
+        slow = 1.10 if s.id == "cb4_2.5G/all_gather" else 1.0
+        s.auto_in_turns = AutoInTurns("conccl", 0, ms(t), ms(t * slow), True)
+        tg_tn[s.id] = (s.t_gemm.median + s.t_comm["nccl"].median, t * slow, s.ideal)
     ev = evaluate(doc, h200)
     a = ev["all"]["auto_in_turns"]
-    assert a["n"] == len(doc["scenarios"])
+    assert a["n"] == len(doc.scenarios)
     assert a["min_pct_of_best"] == pytest.approx(100 / 1.10)
     assert not a["goal_met"]  # 90.9% of the best in one scenario
     row = next(r for r in ev["rows"] if r["id"] == "dec2_1G/all_gather")
@@ -210,8 +253,8 @@ def test_evaluate_judges_auto_on_the_head_to_head_run_in_turns(h200):
     assert row["turns_pct_of_best"] == pytest.approx(100.0)
     md = markdown(ev)
     assert "timed again in turns" in md and "NOT met" in md
-    for s in doc["scenarios"]:
-        s["auto_in_turns"]["auto_ms"]["median"] = s["auto_in_turns"]["best_ms"]["median"]
+    for s in doc.scenarios:
+        s.auto_in_turns.auto_ms = s.auto_in_turns.best_ms
     a = evaluate(doc, h200)["all"]["auto_in_turns"]
     assert a["min_pct_of_best"] == pytest.approx(100.0)
     assert a["goal_met"] == (a["mean_pct_ideal"] >= 90.0)
@@ -219,14 +262,12 @@ def test_evaluate_judges_auto_on_the_head_to_head_run_in_turns(h200):
 
 def test_evaluate_refuses_a_prediction(h200):
     with pytest.raises(ValueError, match="measured"):
-        evaluate({"kind": "prediction", "scenarios": []}, h200)
+        evaluate(StudyResults(kind="prediction", meta={}, config=RunConfig(False, 0, 0, 4)), h200)
 
 
 # --------------------------------------------------------------------------- runtime cache
 
 def test_plan_cache_computes_once_per_distinct_workload():
-    from conccl import runtime
-
     runtime.clear_plan_cache()
     a = runtime.get_plan((8192, 8192, 8192), "all_gather", GiB, 4)
     b = runtime.get_plan((8192, 8192, 8192), "all_gather", GiB, 4)
@@ -238,9 +279,6 @@ def test_plan_cache_computes_once_per_distinct_workload():
 
 
 def test_overlap_rejects_a_non_string_plan():
-    import conccl
-    from conccl.errors import InvalidArgument
-
     with pytest.raises(InvalidArgument, match="plan must be"):
         conccl.overlap(plan=3)
 
@@ -288,27 +326,27 @@ def test_cli_plan_evaluate_writes_markdown(capsys, tmp_path):
 
 
 def test_evaluate_judges_picks_in_turns_only_where_auto_ran_the_same_pick(h200):
-    doc = json.loads((STUDY / "results.json").read_text())
+    doc = study()
     rows = {r["id"]: r for r in evaluate(doc, h200)["rows"]}
-    for i, s in enumerate(doc["scenarios"]):
-        r = rows[s["id"]]
+    for i, s in enumerate(doc.scenarios):
+        r = rows[s.id]
         t = 1e3 * r["best_s"]
         other = i == 0  # the study's auto planned something else here: not judged in turns
-        s["runs"]["auto"] = [{"plan": "c3_base" if other else r["plan"], "sms": 0 if other else r["plan_sms"],
-                              "time_ms": {"median": t}}]
-        slow = 1.05 if s["id"] == "cb4_2.5G/all_gather" else 1.0
-        s["auto_in_turns"] = {"strategy": "conccl", "sms": 0, "best_ms": {"median": t},
-                              "auto_ms": {"median": t * slow}, "correct": True}
+        s.runs["auto"] = [Run(sms=0 if other else r["plan_sms"], gemm_sms=None, time_ms=ms(t),
+                              plan="c3_base" if other else r["plan"])]
+        slow = 1.05 if s.id == "cb4_2.5G/all_gather" else 1.0
+        s.auto_in_turns = AutoInTurns("conccl", 0, ms(t), ms(t * slow), True)
     ev = evaluate(doc, h200)
-    first = next(r for r in ev["rows"] if r["id"] == doc["scenarios"][0]["id"])
+    first = next(r for r in ev["rows"] if r["id"] == doc.scenarios[0].id)
     assert "turns_loss_pct" not in first or first["plan"] == "c3_base"
     picks = ev["all"]["picks_in_turns"]
     assert picks["max_loss_pct"] == pytest.approx(5.0)
     assert picks["n_best"] == picks["n"] - 1 and not picks["goal_met"]
     assert "Judged in turns instead" in markdown(ev)
-    doc["scenarios"][1]["auto_in_turns"]["auto_ms"]["median"] *= 0.5  # faster than the best: no loss
-    for s in doc["scenarios"]:
-        if s["id"] == "cb4_2.5G/all_gather":
-            s["auto_in_turns"]["auto_ms"]["median"] = s["auto_in_turns"]["best_ms"]["median"] * 1.01
+    turns = doc.scenarios[1].auto_in_turns
+    turns.auto_ms = ms(turns.auto_ms.median * 0.5)  # faster than the best: no loss
+    for s in doc.scenarios:
+        if s.id == "cb4_2.5G/all_gather":
+            s.auto_in_turns.auto_ms = ms(s.auto_in_turns.best_ms.median * 1.01)
     picks = evaluate(doc, h200)["all"]["picks_in_turns"]
     assert picks["max_loss_pct"] == pytest.approx(1.0) and picks["goal_met"]

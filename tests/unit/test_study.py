@@ -1,17 +1,38 @@
-"""No-device tier for `conccl study`: scenarios, formulas, taxonomy, the report writer on the
-committed H200 run, the prediction path end to end, and bad input."""
+"""No-device tier for `conccl study`: scenarios, formulas, taxonomy, the results' reader and
+writer, the report writer on a trimmed H200 run (tests/fixtures), the collective cases' layout,
+the prediction path end to end, and bad input."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import pathlib
+import re
 import shutil
+import statistics
 
 import pytest
+import torch
 
-from conccl.study import metrics
+from conccl.cli import main
+from conccl.collectives import REGISTRY
+from conccl.planner.profile import load_profile
+from conccl.study import analysis, metrics, report
+from conccl.study.measure import CollectiveCase, _auto_in_turns, timed_iterations
+from conccl.study.ncu import parse
+from conccl.study.profile_fit import profile_from_study
+from conccl.study.results import (SCHEMA, AutoInTurns, ResultsError, StudyResults, Timing, from_dict, load_results,
+                                  save_results, to_dict)
 from conccl.study.scenarios import SuiteError, load_suite, parse_gemm, parse_suite, scenario_from_args, select
 
-RUN = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "2026-11-21-h200x4-fast-path" / "study-a"
+# A measured H200 x4 study in the version-1 layout, trimmed to 7 of its 38 scenarios
+# (tests/fixtures/README.md says how it was made).
+RUN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "study-v1"
+
+
+@pytest.fixture
+def run() -> StudyResults:
+    return analysis.derive(load_results(RUN))
 
 
 # ------------------------------------------------------------------ scenarios
@@ -123,8 +144,6 @@ def test_gemm_and_collective_classes():
 # ------------------------------------------------------------------ report on recorded numbers
 
 def test_short_configurations_get_more_timed_runs():
-    from conccl.study.measure import timed_iterations
-
     assert timed_iterations(10.0, 9, 20.0, 100) == 9  # long: the paper's 9
     assert timed_iterations(0.5, 9, 20.0, 100) == 40  # 20 ms of 0.5 ms runs
     assert timed_iterations(0.05, 9, 20.0, 100) == 100  # capped
@@ -134,8 +153,6 @@ def test_short_configurations_get_more_timed_runs():
 
 
 def test_auto_is_timed_again_in_turns_with_the_fastest_applicable_strategy():
-    from conccl.study.measure import _auto_in_turns
-
     class Rig:
         asked = None
 
@@ -150,20 +167,17 @@ def test_auto_is_timed_again_in_turns_with_the_fastest_applicable_strategy():
     out = _auto_in_turns(Rig(), labels, configs, [([m], True) for m in medians])
     # torch_lc (1.0 ms) is no strategy the runtime applies; a collective alone is no strategy
     assert Rig.asked == ["config 3", "config 5"]
-    assert (out["strategy"], out["sms"], out["correct"]) == ("conccl", 0, True)
-    assert (out["best_ms"]["median"], out["auto_ms"]["median"]) == (1.1, 1.25)
+    assert out == AutoInTurns("conccl", 0, Timing(1.1, 1.0, 1.2, 3), Timing(1.25, 1.2, 1.3, 3), True)
     assert _auto_in_turns(Rig(), labels[:5], configs[:5], [([m], True) for m in medians[:5]]) is None
 
 
-def test_report_rebuilds_from_the_committed_h200_run(tmp_path):
-    from conccl.cli import main
-
+def test_report_rebuilds_from_a_measured_h200_run(tmp_path):
     out = tmp_path / "run"
     shutil.copytree(RUN, out)
-    (out / "report.md").unlink()
     assert main(["study", "--report", str(out)]) == 0
-    doc = json.loads((out / "results.json").read_text())
-    assert doc["kind"] == "measured" and doc["complete"]
+    assert json.loads((out / "results.json").read_text())["schema"] == SCHEMA  # rewritten in this schema
+    doc = load_results(out)
+    assert doc.kind == "measured" and doc.complete
     md = (out / "report.md").read_text()
     first_table = md.split("## Percent of ideal")[1].split("##")[0]
     for name in ("c3_base", "c3_sp", "c3_rp", "c3_sp_rp", "conccl", "conccl_rp"):
@@ -171,24 +185,23 @@ def test_report_rebuilds_from_the_committed_h200_run(tmp_path):
     assert "PREDICTION" not in md
     assert "The paper's claims" in md and "| 21% |" in md
     # the derived numbers follow from the raw times
-    s = next(x for x in doc["scenarios"] if x["id"] == "cb1_896M/all_gather")
-    tg, tc = s["t_gemm"]["median"], s["t_comm"]["nccl"]["median"]
-    assert s["ideal"] == pytest.approx((tg + tc) / max(tg, tc))
-    base = s["strategies"]["c3_base"]
-    assert base["speedup"] == pytest.approx((tg + tc) / base["time_ms"]["median"])
+    s = next(x for x in doc.scenarios if x.id == "cb1_896M/all_gather")
+    tg, tc = s.t_gemm.median, s.t_comm["nccl"].median
+    assert s.ideal == pytest.approx((tg + tc) / max(tg, tc))
+    base = s.strategies["c3_base"]
+    assert base.speedup == pytest.approx((tg + tc) / base.time_ms.median)
+    assert doc.summary.n_scenarios == len(doc.scenarios) == 7
+    assert [c.claim for c in doc.claims][0].startswith("c3_base")
     rows = (out / "results.csv").read_text().splitlines()
-    assert len(rows) > len(doc["scenarios"]) * 6
+    assert len(rows) > len(doc.scenarios) * 6
     assert len(list((out / "figures").glob("*.png"))) == 6
 
 
-def test_incomplete_runs_say_so(tmp_path):
-    from conccl.study import report
-
-    doc = json.loads((RUN / "results.json").read_text())
-    doc["scenarios"] = doc["scenarios"][:3]
-    doc["complete"] = False
-    doc["error"] = "rank 2: killed"
-    report.render(tmp_path, doc, quiet=True)
+def test_incomplete_runs_say_so(tmp_path, run):
+    run.scenarios = run.scenarios[:3]
+    run.complete = False
+    run.error = "rank 2: killed"
+    report.render(tmp_path, run, quiet=True)
     md = (tmp_path / "report.md").read_text()
     assert "INCOMPLETE" in md and "rank 2: killed" in md
 
@@ -196,33 +209,38 @@ def test_incomplete_runs_say_so(tmp_path):
 # ------------------------------------------------------------------ the no-GPU path
 
 def test_prediction_end_to_end_is_labelled_on_every_page(tmp_path, capsys):
-    from conccl.cli import main
-
     out = tmp_path / "pred"
     assert main(["study", "--predict", "--out", str(out)]) == 0
-    doc = json.loads((out / "results.json").read_text())
-    assert doc["kind"] == "prediction" and doc["complete"]
-    assert len(doc["scenarios"]) == len(load_suite())
+    doc = load_results(out)
+    assert doc.kind == "prediction" and doc.complete
+    assert len(doc.scenarios) == len(load_suite())
     md = (out / "report.md").read_text()
     assert md.count("PREDICTION") >= 1 and "no GPU ran these numbers" in md
     assert "PREDICTED" in capsys.readouterr().out
     # the model reproduces the profile's measured mean overlap of conccl within a few points
-    measured = json.loads((RUN / "results.json").read_text())["summary"]["strategies"]["conccl"]["mean_pct_ideal"]
-    assert abs(doc["summary"]["strategies"]["conccl"]["mean_pct_ideal"] - measured) < 10
+    overlap = load_profile().overlap["conccl"]
+    measured = sum(overlap[s.collective]["all"] for s in doc.scenarios) / len(doc.scenarios)
+    assert abs(doc.summary.strategies["conccl"].mean_pct_ideal - measured) < 10
     # the planner's choice is a row, with the plan it picked
-    for s in doc["scenarios"]:
-        (auto,) = s["runs"]["auto"]
-        assert auto["plan"] in s["runs"] and auto["plan"] != "auto"
+    for s in doc.scenarios:
+        (auto,) = s.runs["auto"]
+        assert auto.plan in s.runs and auto.plan != "auto"
+
+
+def test_prediction_of_measured_scenarios_is_near_the_measurement(tmp_path, run):
+    out = tmp_path / "p"
+    assert main(["study", "--predict", "--only", ",".join(s.id for s in run.scenarios), "--out", str(out)]) == 0
+    pred = load_results(out)
+    assert [s.id for s in pred.scenarios] == [s.id for s in run.scenarios]
+    for name in ("conccl", "c3_sp"):
+        assert abs(pred.summary.strategies[name].mean_pct_ideal - run.summary.strategies[name].mean_pct_ideal) < 15
 
 
 def test_prediction_of_a_custom_scenario(tmp_path):
-    from conccl.cli import main
-
     out = tmp_path / "c"
     assert main(["study", "--predict", "--gemm", "4096x4096x4096", "--collective", "all_to_all", "--size", "256M",
                  "--out", str(out)]) == 0
-    doc = json.loads((out / "results.json").read_text())
-    assert [s["id"] for s in doc["scenarios"]] == ["gemm_4096x4096x4096_256M/all_to_all"]
+    assert [s.id for s in load_results(out).scenarios] == ["gemm_4096x4096x4096_256M/all_to_all"]
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -236,10 +254,6 @@ def test_prediction_of_a_custom_scenario(tmp_path):
     (["--profile", "/nonexistent.json"], "cannot read profile"),
 ])
 def test_bad_input_exits_nonzero_with_a_message(tmp_path, capsys, argv, match):
-    import re
-
-    from conccl.cli import main
-
     out = tmp_path / "o"
     assert main(["study", "--predict", "--out", str(out), *argv]) == 2
     assert re.search(match, capsys.readouterr().err)
@@ -247,8 +261,6 @@ def test_bad_input_exits_nonzero_with_a_message(tmp_path, capsys, argv, match):
 
 
 def test_profile_from_another_format_is_refused(tmp_path, capsys):
-    from conccl.cli import main
-
     p = tmp_path / "old.json"
     p.write_text(json.dumps({"format": "conccl-profile/0", "device": "x"}))
     assert main(["study", "--predict", "--profile", str(p), "--out", str(tmp_path / "o")]) == 2
@@ -256,8 +268,6 @@ def test_profile_from_another_format_is_refused(tmp_path, capsys):
 
 
 def test_existing_report_is_not_overwritten(tmp_path, capsys):
-    from conccl.cli import main
-
     out = tmp_path / "o"
     assert main(["study", "--predict", "--quick", "--out", str(out)]) == 0
     assert main(["study", "--predict", "--quick", "--out", str(out)]) == 2
@@ -265,10 +275,6 @@ def test_existing_report_is_not_overwritten(tmp_path, capsys):
 
 
 def test_measured_study_needs_two_gpus(tmp_path, capsys, monkeypatch):
-    import torch
-
-    from conccl.cli import main
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert main(["study", "--quick", "--out", str(tmp_path / "o")]) == 2
@@ -276,8 +282,6 @@ def test_measured_study_needs_two_gpus(tmp_path, capsys, monkeypatch):
 
 
 def test_ncu_csv_groups_kernels_by_gemm():
-    from conccl.study.ncu import parse
-
     def rows(i, name, dr, dw, l2):
         return [f'"{i}","1","python3","h","{name}","1","7","(1,1,1)","(1,1,1)","0","9.0","Command line profiler metrics",'
                 f'"{m}","byte","{v}"' for m, v in (("dram__bytes_read.sum", dr), ("dram__bytes_write.sum", dw),
@@ -297,3 +301,102 @@ def test_ncu_csv_groups_kernels_by_gemm():
     assert b == {"dram_bytes": 150.0, "l2_bytes": 700.0, "kernels": 1}
     with pytest.raises(ValueError, match="expected 3 GEMMs"):
         parse(text, 3)
+
+
+# ------------------------------------------------------------------ results: reader and writer
+
+def test_version_1_results_are_upgraded_on_reading():
+    data = json.loads((RUN / "results.json").read_text())
+    assert data["format"] == "conccl-study/1" and "schema" not in data
+    res = from_dict(data)
+    assert res.schema == SCHEMA and res.kind == "measured" and len(res.scenarios) == 7
+    s = res.scenarios[0]
+    assert isinstance(s.t_gemm, Timing) and s.t_gemm.n >= 9
+    assert all(isinstance(r.time_ms, Timing) for runs in s.runs.values() for r in runs)
+    assert res.config.world == 4 and res.machine.sm_count == 132
+    # fields version 1 never had take their defaults
+    v1 = copy.deepcopy(data)
+    del v1["config"]["conccl_call"], v1["scenarios"][0]["auto_in_turns"]
+    v1.pop("format")  # a version-1 document may lack the format field too
+    old = from_dict(v1)
+    assert old.config.conccl_call is None and old.scenarios[0].auto_in_turns is None
+
+
+def test_results_of_an_unknown_schema_name_the_version_found_and_expected(tmp_path):
+    data = json.loads((RUN / "results.json").read_text())
+    data.pop("format")
+    data["schema"] = "conccl-study-results/9"
+    with pytest.raises(ResultsError, match=r"'conccl-study-results/9' found.*'conccl-study-results/2'"):
+        from_dict(data)
+    with pytest.raises(ResultsError, match=r"format 'conccl-suite/1' found.*conccl-study-results/2"):
+        from_dict({"format": "conccl-suite/1"})
+    (tmp_path / "results.json").write_text("{ nope")
+    with pytest.raises(ResultsError, match="not valid JSON"):
+        load_results(tmp_path)
+    with pytest.raises(ResultsError, match="cannot read"):
+        load_results(tmp_path / "missing")
+    data = json.loads((RUN / "results.json").read_text())
+    data["scenarios"][0]["runs"]["conccl"][0]["colour"] = "red"
+    with pytest.raises(ResultsError, match=r"scenarios\[0\]\.runs\.conccl\[0\]: unknown field\(s\) colour"):
+        from_dict(data)
+
+
+def test_results_round_trip_through_the_writer_and_reader(tmp_path, run):
+    save_results(tmp_path, run)
+    back = load_results(tmp_path / "results.json")
+    assert back == run
+    assert to_dict(back) == json.loads((tmp_path / "results.json").read_text())
+    # a prediction (other optional fields set) round-trips too
+    assert main(["study", "--predict", "--quick", "--out", str(tmp_path / "p")]) == 0
+    pred = load_results(tmp_path / "p")
+    assert from_dict(json.loads(json.dumps(to_dict(pred)))) == pred
+
+
+def test_a_profile_condensed_from_the_study(run):
+    prof = profile_from_study(run)
+    assert prof.device == "NVIDIA H200" and prof.world == 4
+    assert prof.source["reference_gemms"] == ["mb1", "dec1"]
+    assert set(prof.source["fit_scenarios"]) == {"mb1_896M/all_gather", "dec1_64M/all_to_all"}
+    assert prof.comm_sweep["conccl"]["all_gather"][0][0] == 1 << 20
+    assert set(prof.interference) >= {"ce", "sm"}
+    assert prof.overlap["conccl"]["all_gather"]["all"] == pytest.approx(statistics.fmean(
+        [s.strategies["conccl"].pct_ideal for s in run.scenarios if s.collective == "all_gather"]))
+    with pytest.raises(ValueError, match="measured study"):
+        profile_from_study(dataclasses.replace(run, kind="prediction"))
+
+
+# ------------------------------------------------------------------ buffers from the layout
+
+class _Rig:
+    def __init__(self, world, rank):
+        self.world, self.rank = world, rank
+
+    def all_true(self, ok):
+        return ok
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("world", [2, 4])
+def test_collective_case_fills_checks_and_poisons_by_the_layout(name, world):
+    size = world * 4096
+    coll = REGISTRY[name]
+    cases = []
+    for r in range(world):
+        arenas = (torch.zeros(size, dtype=torch.uint8), torch.zeros(size, dtype=torch.uint8))
+        cases.append(CollectiveCase(_Rig(world, r), name, size, arenas))
+    assert all(c.in_place == coll.in_place(world) for c in cases)
+    if coll.in_place(world):  # the input is the output's own chunk
+        assert all(c.inp.data_ptr() == c.out.view(world, -1)[c.layout.in_place_chunk].data_ptr() for c in cases)
+    # run the collective by hand: every output chunk gets its source's input chunk
+    ins = [c.inp.view(torch.int16).view(c.layout.input_chunks, -1).clone() for c in cases]
+    for c in cases:
+        for k, srcs in enumerate(c.layout.sources):
+            (src, chunk), = srcs
+            c.out16.view(c.layout.output_chunks, -1)[k].copy_(ins[src][chunk])
+    assert all(c.check() for c in cases)
+    for c in cases:
+        c.poison()
+        assert not c.check()
+        if c.in_place:  # the input survives the poison
+            assert torch.equal(c.inp.view(torch.int16), ins[c.rig.rank].view(-1))
+    assert cases[0].hbm_bytes() == coll.hbm_bytes(size, world)

@@ -3,13 +3,15 @@
 For each pairing and GEMM class, the (gemm, comm) slowdowns that, put into
 :func:`conccl.planner.timing.concurrent_time` with the scenario's measured isolated times,
 best reproduce the measured concurrent times (least squares on log time, grid search).
+The scenarios come as :class:`Observation` (the study turns its results into them).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
-from ..profile import HardwareProfile
 from . import timing
+from .profile import HardwareProfile
 
 # Residual slowdowns tried: fine steps near 1, coarse up to "effectively serial".
 GRID = tuple(round(0.8 + 0.02 * i, 2) for i in range(61)) + (2.5, 3.0, 4.0, 6.0, 10.0, 30.0, 100.0)
@@ -18,29 +20,43 @@ FAMILY_RUNS = {"ce": ("conccl",), "sm": ("c3_sp",), "base": ("c3_base",), "rp": 
 COMM_FIRST = ("sm", "rp_first")
 
 
-def _samples(p: HardwareProfile, scenarios: list[dict], family: str) -> dict:
+@dataclass(frozen=True)
+class Observation:
+    """One measured scenario as the fit reads it: a GEMM of ``gemm_class`` beside a collective,
+    the medians of each alone and of each strategy's runs together (seconds)."""
+
+    gemm_class: str
+    collective: str
+    size: int  # collective output bytes per rank
+    gemm_bytes: int  # the GEMM's compulsory HBM bytes
+    comm_bytes: int  # the collective's HBM bytes (one rank)
+    t_gemm: float
+    t_comm: dict = field(default_factory=dict)  # impl -> seconds alone
+    # strategy -> ((SMs reserved, SMs the GEMM had or None, seconds together), ...)
+    runs: dict = field(default_factory=dict)
+
+
+def _samples(p: HardwareProfile, observations: list[Observation], family: str) -> dict:
     """class -> [(kwargs for concurrent_time, measured seconds)]."""
     out: dict = {}
-    for s in scenarios:
-        cls = s.get("gemm_class")
-        if not cls or not s.get("t_gemm"):
-            continue
-        tg = s["t_gemm"]["median"] / 1e3
+    for s in observations:
+        cls = s.gemm_class
+        tg = s.t_gemm
         for name in FAMILY_RUNS[family]:
             impl = "conccl" if family == "ce" else "nccl"
-            if name not in s.get("runs", {}) or impl not in s["t_comm"]:
+            if name not in s.runs or impl not in s.t_comm:
                 continue
-            tc = s["t_comm"][impl]["median"] / 1e3
-            for r in s["runs"][name]:
-                kw = {"family": family, "cls": cls, "t_gemm": tg, "t_comm": tc, "gemm_bytes": s["gemm"]["bytes"],
-                      "comm_bytes": s.get("hbm_bytes", {}).get("comm", 0)}
+            tc = s.t_comm[impl]
+            for sms, gemm_sms, seconds in s.runs[name]:
+                kw = {"family": family, "cls": cls, "t_gemm": tg, "t_comm": tc, "gemm_bytes": s.gemm_bytes,
+                      "comm_bytes": s.comm_bytes}
                 if family in ("rp", "rp_first"):
-                    taken = p.sm_count - r["gemm_sms"] if r.get("gemm_sms") else r["sms"]
+                    taken = p.sm_count - gemm_sms if gemm_sms else sms
                     kw.update(gemm_sms_taken=taken, partitioned=True,
-                              comm_loss=timing.comm_cta_loss(p, s["collective"], s["size"], r["sms"]))
+                              comm_loss=timing.comm_cta_loss(p, s.collective, s.size, sms))
                 elif family == "sm":
-                    kw.update(comm_sms=timing.default_ctas(p, s["collective"], s["size"]))
-                out.setdefault(cls, []).append((kw, r["time_ms"]["median"] / 1e3))
+                    kw.update(comm_sms=timing.default_ctas(p, s.collective, s.size))
+                out.setdefault(cls, []).append((kw, seconds))
     return out
 
 
@@ -56,10 +72,10 @@ def _fit(p: HardwareProfile, samples: list, delays=(0.0,)) -> dict:
     return {"gemm": rg, "comm": rc, "delay_s": d, "n": len(samples), "rms_log_error": math.sqrt(err / len(samples))}
 
 
-def fit_interference(p: HardwareProfile, scenarios: list[dict]) -> dict:
+def fit_interference(p: HardwareProfile, observations: list[Observation]) -> dict:
     out: dict = {}
     for family in FAMILY_RUNS:
-        per = _samples(p, scenarios, family)
+        per = _samples(p, observations, family)
         if not per:
             continue
         delays = DELAYS if family in COMM_FIRST else (0.0,)

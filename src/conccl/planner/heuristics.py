@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ..collectives import REGISTRY as COLLECTIVES
-from ..profile import HardwareProfile
+from .profile import HardwareProfile
 from ..strategy import RP_SMS, STRATEGIES, strategy_for
 from . import timing
 from .plan import Plan, PlanError, check_strategy

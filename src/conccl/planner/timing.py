@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from .. import collectives
-from ..profile import HardwareProfile
+from .profile import HardwareProfile
 
 DEFAULT_EFFICIENCY = 0.7  # the paper's assumption, where a profile has no measured efficiency
 LATENCY_BOUND_MAX = 32 << 20  # the profile's CTA table for sizes up to here is the latency-bound one

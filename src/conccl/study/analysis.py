@@ -1,9 +1,8 @@
-"""The results document of a study, and everything derived from its raw times.
+"""Everything a study derives from its raw times (:mod:`conccl.study.results` holds the records).
 
-Measured and predicted studies fill the same raw fields (times in milliseconds, each a
-``summary``: median, min, max, n); :func:`derive` adds the classes, ideal speedups, taxonomy,
-speedups and percent of ideal, the per-strategy summary and the paper's claims beside this
-machine's. Pure functions of the document: the report can be rebuilt from ``results.json``.
+:func:`derive` adds the classes, ideal speedups, taxonomy, speedups and percent of ideal, the
+per-strategy summary and the paper's claims beside this machine's. Pure functions of the
+results: the report can be rebuilt from ``results.json``.
 """
 from __future__ import annotations
 
@@ -13,150 +12,126 @@ from ..collectives.all_gather import ALL_GATHER
 from ..collectives.all_to_all import ALL_TO_ALL
 from ..strategy import PAPER_STRATEGIES, STRATEGIES
 from . import metrics
+from .results import (Claim, CommFit, GroupSummary, ScenarioResult, StrategyResult, StrategySummary,
+                      StudyResults, Summary)
 
-FORMAT = "conccl-study/1"
 GOAL_MEAN, GOAL_EACH = 90.0, 80.0  # the project's goal for the best strategy, percent of ideal
 
 
-def new_document(kind: str, meta: dict, config: dict) -> dict:
-    if kind not in ("measured", "prediction"):
-        raise ValueError(kind)
-    return {"format": FORMAT, "kind": kind, "complete": False, "meta": meta, "config": config,
-            "machine": {}, "peaks": {}, "gemm_sm_loss": [], "coll_sizes": [], "coll_ctas": [], "scenarios": []}
-
-
-def new_scenario(s, size: int) -> dict:
-    g = s.gemm
-    return {"id": s.id, "tag": s.tag, "collective": s.collective, "size": size, "size_asked": s.size,
-            "source": s.source, "paper_taxonomy": s.paper_taxonomy,
-            "gemm": {"tag": g.tag, "m": g.m, "n": g.n, "k": g.k, "flops": g.flops, "bytes": g.bytes(),
-                     "source": g.source, "paper_class": g.paper_class},
-            "t_gemm": None, "t_comm": {}, "runs": {}}
-
-
-summary = metrics.summary
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def set_gemm_peaks(doc: dict) -> None:
+def set_gemm_peaks(res: StudyResults) -> None:
     """bf16 matrix peak: the best rate any GEMM of the study reached on all SMs."""
-    rates = [r["flops"] / (r["time_ms"]["median"] / 1e3) for r in doc["gemm_sm_loss"] if r["sms_taken"] == 0]
+    rates = [r.flops / (r.time_ms.median / 1e3) for r in res.gemm_sm_loss if r.sms_taken == 0]
     if rates:
-        doc["peaks"]["bf16_flops"] = max(rates)
+        res.peaks.bf16_flops = max(rates)
 
 
-def set_comm_peaks(doc: dict) -> None:
+def set_comm_peaks(res: StudyResults) -> None:
     """NVLink: the best bus bandwidth a copy-engine collective reached (per GPU, one direction);
     latency and bandwidth fits per (implementation, collective) over the size sweep."""
-    world = doc["machine"].get("world") or doc["config"].get("world")
-    fits = {}
-    for impl in sorted({r["impl"] for r in doc["coll_sizes"]}):
-        for c in sorted({r["collective"] for r in doc["coll_sizes"]}):
-            rows = [r for r in doc["coll_sizes"] if r["impl"] == impl and r["collective"] == c]
+    world = res.world
+    fits: dict = {}
+    for impl in sorted({r.impl for r in res.coll_sizes}):
+        for c in sorted({r.collective for r in res.coll_sizes}):
+            rows = [r for r in res.coll_sizes if r.impl == impl and r.collective == c]
             if len(rows) >= 2:
-                lat, bw = metrics.fit_latency_bandwidth([r["size"] for r in rows],
-                                                        [r["time_ms"]["median"] / 1e3 for r in rows])
-                fits.setdefault(impl, {})[c] = {"latency_s": lat, "bytes_per_s": bw}
-    doc["peaks"]["collective_fits"] = fits
-    bus = [r["size"] * (world - 1) / world / (r["time_ms"]["median"] / 1e3)
-           for r in doc["coll_sizes"] if r["impl"] == "conccl"]
+                lat, bw = metrics.fit_latency_bandwidth([r.size for r in rows], [r.time_ms.median / 1e3 for r in rows])
+                fits.setdefault(impl, {})[c] = CommFit(lat, bw)
+    res.peaks.collective_fits = fits
+    bus = [r.size * (world - 1) / world / (r.time_ms.median / 1e3) for r in res.coll_sizes if r.impl == "conccl"]
     if bus:
-        doc["peaks"]["nvlink_bytes_per_s"] = max(bus)
+        res.peaks.nvlink_bytes_per_s = max(bus)
 
 
-def _comm_class(doc: dict, collective: str, size: int) -> str | None:
-    fit = doc["peaks"].get("collective_fits", {}).get("nccl", {}).get(collective)
-    return metrics.comm_class(size, fit["latency_s"], fit["bytes_per_s"]) if fit else None
+def _comm_class(res: StudyResults, collective: str, size: int) -> str | None:
+    fit = res.peaks.collective_fits.get("nccl", {}).get(collective)
+    return metrics.comm_class(size, fit.latency_s, fit.bytes_per_s) if fit else None
 
 
-def derive(doc: dict) -> dict:
-    """Fill every derived field in place and return ``doc``."""
-    peaks = doc["peaks"]
-    if peaks.get("bf16_flops") and peaks.get("hbm_bytes_per_s"):
-        peaks["op_to_byte"] = peaks["bf16_flops"] / peaks["hbm_bytes_per_s"]
-    for r in doc["gemm_sm_loss"]:
-        base = next((b for b in doc["gemm_sm_loss"] if b["gemm"] == r["gemm"] and b["sms_taken"] == 0), None)
-        r["slowdown"] = r["time_ms"]["median"] / base["time_ms"]["median"] if base else None
-    for r in doc["coll_ctas"]:
-        full = next((b for b in doc["coll_ctas"] if b["collective"] == r["collective"] and b["size"] == r["size"]
-                     and b["impl"] == "nccl" and b["ctas"] is None), None)
-        r["slowdown"] = r["time_ms"]["median"] / full["time_ms"]["median"] if full else None
-    for s in doc["scenarios"]:
-        _derive_scenario(doc, s)
-    doc["summary"] = summarize(doc["scenarios"])
-    doc["claims"] = claims(doc)
-    return doc
+def derive(res: StudyResults) -> StudyResults:
+    """Fill every derived field in place and return ``res``."""
+    peaks = res.peaks
+    if peaks.bf16_flops and peaks.hbm_bytes_per_s:
+        peaks.op_to_byte = peaks.bf16_flops / peaks.hbm_bytes_per_s
+    for r in res.gemm_sm_loss:
+        base = next((b for b in res.gemm_sm_loss if b.gemm == r.gemm and b.sms_taken == 0), None)
+        r.slowdown = r.time_ms.median / base.time_ms.median if base else None
+    for r in res.coll_ctas:
+        full = next((b for b in res.coll_ctas if b.collective == r.collective and b.size == r.size
+                     and b.impl == "nccl" and b.ctas is None), None)
+        r.slowdown = r.time_ms.median / full.time_ms.median if full else None
+    for s in res.scenarios:
+        _derive_scenario(res, s)
+    res.summary = summarize(res.scenarios)
+    res.claims = claims(res)
+    return res
 
 
-def _derive_scenario(doc: dict, s: dict) -> None:
-    peaks = doc["peaks"]
-    tg = s["t_gemm"]["median"] / 1e3
-    g = s["gemm"]
-    s["gemm_op_to_byte"] = g["flops"] / g["bytes"]
-    s["gemm_flops_per_s"] = g["flops"] / tg
-    s["gemm_hbm_bytes_per_s"] = g["bytes"] / tg
-    counters = doc.get("ncu", {}).get(g["tag"])
+def _derive_scenario(res: StudyResults, s: ScenarioResult) -> None:
+    peaks = res.peaks
+    tg = s.t_gemm.median / 1e3
+    g = s.gemm
+    s.gemm_op_to_byte = g.flops / g.bytes
+    s.gemm_flops_per_s = g.flops / tg
+    s.gemm_hbm_bytes_per_s = g.bytes / tg
+    counters = res.ncu.get(g.tag)
     if counters and counters.get("dram_bytes"):
         # The paper's definition: measured op-to-byte (flops / DRAM bytes) against the machine's.
-        s["gemm_dram_bytes"], s["gemm_l2_bytes"] = counters["dram_bytes"], counters["l2_bytes"]
-        s["gemm_measured_op_to_byte"] = g["flops"] / counters["dram_bytes"]
-        s["gemm_hbm_bytes_per_s"] = counters["dram_bytes"] / tg
-    if counters and counters.get("dram_bytes") and peaks.get("op_to_byte"):
-        s["gemm_class"] = ("compute-bound" if s["gemm_measured_op_to_byte"] > peaks["op_to_byte"] else "memory-bound")
-        s["gemm_class_by"] = "ncu DRAM bytes: measured op-to-byte vs the machine's"
-    elif peaks.get("bf16_flops") and peaks.get("hbm_bytes_per_s"):
-        s["gemm_class"] = metrics.gemm_class(g["flops"], g["bytes"], tg, peaks["bf16_flops"], peaks["hbm_bytes_per_s"])
-        s["gemm_class_by"] = "achieved rate: nearer roof (compulsory bytes)"
-    s["comm_class"] = _comm_class(doc, s["collective"], s["size"])
-    nccl = s["t_comm"].get("nccl")
+        s.gemm_dram_bytes, s.gemm_l2_bytes = counters["dram_bytes"], counters["l2_bytes"]
+        s.gemm_measured_op_to_byte = g.flops / counters["dram_bytes"]
+        s.gemm_hbm_bytes_per_s = counters["dram_bytes"] / tg
+    if counters and counters.get("dram_bytes") and peaks.op_to_byte:
+        s.gemm_class = ("compute-bound" if s.gemm_measured_op_to_byte > peaks.op_to_byte else "memory-bound")
+        s.gemm_class_by = "ncu DRAM bytes: measured op-to-byte vs the machine's"
+    elif peaks.bf16_flops and peaks.hbm_bytes_per_s:
+        s.gemm_class = metrics.gemm_class(g.flops, g.bytes, tg, peaks.bf16_flops, peaks.hbm_bytes_per_s)
+        s.gemm_class_by = "achieved rate: nearer roof (compulsory bytes)"
+    s.comm_class = _comm_class(res, s.collective, s.size)
+    nccl = s.t_comm.get("nccl")
     if not nccl:
         return
-    tc = nccl["median"]
-    s["comm_hbm_bytes_per_s"] = {impl: s.get("hbm_bytes", {}).get("comm", 0) / (t["median"] / 1e3)
-                                 for impl, t in s["t_comm"].items()}
-    s["ideal"] = metrics.ideal_speedup(s["t_gemm"]["median"], tc)
-    s["taxonomy"] = metrics.taxonomy(s["t_gemm"]["median"], tc)
-    s["strategies"] = {}
-    for name, runs in s["runs"].items():
+    tc = nccl.median
+    comm_bytes = s.hbm_bytes.comm if s.hbm_bytes else 0
+    s.comm_hbm_bytes_per_s = {impl: comm_bytes / (t.median / 1e3) for impl, t in s.t_comm.items()}
+    s.ideal = metrics.ideal_speedup(s.t_gemm.median, tc)
+    s.taxonomy = metrics.taxonomy(s.t_gemm.median, tc)
+    s.strategies = {}
+    for name, runs in s.runs.items():
         if not runs:
             continue
         # Overlap judged against the strategy's own collective alone: a collective faster than
         # NCCL alone lifts speedup past the NCCL-based ideal; this says how well it overlapped.
-        own = s["t_comm"].get(STRATEGIES[name].impl if name in STRATEGIES else "nccl", nccl)["median"]
-        own_ideal = metrics.ideal_speedup(s["t_gemm"]["median"], own)
+        own = s.t_comm.get(STRATEGIES[name].impl if name in STRATEGIES else "nccl", nccl).median
+        own_ideal = metrics.ideal_speedup(s.t_gemm.median, own)
         for r in runs:
-            r["speedup"] = metrics.speedup(s["t_gemm"]["median"], tc, r["time_ms"]["median"])
-            r["pct_ideal"] = metrics.percent_of_ideal(r["speedup"], s["ideal"])
-            r["pct_own_ideal"] = metrics.percent_of_ideal(
-                metrics.speedup(s["t_gemm"]["median"], own, r["time_ms"]["median"]), own_ideal)
-        best = min(runs, key=lambda r: r["time_ms"]["median"])
-        s["strategies"][name] = {"time_ms": best["time_ms"], "speedup": best["speedup"], "pct_ideal": best["pct_ideal"],
-                                 "pct_own_ideal": best["pct_own_ideal"],
-                                 "sms": best["sms"], "gemm_sms": best.get("gemm_sms"),
-                                 "correct": None if any(r.get("correct") is None for r in runs)
-                                 else all(r["correct"] for r in runs)}
-    paper = [n for n in PAPER_STRATEGIES if n in s["strategies"]]
+            r.speedup = metrics.speedup(s.t_gemm.median, tc, r.time_ms.median)
+            r.pct_ideal = metrics.percent_of_ideal(r.speedup, s.ideal)
+            r.pct_own_ideal = metrics.percent_of_ideal(
+                metrics.speedup(s.t_gemm.median, own, r.time_ms.median), own_ideal)
+        best = min(runs, key=lambda r: r.time_ms.median)
+        s.strategies[name] = StrategyResult(
+            time_ms=best.time_ms, speedup=best.speedup, pct_ideal=best.pct_ideal, pct_own_ideal=best.pct_own_ideal,
+            sms=best.sms, gemm_sms=best.gemm_sms,
+            correct=None if any(r.correct is None for r in runs) else all(r.correct for r in runs))
+    paper = [n for n in PAPER_STRATEGIES if n in s.strategies]
     c3 = [n for n in paper if n.startswith("c3_")]
     if c3:
-        s["c3_best"] = max(c3, key=lambda n: s["strategies"][n]["pct_ideal"])
+        s.c3_best = max(c3, key=lambda n: s.strategies[n].pct_ideal)
     if paper:
-        s["best"] = max(paper, key=lambda n: s["strategies"][n]["pct_ideal"])
+        s.best = max(paper, key=lambda n: s.strategies[n].pct_ideal)
 
 
-def summarize(scenarios: list[dict]) -> dict:
+def summarize(scenarios: list[ScenarioResult]) -> Summary:
     """Per strategy: mean / min percent of ideal and mean speedup over the scenarios that ran it;
     the same per (collective, taxonomy) group, with the mean ideal speedup."""
-    done = [s for s in scenarios if "strategies" in s]
-    names = [n for n in STRATEGIES if any(n in s["strategies"] for s in done)]
+    done = [s for s in scenarios if s.strategies is not None]
+    names = [n for n in STRATEGIES if any(n in s.strategies for s in done)]
     names += ["c3_best", "best"]
 
     def value(s, n, key):
         if n in ("c3_best", "best"):
-            return s["strategies"][s[n]][key] if n in s else None
-        return s["strategies"][n][key] if n in s["strategies"] else None
+            pick = getattr(s, n)
+            return getattr(s.strategies[pick], key) if pick is not None else None
+        return getattr(s.strategies[n], key) if n in s.strategies else None
 
     per = {}
     for n in names:
@@ -164,36 +139,36 @@ def summarize(scenarios: list[dict]) -> dict:
         spd = [v for s in done if (v := value(s, n, "speedup")) is not None]
         own = [v for s in done if (v := value(s, n, "pct_own_ideal")) is not None]
         if pct:
-            per[n] = {"mean_pct_ideal": statistics.fmean(pct), "min_pct_ideal": min(pct),
-                      "mean_pct_own_ideal": statistics.fmean(own) if own else None,
-                      "mean_speedup": statistics.fmean(spd), "n": len(pct),
-                      "n_at_least_80": sum(p >= GOAL_EACH for p in pct)}
-    groups = {}
+            per[n] = StrategySummary(mean_pct_ideal=statistics.fmean(pct), min_pct_ideal=min(pct),
+                                     mean_pct_own_ideal=statistics.fmean(own) if own else None,
+                                     mean_speedup=statistics.fmean(spd), n=len(pct),
+                                     n_at_least_80=sum(p >= GOAL_EACH for p in pct))
+    groups: dict = {}
     for s in done:
-        key = f"{s['collective']} / {s['taxonomy']}"
-        groups.setdefault(key, []).append(s)
+        groups.setdefault(f"{s.collective} / {s.taxonomy}", []).append(s)
     by_group = {}
     for key, ss in sorted(groups.items()):
-        by_group[key] = {"n": len(ss), "ideal": statistics.fmean(s["ideal"] for s in ss),
-                         "speedup": {n: statistics.fmean(v) for n in names
-                                     if (v := [x for s in ss if (x := value(s, n, "speedup")) is not None])},
-                         "pct_ideal": {n: statistics.fmean(v) for n in names
-                                       if (v := [x for s in ss if (x := value(s, n, "pct_ideal")) is not None])}}
-    wrong = sorted(f"{s['id']}:{n}" for s in done for n, r in s["strategies"].items() if r["correct"] is False)
-    return {"strategies": per, "groups": by_group, "n_scenarios": len(done), "wrong": wrong,
-            "ideal_mean": statistics.fmean(s["ideal"] for s in done) if done else None}
+        by_group[key] = GroupSummary(
+            n=len(ss), ideal=statistics.fmean(s.ideal for s in ss),
+            speedup={n: statistics.fmean(v) for n in names
+                     if (v := [x for s in ss if (x := value(s, n, "speedup")) is not None])},
+            pct_ideal={n: statistics.fmean(v) for n in names
+                       if (v := [x for s in ss if (x := value(s, n, "pct_ideal")) is not None])})
+    wrong = sorted(f"{s.id}:{n}" for s in done for n, r in s.strategies.items() if r.correct is False)
+    return Summary(strategies=per, groups=by_group, n_scenarios=len(done), wrong=wrong,
+                   ideal_mean=statistics.fmean(s.ideal for s in done) if done else None)
 
 
-def _mean_pct(doc, name, collective=None):
-    vals = [s["strategies"][name]["pct_ideal"] for s in doc["scenarios"]
-            if name in s.get("strategies", {}) and (collective is None or s["collective"] == collective)]
+def _mean_pct(res: StudyResults, name: str, collective: str | None = None) -> float | None:
+    vals = [s.strategies[name].pct_ideal for s in res.scenarios
+            if s.strategies and name in s.strategies and (collective is None or s.collective == collective)]
     return statistics.fmean(vals) if vals else None
 
 
-def claims(doc: dict) -> list[dict]:
+def claims(res: StudyResults) -> list[Claim]:
     """The paper's claims, each beside what this run shows (None where it could not be measured)."""
-    per = doc.get("summary", {}).get("strategies", {})
-    pct = {n: per.get(n, {}).get("mean_pct_ideal") for n in (*PAPER_STRATEGIES, "c3_best", "best")}
+    per = res.summary.strategies if res.summary else {}
+    pct = {n: per[n].mean_pct_ideal if n in per else None for n in (*PAPER_STRATEGIES, "c3_best", "best")}
 
     def fmt(v):
         return None if v is None else round(v, 1)
@@ -220,13 +195,13 @@ def claims(doc: dict) -> list[dict]:
     ]
     # Isolated: copy engines on par with SM collectives above 32 MB, slower below.
     ratios = {}
-    for r in doc["coll_sizes"]:
-        if r["impl"] != "conccl":
+    for r in res.coll_sizes:
+        if r.impl != "conccl":
             continue
-        n = next((x for x in doc["coll_sizes"] if x["impl"] == "nccl" and x["collective"] == r["collective"]
-                  and x["size"] == r["size"]), None)
+        n = next((x for x in res.coll_sizes if x.impl == "nccl" and x.collective == r.collective
+                  and x.size == r.size), None)
         if n:
-            ratios.setdefault(r["size"] > 32 << 20, []).append(r["time_ms"]["median"] / n["time_ms"]["median"])
+            ratios.setdefault(r.size > 32 << 20, []).append(r.time_ms.median / n.time_ms.median)
     big, small = ratios.get(True), ratios.get(False)
     rows.append({"claim": "DMA collectives on par with SM ones above 32 MB", "paper": "on par",
                  "value": fmt(statistics.fmean(big)) if big else None, "unit": "x NCCL's time, mean over sizes > 32 MB",
@@ -236,15 +211,15 @@ def claims(doc: dict) -> list[dict]:
                  "holds": None if not small else max(small) > 1.0})
     # Two claims compare the paper's two collectives.
     ag, a2a = ALL_GATHER.name, ALL_TO_ALL.name
-    gain = {c: None if None in (_mean_pct(doc, "conccl", c), _mean_pct(doc, "c3_base", c))
-            else _mean_pct(doc, "conccl", c) - _mean_pct(doc, "c3_base", c) for c in (ag, a2a)}
+    gain = {c: None if None in (_mean_pct(res, "conccl", c), _mean_pct(res, "c3_base", c))
+            else _mean_pct(res, "conccl", c) - _mean_pct(res, "c3_base", c) for c in (ag, a2a)}
     rows.append({"claim": "all-to-all gains more from DMA offload than all-gather", "paper": "yes (1.05x -> 1.43x)",
                  "value": None if None in gain.values() else fmt(gain[a2a] - gain[ag]),
                  "unit": "points (a2a gain - ag gain, conccl vs c3_base)",
                  "holds": None if None in gain.values() else gain[a2a] > gain[ag]})
-    base = {c: _mean_pct(doc, "c3_base", c) for c in (ag, a2a)}
+    base = {c: _mean_pct(res, "c3_base", c) for c in (ag, a2a)}
     rows.append({"claim": "under c3_base all-gather overlaps better than all-to-all", "paper": "24-46% vs 0-13%",
                  "value": None if None in base.values() else fmt(base[ag] - base[a2a]),
                  "unit": "points (ag - a2a)",
                  "holds": None if None in base.values() else base[ag] > base[a2a]})
-    return rows
+    return [Claim(**r) for r in rows]

@@ -12,7 +12,7 @@ execution. Before the last execution of every configuration the output is poison
 after it every rank checks its output against the pattern that NCCL produces (the same check
 NCCL's own runs pass), so a strategy that moved nothing or the wrong bytes is caught.
 
-Rank 0 records the numbers in a results document (see ``analysis.py``) and saves it after
+Rank 0 records the numbers as :class:`~conccl.study.results.StudyResults` and saves them after
 every step, so an interrupted run keeps what it measured.
 """
 from __future__ import annotations
@@ -31,7 +31,9 @@ import conccl
 from .. import collectives, runtime
 from ..partition import Partitions
 from ..strategy import STRATEGIES, strategies_for
-from . import analysis, report
+from . import analysis
+from .results import (AutoInTurns, CollCtas, CollSize, GemmSmLoss, HbmBytes, Machine, Run, RunConfig, ScenarioResult,
+                      StudyResults, Timing, save_results)
 from .scenarios import Gemm, Scenario
 
 SIZE_SWEEP = tuple(1 << s for s in (20, 22, 24, 26, 28, 30, 32))  # 1M .. 4G
@@ -357,21 +359,19 @@ class Progress:
             print(file=self.out)
 
 
-def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
-    """Runs in every rank's process. Rank 0 returns (and saves as it goes) the results document."""
+def study_worker(rank: int, world: int, cfg: StudyConfig) -> StudyResults | None:
+    """Runs in every rank's process. Rank 0 returns (and saves as it goes) the results."""
     rig = Rig(rank, world, cfg)
     need = required_bytes(cfg.scenarios, world, cfg.quick)
     if need > rig.memory:
         worst = max(cfg.scenarios, key=lambda s: s.memory_bytes(world))
         raise StudyError(f"the study needs {need / 2**30:.1f} GiB per GPU but the GPU has "
                          f"{rig.memory / 2**30:.1f} GiB; the largest scenario is {worst.id}")
-    doc = analysis.new_document("measured", cfg.meta, {"quick": cfg.quick, "warmup": cfg.warmup,
-                                                        "iters": cfg.iters, "world": world,
-                                                        "side_by_side": cfg.side_by_side,
-                                                        "min_timed_ms": cfg.min_timed_ms, "max_iters": cfg.max_iters,
-                                                        "auto_in_turns": cfg.auto_in_turns,
-                                                        "conccl_call": "persistent"})
-    save = (lambda: report.save_results(cfg.out_dir, doc)) if rank == 0 else (lambda: None)
+    res = StudyResults(kind="measured", meta=cfg.meta, config=RunConfig(
+        quick=cfg.quick, warmup=cfg.warmup, iters=cfg.iters, world=world, side_by_side=cfg.side_by_side,
+        min_timed_ms=cfg.min_timed_ms, max_iters=cfg.max_iters, auto_in_turns=cfg.auto_in_turns,
+        conccl_call="persistent"))
+    save = (lambda: save_results(cfg.out_dir, res)) if rank == 0 else (lambda: None)
     gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
     sizes = SIZE_SWEEP_QUICK if cfg.quick else SIZE_SWEEP
     ctas = CTA_SWEEP_QUICK if cfg.quick else CTA_SWEEP
@@ -382,18 +382,18 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
 
     arena_out, arena_in = arena_bytes(cfg.scenarios, world, cfg.quick)
     arenas = (conccl.empty(arena_out, dtype=torch.uint8), conccl.empty(arena_in, dtype=torch.uint8))
-    doc["ncu"] = cfg.ncu
+    res.ncu = cfg.ncu
     if rig.plan_error:
-        doc["auto_skipped"] = rig.plan_error
-    doc["machine"] = {"sm_count": rig.sm_count, "memory_bytes": rig.memory, "world": world,
-                      "device": torch.cuda.get_device_name(rig.device)}
+        res.auto_skipped = rig.plan_error
+    res.machine = Machine(device=torch.cuda.get_device_name(rig.device), sm_count=rig.sm_count,
+                          memory_bytes=rig.memory, world=world)
 
     # Peak HBM bandwidth: a same-GPU copy reads and writes every byte.
     src = torch.empty(HBM_PROBE_BYTES, dtype=torch.uint8, device=rig.device)
     dst = torch.empty_like(src)
     probe = (src, dst)
     t = rig.timed([(rig.gemm_stream, lambda: probe[1].copy_(probe[0]))])
-    doc["peaks"]["hbm_bytes_per_s"] = 2 * HBM_PROBE_BYTES / (analysis.median(t) / 1e3)
+    res.peaks.hbm_bytes_per_s = 2 * HBM_PROBE_BYTES / (statistics.median(t) / 1e3)
     src = dst = probe = None
     progress.step("HBM bandwidth")
 
@@ -403,14 +403,14 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
         for k in sm_loss:
             stream, granted = rig.green_stream(k)
             t = rig.timed([(stream, case.fn())])
-            doc["gemm_sm_loss"].append({"gemm": g.tag, "mnk": g.mnk, "flops": g.flops, "bytes": g.bytes(),
-                                        "sms_asked": k, "sms_taken": rig.sm_count - granted, "sms_granted": granted,
-                                        "time_ms": analysis.summary(t)})
+            res.gemm_sm_loss.append(GemmSmLoss(gemm=g.tag, mnk=g.mnk, flops=g.flops, bytes=g.bytes(), sms_asked=k,
+                                               sms_taken=rig.sm_count - granted, sms_granted=granted,
+                                               time_ms=Timing.of(t)))
         del case
         torch.cuda.empty_cache()
         save()
         progress.step(f"GEMM {g.tag} SM sweep")
-    analysis.set_gemm_peaks(doc)
+    analysis.set_gemm_peaks(res)
 
     # Collectives alone: over sizes (NCCL and conccl), and over the CTAs NCCL may use.
     for c in colls:
@@ -418,22 +418,20 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
             case = CollectiveCase(rig, c, size, arenas)
             for impl in ("nccl", "conccl"):
                 t = rig.timed([(rig.comm_stream, case.fn(impl))], poison=case.poison)
-                doc["coll_sizes"].append({"collective": c, "size": size, "impl": impl, "time_ms": analysis.summary(t),
-                                          "correct": case.check(), "hbm_bytes": case.hbm_bytes()})
+                res.coll_sizes.append(CollSize(collective=c, size=size, impl=impl, time_ms=Timing.of(t),
+                                               correct=case.check(), hbm_bytes=case.hbm_bytes()))
         save()
         progress.step(f"{c} size sweep")
         for size in cta_sizes:
             case = CollectiveCase(rig, c, size, arenas)
             for k in (*ctas, None):
                 t = rig.timed([(rig.comm_stream, case.fn("nccl", rig.nccl_group(ctas=k)))])
-                doc["coll_ctas"].append({"collective": c, "size": size, "impl": "nccl", "ctas": k,
-                                         "time_ms": analysis.summary(t)})
+                res.coll_ctas.append(CollCtas(collective=c, size=size, impl="nccl", ctas=k, time_ms=Timing.of(t)))
             t = rig.timed([(rig.comm_stream, case.fn("conccl"))])
-            doc["coll_ctas"].append({"collective": c, "size": size, "impl": "conccl", "ctas": 0,
-                                     "time_ms": analysis.summary(t)})
+            res.coll_ctas.append(CollCtas(collective=c, size=size, impl="conccl", ctas=0, time_ms=Timing.of(t)))
         save()
         progress.step(f"{c} CTA sweep")
-    analysis.set_comm_peaks(doc)
+    analysis.set_comm_peaks(res)
 
     # Scenarios: isolated times, then every strategy.
     current = None
@@ -442,23 +440,23 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> dict | None:
             current = None
             torch.cuda.empty_cache()
             current = GemmCase(rig, s.gemm)
-        doc["scenarios"].append(measure_scenario(rig, s, current, arenas))
+        res.scenarios.append(measure_scenario(rig, s, current, arenas))
         save()
         progress.step(s.id)
     progress.close()
-    doc["wall_s"] = time.monotonic() - progress.t0
-    doc["complete"] = True
+    res.wall_s = time.monotonic() - progress.t0
+    res.complete = True
     save()
-    return doc if rank == 0 else None
+    return res if rank == 0 else None
 
 
-def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
+def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> ScenarioResult:
     """Every configuration of one scenario, timed side by side (``Rig.timed_side_by_side``):
     the GEMM alone, each collective alone, every strategy at every sweep point, and ``auto``."""
     size = s.size_for(rig.world)
     case = CollectiveCase(rig, s.collective, size, arenas)
-    rec = analysis.new_scenario(s, size)
-    rec["hbm_bytes"] = {"gemm": s.gemm.bytes(), "comm": case.hbm_bytes()}
+    rec = ScenarioResult.new(s, size)
+    rec.hbm_bytes = HbmBytes(gemm=s.gemm.bytes(), comm=case.hbm_bytes())
     configs, labels = [], []  # labels: how to file each result in rec
 
     def add(label, parts, poison=None, check=None):
@@ -492,22 +490,21 @@ def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> dict:
         results = [(rig.timed(parts, poison), check() if check is not None else None) for parts, poison, check in configs]
     for label, (t, correct) in zip(labels, results):
         if label[0] == "gemm":
-            rec["t_gemm"] = analysis.summary(t)
+            rec.t_gemm = Timing.of(t)
         elif label[0] == "comm":
-            rec["t_comm"][label[1]] = analysis.summary(t)
+            rec.t_comm[label[1]] = Timing.of(t)
         elif label[0] == "auto":
-            rec["runs"]["auto"] = [{**label[1], "time_ms": analysis.summary(t), "correct": correct}]
+            rec.runs["auto"] = [Run(**label[1], time_ms=Timing.of(t), correct=correct)]
         else:
             _, name, sms, granted = label
-            rec["runs"].setdefault(name, []).append({"sms": sms, "gemm_sms": granted, "time_ms": analysis.summary(t),
-                                                     "correct": correct})
-    if rig.cfg.auto_in_turns and "auto" in rec["runs"]:
-        rec["auto_in_turns"] = _auto_in_turns(rig, labels, configs, results)
+            rec.runs.setdefault(name, []).append(Run(sms=sms, gemm_sms=granted, time_ms=Timing.of(t), correct=correct))
+    if rig.cfg.auto_in_turns and "auto" in rec.runs:
+        rec.auto_in_turns = _auto_in_turns(rig, labels, configs, results)
     case.lc_out = None
     return rec
 
 
-def _auto_in_turns(rig: Rig, labels, configs, results) -> dict | None:
+def _auto_in_turns(rig: Rig, labels, configs, results) -> AutoInTurns | None:
     """``auto`` and the fastest strategy the runtime could apply, timed again in turns.
 
     Back to back, a configuration's time depends on what ran just before it (the power
@@ -517,11 +514,11 @@ def _auto_in_turns(rig: Rig, labels, configs, results) -> dict | None:
     auto = next((i for i, lb in enumerate(labels) if lb[0] == "auto"), None)
     if not runs or auto is None:
         return None
-    best = min(runs, key=lambda r: analysis.median(r[0]))[1]
+    best = min(runs, key=lambda r: statistics.median(r[0]))[1]
     (t_best, ok_best), (t_auto, ok_auto) = rig.timed_side_by_side([configs[best], configs[auto]])
     _, name, sms, _ = labels[best]
-    return {"strategy": name, "sms": sms, "best_ms": analysis.summary(t_best),
-            "auto_ms": analysis.summary(t_auto), "correct": bool(ok_best and ok_auto)}
+    return AutoInTurns(strategy=name, sms=sms, best_ms=Timing.of(t_best), auto_ms=Timing.of(t_auto),
+                       correct=bool(ok_best and ok_auto))
 
 
 def _auto_parts(rig: Rig, s: Scenario, size: int, case, gemm: GemmCase):

@@ -70,13 +70,6 @@ def comm_class(size: int, latency_s: float, bytes_per_s: float) -> str:
     return "latency-bound" if latency_s >= size / bytes_per_s else "bandwidth-bound"
 
 
-def summary(values: list[float]) -> dict:
-    """Median and spread of timed runs."""
-    if not values:
-        raise ValueError("no values")
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
 def _positive(**kw):
     for k, v in kw.items():
         if not (v > 0) or math.isinf(v):

@@ -18,6 +18,10 @@ import shutil
 import subprocess
 import sys
 
+import torch
+
+from .scenarios import parse_gemm
+
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum")
 MARKER = "fillfunctor"  # the output's fill kernel opens each GEMM's group
 OTHER = "elementwise"  # random initialisation and other elementwise kernels belong to no GEMM
@@ -75,10 +79,6 @@ def parse(text: str, n_gemms: int) -> list[dict]:
 
 
 def _main(shapes: list[str]) -> None:
-    import torch
-
-    from .scenarios import parse_gemm
-
     for text in shapes:
         g = parse_gemm(text)
         a = torch.randn(g.m, g.k, dtype=torch.bfloat16, device="cuda")

@@ -4,9 +4,13 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from ..profile import load_profile, profile_from_study
-from . import report
+from ..launch import run_per_gpu, under_torchrun
+from ..planner.profile import load_profile
+from . import ncu, report
 from .measure import StudyConfig, StudyError, required_bytes, study_worker
+from .model import predict
+from .profile_fit import profile_from_study
+from .results import ResultsError, StudyResults, load_results
 from .scenarios import Scenario
 
 
@@ -24,25 +28,21 @@ def check_fits(scenarios: list[Scenario], world: int, memory_bytes: int, quick: 
                          "run them in smaller groups with --only")
 
 
-def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, meta: dict) -> dict:
-    from .model import predict
-
+def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, meta: dict) -> StudyResults:
     prof = load_profile(profile_path)
     world = world or prof.world
     check_fits(scenarios, world, prof.memory_bytes, quick)
     meta = dict(meta, profile=str(profile_path or "embedded: " + prof.device + f" x{prof.world} "
                                   f"({prof.source.get('date')}, commit {prof.source.get('commit')})"), world=world)
-    doc = predict(prof, scenarios, world, quick, meta)
-    report.render(out_dir, doc)
-    return doc
+    res = predict(prof, scenarios, world, quick, meta)
+    report.render(out_dir, res)
+    return res
 
 
-def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_bytes: int,
-             use_ncu: bool = True, plan_profile: str | None = None, side_by_side: bool = False) -> tuple[dict, bool]:
-    """Run on ``world`` GPUs; (document, finished). An interrupted run's report says INCOMPLETE."""
-    from ..launch import run_per_gpu, under_torchrun
-    from . import ncu
-
+def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_bytes: int, use_ncu: bool = True,
+             plan_profile: str | None = None, side_by_side: bool = False) -> tuple[StudyResults | None, bool]:
+    """Run on ``world`` GPUs; (results, finished), results None on a non-zero rank under
+    torchrun. An interrupted run's report says INCOMPLETE."""
     check_fits(scenarios, world, memory_bytes, quick)
     counters = {}
     if use_ncu and not under_torchrun():
@@ -53,22 +53,22 @@ def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_byt
                       plan_profile=plan_profile, side_by_side=side_by_side)
     print(f"# conccl study: {len(scenarios)} scenarios on {world} GPUs -> {out_dir}", file=sys.stderr, flush=True)
     try:
-        doc = run_per_gpu(study_worker, cfg, nprocs=None if under_torchrun() else world, timeout_s=24 * 3600)[0]
+        res = run_per_gpu(study_worker, cfg, nprocs=None if under_torchrun() else world, timeout_s=24 * 3600)[0]
     except (RuntimeError, StudyError) as e:
         try:
-            doc = report.load_results(out_dir)
-        except ValueError:
+            res = load_results(out_dir)
+        except ResultsError:
             raise StudyError(f"the study failed before measuring anything: {e}") from None
-        doc["complete"] = False
-        doc["error"] = str(e).splitlines()[0][:300]
-        report.render(out_dir, doc)
+        res.complete = False
+        res.error = str(e).splitlines()[0][:300]
+        report.render(out_dir, res)
         print(f"conccl study: stopped early: {e}", file=sys.stderr)
-        return doc, False
-    if doc is None:  # a non-zero rank under torchrun
-        return {}, True
-    report.render(out_dir, doc)
-    if doc.get("complete"):
-        prof = profile_from_study(doc)
+        return res, False
+    if res is None:  # a non-zero rank under torchrun
+        return None, True
+    report.render(out_dir, res)
+    if res.complete:
+        prof = profile_from_study(res)
         (pathlib.Path(out_dir) / "profile.json").write_text(prof.to_json())
-    return doc, bool(doc.get("complete"))
+    return res, res.complete
 

@@ -1,0 +1,401 @@
+"""A study's results as typed records, with the one reader and the one writer of results.json.
+
+Measured and predicted studies fill the same raw fields (times in milliseconds, each a
+:class:`Timing`); :func:`conccl.study.analysis.derive` fills the derived ones (classes, ideal
+speedups, taxonomy, per-strategy results, the summary and the paper's claims).
+
+Schemas (the ``schema`` field; JSON field names are the attribute names below):
+
+- ``conccl-study/1``: the untyped document written up to commit 595ccdb. It has no ``schema``
+  field but ``"format": "conccl-study/1"``, and lacks fields added since (the run settings
+  ``side_by_side``, ``min_timed_ms``, ``max_iters``, ``auto_in_turns``, ``conccl_call``; a
+  scenario's ``auto_in_turns``; a run's ``plan``). :func:`from_dict` upgrades it: a missing
+  field takes its default (None, or empty).
+- ``conccl-study-results/2`` (:data:`SCHEMA`): these records, every field written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import statistics
+import types
+import typing
+from dataclasses import dataclass, field
+
+SCHEMA = "conccl-study-results/2"
+V1_FORMAT = "conccl-study/1"
+RESULTS = "results.json"
+KINDS = ("measured", "prediction")
+
+__all__ = ["SCHEMA", "RESULTS", "ResultsError", "Timing", "RunConfig", "Machine", "CommFit", "Peaks", "GemmSmLoss",
+           "CollSize", "CollCtas", "GemmInfo", "HbmBytes", "Run", "StrategyResult", "AutoInTurns", "ScenarioResult",
+           "StrategySummary", "GroupSummary", "Summary", "Claim", "StudyResults", "from_dict", "to_dict",
+           "load_results", "save_results"]
+
+
+class ResultsError(ValueError):
+    """A results file that is unreadable, of an unknown schema, or malformed."""
+
+
+# ----------------------------------------------------------------------------- raw records
+
+@dataclass
+class Timing:
+    """Milliseconds of a configuration's timed runs (the slowest rank's): median and spread.
+    ``n`` = 0: a single modelled value (a prediction)."""
+
+    median: float
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Timing":
+        if not values:
+            raise ValueError("no values")
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    @classmethod
+    def point(cls, ms: float) -> "Timing":
+        return cls(ms, ms, ms, 0)
+
+
+@dataclass
+class RunConfig:
+    """How the numbers were taken (fields after ``world``: None in studies from before they existed)."""
+
+    quick: bool
+    warmup: int
+    iters: int
+    world: int
+    side_by_side: bool | None = None
+    min_timed_ms: float | None = None
+    max_iters: int | None = None
+    auto_in_turns: bool | None = None
+    conccl_call: str | None = None  # "persistent": conccl ran as a persistent op
+
+
+@dataclass
+class Machine:
+    device: str
+    sm_count: int
+    memory_bytes: int
+    world: int
+
+
+@dataclass
+class CommFit:
+    """t(size) = latency_s + size / bytes_per_s over a size sweep."""
+
+    latency_s: float
+    bytes_per_s: float
+
+
+@dataclass
+class Peaks:
+    bf16_flops: float | None = None  # best GEMM rate of the study, flop/s
+    hbm_bytes_per_s: float | None = None  # same-GPU copy, read + write
+    nvlink_bytes_per_s: float | None = None  # best copy-engine bus bandwidth per GPU
+    op_to_byte: float | None = None  # derived: bf16_flops / hbm_bytes_per_s
+    collective_fits: dict[str, dict[str, CommFit]] = field(default_factory=dict)  # impl -> collective -> fit
+
+
+@dataclass
+class GemmSmLoss:
+    """A GEMM alone in a green context that withholds SMs."""
+
+    gemm: str  # tag
+    mnk: str
+    flops: int
+    bytes: int
+    sms_taken: int
+    sms_granted: int
+    time_ms: Timing
+    sms_asked: int | None = None  # measured only: SMs asked of the green context
+    slowdown: float | None = None  # derived: against the same GEMM on every SM
+
+
+@dataclass
+class CollSize:
+    """A collective alone at one size."""
+
+    collective: str
+    size: int
+    impl: str
+    time_ms: Timing
+    correct: bool | None = None
+    hbm_bytes: int | None = None
+
+
+@dataclass
+class CollCtas:
+    """A collective alone with NCCL capped to ``ctas`` CTAs (None: NCCL's choice; 0: conccl)."""
+
+    collective: str
+    size: int
+    impl: str
+    ctas: int | None
+    time_ms: Timing
+    slowdown: float | None = None  # derived: against NCCL's choice
+
+
+@dataclass
+class GemmInfo:
+    tag: str
+    m: int
+    n: int
+    k: int
+    flops: int
+    bytes: int  # compulsory HBM bytes
+    source: str = ""
+    paper_class: str | None = None
+
+
+@dataclass
+class HbmBytes:
+    gemm: int
+    comm: int
+
+
+@dataclass
+class Run:
+    """One strategy at one sweep point, run beside the GEMM."""
+
+    sms: int  # SMs reserved (NCCL CTAs, or SMs the GEMM gives up); 0: no partition
+    gemm_sms: int | None  # SMs the GEMM had
+    time_ms: Timing
+    correct: bool | None = None
+    plan: str | None = None  # the strategy the planner picked (auto; every run of a prediction)
+    speedup: float | None = None  # derived
+    pct_ideal: float | None = None  # derived
+    pct_own_ideal: float | None = None  # derived
+
+
+@dataclass
+class StrategyResult:
+    """A strategy's best run in a scenario (derived)."""
+
+    time_ms: Timing
+    speedup: float
+    pct_ideal: float
+    pct_own_ideal: float
+    sms: int
+    gemm_sms: int | None
+    correct: bool | None
+
+
+@dataclass
+class AutoInTurns:
+    """``auto`` and the fastest strategy the runtime applies, timed again in turns."""
+
+    strategy: str
+    sms: int
+    best_ms: Timing
+    auto_ms: Timing
+    correct: bool
+
+
+@dataclass
+class ScenarioResult:
+    id: str
+    tag: str
+    collective: str
+    size: int  # output bytes per rank, as run
+    size_asked: int
+    source: str
+    paper_taxonomy: str | None
+    gemm: GemmInfo
+    t_gemm: Timing | None = None
+    t_comm: dict[str, Timing] = field(default_factory=dict)  # impl -> alone
+    runs: dict[str, list[Run]] = field(default_factory=dict)  # strategy -> its sweep
+    hbm_bytes: HbmBytes | None = None
+    auto_in_turns: AutoInTurns | None = None
+    # Derived (analysis.derive); None until then.
+    gemm_op_to_byte: float | None = None
+    gemm_flops_per_s: float | None = None
+    gemm_hbm_bytes_per_s: float | None = None
+    gemm_dram_bytes: float | None = None  # ncu
+    gemm_l2_bytes: float | None = None  # ncu
+    gemm_measured_op_to_byte: float | None = None  # ncu
+    gemm_class: str | None = None
+    gemm_class_by: str | None = None
+    comm_class: str | None = None
+    comm_hbm_bytes_per_s: dict[str, float] | None = None
+    ideal: float | None = None
+    taxonomy: str | None = None
+    strategies: dict[str, StrategyResult] | None = None  # None: not derived (no NCCL time alone)
+    c3_best: str | None = None
+    best: str | None = None
+
+    @classmethod
+    def new(cls, s, size: int) -> "ScenarioResult":
+        """The empty record of study scenario ``s`` run at ``size`` bytes."""
+        g = s.gemm
+        return cls(s.id, s.tag, s.collective, size, s.size, s.source, s.paper_taxonomy,
+                   GemmInfo(g.tag, g.m, g.n, g.k, g.flops, g.bytes(), g.source, g.paper_class))
+
+
+# ----------------------------------------------------------------------------- derived records
+
+@dataclass
+class StrategySummary:
+    mean_pct_ideal: float
+    min_pct_ideal: float
+    mean_pct_own_ideal: float | None
+    mean_speedup: float
+    n: int
+    n_at_least_80: int
+
+
+@dataclass
+class GroupSummary:
+    """Scenarios of one (collective, taxonomy): means per strategy."""
+
+    n: int
+    ideal: float
+    speedup: dict[str, float]
+    pct_ideal: dict[str, float]
+
+
+@dataclass
+class Summary:
+    strategies: dict[str, StrategySummary]
+    groups: dict[str, GroupSummary]
+    n_scenarios: int
+    wrong: list[str]  # "scenario:strategy" whose output was wrong
+    ideal_mean: float | None
+
+
+@dataclass
+class Claim:
+    claim: str
+    paper: str
+    value: float | None
+    unit: str
+    holds: bool | None = None
+
+
+@dataclass
+class StudyResults:
+    kind: str  # "measured" | "prediction"
+    meta: dict  # environment: date, commit, machine_kind, versions
+    config: RunConfig
+    complete: bool = False
+    machine: Machine | None = None
+    peaks: Peaks = field(default_factory=Peaks)
+    ncu: dict = field(default_factory=dict)  # GEMM tag -> ncu counters, or {"error": why}
+    auto_skipped: str | None = None  # why "auto" did not run
+    gemm_sm_loss: list[GemmSmLoss] = field(default_factory=list)
+    coll_sizes: list[CollSize] = field(default_factory=list)
+    coll_ctas: list[CollCtas] = field(default_factory=list)
+    scenarios: list[ScenarioResult] = field(default_factory=list)
+    wall_s: float | None = None
+    error: str | None = None  # why an incomplete run stopped
+    summary: Summary | None = None  # derived
+    claims: list[Claim] | None = None  # derived
+    schema: str = SCHEMA
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ResultsError(f"study kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.schema != SCHEMA:
+            raise ResultsError(f"study results of schema {self.schema!r}; this conccl writes {SCHEMA!r}")
+
+    @property
+    def world(self) -> int:
+        return self.machine.world if self.machine else self.config.world
+
+
+# ----------------------------------------------------------------------------- reader, writer
+
+def from_dict(data, origin: str = "study results") -> StudyResults:
+    """The one reader: a results document (this schema, or version 1 upgraded) as records."""
+    if not isinstance(data, dict):
+        raise ResultsError(f"{origin}: not a conccl study result (a JSON {type(data).__name__})")
+    schema = data.get("schema")
+    if schema is None:
+        fmt = data.get("format", V1_FORMAT)
+        if fmt != V1_FORMAT:
+            raise ResultsError(f"{origin}: not a conccl study result: format {fmt!r} found, expected schema "
+                               f"{SCHEMA!r} (or the older format {V1_FORMAT!r})")
+        data = _upgrade_v1(data)
+    elif schema != SCHEMA:
+        raise ResultsError(f"{origin}: study results of schema {schema!r} found, this conccl reads {SCHEMA!r} "
+                           f"(and upgrades {V1_FORMAT!r}); re-create them with this conccl")
+    return _record(StudyResults, data, origin)
+
+
+def _upgrade_v1(data: dict) -> dict:
+    """Version 1 had the same field names, ``format`` instead of ``schema``, and no fields
+    added since: they take their defaults."""
+    out = {k: v for k, v in data.items() if k != "format"}
+    out["schema"] = SCHEMA
+    return out
+
+
+def to_dict(results: StudyResults) -> dict:
+    """The one writer's document: every field of every record."""
+    return dataclasses.asdict(results)
+
+
+def load_results(path) -> StudyResults:
+    """Read ``path``: a results.json, or a report folder holding one."""
+    path = pathlib.Path(path)
+    if path.is_dir() or not path.suffix:
+        path = path / RESULTS
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ResultsError(f"cannot read study results {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return from_dict(data, str(path))
+
+
+def save_results(out_dir, results: StudyResults) -> pathlib.Path:
+    """Write ``out_dir``/results.json atomically (a crash never leaves half a file)."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (RESULTS + ".tmp")
+    tmp.write_text(json.dumps(to_dict(results), indent=1, default=str))
+    os.replace(tmp, out / RESULTS)
+    return out / RESULTS
+
+
+@functools.cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _record(cls, data, where: str):
+    if not isinstance(data, dict):
+        raise ResultsError(f"{where}: expected an object, got {type(data).__name__}")
+    hints = _hints(cls)
+    unknown = sorted(set(data) - set(hints))
+    if unknown:
+        raise ResultsError(f"{where}: unknown field(s) {', '.join(unknown)} in a {cls.__name__}")
+    try:
+        return cls(**{k: _value(hints[k], v, f"{where}.{k}") for k, v in data.items()})
+    except TypeError as e:  # a required field missing
+        raise ResultsError(f"{where}: {e}") from None
+
+
+def _value(tp, v, where: str):
+    if v is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _value(tp, v, where)
+    if dataclasses.is_dataclass(tp):
+        return _record(tp, v, where)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [_value(item, x, f"{where}[{i}]") for i, x in enumerate(v)]
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        return {k: _value(item, x, f"{where}.{k}") for k, x in v.items()}
+    return v
