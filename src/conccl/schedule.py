@@ -102,7 +102,23 @@ class WaitSignal:
     seq_delta: int = 0
 
 
-Op = Copy | SetSignal | WaitSignal
+@dataclass(frozen=True)
+class Reduce:
+    """Elementwise reduction on this rank's GPU: ``dst = sum(scale * src for src in srcs)``.
+
+    ``srcs`` are (buffer, byte offset) of this rank's own buffers, summed in the order given,
+    accumulated in fp32 and rounded to ``dtype`` once; ``nbytes`` per operand. The one op of a
+    schedule that needs an SM (a small kernel on CUDA), run after the copies it depends on.
+    """
+
+    dst: tuple  # (Buf, byte offset)
+    srcs: tuple  # ((Buf, byte offset), ...)
+    nbytes: int
+    dtype: str  # "bfloat16", "float16" or "float32"
+    scale: float = 1.0  # every operand is multiplied by it first (AVG: 1/world; PREMUL_SUM: the factor)
+
+
+Op = Copy | SetSignal | WaitSignal | Reduce
 
 
 @dataclass(frozen=True)

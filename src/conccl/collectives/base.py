@@ -25,7 +25,7 @@ import abc
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from ..errors import CollectiveError
+from ..errors import CollectiveError, InvalidArgument
 from ..schedule import Algorithm, Schedule, StreamMode
 
 
@@ -56,13 +56,15 @@ class LocalCall:
     ``send[p]`` / ``recv[p]``: bytes this rank sends to / receives from rank ``p``, published to
     the peers so every rank can check the call and derive the same plan. ``in_place``: the
     input is the output's own chunk. ``extra``: what the collective's :meth:`~Collective.plan`
-    needs besides the peers' rows (hashable).
+    needs besides the peers' rows (hashable). ``agreed``: a code every rank's call must have
+    alike besides the collective and dtype (a reduction's op and factor), 0 when none.
     """
 
     send: tuple[int, ...]
     recv: tuple[int, ...]
     in_place: bool = False
     extra: tuple = ()
+    agreed: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,16 @@ class Collective(abc.ABC):
                         f"conccl {self.name} (sequence number {seq}): rank {src} sends {peers.send[src][dst]} bytes "
                         f"to rank {dst}, but rank {dst} expects {peers.recv[dst][src]} bytes from rank {src}; "
                         "nothing was moved")
+
+    def algorithm(self, requested: Algorithm | None, output_symmetric: bool) -> Algorithm:
+        """The algorithm a call runs (``requested``: the caller's or the group's; None: choose).
+        Raise :class:`~conccl.errors.InvalidArgument` for one it cannot run. By default push
+        where every rank's output is peer-reachable (measured fastest on H200), else pull."""
+        if requested is None:
+            return Algorithm.PUSH if output_symmetric else Algorithm.PULL
+        if requested is Algorithm.PUSH and not output_symmetric:
+            raise InvalidArgument("Algorithm.PUSH needs every rank's output allocated with conccl.empty")
+        return requested
 
     @abc.abstractmethod
     def plan(self, world: int, rank: int, local: LocalCall, peers: PeerCalls, *, algorithm: Algorithm,

@@ -39,6 +39,8 @@ def build_direct_schedule(
     local: Transfer | None,
     staged: bool,
     workspace_bytes: int,
+    wait_done: bool | None = None,
+    finish: tuple[Op, ...] = (),
 ) -> Schedule:
     """Assemble one rank's schedule.
 
@@ -48,6 +50,10 @@ def build_direct_schedule(
     must have finished reading it in call s-1 (DONE >= s-1). Without staging, a pull reads the
     caller's own symmetric input, so the call ends only once every peer has read it (DONE >= s);
     a push writes into peers' outputs, so the call ends once every peer has written (DONE >= s).
+
+    ``wait_done`` overrides that last rule (None: wait for DONE >= s unless staged): a
+    collective that reuses the workspace *and* consumes what peers wrote needs both waits.
+    ``finish``: ops run on slot 0 after every wait, e.g. a reduction of what peers wrote.
     """
     peers = peer_order(world, rank)
     pre: list[Op] = []
@@ -57,8 +63,9 @@ def build_direct_schedule(
     if stage is not None:
         pre.append(Copy(stage))
     pre += [SetSignal(p, Signal.READY) for p in peers]
-    if not staged:
+    if (not staged) if wait_done is None else wait_done:
         post += [WaitSignal(p, Signal.DONE) for p in peers]
+    post += list(finish)
 
     def copy(t: Transfer | None) -> list[Op]:
         return [] if t is None else [Copy(t)]

@@ -23,7 +23,8 @@ from ..board import HostBoard
 from ..group import Group, Options, board_row_len
 from ..launch import collect_results
 from ..errors import CollectiveTimeout
-from ..schedule import Buf, Copy, Schedule, SetSignal, WaitSignal, signal_pad_words, signal_word
+from ..collectives.reduce_scatter import reduce_chunks
+from ..schedule import Buf, Copy, Reduce, Schedule, SetSignal, WaitSignal, signal_pad_words, signal_word
 from ..work import Work
 from .base import workspace_capacity
 
@@ -155,6 +156,18 @@ class ReferenceExecutor:
             finally:
                 d.done = True
 
+    def _reduce(self, op: Reduce, input, output, views) -> None:
+        """``op`` as the CUDA kernel computes it: operands in order, fp32 accumulation, one rounding."""
+        dtype = getattr(torch, op.dtype)
+
+        def operand(buf, offset):
+            raw = self._bytes(self.rank, buf, input, output, views)[offset:offset + op.nbytes]
+            return torch.from_numpy(raw.copy()).view(dtype)
+
+        result = reduce_chunks([operand(*src) for src in op.srcs], op.scale).to(dtype)
+        dst = self._bytes(self.rank, op.dst[0], input, output, views)
+        dst[op.dst[1]:op.dst[1] + op.nbytes] = result.view(torch.uint8).numpy()
+
     def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views) -> None:
         """Run ``schedule`` to completion on the host.
 
@@ -181,6 +194,8 @@ class ReferenceExecutor:
                         src = self._bytes(t.src_rank, t.src, input, output, views)
                         dst = self._bytes(t.dst_rank, t.dst, input, output, views)
                         dst[t.dst_offset:t.dst_offset + t.nbytes] = src[t.src_offset:t.src_offset + t.nbytes]
+                    elif isinstance(op, Reduce):
+                        self._reduce(op, input, output, views)
                     pcs[k] += 1
                     progress = True
             if all(pc == len(ops) for pc, ops in zip(pcs, schedule.slots)):

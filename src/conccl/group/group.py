@@ -48,7 +48,8 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL 
 # Row published on the host board: fixed fields, then input and output split bytes per rank.
 # _F_IN_OFF / _F_OUT_OFF: the tensor's byte offset in its peer-reachable allocation (-1: none),
 # so a peer is reached at its own view, whatever offset each rank sliced.
-_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_OFF, _NFIXED = range(10)
+# _F_ARG: the collective's own code that every rank must have alike (LocalCall.agreed).
+_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_OFF, _F_ARG, _NFIXED = range(11)
 _SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
 
 
@@ -86,7 +87,7 @@ def _check_algorithm(algorithm) -> None:
 
 def _agreed(fixed_row: list) -> tuple:
     """The fields every rank must have alike."""
-    return fixed_row[_F_SEQ], fixed_row[_F_COLL], fixed_row[_F_DTYPE], fixed_row[_F_ALGO]
+    return fixed_row[_F_SEQ], fixed_row[_F_COLL], fixed_row[_F_DTYPE], fixed_row[_F_ALGO], fixed_row[_F_ARG]
 
 
 # A call running this long on the GPU gets its peers' liveness checked (cheap: a kill(pid, 0)
@@ -210,7 +211,7 @@ class Group:
         row = [0, _code(coll.name), _code(str(input.dtype)), input.numel() * input.element_size(),
                output.numel() * output.element_size(), flags, -1 if algorithm is None else _code(algorithm.value),
                -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
-               *call.send, *call.recv]
+               call.agreed, *call.send, *call.recv]
         local = _Local(coll, input.dtype, row, views, algorithm, stream_mode or self.options.stream_mode, call)
         if key is not None:
             if len(self._locals) >= _MAX_REMEMBERED:
@@ -261,27 +262,20 @@ class Group:
         local.coll.check(peers, self.rank, seq)
         all_flags = _all_flags(rows)
         schedule = local.coll.plan(
-            w, self.rank, local.call, peers, algorithm=self._algorithm(local.algorithm, all_flags),
+            w, self.rank, local.call, peers,
+            algorithm=local.coll.algorithm(local.algorithm or self.options.algorithm, bool(all_flags & _SYM_OUT)),
             stream_mode=local.stream_mode, input_symmetric=bool(all_flags & _SYM_IN),
             output_symmetric=bool(all_flags & _SYM_OUT), peers_in_place=bool(all_flags & _IN_PLACE))
         return schedule, _peer_views(local.views, rows, all_flags)
 
     def _disagreement(self, coll, dtype, seq, rows):
         for field, what in ((_F_SEQ, "sequence number"), (_F_COLL, "collective"), (_F_DTYPE, "dtype"),
-                            (_F_ALGO, "algorithm")):
+                            (_F_ALGO, "algorithm"), (_F_ARG, "reduction op")):
             bad = [p for p in range(self.world) if rows[p, field] != rows[self.rank, field]]
             if bad:
                 raise CollectiveError(
                     f"conccl {coll} (sequence number {seq}) on rank {self.rank}: rank {bad[0]} called with a different "
                     f"{what} ({_describe(field, rows[bad[0], field], dtype)} vs {_describe(field, rows[self.rank, field], dtype)} here); nothing was moved")
-
-    def _algorithm(self, requested: Algorithm | None, all_flags: int) -> Algorithm:
-        algo = requested or self.options.algorithm
-        if algo is None:
-            return Algorithm.PUSH if all_flags & _SYM_OUT else Algorithm.PULL
-        if algo is Algorithm.PUSH and not all_flags & _SYM_OUT:
-            raise InvalidArgument("Algorithm.PUSH needs every rank's output allocated with conccl.empty")
-        return algo
 
     def _timeout_s(self, timeout) -> float:
         t = timeout if timeout is not None else self.options.timeout

@@ -1,0 +1,145 @@
+"""Reduce-scatter: rank r's output is the reduction over every rank of that rank's input chunk r.
+
+How it moves (push, the only algorithm: the group workspace is peer-reachable on every rank,
+so no input needs staging and no output needs to be symmetric)::
+
+    rank r, call s:  wait DONE(s-1) of every peer (its reads of our workspace are over)
+                     READY(s) -> every peer           (our workspace may be written)
+    slot of peer p:  wait READY(s) of p · input[chunk p] -> workspace@p[chunk r] · DONE(s) -> p
+    slot 0:          wait DONE(s) of every peer · output = reduce(chunk r of every rank, rank order)
+
+Copy engines move every byte; the reduction is the one step that takes an SM (a small kernel
+on CUDA). Order of summation: rank 0, 1, ..., world-1, accumulated in fp32 and rounded to the
+dtype once. With two ranks that is NCCL's result bit for bit (one addition, commutative);
+with more it is within the dtype's rounding of NCCL's ring order.
+"""
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+
+from ..schedule import Algorithm, Buf, Phase, Reduce, Schedule, StreamMode, Transfer
+from ..validate import InvalidArgument, byte_range, check_pair, overlaps
+from .base import Collective, Layout, LocalCall, PeerCalls
+from .direct import build_direct_schedule
+
+NAME = "reduce_scatter"
+
+# dtypes the reduction kernel handles (torch's names)
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def reduce_op(op, world: int) -> tuple[str, float]:
+    """(name, scale) of a ``torch.distributed.ReduceOp``: SUM, AVG (scale 1/world) or
+    PREMUL_SUM(factor) (what FSDP2 passes for a gradient divide factor); others are refused."""
+    kind = getattr(op, "op", op)  # a ReduceOp object (PREMUL_SUM carries a factor) or its RedOpType
+    name = getattr(kind, "name", str(kind)).upper()
+    if name == "SUM":
+        return "sum", 1.0
+    if name == "AVG":
+        return "avg", 1.0 / world
+    if name == "PREMUL_SUM":
+        factor = op.factor
+        if not isinstance(factor, (int, float)):
+            raise InvalidArgument("PREMUL_SUM with a tensor factor is not supported; pass a Python float factor")
+        return "premul_sum", float(factor)
+    raise InvalidArgument(f"reduction op {name} is not supported by conccl; use SUM, AVG or PREMUL_SUM")
+
+
+@lru_cache(maxsize=1024)
+def plan_reduce_scatter(world: int, rank: int, chunk_bytes: int, dtype: str, scale: float = 1.0, *,
+                        stream_mode: StreamMode = StreamMode.PER_PEER, in_place: bool = False) -> Schedule:
+    """Schedule of one rank's reduce-scatter of ``chunk_bytes`` per output (pure, cached).
+
+    Every rank receives rank ``src``'s chunk at offset ``src * chunk_bytes`` of its own
+    workspace. ``in_place`` (the output is the input's own chunk) changes nothing in the plan:
+    the reduction reads each element before writing it; it is part of the key for clarity.
+    """
+    if not 0 <= rank < world:
+        raise InvalidArgument(f"rank {rank} outside a world of {world}")
+    if dtype not in DTYPES:
+        raise InvalidArgument(f"reduce_scatter_tensor supports {', '.join(DTYPES)}, got {dtype}")
+    peers: dict[int, Transfer | None] = {}
+    for p in range(world):
+        if p != rank and chunk_bytes:
+            peers[p] = Transfer(rank, Buf.INPUT, p * chunk_bytes, p, Buf.WORKSPACE, rank * chunk_bytes, chunk_bytes,
+                                0, Phase.PEER)
+    finish = ()
+    if chunk_bytes:
+        srcs = tuple((Buf.INPUT, rank * chunk_bytes) if s == rank else (Buf.WORKSPACE, s * chunk_bytes)
+                     for s in range(world))
+        finish = (Reduce((Buf.OUTPUT, 0), srcs, chunk_bytes, dtype, scale),)
+    # The workspace is reused by every call of the group: wait until peers are done with the
+    # previous call's (staged=True), and for their writes of this one before reducing.
+    return build_direct_schedule(
+        NAME, world, rank, algorithm=Algorithm.PUSH, stream_mode=stream_mode, peer_transfers=peers,
+        stage=None, local=None, staged=True, workspace_bytes=world * chunk_bytes, wait_done=True, finish=finish)
+
+
+def check_reduce_scatter(output, input, world: int, rank: int, device_type: str) -> bool:
+    """Validate arguments; return True when the output is the input's own chunk (in place)."""
+    check_pair(output, input, device_type)
+    if str(input.dtype).removeprefix("torch.") not in DTYPES:
+        raise InvalidArgument(f"reduce_scatter_tensor supports {', '.join(DTYPES)}, got {input.dtype}")
+    if input.numel() != world * output.numel():
+        raise InvalidArgument(
+            f"reduce_scatter_tensor: input has {input.numel()} elements, expected world_size ({world}) x "
+            f"output ({output.numel()}) = {world * output.numel()}")
+    if not overlaps(output, input):
+        return False
+    chunk = output.numel() * output.element_size()
+    offset = byte_range(output)[0] - byte_range(input)[0]
+    if offset != rank * chunk:
+        raise InvalidArgument(
+            f"output overlaps input but is not its chunk for rank {rank} (byte offset {offset}, expected {rank * chunk})")
+    return True
+
+
+class ReduceScatter(Collective):
+    """``reduce_scatter_tensor(output, input, op=SUM)``: output on rank r = op over ranks of
+    their input chunk r (input = world chunks of the output's size)."""
+
+    name = NAME
+    api_name = "reduce_scatter_tensor"
+    arg_names = ("op",)
+
+    def layout(self, world: int, rank: int) -> Layout:
+        return Layout(world, 1, (tuple((src, rank) for src in range(world)),), in_place_chunk=None)
+
+    def local(self, output, input, args, world, rank, device_type) -> LocalCall:
+        name, scale = reduce_op("SUM" if not args or args[0] is None else args[0], world)
+        in_place = check_reduce_scatter(output, input, world, rank, device_type)
+        chunk = output.numel() * output.element_size()
+        dtype = str(input.dtype).removeprefix("torch.")
+        return LocalCall((chunk,) * world, (chunk,) * world, in_place, (chunk, dtype, scale, in_place),
+                         agreed=zlib.crc32(f"{name}:{scale!r}".encode()))
+
+    def algorithm(self, requested, output_symmetric):
+        if requested is Algorithm.PULL:
+            raise InvalidArgument("reduce_scatter_tensor runs push only (into the peers' workspace)")
+        return Algorithm.PUSH
+
+    def plan(self, world, rank, local, peers: PeerCalls, *, algorithm, stream_mode, input_symmetric,
+             output_symmetric, peers_in_place) -> Schedule:
+        chunk, dtype, scale, in_place = local.extra
+        return plan_reduce_scatter(world, rank, chunk, dtype, scale, stream_mode=stream_mode, in_place=in_place)
+
+    def reference(self, inputs, rank, args=None):
+        import torch  # tests and checks only: the plans above stay importable without torch
+
+        world = len(inputs)
+        op = args[rank][0] if args and args[rank] and args[rank][0] is not None else "SUM"
+        _, scale = reduce_op(op, world)
+        return reduce_chunks([t.reshape(world, -1)[rank] for t in inputs], scale).to(inputs[0].dtype)
+
+
+def reduce_chunks(chunks, scale: float = 1.0):
+    """The reduction every executor performs: operands in order, each times ``scale``,
+    accumulated in fp32 (returned as fp32; the caller rounds to the dtype once)."""
+    acc = chunks[0].float() * scale if scale != 1.0 else chunks[0].float()
+    for c in chunks[1:]:
+        acc = acc + (c.float() * scale if scale != 1.0 else c.float())
+    return acc
+
+
+REDUCE_SCATTER = ReduceScatter()
