@@ -16,7 +16,7 @@ from .work import Work
 def __getattr__(name):
     # The API module (and the CUDA executor behind it) loads on first use, keeping
     # `import conccl` light for the CLI and the pure parts (plans, reference executor).
-    if name in {"all_gather_into_tensor", "all_to_all_single", "persistent_all_gather_into_tensor",
+    if name in {"all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor", "persistent_all_gather_into_tensor",
                 "persistent_all_to_all_single", "empty", "set_options", "destroy", "get_communicator",
                 "get_group"}:
         from . import api
@@ -32,6 +32,7 @@ def __getattr__(name):
 __all__ = [
     "all_gather_into_tensor",
     "all_to_all_single",
+    "reduce_scatter_tensor",
     "persistent_all_gather_into_tensor",
     "persistent_all_to_all_single",
     "PersistentCollective",

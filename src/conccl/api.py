@@ -18,6 +18,7 @@ from torch.distributed import _symmetric_memory as symm_mem
 from .board import HostBoard
 from .collectives.all_gather import ALL_GATHER
 from .collectives.all_to_all import ALL_TO_ALL
+from .collectives.reduce_scatter import REDUCE_SCATTER
 from .errors import InvalidArgument, UnsupportedGroup
 from .executors.cuda_ce import CudaCopyEngineExecutor
 from .group import Group, Options, board_row_len
@@ -161,6 +162,30 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     """
     return get_group(group).call(ALL_TO_ALL, output, input, (output_split_sizes, input_split_sizes), async_op,
                                  timeout=timeout)
+
+
+def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, *, timeout=None):
+    """Reduce ``input`` over the ranks and leave chunk r of the result on rank r, copy engines
+    moving every byte and one small kernel reducing.
+
+    Args:
+        output: CUDA tensor, contiguous, bf16, fp16 or fp32, any number of elements ``n``
+            (the same on every rank); may be ``input``'s own chunk (in place).
+        input: CUDA tensor, contiguous, same dtype, ``world_size * n`` elements; chunk d
+            (elements ``d*n .. (d+1)*n``) is this rank's contribution to rank d's output.
+        op: ``torch.distributed.ReduceOp.SUM`` (default), ``AVG`` or ``PREMUL_SUM(factor)``
+            (a Python float; what FSDP2 passes). Every rank must pass the same.
+        group, async_op, timeout: as in :func:`all_gather_into_tensor`.
+
+    Order of summation: rank 0, 1, ..., in fp32, rounded to the dtype once (AVG and
+    PREMUL_SUM multiply each operand first). Two ranks: NCCL's result bit for bit.
+    Stream semantics and failures: as :func:`all_gather_into_tensor`.
+
+    SMs used: the reduction kernel, at most 16 CTAs, after the copies; copies use none.
+    Workspace: ``input`` bytes of symmetric memory per rank (peers push their chunks there).
+    (Not yet in the registry the benchmark, study and planner iterate.)
+    """
+    return get_group(group).call(REDUCE_SCATTER, output, input, (op,), async_op, timeout=timeout)
 
 
 def persistent_all_gather_into_tensor(output, input, group=None, *, timeout=None):

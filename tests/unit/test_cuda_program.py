@@ -154,3 +154,19 @@ def test_symmetric_registry_generation_grows_with_every_allocation():
     reg.add(t, types.SimpleNamespace(buffer_ptrs=[1, 2]))
     reg.add(t, types.SimpleNamespace(buffer_ptrs=[3, 4]))  # the same address again
     assert reg.generation == before + 2
+
+
+def test_a_reduce_scatter_lowers_to_copies_signals_and_one_reduction_last():
+    from conccl.collectives.reduce_scatter import plan_reduce_scatter
+
+    s = plan_reduce_scatter(4, 1, 4096, "bfloat16", 0.5, stream_mode=StreamMode.PER_PEER)
+    bases = {Buf.INPUT: 1 << 20, Buf.OUTPUT: 2 << 20, Buf.WORKSPACE: 3 << 20}
+    lowered = lower(s, lambda rank, buf: bases[buf] + rank * (1 << 30), [0x1000 * (r + 1) for r in range(4)])
+    reduces = [(k, i, step) for k, steps in enumerate(lowered) for i, step in enumerate(steps) if step[0] == "reduce"]
+    assert len(reduces) == 1
+    k, i, (_, (dst, srcs, nbytes, dtype, scale)) = reduces[0]
+    assert (k, i) == (0, len(lowered[0]) - 1)  # slot 0, after every wait
+    me = 1 << 30  # rank 1's own buffers
+    assert dst == bases[Buf.OUTPUT] + me and nbytes == 4096 and dtype == "bfloat16" and scale == 0.5
+    assert srcs == tuple(bases[Buf.INPUT] + me + 4096 if r == 1 else bases[Buf.WORKSPACE] + me + r * 4096
+                         for r in range(4))

@@ -163,7 +163,7 @@ class CudaCopyEngineExecutor:
                 return t.data_ptr()
             return sym[0][rank] + sym[1][rank]
 
-        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver())
+        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver(), self._device_index)
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, views, ws, program)

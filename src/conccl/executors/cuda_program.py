@@ -21,14 +21,17 @@ Lowered form of one slot: a tuple of steps, each one of
 * ``("signal", (is_wait, address, seq_delta))``: one ``cuStreamWaitValue32`` or
   ``cuStreamWriteValue32``, where the driver does not take that op in a batch;
 * ``("copy", (dst, src, nbytes))``: one ``cuMemcpyAsync``;
-* ``("copies", ((dst, src, nbytes), ...))``: one ``cuMemcpyBatchAsync``.
+* ``("copies", ((dst, src, nbytes), ...))``: one ``cuMemcpyBatchAsync``;
+* ``("reduce", (dst, (src, ...), nbytes, dtype, scale))``: one launch of the bounded
+  reduction kernel (:mod:`conccl.executors.cuda_reduce`), the only SM work of any schedule.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from .._driver import check, signal_flags
-from ..schedule import Copy, Phase, Schedule, SetSignal, StreamMode, WaitSignal, signal_word
+from ..schedule import Copy, Phase, Reduce, Schedule, SetSignal, StreamMode, WaitSignal, signal_word
+from .cuda_reduce import ReduceLaunch
 
 # cuStreamBatchMemOp takes fewer than 256 operations per call.
 MAX_SIGNALS_PER_BATCH = 255
@@ -96,6 +99,11 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
                 steps.append(("copy", triple))
             continue
         flush_copies()
+        if isinstance(op, Reduce):
+            flush_signals()
+            steps.append(("reduce", (address(rank, op.dst[0]) + op.dst[1],
+                                     tuple(address(rank, b) + off for b, off in op.srcs), op.nbytes, op.dtype, op.scale)))
+            continue
         if isinstance(op, WaitSignal):
             entry = (True, pads[rank] + 4 * signal_word(op.kind, op.peer, world), op.seq_delta)
         elif isinstance(op, SetSignal):
@@ -122,7 +130,7 @@ def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[
 class CompiledProgram:
     """Lowered steps as prebuilt cuda-python objects; :meth:`launch` queues one call."""
 
-    def __init__(self, lowered: tuple, cu):
+    def __init__(self, lowered: tuple, cu, device_index: int | None = None):
         self.cu = cu
         wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
         write_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
@@ -149,6 +157,8 @@ class CompiledProgram:
                 elif kind == "copy":
                     dst, src, nbytes = payload
                     built.append((1, cu.CUdeviceptr(dst), cu.CUdeviceptr(src), nbytes))
+                elif kind == "reduce":
+                    built.append((4, ReduceLaunch(device_index, *payload), None, None))
                 else:
                     attrs = cu.CUmemcpyAttributes()
                     attrs.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
@@ -167,6 +177,8 @@ class CompiledProgram:
                 err = cu.cuStreamBatchMemOp(stream, b, a, 0)
             elif kind == 1:
                 err = cu.cuMemcpyAsync(a, b, c, stream)
+            elif kind == 4:
+                err = a.launch(cu, stream)
             elif kind == 3:
                 value = (seq + b) & 0xFFFFFFFF
                 err = (cu.cuStreamWaitValue32(stream, a, value, self._geq) if c else
@@ -179,7 +191,7 @@ class CompiledProgram:
     def _fail(self, err, k: int, i: int) -> None:
         kind, a, b, c = self.slots[k][i]
         what = {0: f"cuStreamBatchMemOp of {b} ops", 1: f"cuMemcpyAsync of {c} bytes", 2: "cuMemcpyBatchAsync",
-                3: "cuStreamWaitValue32" if c else "cuStreamWriteValue32"}[kind]
+                3: "cuStreamWaitValue32" if c else "cuStreamWriteValue32", 4: "the reduction kernel's launch"}[kind]
         try:
             check(err)
         except RuntimeError as e:
