@@ -19,22 +19,28 @@ def _reduce_scatter_against_nccl(rank, world):
     from torch.profiler import ProfilerActivity, profile
 
     import conccl
+    from conccl.collectives.reduce_scatter import REDUCE_SCATTER
 
     report = {"cases": [], "kernels": None}
     g = torch.Generator(device="cuda").manual_seed(5 + rank)
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for n in (1, 1000, 12345, (64 << 20) // 2 + 3):
-            for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PREMUL_SUM(0.37)):
+            for op in (ReduceOp.SUM, ReduceOp.AVG, dist._make_nccl_premul_sum(0.37)):
                 inp = torch.randn(world * n, dtype=torch.float32, device="cuda", generator=g).to(dtype)
                 out = torch.full((n,), float("nan"), dtype=dtype, device="cuda")
                 ref = torch.empty_like(out)
                 conccl.reduce_scatter_tensor(out, inp, op=op)
                 dist.reduce_scatter_tensor(ref, inp, op=op)
+                every = torch.empty(world * inp.numel(), dtype=dtype, device="cuda")
+                dist.all_gather_into_tensor(every, inp)
+                # the documented arithmetic (rank order, fp32, one rounding), with torch's kernels
+                stated = REDUCE_SCATTER.reference(list(every.view(world, -1)), rank, [(op,)] * world)
                 torch.cuda.synchronize()
-                same = torch.equal(out.view(torch.uint8) if dtype != torch.float32 else out.view(torch.int32),
-                                   ref.view(torch.uint8) if dtype != torch.float32 else ref.view(torch.int32))
+                bits = lambda t: t.view(torch.int32 if dtype == torch.float32 else torch.int16)  # noqa: E731
+                same = torch.equal(bits(out), bits(ref))
                 close = bool(torch.allclose(out.float(), ref.float(), rtol=1e-2, atol=1e-2))
-                report["cases"].append((str(dtype), n, str(getattr(op, "op", op)), same, close))
+                report["cases"].append((str(dtype), n, str(getattr(op, "op", op)), same, close,
+                                        torch.equal(bits(out), bits(stated))))
     # in place, and a persistent op started many times
     n = 4099
     buf = torch.randn(world * n, device="cuda", generator=g).to(torch.bfloat16)
@@ -74,12 +80,18 @@ def test_reduce_scatter_equals_nccl_and_runs_only_the_reduction_kernel():
 
     results = run_per_gpu(_reduce_scatter_against_nccl)
     world = len(results)
-    for dtype, n, op, same, close in results[0]["cases"]:  # the table, for the log (pytest -s)
-        print(f"reduce_scatter world {world} {dtype} n={n} {op}: bits equal to NCCL {same}, close {close}")
+    for dtype, n, op, same, close, stated in results[0]["cases"]:  # the table, for the log (pytest -s)
+        print(f"reduce_scatter world {world} {dtype} n={n} {op}: bits equal to NCCL {same}, close {close}, "
+              f"bits equal to the stated arithmetic {stated}")
     for r in results:
-        for dtype, n, op, same, close in r["cases"]:
-            # two ranks: one addition (after the same scaling), so NCCL's bits; more: its rounding
-            assert same if world == 2 and "SUM" in op and "PREMUL" not in op else close, (dtype, n, op, same, r)
+        for dtype, n, op, same, close, stated in r["cases"]:
+            assert stated, (dtype, n, op, r)  # every case: exactly the documented order and rounding
+            if world == 2 and op.endswith(".SUM") and "PREMUL" not in op:
+                assert same, (dtype, n, op)  # one addition: NCCL's bits
+            elif not (dtype == "torch.bfloat16" and "PREMUL" in op):
+                assert close, (dtype, n, op)
+            # bf16 PREMUL_SUM: NCCL 2.28 under torch 2.11 returns ~1e30 for a Python-float factor
+            # (scripts/premul_probe.py); conccl's equals the stated arithmetic, checked above.
         assert r["in_place"] and r["persistent"] == [True] * 5, r
         assert all(k.startswith("reduce_") or "Memcpy" in k or "Memset" in k for k in r["kernels"]), r["kernels"]
         assert r["kernel_count"] == 3, r

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.distributed import ReduceOp  # noqa: E402
+from torch.distributed import ReduceOp, _make_nccl_premul_sum  # noqa: E402
 
 from conccl import Algorithm, StreamMode  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER, plan_reduce_scatter  # noqa: E402
@@ -38,7 +38,7 @@ def _rs(comm, n, dtype, op, mode, seed):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reduce_scatter_equals_the_reference(world, dtype):
     for n, op, mode in ((7, None, StreamMode.PER_PEER), (1, ReduceOp.AVG, StreamMode.BATCH),
-                        (1000, ReduceOp.PREMUL_SUM(0.3), StreamMode.SINGLE), (0, ReduceOp.SUM, StreamMode.PER_PEER)):
+                        (1000, _make_nccl_premul_sum(0.3), StreamMode.SINGLE), (0, ReduceOp.SUM, StreamMode.PER_PEER)):
         for exact, naive in spawn(world, _rs, n, dtype, op, mode, 11 + n):
             assert exact, (world, dtype, n, op, mode)
             # two ranks: one addition, the same bits as a plain a + b (and as NCCL's)

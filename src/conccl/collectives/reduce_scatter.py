@@ -39,7 +39,8 @@ def reduce_op(op, world: int) -> tuple[str, float]:
     if name == "AVG":
         return "avg", 1.0 / world
     if name == "PREMUL_SUM":
-        factor = op.factor
+        # torch >= 2.12 exposes .factor; older builds only through pickling's (op, factor) state
+        factor = op.factor if hasattr(op, "factor") else op.__getstate__()[1]
         if not isinstance(factor, (int, float)):
             raise InvalidArgument("PREMUL_SUM with a tensor factor is not supported; pass a Python float factor")
         return "premul_sum", float(factor)
