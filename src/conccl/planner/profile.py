@@ -17,6 +17,8 @@ import json
 import pathlib
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
+from ..jsonfile import read_json
+
 FORMAT = "conccl-profile/1"
 EMBEDDED = pathlib.Path(__file__).parents[1] / "data" / "h200x4_profile.json"
 
@@ -92,10 +94,4 @@ class HardwareProfile:
 
 def load_profile(path=None) -> HardwareProfile:
     path = pathlib.Path(path) if path else EMBEDDED
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise ProfileError(f"cannot read profile {str(path)!r}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ProfileError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return HardwareProfile.from_dict(data, str(path))
+    return HardwareProfile.from_dict(read_json(path, ProfileError, "profile"), str(path))

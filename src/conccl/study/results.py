@@ -25,6 +25,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from ..jsonfile import read_json
+
 SCHEMA = "conccl-study-results/2"
 V1_FORMAT = "conccl-study/1"
 RESULTS = "results.json"
@@ -346,13 +348,7 @@ def load_results(path) -> StudyResults:
     path = pathlib.Path(path)
     if path.is_dir() or not path.suffix:
         path = path / RESULTS
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise ResultsError(f"cannot read study results {path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ResultsError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return from_dict(data, str(path))
+    return from_dict(read_json(path, ResultsError, "study results file"), str(path))
 
 
 def save_results(out_dir, results: StudyResults) -> pathlib.Path:
