@@ -263,7 +263,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from conccl.cli import environment
+    from conccl.bench.environment import environment
     from conccl.launch import apply_safe_env, run_per_gpu
     from conccl.units import parse_size
 

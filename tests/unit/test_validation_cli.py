@@ -10,7 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import conccl  # noqa: E402
-from conccl.cli import bench_config, build_parser, main, parse_size, sweep  # noqa: E402
+from conccl.cli import build_parser, main  # noqa: E402
+from conccl.cli.bench import bench_config, sweep  # noqa: E402
+from conccl.units import parse_size  # noqa: E402
 from conccl.collectives.all_gather import check_all_gather  # noqa: E402
 from conccl.collectives.all_to_all import check_all_to_all  # noqa: E402
 from conccl.validate import InvalidArgument  # noqa: E402

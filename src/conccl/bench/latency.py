@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     apply_safe_env()
     import torch
 
-    from ..cli import environment
+    from .environment import environment
 
     if torch.cuda.device_count() < 2:
         print("error: the latency benchmark needs at least 2 GPUs", file=sys.stderr)

@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 
 from ..collectives import REGISTRY as COLLECTIVES
+from ..planner import candidates, plan
+from ..planner.plan import PlanError
+from ..planner.profile import ProfileError, load_profile
 from ..strategy import STRATEGIES
+from ..study.evaluate import evaluate, markdown
+from ..study.results import load_results
+from ..study.scenarios import SuiteError, parse_gemm
+from ..units import parse_size
+from .common import EXIT_OK, fail
 
 
 def add_parser(sub) -> None:
@@ -29,11 +36,6 @@ def add_parser(sub) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the plan as JSON to FILE ('-': JSON only, on stdout)")
     p.add_argument("--evaluate", metavar="REPORT_DIR", help="judge the planner on a measured study's results.json")
     p.add_argument("--markdown", metavar="FILE", help="with --evaluate: write the evaluation as markdown")
-
-
-def _fail(msg: str) -> int:
-    print(f"conccl plan: {msg}", file=sys.stderr)
-    return 2
 
 
 def plan_table(pl) -> str:
@@ -58,54 +60,43 @@ def plan_table(pl) -> str:
     return "\n".join(out)
 
 
-def cmd_plan(args) -> int:
-    from ..profile import ProfileError, load_profile
-    from ..units import parse_size
-    from .heuristics import candidates, plan
-    from .plan import PlanError
-
+def run(args) -> int:
     try:
         prof = load_profile(args.profile)
     except ProfileError as e:
-        return _fail(str(e))
+        return fail("plan", str(e))
     if args.evaluate:
         return _evaluate(args, prof)
     if not args.gemm or not args.size:
-        return _fail("give --gemm MxNxK and --size BYTES (or --evaluate REPORT_DIR)")
-    from ..study.scenarios import SuiteError, parse_gemm
-
+        return fail("plan", "give --gemm MxNxK and --size BYTES (or --evaluate REPORT_DIR)")
     try:
         g = parse_gemm(args.gemm)
         size = parse_size(args.size)
         pl = plan(prof, (g.m, g.n, g.k), args.collective, size, args.world, args.strategy,
                   dtype_bytes=2 if args.dtype in ("bfloat16", "float16") else 4)
     except (SuiteError, PlanError, ValueError, argparse.ArgumentTypeError) as e:
-        return _fail(str(e))
+        return fail("plan", str(e))
     doc = {"format": "conccl-plan/1", "plan": pl.to_dict(),
            "candidates": [c.to_dict() for c in candidates(prof, pl.workload)],
            "profile": {"device": prof.device, "world": prof.world, **prof.source}}
     if args.json == "-":
         print(json.dumps(doc, indent=1))
-        return 0
+        return EXIT_OK
     print(plan_table(pl))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-    return 0
+    return EXIT_OK
 
 
 def _evaluate(args, prof) -> int:
-    from ..study import report
-    from .evaluate import evaluate, markdown
-
     try:
-        doc = report.load_results(args.evaluate)
-        ev = evaluate(doc, prof)
+        ev = evaluate(load_results(args.evaluate), prof)
     except ValueError as e:
-        return _fail(str(e))
+        return fail("plan", str(e))
     text = markdown(ev)
     print(text)
     if args.markdown:
         pathlib.Path(args.markdown).write_text(text)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(ev, indent=1) + "\n")
-    return 0
+    return EXIT_OK
