@@ -1,23 +1,39 @@
-"""No-device tier: argument checks, the public API without a process group, CLI parsing and the
-benchmark report writer on recorded numbers."""
+"""No-device tier: argument checks, the public API without a process group, the command line
+(parsing, exit codes, one module per command), the benchmark's cases against every registered
+collective's reference, and the benchmark report writer on recorded numbers."""
 from __future__ import annotations
 
+import io
 import json
 import pathlib
+import subprocess
+import sys
+import time
+from dataclasses import asdict
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import conccl  # noqa: E402
+from conccl import cli  # noqa: E402
+from conccl.bench import latency, report  # noqa: E402
+from conccl.bench.impls import REGISTRY as IMPLS  # noqa: E402
+from conccl.bench.run import make_case, max_bytes, round_size  # noqa: E402
 from conccl.cli import build_parser, main  # noqa: E402
 from conccl.cli.bench import bench_config, sweep  # noqa: E402
-from conccl.units import parse_size  # noqa: E402
+from conccl.collectives import REGISTRY as COLLECTIVES  # noqa: E402
+from conccl.collectives import all_gather as ag  # noqa: E402
 from conccl.collectives.all_gather import check_all_gather  # noqa: E402
 from conccl.collectives.all_to_all import check_all_to_all  # noqa: E402
+from conccl.collectives.base import Collective, Layout, LocalCall  # noqa: E402
+from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
+from conccl.schedule import Algorithm, StreamMode  # noqa: E402
+from conccl.units import parse_size  # noqa: E402
 from conccl.validate import InvalidArgument  # noqa: E402
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 
 @pytest.mark.parametrize("output,input,match", [
@@ -101,67 +117,212 @@ def test_sweep_and_flags_as_nccl_tests():
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() >= 2, reason="GPUs present")
 def test_bench_without_gpus_exits_nonzero_with_a_message(capsys):
-    assert main(["bench", "-b", "1M", "-e", "1M"]) == 2
+    assert main(["bench", "-b", "1M", "-e", "1M"]) == cli.EXIT_USAGE
     assert "needs at least 2 CUDA GPUs" in capsys.readouterr().err
 
 
-def test_report_writer_on_recorded_numbers(tmp_path):
-    from conccl.bench import report
+def test_bench_flag_errors_are_usage_errors(capsys):
+    assert main(["bench", "-b", "4G", "-e", "1M"]) == cli.EXIT_USAGE
+    assert "conccl bench: max size" in capsys.readouterr().err
+    assert main(["bench", "--impl", "nope"]) == cli.EXIT_USAGE
+    assert "unknown implementation(s) nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse's own errors exit 2 too
+        main(["bench", "-b", "1X"])
+    assert e.value.code == cli.EXIT_USAGE and "malformed size" in capsys.readouterr().err
 
-    recorded = sorted(BENCH.glob("*/bench.json"))
-    assert recorded, "a committed benchmark run is expected under benchmarks/"
-    data = json.loads(recorded[-1].read_text())
+
+def test_every_command_is_a_module_with_add_parser_and_run():
+    assert list(cli.COMMANDS) == ["bench", "study", "plan"]
+    for name, module in cli.COMMANDS.items():
+        assert module.__name__ == f"conccl.cli.{name}" and callable(module.add_parser) and callable(module.run)
+    sub = build_parser()._subparsers._group_actions[0]
+    assert list(sub.choices) == list(cli.COMMANDS)
+
+
+def test_bench_collectives_are_the_registry():
+    choices = next(a for a in build_parser()._subparsers._group_actions[0].choices["bench"]._actions
+                   if a.dest == "collective").choices
+    assert tuple(choices) == ("all", *COLLECTIVES)
+    assert bench_config(build_parser().parse_args(["bench"])).collectives == list(COLLECTIVES)
+
+
+def test_bench_config_keeps_the_json_fields_of_recorded_runs():
+    recorded = json.loads((FIXTURES / "cli_bench.json").read_text())
+    cfg = bench_config(build_parser().parse_args(["bench"]))
+    assert set(asdict(cfg)) == set(recorded["config"])
+    assert cfg.sizes == [1 << (20 + i) for i in range(13)] and cfg.iters == 20 and cfg.warmup == 5
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["plan", "--gemm", "4096x4096x4096", "--size", "64M"]])
+def test_python_m_conccl_runs(argv):
+    r = subprocess.run([sys.executable, "-m", "conccl", *argv], capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert ("usage: conccl" in r.stdout) if "--help" in argv else ("predicted together" in r.stdout)
+
+
+def test_python_m_conccl_argument_error_exits_2():
+    r = subprocess.run([sys.executable, "-m", "conccl", "frobnicate"], capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_plan_without_a_workload_is_a_usage_error(capsys):
+    assert main(["plan"]) == cli.EXIT_USAGE
+    assert "conccl plan: give --gemm" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the benchmark's cases
+class _Reverse(Collective):
+    """A collective no module of the benchmark knows: output chunk c of every rank holds rank
+    (world - 1 - c)'s input chunk c. Stands for the next registered collective."""
+
+    name = "reverse_test"
+    api_name = "reverse_test_single"
+
+    def layout(self, world, rank):
+        return Layout(world, world, tuple(((world - 1 - c, c),) for c in range(world)))
+
+    def local(self, output, input, args, world, rank, device_type) -> LocalCall:
+        raise NotImplementedError
+
+    def plan(self, *a, **k):
+        raise NotImplementedError
+
+    def reference(self, inputs, rank, args=None):
+        world = len(inputs)
+        return torch.cat([inputs[world - 1 - c].reshape(world, -1)[c] for c in range(world)])
+
+
+CASE_COLLECTIVES = [*COLLECTIVES.values(), _Reverse()]
+
+
+def _cases(coll, size, world, dtype):
+    return [make_case(coll, size, world, r, dtype, "cpu") for r in range(world)]
+
+
+@pytest.mark.parametrize("coll", CASE_COLLECTIVES, ids=lambda c: c.name)
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int8])
+def test_bench_case_agrees_with_the_collectives_reference(coll, world, dtype):
+    """What the benchmark checks a run against (#wrong) is what the collective's reference
+    computes from the inputs the benchmark gave every rank: for every registered collective."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    size = round_size(3 * 1024 + 5, world, esize)
+    cases = _cases(coll, size, world, dtype)
+    inputs = [inp for inp, _, _ in cases]
+    for rank, (inp, out, expected) in enumerate(cases):
+        assert inp.dtype == dtype and inp.numel() * esize == coll.input_bytes(size, world)
+        assert out.dtype == dtype and out.numel() * esize == size
+        assert expected.dtype == torch.uint8 and expected.numel() == size
+        ref = coll.reference(inputs, rank).contiguous().view(-1).view(torch.uint8)
+        assert torch.equal(ref, expected)
+    # every rank's input differs from every other's, and its chunks from each other: a byte
+    # delivered to the wrong place or from the wrong peer counts as wrong
+    lay = coll.layout(world, 0)
+    chunks = {bytes(inp.view(torch.uint8)[j * size // lay.output_chunks:(j + 1) * size // lay.output_chunks].tolist())
+              for inp in inputs for j in range(lay.input_chunks)}
+    assert len(chunks) == world * lay.input_chunks
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_bench_case_of_a_reducing_collective_is_exact(world):
+    """A collective whose output chunk has several sources (reduce-scatter, not yet registered)
+    gets small whole numbers, whose sum every dtype holds exactly."""
+    size = round_size(4096, world, 2)
+    cases = _cases(REDUCE_SCATTER, size, world, torch.bfloat16)
+    for rank, (_, _, expected) in enumerate(cases):
+        exact = sum(inp.double().reshape(world, -1)[rank] for inp, _, _ in cases)
+        assert torch.equal(expected.view(torch.bfloat16).double(), exact) and exact.abs().max() > 0
+
+
+def test_bench_buffers_hold_the_largest_input_and_output():
+    ag_, a2a = COLLECTIVES["all_gather"], COLLECTIVES["all_to_all"]
+    assert max_bytes([ag_, a2a], [1 << 20, 3 << 20], 4, 2) == 3 << 20  # as before: outputs the largest
+    assert max_bytes([REDUCE_SCATTER], [1 << 20], 4, 2) == 4 << 20  # its input is world outputs
+
+
+def test_which_implementations_run_a_collective():
+    served = {n: [c for c in COLLECTIVES if i.serves(COLLECTIVES[c], 4)] for n, i in IMPLS.items()}
+    assert served["torch_lc"] == ["all_gather"] and served["conccl_symm_push_in_place"] == ["all_gather"]
+    every = [n for n, cs in served.items() if cs == list(COLLECTIVES)]
+    assert set(every) == set(IMPLS) - {"torch_lc", "conccl_symm_push_in_place"}
+    # an unknown collective runs under conccl's and torch.distributed's own paths, not under
+    # another library's path for named collectives only
+    new = _Reverse()
+    assert {n for n, i in IMPLS.items() if i.serves(new, 4)} == set(IMPLS) - {"torch_lc", "nccl_ce",
+                                                                              "conccl_symm_push_in_place"}
+    # a collective that refuses pull is not run by the pull implementations, and is by the default
+    refused = {n for n, i in IMPLS.items() if not i.serves(REDUCE_SCATTER, 4)}
+    assert {"conccl_symm_pull", "conccl_per_peer", "conccl_single"} <= refused
+    assert not {"conccl", "conccl_persistent", "conccl_symm_push", "nccl"} & refused
+
+
+# ---------------------------------------------------------------------------- reports
+def test_report_writer_on_recorded_numbers(tmp_path):
+    data = json.loads((FIXTURES / "cli_bench.json").read_text())
     md = report.markdown(data["meta"], data["records"])
-    assert "## all_gather: bus bandwidth (GB/s)" in md and "| 4G |" in md
+    for coll in ("all_gather", "all_to_all"):
+        assert f"## {coll}: bus bandwidth (GB/s)" in md and f"## {coll}: #wrong" in md
+    assert "| 4G |" in md and "| size | conccl | nccl | torch_lc |" in md
     rec = next(r for r in data["records"] if "busbw" in r)
     cells = report.row_cells(rec)
     assert cells[0] == rec["size"] and float(cells[6]) == pytest.approx(rec["busbw"], abs=0.01)
-    assert rec["busbw"] == pytest.approx(rec["algbw"] * (rec["world"] - 1) / rec["world"])
+    assert rec["busbw"] == pytest.approx(rec["algbw"] * COLLECTIVES[rec["collective"]].bus_factor(rec["world"]))
+    assert report.row_cells({**rec, "error": "RuntimeError: boom"})[3] == "error: RuntimeError: boom"
+    rows = [r for r in data["records"] if r["impl"] == "conccl" and r["collective"] == "all_gather"]
+    out = io.StringIO()
+    report.print_footer(rows, out=out)
+    footer = out.getvalue()
+    assert "# Out of bounds values : 0 OK" in footer
+    assert f"# Avg bus bandwidth    : {sum(r['busbw'] for r in rows) / len(rows):.3f}" in footer
+    path = tmp_path / "bench.json"
+    report.write_json(str(path), data["meta"], data["config"], data["records"])
+    assert json.loads(path.read_text()) == {k: data[k] for k in ("meta", "config", "records")}
 
 
 def test_latency_bench_refuses_unknown_impls_and_runs_only_with_gpus(capsys):
-    from conccl.bench import latency
-
     with pytest.raises(SystemExit) as e:
         latency.main(["--out", "x", "--impls", "conccl,nccl_ce"])  # nccl_ce needs another process family
     assert e.value.code == 2 and "nccl_ce" in capsys.readouterr().err
-    import torch
-
     if torch.cuda.device_count() < 2:
         assert latency.main(["--out", "x"]) == 2
         assert "at least 2 GPUs" in capsys.readouterr().err
 
 
 def test_latency_table_marks_an_expired_gate():
-    from conccl.bench.latency import markdown
-
     rec = {"collective": "all_gather", "impl": "conccl", "size": 1 << 20, "time_us": 80.84, "loop_us": 70.0,
            "host_us": 69.2, "gpu_us": 27.3, "gate_expired": True, "wrong": 0, "signal_batching": "all"}
-    text = markdown({"meta": {"machine_kind": "k", "date": "d", "commit": "c"}, "world": 4, "iters": 100, "reps": 3,
-                     "records": [rec, dict(rec, impl="nccl", gate_expired=False)]})
+    text = latency.markdown({"meta": {"machine_kind": "k", "date": "d", "commit": "c"}, "world": 4, "iters": 100,
+                             "reps": 3, "records": [rec, dict(rec, impl="nccl", gate_expired=False)]})
     assert "| all_gather | conccl | 1048576 | 80.8 | 70.0 | 69.2 | 27.3 (gate expired) | 0 |" in text
     assert "| all_gather | nccl | 1048576 | 80.8 | 70.0 | 69.2 | 27.3 | 0 |" in text
     assert "signal batching: ['all']" in text
 
 
+def test_latency_phases_cover_every_registered_collective():
+    for coll in COLLECTIVES.values():
+        cls = type(coll)
+        assert ("validate", cls.__module__, f"{cls.__name__}.local") in latency.PHASES
+        assert ("plan", cls.__module__, f"{cls.__name__}.plan") in latency.PHASES
+
+
 def test_latency_phase_timer_times_the_wrapped_phases_and_restores_them(monkeypatch):
-    import time
-
-    import torch
-
-    from conccl.bench import latency
-    from conccl.collectives import all_gather as ag
-
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    plan, check = ag.plan_all_gather, ag.check_all_gather
+    cls = type(COLLECTIVES["all_gather"])
+    plan, local = cls.plan, cls.local
+    coll = COLLECTIVES["all_gather"]
+    call = LocalCall((4096,) * 4, (4096,) * 4, False, (4096, False))
 
     def run():
         time.sleep(0.002)  # in no phase
-        ag.plan_all_gather(4, 0, 1 << 12)
+        coll.plan(4, 0, call, None, algorithm=Algorithm.PULL, stream_mode=StreamMode.BATCH, input_symmetric=False,
+                  output_symmetric=False, peers_in_place=False)
         time.sleep(0.001)
 
+    ag.plan_all_gather.cache_clear()
     phases = latency._time_phases(run, 3)
-    assert ag.plan_all_gather is plan and ag.check_all_gather is check  # unwrapped again
+    assert cls.plan is plan and cls.local is local  # unwrapped again
     assert set(phases) == set(latency.PHASE_LABELS)
     assert 0 < phases["plan"] < 1000  # us per call: the plan only, not the sleeps
     assert phases["validate"] == 0 and phases["call"] == 0

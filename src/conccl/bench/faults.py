@@ -29,6 +29,17 @@ import threading
 import time
 from datetime import timedelta
 
+import torch
+import torch.distributed as dist
+
+import conccl
+
+from ..collectives import REGISTRY as COLLECTIVES
+from ..errors import CollectiveError
+from ..launch import apply_safe_env, run_per_gpu
+from .environment import environment
+from .run import _timed, make_case
+
 
 # ---------------------------------------------------------------------------- dead / stalled peer
 def _say(rank: int, t0: float, msg: str) -> None:
@@ -36,20 +47,12 @@ def _say(rank: int, t0: float, msg: str) -> None:
 
 
 def _spin_cycles(seconds: float) -> int:
-    import torch
-
     khz = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate  # SM clock, kHz
     return int(seconds * khz * 1e3)
 
 
 def peer_fault_worker(rank: int, world: int, mode: str, timeout_s: float, out_bytes: int, stall_s: float = 0.0):
     """One rank of the ``killed`` / ``stalled`` scenario; returns what it saw."""
-    import torch
-    import torch.distributed as dist
-
-    import conccl
-    from conccl.errors import CollectiveError
-
     victim = world - 1  # never rank 0: it hosts the process group's store
     n = out_bytes // world // 4
     inp = torch.full((n,), rank, dtype=torch.int32, device="cuda")
@@ -106,10 +109,6 @@ def peer_fault_worker(rank: int, world: int, mode: str, timeout_s: float, out_by
 
 def run_peer_fault(mode: str, timeout_s: float, out_bytes: int = 1 << 30, stall_s: float = 0.0,
                    nprocs: int | None = None) -> dict:
-    from ..launch import run_per_gpu
-
-    import torch
-
     world = nprocs or torch.cuda.device_count()
     codes: list = []
     t0 = time.monotonic()
@@ -121,25 +120,24 @@ def run_peer_fault(mode: str, timeout_s: float, out_bytes: int = 1 << 30, stall_
 
 # ---------------------------------------------------------------------------- soak
 def _used_bytes() -> int:
-    import torch
-
     free, total = torch.cuda.mem_get_info()
     return total - free
 
 
 def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
-    """``calls`` verified collectives of mixed kinds and sizes; resource use at 100 and at the end."""
-    import torch
-
-    import conccl
-
+    """``calls`` verified collectives of every registered kind and mixed sizes; resource use at
+    100 and at the end. Each call's input differs from the last (each byte shifted by a
+    per-call amount, for a collective that moves bytes), so a stale output counts as wrong."""
     rng = random.Random(seed)  # the same sequence on every rank
     chunks = [4, 1024, 16 << 10, 256 << 10, 2 << 20]  # int32 elements per rank pair: 16 B .. 8 MiB
-    bufs = {}
+    outs, cases = {}, {}
     for n in chunks:
-        peers = torch.arange(world, device="cuda", dtype=torch.int32).repeat_interleave(n)
-        bufs[n] = (torch.empty(n, dtype=torch.int32, device="cuda"), torch.empty(world * n, dtype=torch.int32, device="cuda"),
-                   torch.empty(world * n, dtype=torch.int32, device="cuda"), peers)
+        size = world * n * 4
+        outs[n] = torch.empty(world * n, dtype=torch.int32, device="cuda")  # shared: a stale output is wrong
+        for coll in COLLECTIVES.values():
+            inp, _, expected = make_case(coll, size, world, rank, torch.int32, "cuda")
+            moves = all(len(srcs) == 1 for srcs in coll.layout(world, rank).sources)
+            cases[coll.name, n] = (inp.clone(), inp.view(torch.uint8).clone(), expected, moves)
     wrong = torch.zeros((), dtype=torch.int64, device="cuda")
     snap = {}
     comm = conccl.get_communicator()
@@ -150,26 +148,22 @@ def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
                 "torch_reserved": torch.cuda.memory_reserved(), "threads": threading.active_count(),
                 "fds": len(os.listdir("/proc/self/fd")), "watchdog_in_flight": comm.watchdog.in_flight()}
 
-    kinds = {"all_gather": 0, "all_to_all": 0}
+    kinds = dict.fromkeys(COLLECTIVES, 0)
     t0 = time.monotonic()
     for i in range(calls):
         n = chunks[-1] if i == 0 else rng.choice(chunks)  # the largest first: the workspace is sized once
-        coll = rng.choice(("all_gather", "all_to_all"))
+        coll = COLLECTIVES[rng.choice(list(COLLECTIVES))]
         async_op = rng.random() < 0.5
-        kinds[coll] += 1
-        small, out, big, peers = bufs[n]
-        base = (i % 50_000) * world * world
-        if coll == "all_gather":
-            small.fill_(base + rank)
-            work = conccl.all_gather_into_tensor(out, small, async_op=async_op)
-            expected = peers + base
-        else:
-            torch.add(peers, base + rank * world, out=big)  # to peer d: base + rank*world + d
-            work = conccl.all_to_all_single(out, big, async_op=async_op)
-            expected = peers * world + (base + rank)  # from peer s: base + s*world + rank
+        kinds[coll.name] += 1
+        out = outs[n]
+        inp, base_inp, base_expected, moves = cases[coll.name, n]
+        shift = i % 255 + 1 if moves else 0  # uint8 arithmetic: wraps mod 256 alike on both sides
+        torch.add(base_inp, shift, out=inp.view(torch.uint8))
+        work = getattr(conccl, coll.api_name)(out, inp, async_op=async_op)
+        expected = base_expected + shift
         if async_op:
             work.wait()
-        wrong += (out != expected).sum()
+        wrong += (out.view(torch.uint8) != expected).view(-1, 4).any(dim=1).sum()
         if i + 1 == 100:
             snap["at_100"] = snapshot()
     snap["at_end"] = snapshot()
@@ -180,11 +174,6 @@ def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
 
 # ---------------------------------------------------------------------------- cost of the checks
 def checks_cost_worker(rank: int, world: int, out_bytes: int, iters: int, reps: int):
-    import torch
-
-    import conccl
-    from .run import _timed
-
     n = out_bytes // world // 2
     inp = torch.ones(n, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(world * n, dtype=torch.bfloat16, device="cuda")
@@ -236,10 +225,10 @@ def _markdown(res: dict) -> str:
         lines.append(f"\n{sc['mode']}: exit codes {sc['exitcodes']} (victim SIGKILL = -9), wall {sc['wall_s']:.1f} s\n")
     soak = res.get("soak")
     if soak:
-        lines += ["## Soak", "", "| rank | calls | all_gather / all_to_all | wrong | device memory growth 100 -> end (B) | "
+        lines += ["## Soak", "", f"| rank | calls | {' / '.join(COLLECTIVES)} | wrong | device memory growth 100 -> end (B) | "
                   "threads | fds | elapsed (s) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in soak:
-            lines.append(f"| {r['rank']} | {r['calls']} | {r['kinds']['all_gather']} / {r['kinds']['all_to_all']} | "
+            lines.append(f"| {r['rank']} | {r['calls']} | {' / '.join(str(r['kinds'].get(c, 0)) for c in COLLECTIVES)} | "
                          f"{r['wrong']} | {r['device_growth_bytes']} | {r['at_100']['threads']} -> {r['at_end']['threads']} | "
                          f"{r['at_100']['fds']} -> {r['at_end']['fds']} | {r['elapsed_s']:.1f} |")
         lines.append("")
@@ -265,12 +254,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=10_000, help="soak length")
     ap.add_argument("--gpus", type=int, default=None)
     args = ap.parse_args(argv)
-    from ..launch import apply_safe_env
 
     apply_safe_env()
-    import torch
 
-    from .environment import environment
 
     if torch.cuda.device_count() < 2:
         print("error: the fault benchmark needs at least 2 GPUs", file=sys.stderr)
@@ -296,13 +282,11 @@ def main(argv=None) -> int:
         res["peer_faults"].append(run_peer_fault("stalled", args.timeout, stall_s=args.timeout + 3.0, nprocs=args.gpus))
         save()
     if "soak" in only:
-        from ..launch import run_per_gpu
 
         print(f"[faults] soak, {args.calls} calls", flush=True)
         res["soak"] = run_per_gpu(soak_worker, args.calls, nprocs=args.gpus, timeout_s=900)
         save()
     if "checks" in only:
-        from ..launch import run_per_gpu
 
         print("[faults] cost of the checks, 1 MiB all-gather", flush=True)
         res["checks"] = run_per_gpu(checks_cost_worker, 1 << 20, 200, 5, nprocs=args.gpus, timeout_s=600)

@@ -1,44 +1,62 @@
 """Implementations the benchmark compares, one registry for the CLI, tests and benchmark.
 
 Each implementation prepares buffers once per size (``setup``) and returns a zero-argument
-callable that runs one collective on the current stream. ``family`` groups implementations
-that can share a process: NCCL's copy-engine mode needs the NCCL symmetric-memory backend,
-conccl the CUDA one, and a process can only hold one.
+callable that runs one collective on the current stream. Every call goes through the
+collective's :attr:`~conccl.collectives.base.Collective.api_name`, the function name
+``torch.distributed``, ``conccl`` and conccl's communicator share, so a newly registered
+collective runs under every implementation that :meth:`Impl.serves` it, with no edit here.
+``family`` groups implementations that can share a process: NCCL's copy-engine mode needs the
+NCCL symmetric-memory backend, conccl the CUDA one, and a process can only hold one.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+import torch.distributed as dist
+from torch.distributed import _symmetric_memory as symm_mem
+
+import conccl
+
+from ..collectives import Collective
+from ..errors import InvalidArgument
+from ..schedule import Algorithm, StreamMode
+
 
 @dataclass(frozen=True)
 class Impl:
     name: str
     family: str
-    collectives: tuple[str, ...]
     description: str
     # setup(collective, inp, out, ctx) -> (run, result): run() queues one collective on the
     # current stream; result() returns the tensor holding the last run's output.
     setup: Callable
+    # The collectives it runs, by registry name, where it is another library's path for only
+    # those (data, read by serves()); None: every registered collective it can run.
+    only: tuple[str, ...] | None = None
+    # Beyond ``only``: whether it can run this collective at this world size (None: yes).
+    can_run: Callable[[Collective, int], bool] | None = None
+
+    def serves(self, coll: Collective, world: int) -> bool:
+        if self.only is not None and coll.name not in self.only:
+            return False
+        return self.can_run is None or self.can_run(coll, world)
 
 
 def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, persistent=False):
-    def setup(coll, inp, out, ctx):
-        import conccl
+    algo = Algorithm(algorithm) if algorithm else None
+    mode = StreamMode(stream_mode) if stream_mode else None
 
-        algo = conccl.Algorithm(algorithm) if algorithm else None
-        mode = conccl.StreamMode(stream_mode) if stream_mode else None
+    def setup(coll, inp, out, ctx):
         if symmetric:
             inp, out = _to_symmetric(inp, ctx, "in"), _to_symmetric(out, ctx, "out")
         comm = conccl.get_communicator()
         if persistent:  # agreed once here; each run only starts it
-            make = comm.persistent_all_gather_into_tensor if coll == "all_gather" else comm.persistent_all_to_all_single
-            op = make(out, inp, algorithm=algo, stream_mode=mode)
+            op = getattr(comm, "persistent_" + coll.api_name)(out, inp, algorithm=algo, stream_mode=mode)
             return (lambda: op.start()), lambda: out  # looked up per call: --phases wraps start
-        if coll == "all_gather":
-            call = lambda: comm.all_gather_into_tensor(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
-        else:
-            call = lambda: comm.all_to_all_single(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
+        fn = getattr(comm, coll.api_name)
+        call = lambda: fn(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
         if checks:
             return call, lambda: out
 
@@ -51,33 +69,36 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, pers
 
         return unchecked, lambda: out
 
-    return setup
+    def can_run(coll, world):  # the collective refuses an algorithm it cannot run
+        try:
+            coll.algorithm(algo, symmetric)
+        except InvalidArgument:
+            return False
+        return True
+
+    return setup, can_run
 
 
 def _conccl_in_place(coll, inp, out, ctx):
-    """All-gather with the input already in its place in a conccl.empty output: no own-shard copy."""
-    import torch
-    import torch.distributed as dist
-
-    import conccl
-
+    """The input already in its place in a conccl.empty output (the layout's in-place chunk):
+    no own-shard copy."""
     out = _to_symmetric(out, ctx, "out")
     nbytes = inp.numel() * inp.element_size()
-    rank = dist.get_rank()
-    own = out.view(-1).view(torch.uint8)[rank * nbytes:(rank + 1) * nbytes].view(inp.dtype)
+    chunk = coll.layout(dist.get_world_size(), dist.get_rank()).in_place_chunk
+    own = out.view(-1).view(torch.uint8)[chunk * nbytes:(chunk + 1) * nbytes].view(inp.dtype)
     own.copy_(inp)
-    comm = conccl.get_communicator()
-    return (lambda: comm.all_gather_into_tensor(out, own)), lambda: out
+    fn = getattr(conccl.get_communicator(), coll.api_name)
+    return (lambda: fn(out, own)), lambda: out
+
+
+def _has_in_place_chunk(coll, world):
+    return coll.in_place(world)
 
 
 def _to_symmetric(t, ctx, role):
     """Copy ``t`` into a view of a per-role symmetric arena of ``ctx['max_bytes']``, allocated once:
     the symmetric allocator may hand ranks cached blocks of different sizes if allocations
     come and go, and a rendezvous needs equal sizes."""
-    import torch
-
-    import conccl
-
     key = f"arena_{role}"
     if key not in ctx:
         ctx[key] = conccl.empty(ctx["max_bytes"], dtype=torch.uint8)
@@ -88,19 +109,12 @@ def _to_symmetric(t, ctx, role):
 
 
 def _nccl(coll, inp, out, ctx):
-    import torch.distributed as dist
-
-    if coll == "all_gather":
-        return (lambda: dist.all_gather_into_tensor(out, inp)), lambda: out
-    return (lambda: dist.all_to_all_single(out, inp)), lambda: out
+    fn = getattr(dist, coll.api_name)
+    return (lambda: fn(out, inp)), lambda: out
 
 
 def _nccl_ce(coll, inp, out, ctx):
     """NCCL >= 2.28 copy-engine collectives: CTA policy ZERO, buffers in a registered window."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed import _symmetric_memory as symm_mem
-
     if "ce_group" not in ctx:
         symm_mem.set_backend("NCCL")
         opts = dist.ProcessGroupNCCL.Options()
@@ -115,16 +129,12 @@ def _nccl_ce(coll, inp, out, ctx):
     win_in = w_in[: inp.numel() * inp.element_size()].view(inp.dtype)
     win_out = w_out[: out.numel() * out.element_size()].view(out.dtype)
     win_in.copy_(inp)
-    if coll == "all_gather":
-        return (lambda: dist.all_gather_into_tensor(win_out, win_in, group=group)), lambda: win_out
-    return (lambda: dist.all_to_all_single(win_out, win_in, group=group)), lambda: win_out
+    fn = getattr(dist, coll.api_name)
+    return (lambda: fn(win_out, win_in, group=group)), lambda: win_out
 
 
 def _torch_low_contention(coll, inp, out, ctx):
-    import torch
-    import torch.distributed as dist
-    from torch.distributed import _symmetric_memory as symm_mem
-
+    """PyTorch's ``_low_contention_all_gather`` (serves the all-gather only: see its entry)."""
     name = dist.group.WORLD.group_name
     if "lc_arena" not in ctx:
         ctx["lc_arena"] = symm_mem.empty(ctx["max_bytes"], dtype=torch.uint8, device=inp.device)
@@ -141,43 +151,45 @@ def _torch_low_contention(coll, inp, out, ctx):
     return run, lambda: last["out"]
 
 
+def _conccl_impl(name, description, **kw):
+    setup, can_run = _conccl(**kw)
+    return Impl(name, "cuda_symm", description, setup, can_run=can_run)
+
+
 REGISTRY: dict[str, Impl] = {
     i.name: i
     for i in [
-        Impl("conccl", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl default on ordinary tensors: pull, input staged into the symmetric workspace, peer copies "
-             "as one cudaMemcpyBatchAsync", _conccl()),
-        Impl("conccl_symm_pull", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl pull, input and output from conccl.empty (no staging)", _conccl("pull", None, True)),
-        Impl("conccl_symm_push", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl push into peers' outputs from conccl.empty", _conccl("push", None, True)),
-        Impl("conccl_symm_push_in_place", "cuda_symm", ("all_gather",),
-             "conccl push, in place: the input is the own chunk of a conccl.empty output", _conccl_in_place),
-        Impl("conccl_persistent", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl default on ordinary tensors as a persistent op (conccl.persistent_*): agreed with the "
-             "peers once, each run only queues the copies", _conccl(persistent=True)),
-        Impl("conccl_symm_push_persistent", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl push from conccl.empty as a persistent op: agreed once, each run only queues the copies",
-             _conccl("push", None, True, persistent=True)),
-        Impl("conccl_symm_push_unchecked", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl push from conccl.empty without the mismatch checks and the watchdog (what they cost; "
-             "a dead peer then hangs the GPU)", _conccl("push", None, True, checks=False)),
-        Impl("conccl_symm_push_single", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl push from conccl.empty, one cudaMemcpyAsync after another", _conccl("push", "single", True)),
-        Impl("conccl_symm_push_per_peer", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl push from conccl.empty, one stream per peer", _conccl("push", "per_peer", True)),
-        Impl("conccl_per_peer", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl pull, staged, one stream per peer", _conccl("pull", "per_peer")),
-        Impl("conccl_single", "cuda_symm", ("all_gather", "all_to_all"),
-             "conccl pull, staged, one cudaMemcpyAsync after another", _conccl("pull", "single")),
-        Impl("nccl", "cuda_symm", ("all_gather", "all_to_all"), "NCCL with SM kernels (torch.distributed)", _nccl),
-        Impl("torch_lc", "cuda_symm", ("all_gather",),
+        _conccl_impl("conccl", "conccl default on ordinary tensors: pull, input staged into the symmetric workspace, "
+                     "peer copies as one cudaMemcpyBatchAsync"),
+        _conccl_impl("conccl_symm_pull", "conccl pull, input and output from conccl.empty (no staging)",
+                     algorithm="pull", symmetric=True),
+        _conccl_impl("conccl_symm_push", "conccl push into peers' outputs from conccl.empty",
+                     algorithm="push", symmetric=True),
+        Impl("conccl_symm_push_in_place", "cuda_symm",
+             "conccl push, in place: the input is the own chunk of a conccl.empty output", _conccl_in_place,
+             can_run=_has_in_place_chunk),
+        _conccl_impl("conccl_persistent", "conccl default on ordinary tensors as a persistent op (conccl.persistent_*): "
+                     "agreed with the peers once, each run only queues the copies", persistent=True),
+        _conccl_impl("conccl_symm_push_persistent", "conccl push from conccl.empty as a persistent op: agreed once, "
+                     "each run only queues the copies", algorithm="push", symmetric=True, persistent=True),
+        _conccl_impl("conccl_symm_push_unchecked", "conccl push from conccl.empty without the mismatch checks and the "
+                     "watchdog (what they cost; a dead peer then hangs the GPU)",
+                     algorithm="push", symmetric=True, checks=False),
+        _conccl_impl("conccl_symm_push_single", "conccl push from conccl.empty, one cudaMemcpyAsync after another",
+                     algorithm="push", stream_mode="single", symmetric=True),
+        _conccl_impl("conccl_symm_push_per_peer", "conccl push from conccl.empty, one stream per peer",
+                     algorithm="push", stream_mode="per_peer", symmetric=True),
+        _conccl_impl("conccl_per_peer", "conccl pull, staged, one stream per peer", algorithm="pull", stream_mode="per_peer"),
+        _conccl_impl("conccl_single", "conccl pull, staged, one cudaMemcpyAsync after another",
+                     algorithm="pull", stream_mode="single"),
+        Impl("nccl", "cuda_symm", "NCCL with SM kernels (torch.distributed)", _nccl),
+        Impl("torch_lc", "cuda_symm",
              "PyTorch _low_contention_all_gather (copy engines + a barrier kernel), symmetric input",
-             _torch_low_contention),
-        Impl("nccl_ce", "nccl_symm", ("all_gather", "all_to_all"),
-             "NCCL copy-engine mode (cta_policy ZERO, registered symmetric window)", _nccl_ce),
+             _torch_low_contention, only=("all_gather",)),
+        # NCCL's copy-engine mode runs these collectives only (NCCL 2.28: no reductions).
+        Impl("nccl_ce", "nccl_symm", "NCCL copy-engine mode (cta_policy ZERO, registered symmetric window)", _nccl_ce,
+             only=("all_gather", "all_to_all")),
     ]
 }
 
 DEFAULT_IMPLS = ("conccl", "conccl_symm_pull", "conccl_symm_push", "nccl", "torch_lc", "nccl_ce")
-

@@ -17,11 +17,26 @@ side to make faster. Writes ``latency.json`` and ``latency.md``.
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
+import importlib
 import json
 import os
 import statistics
 import sys
 import time
+
+import torch
+import torch.distributed as dist
+
+import conccl
+
+from ..collectives import REGISTRY as COLLECTIVES, get as get_collective
+from ..launch import apply_safe_env, run_per_gpu
+from .environment import environment
+from .faults import _spin_cycles
+from .impls import REGISTRY
+from .run import _timed, _wrong_elements, make_case, round_size
 
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 4 << 20)
 DEFAULT_IMPLS = ("conccl", "conccl_symm_push", "conccl_symm_pull", "nccl")
@@ -29,9 +44,6 @@ DEFAULT_IMPLS = ("conccl", "conccl_symm_push", "conccl_symm_pull", "nccl")
 
 def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
     """(host us per call, GPU us per call, gate held) for ``iters`` calls queued behind a sleep."""
-    import torch
-    import torch.distributed as dist
-
     torch.cuda.synchronize()
     dist.barrier()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -48,19 +60,19 @@ def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
 
 
 # Host phases of a conccl call, timed by wrapping these functions (inclusive times; a
-# phase's children are listed after it): (label, module, attribute).
+# phase's children are listed after it): (label, module, attribute). A collective's own steps
+# (validate: its local(); plan: its plan()) come from the registry.
+_COLLECTIVE_CLASSES = tuple(dict.fromkeys(type(c) for c in COLLECTIVES.values()))
 PHASES = (
     ("call", "conccl.group.group", "Group.call"),
     ("call", "conccl.persistent", "PersistentCollective.start"),  # a persistent op: execute only
     ("call key", "conccl.group.group", "Group._remembered"),
     # The local and settle steps run only for arguments (or peers' rows) not seen before.
     ("local step", "conccl.group.group", "Group._local"),
-    ("validate", "conccl.collectives.all_gather", "check_all_gather"),
-    ("validate", "conccl.collectives.all_to_all", "check_all_to_all"),
+    *(("validate", cls.__module__, f"{cls.__name__}.local") for cls in _COLLECTIVE_CLASSES),
     ("board exchange", "conccl.board", "HostBoard.exchange"),
     ("settle", "conccl.group.group", "Group._settle"),
-    ("plan", "conccl.collectives.all_gather", "plan_all_gather"),
-    ("plan", "conccl.collectives.all_to_all", "plan_all_to_all"),
+    *(("plan", cls.__module__, f"{cls.__name__}.plan") for cls in _COLLECTIVE_CLASSES),
     ("execute", "conccl.group.group", "Group._execute"),
     ("executor run", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor.run"),
     ("program lookup", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor._program"),
@@ -73,12 +85,6 @@ PHASE_LABELS = tuple(dict.fromkeys(label for label, _, _ in PHASES))
 def _time_phases(run, iters: int) -> dict:
     """Host us per call spent in each of :data:`PHASES` over ``iters`` calls of ``run``
     (each wrapper adds ~0.2 us to the phases around it)."""
-    import collections
-    import functools
-    import importlib
-
-    import torch
-
     totals = collections.defaultdict(int)
     patched = []
 
@@ -111,9 +117,6 @@ def _time_phases(run, iters: int) -> dict:
 
 
 def _loop(run, iters: int) -> float:
-    import torch
-    import torch.distributed as dist
-
     torch.cuda.synchronize()
     dist.barrier()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -127,20 +130,13 @@ def _loop(run, iters: int) -> float:
 
 def latency_worker(rank: int, world: int, impls: list[str], collectives: list[str], sizes: list[int],
                    iters: int, warmup: int, reps: int, phases: bool = False) -> list[dict]:
-    import torch
-    import torch.distributed as dist
-
-    from .faults import _spin_cycles
-    from .impls import REGISTRY
-    from .run import _timed, _wrong_elements, make_case, round_size
-
     dtype, esize = torch.bfloat16, 2
     ctx = {"max_bytes": max(round_size(s, world, esize) for s in sizes)}
     records = []
-    for coll in collectives:
+    for coll in map(get_collective, collectives):
         for name in impls:
             impl = REGISTRY[name]
-            if coll not in impl.collectives or impl.family != "cuda_symm":
+            if not impl.serves(coll, world) or impl.family != "cuda_symm":
                 continue
             for size in sizes:
                 size = round_size(size, world, esize)
@@ -149,11 +145,9 @@ def latency_worker(rank: int, world: int, impls: list[str], collectives: list[st
                 out.view(torch.uint8).fill_(0xAB)
                 run()
                 torch.cuda.synchronize()
-                rec = {"impl": name, "collective": coll, "size": size, "world": world,
+                rec = {"impl": name, "collective": coll.name, "size": size, "world": world,
                        "wrong": _wrong_elements(result(), expected, esize)}
                 if name != "nccl":  # which signal ops the driver took in one cuStreamBatchMemOp
-                    import conccl
-
                     rec["signal_batching"] = getattr(conccl.get_communicator().executor, "batching", None)
                 times = _timed(run, iters, warmup)
                 hosts, gpus, loops, held = [], [], [], True
@@ -176,7 +170,7 @@ def latency_worker(rank: int, world: int, impls: list[str], collectives: list[st
                            wrong=int(x[4]))
                 records.append(rec)
                 if rank == 0:
-                    print(f"[latency] {coll:10s} {name:18s} {size:>9d} B  time {rec['time_us']:7.1f}  loop "
+                    print(f"[latency] {coll.name:10s} {name:18s} {size:>9d} B  time {rec['time_us']:7.1f}  loop "
                           f"{rec['loop_us']:7.1f}  host {rec['host_us']:6.1f}  gpu {rec['gpu_us']:6.1f} us"
                           f"{'  (gate expired)' if rec['gate_expired'] else ''}  #wrong {rec['wrong']}", flush=True)
                 inp = out = expected = run = result = None
@@ -215,7 +209,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conccl.bench.latency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for latency.json and latency.md")
     ap.add_argument("--impls", default=",".join(DEFAULT_IMPLS))
-    ap.add_argument("--collectives", default="all_gather,all_to_all")
+    ap.add_argument("--collectives", default=",".join(COLLECTIVES))
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="output bytes per rank")
     ap.add_argument("-n", "--iters", type=int, default=100)
     ap.add_argument("-w", "--warmup", type=int, default=20)
@@ -224,20 +218,12 @@ def main(argv=None) -> int:
     ap.add_argument("--phases", action="store_true",
                     help="also time the host phases of each conccl call (call key, board exchange, driver calls...)")
     args = ap.parse_args(argv)
-    from .impls import REGISTRY
-
     impls = args.impls.split(",")
     unknown = [i for i in impls if i not in REGISTRY or REGISTRY[i].family != "cuda_symm"]
     if unknown:
         ap.error(f"unknown or unsupported implementation(s) {unknown}; choose from "
                  f"{sorted(n for n, i in REGISTRY.items() if i.family == 'cuda_symm')}")
-    from ..launch import apply_safe_env, run_per_gpu
-
     apply_safe_env()
-    import torch
-
-    from .environment import environment
-
     if torch.cuda.device_count() < 2:
         print("error: the latency benchmark needs at least 2 GPUs", file=sys.stderr)
         return 2

@@ -13,8 +13,18 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 
+import torch
+import torch.distributed as dist
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from .. import collectives
+from ..collectives import Collective
+from ..launch import run_per_gpu
+from . import report
 from .impls import REGISTRY
 
 GEMM_N = 8192
@@ -35,24 +45,36 @@ class BenchConfig:
 
 
 def _pattern(nbytes: int, a: int, b: int, device):
-    import torch
-
     i = torch.arange(nbytes, dtype=torch.int32, device=device)
     return ((i * 7 + (a * 13 + b * 29 + 1)) % 251).to(torch.uint8)
 
 
-def make_case(coll: str, size: int, world: int, rank: int, dtype, device):
-    """Input, and the exact bytes every correct output holds, for ``size`` output bytes per rank."""
-    import torch
+def _values(nbytes: int, a: int, b: int, dtype, device):
+    """Whole numbers in -3..3 as ``dtype``: any reduction of a few of them is exact in every dtype."""
+    n = nbytes // torch.empty((), dtype=dtype).element_size()
+    i = torch.arange(n, dtype=torch.int32, device=device)
+    return ((i * 3 + a * 5 + b * 11 + 1) % 7 - 3).to(dtype).view(torch.uint8)
 
+
+def make_case(coll: Collective, size: int, world: int, rank: int, dtype, device):
+    """Input, output and the exact bytes every correct output holds, for ``size`` output bytes
+    per rank, from the collective's layout: input chunk ``j`` of rank ``r`` holds a pattern of
+    (r, j), and output chunk ``c`` the pattern of the chunk its layout names as its source.
+
+    A reducing collective (an output chunk with several sources) gets small whole numbers
+    instead, and its expected bytes from its reference on every rank's input (which this
+    rank then holds in full: world times its input)."""
     esize = torch.empty((), dtype=dtype).element_size()
-    chunk = size // world  # bytes from/to each rank
-    if coll == "all_gather":
-        inp = _pattern(chunk, rank, 0, device)
-        expected = torch.cat([_pattern(chunk, r, 0, device) for r in range(world)])
+    lay = coll.layout(world, rank)
+    chunk = lay.chunk_bytes(size)
+    if all(len(srcs) == 1 for srcs in lay.sources):  # every output byte is one input byte
+        inp = torch.cat([_pattern(chunk, rank, j, device) for j in range(lay.input_chunks)])
+        expected = torch.cat([_pattern(chunk, r, j, device) for ((r, j),) in lay.sources])
     else:
-        inp = torch.cat([_pattern(chunk, rank, dst, device) for dst in range(world)])
-        expected = torch.cat([_pattern(chunk, src, rank, device) for src in range(world)])
+        inputs = [torch.cat([_values(chunk, r, j, dtype, device) for j in range(lay.input_chunks)]).view(dtype)
+                  for r in range(world)]
+        inp = inputs[rank].view(torch.uint8)
+        expected = coll.reference(inputs, rank).contiguous().view(-1).view(torch.uint8)
     out = torch.empty(size // esize, dtype=dtype, device=device)
     return inp.view(dtype), out, expected
 
@@ -62,18 +84,19 @@ def round_size(size: int, world: int, esize: int) -> int:
     return max(unit, size // unit * unit)
 
 
+def max_bytes(colls, sizes, world: int, esize: int) -> int:
+    """The largest buffer, input or output, of any size of any of ``colls``: what the
+    implementations' symmetric arenas hold."""
+    rounded = [round_size(s, world, esize) for s in sizes]
+    return max(max(size, c.input_bytes(size, world)) for c in colls for size in rounded)
+
+
 def _wrong_elements(out, expected, esize: int) -> int:
     diff = out.contiguous().view(-1).view(expected.dtype) != expected
     return int(diff.view(-1, esize).any(dim=1).sum())
 
 
 def _kernels_per_call(run) -> float:
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    import warnings
-
     torch.cuda.synchronize()
     with warnings.catch_warnings(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         warnings.simplefilter("ignore")
@@ -85,9 +108,6 @@ def _kernels_per_call(run) -> float:
 
 
 def _timed(run, iters: int, warmup: int):
-    import torch
-    import torch.distributed as dist
-
     for _ in range(warmup):
         run()
     torch.cuda.synchronize()
@@ -108,8 +128,6 @@ class OverlapProbe:
     """Times a bf16 GEMM alone and beside a repeating collective, both behind one gate."""
 
     def __init__(self):
-        import torch
-
         g = torch.Generator(device="cuda").manual_seed(0)
         self.a = torch.randn(GEMM_N, GEMM_N, dtype=torch.bfloat16, device="cuda", generator=g)
         self.b = torch.randn(GEMM_N, GEMM_N, dtype=torch.bfloat16, device="cuda", generator=g)
@@ -120,9 +138,6 @@ class OverlapProbe:
         torch.cuda.synchronize()
 
     def _once(self, run, repeats: int) -> tuple[float, bool]:
-        import torch
-        import torch.distributed as dist
-
         dist.barrier()
         gate_done = torch.cuda.Event()
         with torch.cuda.stream(self.gate):
@@ -143,9 +158,6 @@ class OverlapProbe:
         return s.elapsed_time(e) * 1e3, gate_held
 
     def slowdown(self, run, coll_us: float, reps: int = 3) -> dict:
-        import torch
-        import torch.distributed as dist
-
         alone, beside, held = [], [], True
         for _ in range(reps):
             t, h = self._once(lambda: None, 0)
@@ -164,25 +176,22 @@ class OverlapProbe:
 
 def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[dict]:
     """Runs in every rank's process; returns the records (rank 0 also prints them as it goes)."""
-    import torch
-
-    from . import report
-
     dtype = getattr(torch, cfg.dtype)
     esize = torch.empty((), dtype=dtype).element_size()
     probe = OverlapProbe() if cfg.overlap else None
-    ctx: dict = {"max_bytes": max(round_size(s, world, esize) for s in cfg.sizes)}
+    colls = [collectives.get(name) for name in cfg.collectives]
+    ctx: dict = {"max_bytes": max_bytes(colls, cfg.sizes, world, esize)}
     records = []
     impls = [REGISTRY[n] for n in cfg.impls if REGISTRY[n].family == family]
-    for coll in cfg.collectives:
+    for coll in colls:
         for impl in impls:
-            if coll not in impl.collectives:
+            if not impl.serves(coll, world):
                 continue
             if rank == 0:
-                report.print_header(impl, coll, world)
+                report.print_header(impl, coll.name, world)
             for size in cfg.sizes:
                 size = round_size(size, world, esize)
-                rec = {"impl": impl.name, "collective": coll, "size": size, "count": size // esize,
+                rec = {"impl": impl.name, "collective": coll.name, "size": size, "count": size // esize,
                        "type": cfg.dtype, "world": world}
                 t0 = time.perf_counter()
                 inp = out = expected = run = result = None
@@ -199,7 +208,7 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[d
                     us = _timed(run, cfg.iters, cfg.warmup)
                     med = statistics.median(us)
                     rec.update(time_us=med, time_min_us=min(us), time_max_us=max(us), times_us=us,
-                               algbw=size / med / 1e3, busbw=size / med / 1e3 * (world - 1) / world)
+                               algbw=size / med / 1e3, busbw=size / med / 1e3 * coll.bus_factor(world))
                     if probe is not None:
                         rec.update(probe.slowdown(run, med))
                 except Exception as e:  # noqa: BLE001 - one failing size must not lose the sweep
@@ -212,14 +221,12 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[d
                 inp = out = expected = run = result = None
                 torch.cuda.empty_cache()
             if rank == 0:
-                report.print_footer([r for r in records if r["impl"] == impl.name and r["collective"] == coll])
+                report.print_footer([r for r in records if r["impl"] == impl.name and r["collective"] == coll.name])
     return records
 
 
 def run_bench(cfg: BenchConfig, nprocs: int | None = None) -> list[dict]:
     """Launch every family of implementations in its own processes; return rank 0's records."""
-    from ..launch import run_per_gpu
-
     families = []
     for name in cfg.impls:
         fam = REGISTRY[name].family
