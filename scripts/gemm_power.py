@@ -32,6 +32,14 @@ import subprocess
 import sys
 import time
 
+import torch
+import torch.distributed as dist
+
+import conccl
+from conccl.bench.environment import environment
+from conccl.launch import apply_safe_env, run_per_gpu
+from conccl.units import parse_size
+
 QUERY = "index,timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
 # NVML clock-event reason bits (nvml.h nvmlClocksEventReason*)
 REASONS = {0x1: "idle", 0x2: "app_clock", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
@@ -42,11 +50,6 @@ PHASES = ("gemm", "push_ag", "gemm+push_ag", "gemm+push_ag/2", "gemm+push_ag/3",
 
 
 def _worker(rank: int, world: int, size: int, seconds: float) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    import conccl
-
     dev = torch.device("cuda", torch.cuda.current_device())
     g = torch.Generator(device=dev).manual_seed(rank)
     a = torch.randn(N, N, dtype=torch.bfloat16, device=dev, generator=g)
@@ -261,12 +264,6 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="1G")
     ap.add_argument("--seconds", type=float, default=3.0)
     args = ap.parse_args(argv)
-    import torch
-
-    from conccl.bench.environment import environment
-    from conccl.launch import apply_safe_env, run_per_gpu
-    from conccl.units import parse_size
-
     apply_safe_env()
     os.makedirs(args.out, exist_ok=True)
     size = parse_size(args.size)

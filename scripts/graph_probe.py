@@ -18,6 +18,7 @@ import json
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from conccl._driver import check, driver, signal_flags
 from host_floor import per_call_us  # scripts/ is on sys.path when this runs as a script
@@ -146,8 +147,6 @@ def main():
         out["set_params_plus_launch_us"] = per_call_us(lambda: (patch(), patch(), check(cu.cuGraphLaunch(exec_, cs))), N)
         out["set_params_x2_plus_launch_gated_us"] = gated_us(
             lambda: (patch(), patch(), check(cu.cuGraphLaunch(exec_, cs))), cu, cs, gate)
-
-    from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -7,6 +7,7 @@ The sum is the floor a Python launch path cannot go below. Run on a GPU machine:
 ``PYTHONPATH=src python3 scripts/host_floor.py [--json FILE]``.
 """
 import argparse
+import ctypes
 import json
 import time
 
@@ -82,8 +83,6 @@ def main():
 
     # The same calls through ctypes, with every argument marshalled once: what cuda-python's
     # per-call argument conversion costs on top of the driver itself.
-    import ctypes
-
     ver = cu.cuDriverGetVersion()[1]
 
     def proc(name, *argtypes):

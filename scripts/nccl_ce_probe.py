@@ -5,13 +5,15 @@ Prints per rank: correct or the error, and the kernels the profiler saw in one c
 """
 import sys
 
+import torch
+import torch.distributed as dist
+from torch.distributed import _symmetric_memory as symm_mem
+from torch.profiler import ProfilerActivity, profile
+
+from conccl.launch import run_per_gpu
+
 
 def probe(rank, world, variant):
-    import torch
-    import torch.distributed as dist
-    from torch.distributed import _symmetric_memory as symm_mem
-    from torch.profiler import ProfilerActivity, profile
-
     symm_mem.set_backend("NCCL")
     opts = dist.ProcessGroupNCCL.Options()
     opts.config.cta_policy = dist.ProcessGroupNCCL.NCCL_CTA_POLICY_ZERO
@@ -40,6 +42,4 @@ def probe(rank, world, variant):
 
 
 if __name__ == "__main__":
-    from conccl.launch import run_per_gpu
-
     print(run_per_gpu(probe, sys.argv[1], timeout_s=120))
