@@ -1,6 +1,6 @@
 """The planner: which strategy and SM split a computation and a collective should run under.
 
-Pure functions of a measured :class:`~conccl.profile.HardwareProfile` and a workload
+Pure functions of a measured :class:`~conccl.planner.profile.HardwareProfile` and a workload
 (GEMM shape, collective, size, world); :func:`plan` is the entry point.
 """
 from .heuristics import (Kernel, candidates, copy_engine_sms, gemm_blocks, launch_order, plan, plan_auto,

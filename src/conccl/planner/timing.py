@@ -1,6 +1,6 @@
 """What the planner predicts from a hardware profile: isolated and concurrent times.
 
-Pure functions of a :class:`~conccl.profile.HardwareProfile` and a workload; times in seconds.
+Pure functions of a :class:`~conccl.planner.profile.HardwareProfile` and a workload; times in seconds.
 
 - GEMM alone: roofline, max(flops / (peak x eff), bytes / (HBM x eff)), with the efficiency the
   profile measured for the GEMM's class (the paper assumed 70% of peak everywhere).

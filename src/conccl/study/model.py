@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import collectives
 from ..planner import plan_auto, plan_strategy, timing, workload
-from ..profile import HardwareProfile
+from ..planner.profile import HardwareProfile
 from ..strategy import strategies_for
 from . import analysis, metrics
 from .measure import CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SIZE_SWEEP, SIZE_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK

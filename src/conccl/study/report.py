@@ -10,7 +10,7 @@ import sys
 from ..strategy import PAPER_STRATEGIES, STRATEGIES
 from ..units import format_size
 from . import analysis, figures
-from .results import StudyResults, load_results, save_results  # noqa: F401 - load_results: the CLI's reader
+from .results import StudyResults, save_results
 
 
 def banner(res: StudyResults) -> str:
