@@ -38,12 +38,20 @@ def _profile(path: str | None) -> HardwareProfile:
     return load_profile(path)
 
 
+def profile_for(path: str | None, device_name: str | None = None) -> HardwareProfile:
+    """The hardware profile at ``path`` (None: the shipped one), checked against the GPU
+    ``device_name`` when given: never a silent fallback to another GPU's profile. Raises
+    ProfileError (or OSError for a file that cannot be read)."""
+    prof = _profile(path)
+    if device_name:
+        prof.check_device(device_name)
+    return prof
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan(gemm: tuple, collective: str, size: int, world: int, plan: str, profile: str | None, dtype_bytes: int,
           device_name: str | None) -> Plan:
-    prof = _profile(profile)
-    if device_name:
-        prof.check_device(device_name)  # never a silent fallback to another GPU's profile
+    prof = profile_for(profile, device_name)
     return plan_strategy(prof, workload(gemm, collective, size, world, dtype_bytes), plan)
 
 

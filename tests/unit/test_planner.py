@@ -278,6 +278,15 @@ def test_plan_cache_computes_once_per_distinct_workload():
         runtime.get_plan((8192, 8192, 8192), "all_gather", GiB, 4, device_name="NVIDIA A100-SXM4-80GB")
 
 
+def test_profile_for_checks_the_gpu_the_study_plans_auto_on():
+    # the study asks this before it times `auto` (study/measure.py Rig); a wrong call there
+    # once dropped `auto` from a whole GPU study without a word
+    prof = runtime.profile_for(None, None)
+    assert runtime.profile_for(None, prof.device) is prof
+    with pytest.raises(ProfileError, match="this GPU is"):
+        runtime.profile_for(None, "NVIDIA A100-SXM4-80GB")
+
+
 def test_overlap_rejects_a_non_string_plan():
     with pytest.raises(InvalidArgument, match="plan must be"):
         conccl.overlap(plan=3)

@@ -30,6 +30,7 @@ import conccl
 
 from .. import collectives, runtime
 from ..partition import Partitions
+from ..planner.profile import ProfileError
 from ..strategy import STRATEGIES, strategies_for
 from . import analysis
 from .results import (AutoInTurns, CollCtas, CollSize, GemmSmLoss, HbmBytes, Machine, Run, RunConfig, ScenarioResult,
@@ -112,8 +113,8 @@ class Rig:
         self.device_name = torch.cuda.get_device_name(self.device)
         self.plan_error = None  # why the "auto" strategy cannot run here (no profile for this GPU)
         try:
-            runtime._profile(cfg.plan_profile, self.device_name)
-        except Exception as e:  # noqa: BLE001 - recorded in the results, the rest of the study runs
+            runtime.profile_for(cfg.plan_profile, self.device_name)
+        except (ProfileError, OSError) as e:  # recorded in the results, the rest of the study runs
             self.plan_error = str(e)
 
     # -- SM partitions -----------------------------------------------------------------
