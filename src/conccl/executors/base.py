@@ -24,6 +24,10 @@ class Executor(Protocol):
     def peer_view(self, t) -> tuple | None:
         """How peers reach tensor ``t`` (an opaque handle, byte offset), None if they cannot."""
 
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of the group's symmetric workspace now (0 before the first call that stages)."""
+
     def ensure_workspace(self, nbytes: int) -> None:
         """Grow the group's symmetric workspace to ``nbytes`` (a collective call: every rank
         comes with the same size, decided from the board)."""

@@ -128,6 +128,10 @@ class CudaCopyEngineExecutor:
         looked up once per call by the communicator and handed back to :meth:`run`."""
         return self.symmetric.lookup(t)
 
+    @property
+    def workspace_bytes(self) -> int:
+        return self._ws_cap
+
     def ensure_workspace(self, nbytes: int) -> None:
         if nbytes <= self._ws_cap:
             return

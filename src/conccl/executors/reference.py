@@ -107,6 +107,10 @@ class ReferenceExecutor:
                 return pattern, p - start
         return None
 
+    @property
+    def workspace_bytes(self) -> int:
+        return self._ws_cap
+
     def ensure_workspace(self, nbytes: int) -> None:
         if nbytes <= self._ws_cap:
             return

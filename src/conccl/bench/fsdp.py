@@ -1,0 +1,243 @@
+"""``conccl bench fsdp``: an FSDP2 training step with and without conccl, against no communication.
+
+The model is a stack of Llama-style blocks (RMSNorm, causal attention, SwiGLU), bf16, one
+sequence per rank; the defaults (d 4096, ffn 14336, 32 heads, 8 layers) have 1.95 B
+parameters. Three configurations run in one process per GPU, one after the other:
+
+- ``no_comm``: the same model unsharded on every rank, the same tokens: the step without
+  any communication, the floor the other two are judged against;
+- ``stock``: every block and the root wrapped by ``fully_shard`` (NCCL);
+- ``conccl``: the same, then ``conccl.fsdp.enable``.
+
+Each trains ``train_steps`` AdamW steps from the same seed and data. Forward + backward of
+every step after ``warmup`` is timed with CUDA events on the default stream (FSDP's root
+waits there for the last reduce-scatter); the figure is the median over steps of the slowest
+rank. The loss is that of one more forward after training. Peak memory is the caching
+allocator's peak during the timed steps plus conccl's symmetric workspace (not in the
+allocator's statistics). One more step runs under the profiler (rank 0): kernel time per
+stream and kind.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.profiler import ProfilerActivity, profile
+
+from .. import fsdp
+
+CONFIGS = ("no_comm", "stock", "conccl")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    dim: int = 4096
+    ffn: int = 14336
+    heads: int = 32
+    layers: int = 8
+
+    def parameters(self) -> int:
+        return self.layers * (4 * self.dim * self.dim + 3 * self.dim * self.ffn + 2 * self.dim)
+
+
+@dataclass(frozen=True)
+class FsdpConfig:
+    shape: ModelShape
+    tokens: tuple[int, ...] = (2048, 8192)
+    configs: tuple[str, ...] = CONFIGS
+    warmup: int = 3
+    train_steps: int = 20
+    profile: bool = True
+
+
+class Block(nn.Module):
+    def __init__(self, s: ModelShape):
+        super().__init__()
+        self.heads = s.heads
+        self.norm1, self.norm2 = nn.RMSNorm(s.dim), nn.RMSNorm(s.dim)
+        self.qkv = nn.Linear(s.dim, 3 * s.dim, bias=False)
+        self.out = nn.Linear(s.dim, s.dim, bias=False)
+        self.gate_up = nn.Linear(s.dim, 2 * s.ffn, bias=False)
+        self.down = nn.Linear(s.ffn, s.dim, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.out(a)
+        gate, up = self.gate_up(self.norm2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Model(nn.Module):
+    def __init__(self, s: ModelShape):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(s) for _ in range(s.layers))
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+def build(config: str, shape: ModelShape, device):
+    """The model of ``config`` on ``device`` (the same initial weights in every config)."""
+    torch.manual_seed(0)
+    model = Model(shape).to(device=device, dtype=torch.bfloat16)
+    comms = None
+    if config != "no_comm":
+        for blk in model.blocks:
+            fully_shard(blk)
+        fully_shard(model)
+        if config == "conccl":
+            comms = fsdp.enable(model)
+    return model, comms
+
+
+def _train(model, x, cfg: FsdpConfig):
+    """(per-step fwd+bwd ms after warm-up, peak allocator bytes, loss after training)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    times, pairs = [], []
+    for step in range(cfg.train_steps):
+        if step == cfg.warmup:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+        end.record()
+        if step >= cfg.warmup:
+            pairs.append((start, end))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in pairs]
+    peak = torch.cuda.max_memory_allocated()
+    with torch.no_grad():
+        final = model(x).float().pow(2).mean().item()
+    return times, peak, final, opt
+
+
+def _profile_step(model, x) -> dict:
+    """Kernel and copy time per stream of one forward + backward (rank 0), by kind."""
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        model(x).float().pow(2).mean().backward()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    per = defaultdict(lambda: defaultdict(float))
+    for ev in trace.get("traceEvents", []):
+        cat = ev.get("cat", "")
+        if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        stream = f"stream {ev.get('args', {}).get('stream', ev.get('tid'))}"
+        per[stream][classify(ev.get("name", ""), cat)] += ev.get("dur", 0) / 1e3
+    return {s: {k: round(v, 3) for k, v in sorted(kinds.items())} for s, kinds in sorted(per.items())}
+
+
+def classify(name: str, cat: str = "kernel") -> str:
+    """The kind of a GPU activity for the per-stream table."""
+    if cat == "gpu_memcpy":
+        return "memcpy (copy engine)"
+    if cat == "gpu_memset":
+        return "memset"
+    n = name.lower()
+    if "nccl" in n:
+        return "collective kernel (NCCL)"
+    if n.startswith("conccl_reduce") or n.startswith("reduce_bf16") or n.startswith("reduce_f"):
+        return "collective kernel (conccl reduction)"
+    if "flash" in n or "fmha" in n or "attention" in n:
+        return "attention"
+    if any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma", "cublas")):
+        return "gemm"
+    if any(k in n for k in ("copy", "chunk_cat", "catarray", "split_with_sizes")):
+        return "copy kernel"
+    return "other kernel"
+
+
+def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
+    """Every (tokens, config) record of this rank (the caller reduces over ranks)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    out = []
+    for tokens in cfg.tokens:
+        g = torch.Generator(device=device).manual_seed(1000 + rank)
+        x = torch.randn(1, tokens, cfg.shape.dim, generator=g, device=device, dtype=torch.bfloat16)
+        for config in cfg.configs:
+            model, comms = build(config, cfg.shape, device)
+            dist.barrier()
+            times, peak, loss, opt = _train(model, x, cfg)
+            extra = 0
+            if comms is not None:
+                extra = sum(m["workspace_bytes"] for m in comms.memory().values())
+            rec = {"tokens_per_rank": tokens, "config": config, "rank": rank, "times_ms": times,
+                   "peak_alloc_bytes": peak, "conccl_workspace_bytes": extra, "loss": loss,
+                   "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
+                                                         "memory": comms.memory()}}
+            if cfg.profile and rank == 0:
+                rec["profile"] = _profile_step(model, x)
+            elif cfg.profile:
+                model(x).float().pow(2).mean().backward()  # the peers take part in the profiled step
+                torch.cuda.synchronize()
+            out.append(rec)
+            del model, opt, comms
+            gc.collect()
+            torch.cuda.empty_cache()
+            dist.barrier()
+    return out
+
+
+def combine(per_rank: list[list[dict]]) -> list[dict]:
+    """One record per (tokens, config): the slowest rank of each step, then the median."""
+    results = []
+    for recs in zip(*per_rank):
+        r0 = recs[0]
+        slowest = [max(ts) for ts in zip(*(r["times_ms"] for r in recs))]
+        peak = max(r["peak_alloc_bytes"] + r["conccl_workspace_bytes"] for r in recs)
+        results.append({
+            "tokens_per_rank": r0["tokens_per_rank"], "config": r0["config"],
+            "step_ms": statistics.median(slowest), "step_ms_spread": [min(slowest), max(slowest)],
+            "steps_timed": len(slowest), "peak_mem_gib": peak / 2**30,
+            "peak_alloc_gib": max(r["peak_alloc_bytes"] for r in recs) / 2**30,
+            "conccl_workspace_gib": max(r["conccl_workspace_bytes"] for r in recs) / 2**30,
+            "loss": r0["loss"], "loss_per_rank": [r["loss"] for r in recs],
+            "conccl": r0["conccl"], "profile_rank0": r0.get("profile"),
+        })
+    return results
+
+
+def markdown(doc: dict) -> str:
+    meta, res = doc, doc["results"]
+    lines = [f"# conccl bench fsdp: {meta['machine_kind']}, {meta.get('device')} x {meta.get('world')}", "",
+             f"commit {meta['commit']}, {meta['date']}, torch {meta['torch']}, NCCL {meta['nccl']}. Model: "
+             f"{meta['model']['layers']} blocks, d {meta['model']['dim']}, ffn {meta['model']['ffn']}, "
+             f"{meta['model']['heads']} heads, bf16, {meta['model']['parameters'] / 1e9:.2f} B parameters; one "
+             "sequence per rank. Step = forward + backward, CUDA events, median over steps of the slowest rank.",
+             "", "| tokens per rank | config | step (ms) | spread (ms) | x no_comm | peak memory (GiB) | loss after training |",
+             "| ---: | --- | ---: | --- | ---: | ---: | --- |"]
+    base = {r["tokens_per_rank"]: r["step_ms"] for r in res if r["config"] == "no_comm"}
+    for r in res:
+        ratio = f"{r['step_ms'] / base[r['tokens_per_rank']]:.3f}" if r["tokens_per_rank"] in base else "-"
+        lo, hi = r["step_ms_spread"]
+        lines.append(f"| {r['tokens_per_rank']} | {r['config']} | {r['step_ms']:.2f} | {lo:.2f}-{hi:.2f} | {ratio} | "
+                     f"{r['peak_mem_gib']:.2f} | {r['loss']!r} |")
+    for r in res:
+        prof = r.get("profile_rank0")
+        if not prof:
+            continue
+        kinds = sorted({k for s in prof.values() for k in s})
+        lines += ["", f"## {r['config']}, {r['tokens_per_rank']} tokens: GPU time per stream in one step (ms, rank 0)", "",
+                  "| stream | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
+        for stream, by in prof.items():
+            lines.append(f"| {stream} | " + " | ".join(f"{by.get(k, 0):.2f}" for k in kinds) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,89 @@
+"""``conccl bench fsdp``: an FSDP2 training step, no communication vs stock FSDP2 vs conccl."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from dataclasses import asdict
+
+import torch
+
+from ..bench import fsdp as bench_fsdp
+from ..bench.environment import environment
+from ..launch import run_per_gpu, under_torchrun
+from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, fail
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise ValueError(f"expected whole numbers >= 1, got {text!r}")
+    return vals
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench-fsdp", help="FSDP2 training step: no_comm, stock (NCCL), conccl (also: conccl bench fsdp)",
+                       description=bench_fsdp.__doc__.split("\n\n")[1].replace("\n", " "))
+    b.add_argument("--tokens", default="2048,8192", help="tokens per rank, comma-separated (default 2048,8192)")
+    b.add_argument("--configs", default=",".join(bench_fsdp.CONFIGS),
+                   help=f"comma-separated, of {', '.join(bench_fsdp.CONFIGS)} (default all)")
+    b.add_argument("--layers", type=int, default=8)
+    b.add_argument("--dim", type=int, default=4096)
+    b.add_argument("--ffn", type=int, default=14336)
+    b.add_argument("--heads", type=int, default=32)
+    b.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    b.add_argument("--train-steps", type=int, default=20, help="AdamW steps; the ones after the warm-up are timed "
+                                                                 "(default 20)")
+    b.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    b.add_argument("--gpus", type=int, default=None, help="processes (default: all visible GPUs)")
+    b.add_argument("--out", required=True, help="folder for fsdp.json and fsdp.md")
+    add_machine_kind(b, "JSON")
+
+
+def config(args) -> bench_fsdp.FsdpConfig:
+    """The run the flags ask for; ValueError naming what is wrong."""
+    tokens = _ints(args.tokens)
+    configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
+    unknown = [c for c in configs if c not in bench_fsdp.CONFIGS]
+    if unknown or not configs:
+        raise ValueError(f"--configs: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(bench_fsdp.CONFIGS)}")
+    shape = bench_fsdp.ModelShape(args.dim, args.ffn, args.heads, args.layers)
+    for name in ("dim", "ffn", "heads", "layers"):
+        if getattr(shape, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(shape, name)}")
+    if shape.dim % shape.heads:
+        raise ValueError(f"--dim ({shape.dim}) must be a multiple of --heads ({shape.heads})")
+    if args.warmup < 0 or args.train_steps - args.warmup < 1:
+        raise ValueError(f"--train-steps ({args.train_steps}) must exceed --warmup ({args.warmup}) >= 0")
+    return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile)
+
+
+def run(args) -> int:
+    try:
+        cfg = config(args)
+    except ValueError as e:
+        return fail("bench fsdp", str(e))
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or torch.cuda.device_count())
+    if not torch.cuda.is_available() or world < 2:
+        return fail("bench fsdp", f"needs at least 2 CUDA GPUs linked by NVLink, found {torch.cuda.device_count()}")
+    out = pathlib.Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return fail("bench fsdp", f"--out {args.out}: cannot create the folder ({e.strerror})")
+    meta = environment(args.machine_kind, world)
+    print(f"# conccl bench fsdp on {world} x {meta['device']}: {cfg.shape.parameters() / 1e9:.2f} B parameters, "
+          f"tokens {list(cfg.tokens)}, configs {list(cfg.configs)}", flush=True)
+    per_rank = run_per_gpu(bench_fsdp.run_rank, cfg, nprocs=args.gpus)
+    if under_torchrun() and int(os.environ["RANK"]) != 0:
+        return EXIT_OK
+    doc = {**meta, "model": {**asdict(cfg.shape), "parameters": cfg.shape.parameters(), "dtype": "bfloat16"},
+           "config": {k: v for k, v in asdict(cfg).items() if k != "shape"}, "results": bench_fsdp.combine(per_rank)}
+    (out / "fsdp.json").write_text(json.dumps(doc, indent=1))
+    (out / "fsdp.md").write_text(bench_fsdp.markdown(doc))
+    print((out / "fsdp.md").read_text().split("\n## ")[0])
+    fallback = [r for r in doc["results"] if r["config"] == "conccl" and r["conccl"] and r["conccl"]["fallback"]]
+    return EXIT_FAILED if fallback else EXIT_OK

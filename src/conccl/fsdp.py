@@ -1,0 +1,190 @@
+"""FSDP2 on copy engines: ``conccl.fsdp.enable(model)``.
+
+    model = ...                      # every block wrapped with fully_shard, then the root
+    comms = conccl.fsdp.enable(model)
+    ...                              # train as before: forward, backward, optimizer step
+    print(comms.memory())            # bytes conccl holds for FSDP's collectives
+
+``enable`` installs conccl's all-gather and reduce-scatter on every FSDP module through
+FSDP2's public hooks (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``,
+PyTorch >= 2.10). FSDP keeps its own copy-in and copy-out around the collectives; the
+collectives themselves move every byte on copy engines (no SM), and the reduce-scatter's
+reduction is one small kernel (at most 16 CTAs).
+
+Buffers. FSDP asks the hook to allocate each collective's buffers. They come from PyTorch's
+symmetric-memory pool (``torch.distributed._symmetric_memory.get_mem_pool``): the caching
+allocator's stream-ordered reuse, with every block mapped by the peers. FSDP allocates the
+same sizes in the same order on every rank, so after the first step every buffer is a block
+already mapped: no rendezvous per step, and the pool holds at most what FSDP has in flight
+at once. Peers push straight into an all-gather output held there (no staging copy). Where
+the pool is not available, buffers come from the caching allocator and conccl stages
+through its workspace (correct, one local copy slower).
+
+What conccl cannot serve (a group over several hosts, GPUs without peer access, no CUDA)
+keeps its process group's collectives (NCCL), with one warning.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed import _symmetric_memory as symm_mem
+
+from . import api
+from .errors import InvalidArgument, UnsupportedGroup
+
+try:  # FSDP2's hook interfaces (PyTorch >= 2.10)
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+except ImportError:  # pragma: no cover - older PyTorch: enable() says so
+    FSDPModule, AllGather, ReduceScatter = None, object, object
+
+
+class SymmetricPool:
+    """Peer-mapped buffers for one group's FSDP collectives, reused across steps.
+
+    ``allocate`` is a collective call in the sense FSDP already guarantees: every rank asks
+    for the same sizes in the same order. A block the pool hands out for the first time is
+    mapped by the peers (one symmetric-memory rendezvous); a block it hands out again is
+    already mapped (PyTorch caches the rendezvous per block, and so does the group)."""
+
+    def __init__(self, group, device: torch.device):
+        self.group = group  # conccl's Group
+        self.device = device
+        self.mapped: dict[int, int] = {}  # block address -> bytes, every block the peers map
+        try:
+            self._pool = symm_mem.get_mem_pool(device)
+        except (AttributeError, RuntimeError, NotImplementedError) as e:
+            self._pool, self.unavailable = None, f"{type(e).__name__}: {e}"
+        else:
+            self.unavailable = None
+
+    def allocate(self, size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if self._pool is None:
+            return torch.empty(*size, dtype=dtype, device=device)
+        with torch.cuda.use_mem_pool(self._pool):
+            t = torch.empty(*size, dtype=dtype, device=device)
+        storage = t.untyped_storage()
+        # rendezvous returns PyTorch's cached handle for a block it has mapped (no exchange).
+        handle = symm_mem.rendezvous(t, self.group.name)
+        if self.mapped.get(storage.data_ptr()) != storage.nbytes() or self.group.executor.peer_view(t) is None:
+            self.group.executor.symmetric.add(t, handle)
+            self.mapped[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def bytes(self) -> int:
+        """Bytes of pool blocks the peers have mapped (an upper bound of what the pool holds)."""
+        return sum(self.mapped.values())
+
+
+class CopyEngineAllGather(AllGather):
+    """FSDP2's all-gather hook: ``conccl.all_gather_into_tensor`` into a pool buffer."""
+
+    def __init__(self, pool: SymmetricPool):
+        self.pool = pool
+
+    def allocate(self, size, *, dtype, device):
+        return self.pool.allocate(size, dtype, device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        return api.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+class CopyEngineReduceScatter(ReduceScatter):
+    """FSDP2's reduce-scatter hook: ``conccl.reduce_scatter_tensor`` (SUM, AVG, PREMUL_SUM)."""
+
+    def __init__(self, pool: SymmetricPool):
+        self.pool = pool
+
+    def allocate(self, size, *, dtype, device):
+        # The input is pushed to peers from where it is; only the all-gather output gains from
+        # being peer-mapped. Plain blocks keep the pool to what peers must reach.
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        return api.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
+@dataclass
+class FsdpComms:
+    """What :func:`enable` installed: the FSDP modules served, the pools, the fallbacks."""
+
+    modules: list = field(default_factory=list)  # FSDP modules on conccl
+    fallback: list = field(default_factory=list)  # (module name, why) left on NCCL
+    pools: dict = field(default_factory=dict)  # process-group name -> SymmetricPool
+
+    def memory(self) -> dict:
+        """Bytes conccl holds for FSDP beyond PyTorch's caching allocator's own statistics:
+        each group's workspace and the peer-mapped pool blocks."""
+        out = {}
+        for name, pool in self.pools.items():
+            out[name] = {"pool_bytes": pool.bytes(), "workspace_bytes": pool.group.executor.workspace_bytes,
+                         "pool": "symmetric" if pool.unavailable is None else f"unavailable ({pool.unavailable})"}
+        return out
+
+
+def _shard_group(module):
+    """The process group FSDP shards ``module``'s parameters over (None: no parameters)."""
+    state = module._get_fsdp_state()
+    pg = state._fsdp_param_group
+    return None if pg is None else pg.mesh_info.shard_process_group
+
+
+def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: bool = True) -> FsdpComms:
+    """Run the all-gathers and reduce-scatters of every FSDP2 module in ``module`` on copy engines.
+
+    Args:
+        module: a module tree already wrapped by ``torch.distributed.fsdp.fully_shard`` (the
+            root or any FSDP module; every FSDP module below it is served).
+        all_gather, reduce_scatter: which of the two to move (default both).
+
+    Returns an :class:`FsdpComms` naming the modules served and those left on NCCL.
+    A collective call: every rank of the FSDP groups calls it, on the same modules.
+
+    Raises :class:`conccl.InvalidArgument` where no module in ``module`` was wrapped by
+    ``fully_shard`` (or PyTorch has no FSDP2 hooks). A group conccl cannot serve (several
+    hosts, no peer access, no CUDA) keeps NCCL, with one warning naming why.
+
+    SMs used: none for the copies; the reduce-scatter's reduction one kernel of at most 16
+    CTAs. Memory: the group's workspace (the largest reduce-scatter input, staged all-gather
+    inputs) plus the pool's blocks (:meth:`FsdpComms.memory`).
+    """
+    if FSDPModule is None:
+        raise InvalidArgument(f"conccl.fsdp needs FSDP2's custom collective hooks (PyTorch >= 2.10); "
+                              f"this is PyTorch {torch.__version__}")
+    if not isinstance(module, torch.nn.Module):
+        raise InvalidArgument(f"conccl.fsdp.enable expects a torch.nn.Module, got {type(module).__name__}")
+    fsdp = [(n, m) for n, m in module.named_modules() if isinstance(m, FSDPModule)]
+    if not fsdp:
+        raise InvalidArgument(
+            f"{type(module).__name__} has no module wrapped by torch.distributed.fsdp.fully_shard; call "
+            "fully_shard on its blocks and on the root first, then conccl.fsdp.enable")
+    comms, refused = FsdpComms(), {}
+    for name, m in fsdp:
+        pg = _shard_group(m)
+        if pg is None:
+            continue  # no parameters of its own: nothing to gather or reduce
+        key = pg.group_name
+        if key in refused:
+            comms.fallback.append((name or "<root>", refused[key]))
+            continue
+        pool = comms.pools.get(key)
+        if pool is None:
+            try:
+                g = api.get_group(pg)
+            except (UnsupportedGroup, InvalidArgument) as e:
+                refused[key] = str(e)
+                comms.fallback.append((name or "<root>", str(e)))
+                backend = dist.get_backend(pg)
+                warnings.warn(f"conccl.fsdp: FSDP group {key!r} keeps its {backend} collectives: {e}", stacklevel=2)
+                continue
+            pool = comms.pools[key] = SymmetricPool(g, g.executor.device)
+        if all_gather:
+            m.set_custom_all_gather(CopyEngineAllGather(pool))
+        if reduce_scatter:
+            m.set_custom_reduce_scatter(CopyEngineReduceScatter(pool))
+        comms.modules.append(name or "<root>")
+    return comms
+
