@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-def _train(rank, world, use_conccl):
+def _train(rank, world, mode):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
@@ -21,7 +21,10 @@ def _train(rank, world, use_conccl):
 
     shape = ModelShape(dim=512, ffn=1376, heads=8, layers=3)  # 1376: chunks not a power of two
     device = torch.device("cuda", torch.cuda.current_device())
-    model, comms = build("conccl" if use_conccl else "stock", shape, device)
+    model, comms = build("stock" if mode == "stock" else "conccl", shape, device)
+    checks = []
+    if mode == "checked":
+        _check_every_call_against_nccl(model, comms, checks)
     g = torch.Generator(device=device).manual_seed(1000 + rank)
     x = torch.randn(1, 333, shape.dim, generator=g, device=device, dtype=torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -41,8 +44,8 @@ def _train(rank, world, use_conccl):
         model(x).float().pow(2).mean().backward()
         torch.cuda.synchronize()
     kernels = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
-    params = [p.to_local().float().cpu() for p in model.parameters()]
-    report = {"losses": losses, "params": params, "kernels": kernels, "mapped": mapped}
+    params = [p.to_local().detach().float().cpu() for p in model.parameters()]
+    report = {"losses": losses, "params": params, "kernels": kernels, "mapped": mapped, "checks": checks}
     if comms is not None:
         report["memory"] = comms.memory()
         report["modules"], report["fallback"] = comms.modules, comms.fallback
@@ -55,16 +58,47 @@ def _train(rank, world, use_conccl):
     return report
 
 
-def _both(rank, world):
-    return _train(rank, world, False), _train(rank, world, True)
+def _check_every_call_against_nccl(model, comms, checks):
+    """Hooks that also run NCCL's collective on the same input and record whether the bits match."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    from conccl import fsdp
+
+    class CheckedAllGather(fsdp.CopyEngineAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            ref = torch.empty_like(output_tensor)
+            dist.all_gather_into_tensor(ref, input_tensor.clone(), group=group)
+            super().__call__(output_tensor, input_tensor, group)
+            checks.append(("all_gather", output_tensor.numel(), torch.equal(ref, output_tensor)))
+
+    class CheckedReduceScatter(fsdp.CopyEngineReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            ref = torch.empty_like(output_tensor)
+            dist.reduce_scatter_tensor(ref, input_tensor.clone(), op=op, group=group)
+            super().__call__(output_tensor, input_tensor, group, op)
+            checks.append(("reduce_scatter", output_tensor.numel(), str(getattr(op, "op", op)), str(input_tensor.dtype),
+                           torch.equal(ref.view(torch.int16), output_tensor.view(torch.int16))))
+
+    pool = next(iter(comms.pools.values()))
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_custom_all_gather(CheckedAllGather(pool))
+            m.set_custom_reduce_scatter(CheckedReduceScatter(pool))
+
+
+def _all(rank, world):
+    return _train(rank, world, "stock"), _train(rank, world, "conccl"), _train(rank, world, "checked")
 
 
 def test_fsdp_enable_trains_like_stock_fsdp_on_copy_engines():
     from conccl.launch import run_per_gpu
 
-    results = run_per_gpu(_both)
+    results = run_per_gpu(_all)
     world = len(results)
-    for stock, mine in results:
+    for stock, mine, checked in results:
+        print("calls checked against NCCL", checked["checks"])
+        assert checked["checks"] and all(c[-1] for c in checked["checks"]), checked["checks"]
         print("losses", stock["losses"], mine["losses"], "memory", mine["memory"], "mapped", mine["mapped"])
         assert mine["modules"] and not mine["fallback"], mine
         assert mine["memory"] and all(m["pool"] == "symmetric" and m["pool_bytes"] > 0 for m in mine["memory"].values())

@@ -123,5 +123,7 @@ def test_the_plan_moves_every_byte_by_copy_and_reduces_once_in_rank_order():
         assert all(t.nbytes == chunk and t.src_offset == t.dst_rank * chunk for t in s.transfers)
         reduces = [op for ops in s.slots for op in ops if isinstance(op, Reduce)]
         assert len(reduces) == 1 and reduces[0].nbytes == chunk
-        assert [src[1] for src in reduces[0].srcs] == [k * chunk for k in range(world)]
-        assert s.workspace_bytes == world * chunk
+        slot = 256  # each peer's chunk at an aligned slot of the workspace (16-byte vectors)
+        assert all(t.dst_offset == rank * slot for t in s.transfers)
+        assert [src[1] for src in reduces[0].srcs] == [k * chunk if k == rank else k * slot for k in range(world)]
+        assert s.workspace_bytes == world * slot

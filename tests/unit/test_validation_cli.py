@@ -131,10 +131,22 @@ def test_bench_flag_errors_are_usage_errors(capsys):
     assert e.value.code == cli.EXIT_USAGE and "malformed size" in capsys.readouterr().err
 
 
+def test_bench_fsdp_flags_are_checked_before_any_gpu_is_asked_for(capsys, tmp_path):
+    out = str(tmp_path / "f")
+    for argv, says in ((["--tokens", "0"], "whole numbers >= 1"), (["--tokens", "2k"], "comma-separated whole numbers"),
+                       (["--configs", "nope"], "unknown nope"), (["--dim", "100", "--heads", "3"], "multiple of --heads"),
+                       (["--train-steps", "3"], "must exceed --warmup")):
+        assert main(["bench", "fsdp", "--out", out, *argv]) == cli.EXIT_USAGE, argv
+        assert f"conccl bench fsdp: " in (err := capsys.readouterr().err) and says in err, (argv, err)
+    assert main(["bench", "fsdp", "--out", out, "--tokens", "16", "--layers", "1"]) == cli.EXIT_USAGE
+    assert "needs at least 2 CUDA GPUs" in capsys.readouterr().err
+
+
 def test_every_command_is_a_module_with_add_parser_and_run():
-    assert list(cli.COMMANDS) == ["bench", "study", "plan"]
+    assert list(cli.COMMANDS) == ["bench", "bench-fsdp", "study", "plan"]
     for name, module in cli.COMMANDS.items():
-        assert module.__name__ == f"conccl.cli.{name}" and callable(module.add_parser) and callable(module.run)
+        assert module.__name__ == f"conccl.cli.{name.replace('-', '_')}"
+        assert callable(module.add_parser) and callable(module.run)
     sub = build_parser()._subparsers._group_actions[0]
     assert list(sub.choices) == list(cli.COMMANDS)
 

@@ -25,6 +25,8 @@ from .direct import build_direct_schedule
 
 NAME = "reduce_scatter"
 
+WORKSPACE_ALIGN = 256  # bytes: where each peer's chunk starts in the workspace
+
 # dtypes the reduction kernel handles (torch's names)
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -52,29 +54,31 @@ def plan_reduce_scatter(world: int, rank: int, chunk_bytes: int, dtype: str, sca
                         stream_mode: StreamMode = StreamMode.PER_PEER, in_place: bool = False) -> Schedule:
     """Schedule of one rank's reduce-scatter of ``chunk_bytes`` per output (pure, cached).
 
-    Every rank receives rank ``src``'s chunk at offset ``src * chunk_bytes`` of its own
-    workspace. ``in_place`` (the output is the input's own chunk) changes nothing in the plan:
+    Every rank receives rank ``src``'s chunk in slot ``src`` of its own workspace; slots are
+    :data:`WORKSPACE_ALIGN`-byte aligned so that the reduction reads 16-byte vectors whatever
+    the chunk's size. ``in_place`` (the output is the input's own chunk) changes nothing in the plan:
     the reduction reads each element before writing it; it is part of the key for clarity.
     """
     if not 0 <= rank < world:
         raise InvalidArgument(f"rank {rank} outside a world of {world}")
     if dtype not in DTYPES:
         raise InvalidArgument(f"reduce_scatter_tensor supports {', '.join(DTYPES)}, got {dtype}")
+    slot = -(-chunk_bytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
     peers: dict[int, Transfer | None] = {}
     for p in range(world):
         if p != rank and chunk_bytes:
-            peers[p] = Transfer(rank, Buf.INPUT, p * chunk_bytes, p, Buf.WORKSPACE, rank * chunk_bytes, chunk_bytes,
+            peers[p] = Transfer(rank, Buf.INPUT, p * chunk_bytes, p, Buf.WORKSPACE, rank * slot, chunk_bytes,
                                 0, Phase.PEER)
     finish = ()
     if chunk_bytes:
-        srcs = tuple((Buf.INPUT, rank * chunk_bytes) if s == rank else (Buf.WORKSPACE, s * chunk_bytes)
+        srcs = tuple((Buf.INPUT, rank * chunk_bytes) if s == rank else (Buf.WORKSPACE, s * slot)
                      for s in range(world))
         finish = (Reduce((Buf.OUTPUT, 0), srcs, chunk_bytes, dtype, scale),)
     # The workspace is reused by every call of the group: wait until peers are done with the
     # previous call's (staged=True), and for their writes of this one before reducing.
     return build_direct_schedule(
         NAME, world, rank, algorithm=Algorithm.PUSH, stream_mode=stream_mode, peer_transfers=peers,
-        stage=None, local=None, staged=True, workspace_bytes=world * chunk_bytes, wait_done=True, finish=finish)
+        stage=None, local=None, staged=True, workspace_bytes=world * slot, wait_done=True, finish=finish)
 
 
 def check_reduce_scatter(output, input, world: int, rank: int, device_type: str) -> bool:

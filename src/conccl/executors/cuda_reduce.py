@@ -25,13 +25,14 @@ THREADS = 512
 _SOURCE = r"""
 typedef unsigned short u16;
 typedef unsigned int u32;
+#define UNROLL 8  // 16-byte vectors in flight per thread and operand: HBM wants bytes in flight
 
 __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float load(const u16* p, long long i, int bf16) {
-    u16 h = p[i];
+__device__ __forceinline__ float half_to_float(u16 h, int bf16) {
     if (bf16) return __uint_as_float(((u32)h) << 16);
     float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
 }
+__device__ __forceinline__ float load(const u16* p, long long i, int bf16) { return half_to_float(p[i], bf16); }
 __device__ __forceinline__ u16 to_half(float f, int bf16) {
     if (bf16) {
         u32 u = __float_as_uint(f);
@@ -47,6 +48,89 @@ __device__ __forceinline__ u16 to_half(float f, int bf16) {
 #define PICK(k) ((k) == 0 ? s0 : (k) == 1 ? s1 : (k) == 2 ? s2 : (k) == 3 ? s3 : \
                  (k) == 4 ? s4 : (k) == 5 ? s5 : (k) == 6 ? s6 : s7)
 
+// KIND 0: fp32 (4 per 16-byte vector), 1: bf16, 2: fp16 (8 per vector)
+template <int KIND> __device__ __forceinline__ void unpack(uint4 v, float* f) {
+    u32 w[4] = {v.x, v.y, v.z, v.w};
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (KIND == 0) { f[j] = __uint_as_float(w[j]); }
+        else { f[2 * j] = half_to_float((u16)(w[j] & 0xffffu), KIND == 1);
+               f[2 * j + 1] = half_to_float((u16)(w[j] >> 16), KIND == 1); }
+    }
+}
+template <int KIND> __device__ __forceinline__ uint4 pack(const float* f) {
+    u32 w[4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (KIND == 0) w[j] = __float_as_uint(f[j]);
+        else w[j] = (u32)to_half(f[2 * j], KIND == 1) | ((u32)to_half(f[2 * j + 1], KIND == 1) << 16);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Every pointer 16-byte aligned: the n / EPV whole vectors, UNROLL of them per thread at once;
+// the remaining (< EPV) elements one by one. The arithmetic is the scalar kernels' exactly.
+template <int KIND> __device__ __forceinline__ void reduce_vec(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+    const int EPV = KIND == 0 ? 4 : 8;
+    const long long nvec = n / EPV, stride = (long long)gridDim.x * blockDim.x;
+    const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    for (long long base = tid; base < nvec; base += stride * UNROLL) {
+        float acc[UNROLL][EPV];
+        uint4 v[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            long long i = base + u * stride;
+            v[u] = i < nvec ? ((const uint4*)s0)[i] : make_uint4(0, 0, 0, 0);
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            float f[EPV]; unpack<KIND>(v[u], f);
+            #pragma unroll
+            for (int e = 0; e < EPV; ++e) acc[u][e] = __fmul_rn(f[e], scale);
+        }
+        for (int k = 1; k < nsrc; ++k) {
+            const uint4* p = (const uint4*)PICK(k);
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                long long i = base + u * stride;
+                v[u] = i < nvec ? p[i] : make_uint4(0, 0, 0, 0);
+            }
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                float f[EPV]; unpack<KIND>(v[u], f);
+                #pragma unroll
+                for (int e = 0; e < EPV; ++e) acc[u][e] = __fadd_rn(acc[u][e], __fmul_rn(f[e], scale));
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            long long i = base + u * stride;
+            if (i < nvec) ((uint4*)dst)[i] = pack<KIND>(acc[u]);
+        }
+    }
+    for (long long i = nvec * EPV + tid; i < n; i += stride) {  // the tail
+        if (KIND == 0) {
+            float a = __fmul_rn(load((const float*)s0, i), scale);
+            for (int k = 1; k < nsrc; ++k) a = __fadd_rn(a, __fmul_rn(load((const float*)PICK(k), i), scale));
+            ((float*)dst)[i] = a;
+        } else {
+            float a = __fmul_rn(load((const u16*)s0, i, KIND == 1), scale);
+            for (int k = 1; k < nsrc; ++k) a = __fadd_rn(a, __fmul_rn(load((const u16*)PICK(k), i, KIND == 1), scale));
+            ((u16*)dst)[i] = to_half(a, KIND == 1);
+        }
+    }
+}
+extern "C" __global__ void reduce_vec_f32(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+    reduce_vec<0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+}
+extern "C" __global__ void reduce_vec_bf16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+    reduce_vec<1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+}
+extern "C" __global__ void reduce_vec_f16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+    reduce_vec<2>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+}
+
+// Any alignment: one element per thread and step.
 extern "C" __global__ void reduce_f32(float* dst, OPERANDS, int nsrc, long long n, float scale) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         float acc = __fmul_rn(load((const float*)s0, i), scale);
@@ -71,6 +155,7 @@ extern "C" __global__ void reduce_f16(u16* dst, OPERANDS, int nsrc, long long n,
 """
 
 _KERNELS = {"float32": ("reduce_f32", 4), "bfloat16": ("reduce_bf16", 2), "float16": ("reduce_f16", 2)}
+_VECTOR = {dtype: name.replace("reduce_", "reduce_vec_") for dtype, (name, _) in _KERNELS.items()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,7 +181,9 @@ def _module(device_index: int):
     _nvrtc_check(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx)[0])
     nvrtc.nvrtcDestroyProgram(prog)
     module = check(cu.cuModuleLoadData(ptx))
-    return module, {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, (name, _) in _KERNELS.items()}
+    scalar = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, (name, _) in _KERNELS.items()}
+    vector = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _VECTOR.items()}
+    return module, scalar, vector
 
 
 def _nvrtc_check(nvrtc, err) -> None:
@@ -112,7 +199,11 @@ class ReduceLaunch:
             raise ValueError(f"the reduction takes 1 to {MAX_OPERANDS} operands, got {len(srcs)}")
         _, esize = _KERNELS[dtype]
         n = nbytes // esize
-        self.function = _module(device_index)[1][dtype]
+        _, scalar, vector = _module(device_index)
+        # 16-byte vectors where every operand allows them (FSDP's buffers and the workspace's
+        # slots do); otherwise one element at a time, at a fraction of the bandwidth.
+        self.vectorized = all(p % 16 == 0 for p in (dst, *srcs))
+        self.function = (vector if self.vectorized else scalar)[dtype]
         self.grid = max(1, min(MAX_CTAS, -(-n // THREADS)))
         ptrs = list(srcs) + [srcs[0]] * (MAX_OPERANDS - len(srcs))  # unused operands are never read
         # The kernel's parameters, kept alive with the program: the driver copies them at launch.
