@@ -52,7 +52,7 @@ if __name__ == "__main__":
         impl, mib = rows[0][0], rows[0][1]
         if impl == "kernel":
             print(f"{mib} MiB output: reduction kernel {rows[0][3]} {max(r[2][0] for r in rows):.3f} ms "
-                  f"(reads {world}x, writes 1x the output: {(world + 1) * mib / 1024 / max(r[2][0] for r in rows) * 1e3 / 1.074:.0f} GB/s)")
+                  f"(reads {world}x, writes 1x the output: {(world + 1) * mib * 2**20 / max(r[2][0] for r in rows) / 1e6:.0f} GB/s)")
             continue
         slowest = [max(t) for t in zip(*(r[2] for r in rows))]
         med = statistics.median(slowest)
