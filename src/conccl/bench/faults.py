@@ -34,7 +34,11 @@ import torch.distributed as dist
 
 import conccl
 
-from ..collectives import REGISTRY as COLLECTIVES
+from ..collectives import REGISTRY
+
+# The soak checks byte-exact delivery of int32 payloads shifted per call, which only a
+# collective that moves bytes (one source per output chunk) keeps; reductions are float-only.
+COLLECTIVES = {n: c for n, c in REGISTRY.items() if all(len(s) == 1 for s in c.layout(2, 0).sources)}
 from ..errors import CollectiveError
 from ..launch import apply_safe_env, run_per_gpu
 from .environment import environment

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 import conccl
 
-from ..collectives import REGISTRY as COLLECTIVES, get as get_collective
+from ..collectives import REGISTRY as COLLECTIVES, STUDIED, get as get_collective
 from ..launch import apply_safe_env, run_per_gpu
 from .environment import environment
 from .faults import _spin_cycles
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conccl.bench.latency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for latency.json and latency.md")
     ap.add_argument("--impls", default=",".join(DEFAULT_IMPLS))
-    ap.add_argument("--collectives", default=",".join(COLLECTIVES))
+    ap.add_argument("--collectives", default=",".join(STUDIED))  # as the committed runs
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="output bytes per rank")
     ap.add_argument("-n", "--iters", type=int, default=100)
     ap.add_argument("-w", "--warmup", type=int, default=20)

@@ -6,7 +6,7 @@ import argparse
 import json
 import pathlib
 
-from ..collectives import REGISTRY as COLLECTIVES
+from ..collectives import STUDIED as COLLECTIVES
 from ..planner import candidates, plan
 from ..planner.plan import PlanError
 from ..planner.profile import ProfileError, load_profile

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from ..bench.environment import environment
-from ..collectives import REGISTRY as COLLECTIVES
+from ..collectives import STUDIED as COLLECTIVES
 from ..launch import under_torchrun
 from ..planner.profile import ProfileError
 from ..study import report

@@ -85,6 +85,10 @@ class Collective(abc.ABC):
     api_name: ClassVar[str]  # the function in torch.distributed and in conccl: (output, input, *args)
     # Names of the call's extra arguments after (output, input), as torch.distributed spells them.
     arg_names: ClassVar[tuple[str, ...]] = ()
+    # Whether `conccl study` measures it and the planner has a model for it (its hardware
+    # profile holds the collective's sweeps). A collective that is not yet studied still runs,
+    # benchmarks and checks like every other; its default scenarios and plans wait for data.
+    studied: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ sizes
     @abc.abstractmethod

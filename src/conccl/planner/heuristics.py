@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..collectives import REGISTRY as COLLECTIVES
+from ..collectives import STUDIED as COLLECTIVES
 from .profile import HardwareProfile
 from ..strategy import RP_SMS, STRATEGIES, strategy_for
 from . import timing

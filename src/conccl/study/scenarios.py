@@ -12,7 +12,7 @@ import pathlib
 import re
 from dataclasses import dataclass
 
-from ..collectives import REGISTRY as COLLECTIVES
+from ..collectives import STUDIED as COLLECTIVES
 from ..units import format_size, parse_size
 
 DEFAULT_SUITE = pathlib.Path(__file__).with_name("suite.json")
