@@ -16,7 +16,8 @@ from conccl.executors.cuda_reduce import MAX_CTAS, ReduceLaunch
 def launch(dst, srcs, dtype, scale):
     r = ReduceLaunch(torch.cuda.current_device(), dst.data_ptr(), tuple(s.data_ptr() for s in srcs),
                      dst.numel() * dst.element_size(), dtype, scale)
-    r.launch(driver(), torch.cuda.current_stream().cuda_stream)
+    err = r.launch(driver(), torch.cuda.current_stream().cuda_stream)
+    assert not err[0], err
     return r
 
 

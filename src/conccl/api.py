@@ -181,9 +181,9 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, *,
     PREMUL_SUM multiply each operand first). Two ranks: NCCL's result bit for bit.
     Stream semantics and failures: as :func:`all_gather_into_tensor`.
 
-    SMs used: the reduction kernel, at most 16 CTAs, after the copies; copies use none.
+    SMs used: the reduction kernel, at most 32 CTAs, after the copies; copies use none.
     Workspace: ``input`` bytes of symmetric memory per rank (peers push their chunks there).
-    (Not yet in the registry the benchmark, study and planner iterate.)
+    In `conccl bench`; not yet in `conccl study` or the planner (no profile data).
     """
     return get_group(group).call(REDUCE_SCATTER, output, input, (op,), async_op, timeout=timeout)
 

@@ -155,7 +155,7 @@ def classify(name: str, cat: str = "kernel") -> str:
     n = name.lower()
     if "nccl" in n:
         return "collective kernel (NCCL)"
-    if n.startswith("conccl_reduce") or n.startswith("reduce_bf16") or n.startswith("reduce_f"):
+    if n.startswith("reduce_"):  # conccl's kernels (executors/cuda_reduce.py)
         return "collective kernel (conccl reduction)"
     if "flash" in n or "fmha" in n or "attention" in n:
         return "attention"

@@ -19,7 +19,10 @@ import functools
 from .._driver import check, driver
 
 MAX_OPERANDS = 8  # world sizes up to 8, as an NVLink node has
-MAX_CTAS = 16  # SMs the reduction may occupy at once
+# SMs the reduction may occupy at once. Each CTA streams about 50-60 GB/s (bf16 on H200,
+# scripts/reduce_kernel.py): 16 CTAs reduce two 256 MiB operands in 0.76 ms, 32 in 0.40 ms,
+# for the same SM-time; 32 halves the time a reduce-scatter's last step adds to a step.
+MAX_CTAS = 32
 THREADS = 512
 
 _SOURCE = r"""
@@ -68,12 +71,34 @@ template <int KIND> __device__ __forceinline__ uint4 pack(const float* f) {
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The two-operand kernels carry __launch_bounds__ (without it their registers would not fit
+// 512 threads); the general ones do not: bounded, they spill and run at a third of the speed.
 // Every pointer 16-byte aligned: the n / EPV whole vectors, UNROLL of them per thread at once;
 // the remaining (< EPV) elements one by one. The arithmetic is the scalar kernels' exactly.
-template <int KIND> __device__ __forceinline__ void reduce_vec(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     const int EPV = KIND == 0 ? 4 : 8;
     const long long nvec = n / EPV, stride = (long long)gridDim.x * blockDim.x;
     const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (PAIR) {  // two operands (two ranks): both loads in flight at once, no accumulator kept
+        for (long long base = tid; base < nvec; base += stride * UNROLL) {
+            uint4 a[UNROLL], b[UNROLL];
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                long long i = base + u * stride;
+                a[u] = i < nvec ? ((const uint4*)s0)[i] : make_uint4(0, 0, 0, 0);
+                b[u] = i < nvec ? ((const uint4*)s1)[i] : make_uint4(0, 0, 0, 0);
+            }
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                float fa[EPV], fb[EPV];
+                unpack<KIND>(a[u], fa); unpack<KIND>(b[u], fb);
+                #pragma unroll
+                for (int e = 0; e < EPV; ++e) fa[e] = __fadd_rn(__fmul_rn(fa[e], scale), __fmul_rn(fb[e], scale));
+                long long i = base + u * stride;
+                if (i < nvec) ((uint4*)dst)[i] = pack<KIND>(fa);
+            }
+        }
+    } else
     for (long long base = tid; base < nvec; base += stride * UNROLL) {
         float acc[UNROLL][EPV];
         uint4 v[UNROLL];
@@ -121,13 +146,22 @@ template <int KIND> __device__ __forceinline__ void reduce_vec(void* dst, OPERAN
     }
 }
 extern "C" __global__ void reduce_vec_f32(void* dst, OPERANDS, int nsrc, long long n, float scale) {
-    reduce_vec<0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+    reduce_vec<0, 0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_f32(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+    reduce_vec<0, 1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 extern "C" __global__ void reduce_vec_bf16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
-    reduce_vec<1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+    reduce_vec<1, 0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_bf16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+    reduce_vec<1, 1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 extern "C" __global__ void reduce_vec_f16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
-    reduce_vec<2>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+    reduce_vec<2, 0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_f16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+    reduce_vec<2, 1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 
 // Any alignment: one element per thread and step.
@@ -156,6 +190,7 @@ extern "C" __global__ void reduce_f16(u16* dst, OPERANDS, int nsrc, long long n,
 
 _KERNELS = {"float32": ("reduce_f32", 4), "bfloat16": ("reduce_bf16", 2), "float16": ("reduce_f16", 2)}
 _VECTOR = {dtype: name.replace("reduce_", "reduce_vec_") for dtype, (name, _) in _KERNELS.items()}
+_PAIR = {dtype: name.replace("reduce_", "reduce_vec2_") for dtype, (name, _) in _KERNELS.items()}  # two operands
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,7 +202,7 @@ def _module(device_index: int):
     _, dev = cu.cuDeviceGet(device_index)
     major = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
     minor = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    err, prog = nvrtc.nvrtcCreateProgram(_SOURCE.encode(), b"conccl_reduce.cu", 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(f"#define THREADS_PER_CTA {THREADS}\n{_SOURCE}".encode(), b"conccl_reduce.cu", 0, [], [])
     _nvrtc_check(nvrtc, err)
     opts = [f"--gpu-architecture=compute_{major}{minor}".encode(), b"--std=c++17"]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
@@ -183,7 +218,8 @@ def _module(device_index: int):
     module = check(cu.cuModuleLoadData(ptx))
     scalar = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, (name, _) in _KERNELS.items()}
     vector = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _VECTOR.items()}
-    return module, scalar, vector
+    pair = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _PAIR.items()}
+    return module, scalar, vector, pair
 
 
 def _nvrtc_check(nvrtc, err) -> None:
@@ -199,11 +235,11 @@ class ReduceLaunch:
             raise ValueError(f"the reduction takes 1 to {MAX_OPERANDS} operands, got {len(srcs)}")
         _, esize = _KERNELS[dtype]
         n = nbytes // esize
-        _, scalar, vector = _module(device_index)
+        _, scalar, vector, pair = _module(device_index)
         # 16-byte vectors where every operand allows them (FSDP's buffers and the workspace's
         # slots do); otherwise one element at a time, at a fraction of the bandwidth.
         self.vectorized = all(p % 16 == 0 for p in (dst, *srcs))
-        self.function = (vector if self.vectorized else scalar)[dtype]
+        self.function = (scalar if not self.vectorized else pair if len(srcs) == 2 else vector)[dtype]
         self.grid = max(1, min(MAX_CTAS, -(-n // THREADS)))
         ptrs = list(srcs) + [srcs[0]] * (MAX_OPERANDS - len(srcs))  # unused operands are never read
         # The kernel's parameters, kept alive with the program: the driver copies them at launch.
