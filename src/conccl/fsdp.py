@@ -16,7 +16,9 @@ symmetric-memory pool (``torch.distributed._symmetric_memory.get_mem_pool``): th
 allocator's stream-ordered reuse, with every block mapped by the peers. FSDP allocates the
 same sizes in the same order on every rank, so after the first step every buffer is a block
 already mapped: no rendezvous per step, and the pool holds at most what FSDP has in flight
-at once. Peers push straight into an all-gather output held there (no staging copy). Where
+at once. Peers push straight into an all-gather output held there (no staging copy); every
+call checks that the ranks name the same block (a pool that handed blocks out in another
+order on one rank makes that call stage instead of writing into the wrong buffer). Where
 the pool is not available, buffers come from the caching allocator and conccl stages
 through its workspace (correct, one local copy slower).
 
@@ -89,7 +91,11 @@ class CopyEngineAllGather(AllGather):
         return self.pool.allocate(size, dtype, device)
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        return api.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        # Always ordered on FSDP's all-gather stream, returning None: FSDP waits only on a
+        # torch.distributed Work and treats any other return as an async call (it would then
+        # free the output at once and skip overlapping its copy-out with the next gather).
+        api.all_gather_into_tensor(output_tensor, input_tensor, group=group)
+        return None
 
 
 class CopyEngineReduceScatter(ReduceScatter):
@@ -104,7 +110,9 @@ class CopyEngineReduceScatter(ReduceScatter):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        return api.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        # Ordered on FSDP's reduce-scatter stream (see CopyEngineAllGather.__call__).
+        api.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
+        return None
 
 
 @dataclass

@@ -317,3 +317,30 @@ def _splits_changed_in_place(comm):
 
 def test_split_sizes_changed_in_place_are_read_again():
     assert spawn(3, _splits_changed_in_place) == [[True, True]] * 3
+
+
+def _crossed_allocations(comm, n):
+    """Rank 0 passes its first symmetric allocation, the others their second: peers' mappings
+    would point at the wrong buffer, so the call stages through the workspace instead."""
+    ex, w, r = comm.executor, comm.world, comm.rank
+    a = ex.empty((w * n,), torch.float32)
+    b = ex.empty((w * n,), torch.float32)
+    out = a if r == 0 else b
+    decoy = b if r == 0 else a
+    decoy.fill_(-1.0)
+    comm.all_gather_into_tensor(out, torch.full((n,), float(r + 1)))
+    crossed_ok = torch.equal(out, torch.arange(1, w + 1, dtype=torch.float32).repeat_interleave(n))
+    decoy_kept = bool((decoy == -1.0).all())
+    # the same allocation on every rank: reached directly (no workspace growth needed)
+    ws = ex.workspace_bytes
+    a.zero_()
+    comm.all_gather_into_tensor(a, torch.full((n,), float(r + 1)))
+    return crossed_ok, decoy_kept, ws, ex.workspace_bytes, torch.equal(a, torch.arange(1, w + 1,
+                                                                                     dtype=torch.float32).repeat_interleave(n))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_naming_different_allocations_stage_instead_of_writing_into_the_wrong_one(world):
+    for crossed_ok, decoy_kept, ws_before, ws_after, same_ok in spawn(world, _crossed_allocations, 1000):
+        assert crossed_ok and decoy_kept and same_ok
+        assert ws_before > 0 and ws_after == ws_before  # the crossed call staged; the agreed one did not grow it

@@ -22,7 +22,8 @@ class Executor(Protocol):
         """Changes whenever what :meth:`peer_view` answers for some address may have changed."""
 
     def peer_view(self, t) -> tuple | None:
-        """How peers reach tensor ``t`` (an opaque handle, byte offset), None if they cannot."""
+        """How peers reach tensor ``t`` (an opaque handle, byte offset, the number of the mapped
+        allocation holding it, alike on every rank), None if they cannot."""
 
     @property
     def workspace_bytes(self) -> int:

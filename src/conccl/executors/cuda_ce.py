@@ -50,17 +50,20 @@ class SymmetricRegistry:
     """Maps tensors allocated by :func:`conccl.empty` to their peers' addresses."""
 
     def __init__(self):
-        # storage ptr -> (nbytes, every rank's base address, handle kept alive)
-        self._by_storage: dict[int, tuple[int, tuple[int, ...], object]] = {}
+        # storage ptr -> (nbytes, every rank's base address, handle kept alive, registration number)
+        self._by_storage: dict[int, tuple[int, tuple[int, ...], object, int]] = {}
         self.generation = 0  # grows with every allocation: what lookup() answered may change
 
     def add(self, tensor, handle) -> None:
         storage = tensor.untyped_storage()
         self.generation += 1
-        self._by_storage[storage.data_ptr()] = (storage.nbytes(), tuple(handle.buffer_ptrs), handle)
+        # Registrations follow rendezvous, a collective call: the n-th is the same allocation's
+        # on every rank, which the group checks per call (its row's block fields).
+        self._by_storage[storage.data_ptr()] = (storage.nbytes(), tuple(handle.buffer_ptrs), handle, self.generation)
 
     def lookup(self, tensor):
-        """(every rank's base address, byte offset in the allocation) or None if not peer-reachable.
+        """(every rank's base address, byte offset in the allocation, registration number) or
+        None if not peer-reachable.
 
         The offset comes from the storage offset, not ``data_ptr()``: an empty view's is 0."""
         if tensor.device.type != "cuda":
@@ -69,7 +72,7 @@ class SymmetricRegistry:
         entry = self._by_storage.get(storage.data_ptr())
         if entry is None or entry[0] != storage.nbytes():
             return None
-        return entry[1], tensor.storage_offset() * tensor.element_size()
+        return entry[1], tensor.storage_offset() * tensor.element_size(), entry[3]
 
 
 

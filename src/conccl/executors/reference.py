@@ -98,13 +98,14 @@ class ReferenceExecutor:
         return len(self._allocs)
 
     def peer_view(self, t):
-        """(the name pattern of the shared-memory allocation holding ``t``, byte offset in it);
+        """(the name pattern of the shared-memory allocation holding ``t``, byte offset in it,
+        the allocation's number: allocations are collective, numbered alike on every rank);
         None: peers cannot reach it."""
         # From the storage, not t.data_ptr(): an empty view's data_ptr() is 0.
         p = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
-        for start, end, pattern in self._allocs:
+        for number, (start, end, pattern) in enumerate(self._allocs):
             if start <= p < end or (start == p == end):
-                return pattern, p - start
+                return pattern, p - start, number
         return None
 
     @property

@@ -49,7 +49,14 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL 
 # _F_IN_OFF / _F_OUT_OFF: the tensor's byte offset in its peer-reachable allocation (-1: none),
 # so a peer is reached at its own view, whatever offset each rank sliced.
 # _F_ARG: the collective's own code that every rank must have alike (LocalCall.agreed).
-_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_OFF, _F_ARG, _NFIXED = range(11)
+# _F_IN_BLK / _F_OUT_BLK: which of the group's peer-mapped allocations holds the tensor (the
+# executor numbers them in registration order, alike on every rank; -1: none). A rank reaches
+# a peer's tensor through its own mapping of that allocation, so the ranks must name the same
+# one: where they do not (FSDP's pool handed out blocks in another order on one rank, or a
+# user passed tensors from different conccl.empty calls), the call stages through the
+# workspace instead, as for tensors no peer can reach.
+(_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_OFF, _F_ARG, _F_IN_BLK, _F_OUT_BLK,
+ _NFIXED) = range(13)
 _SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
 
 
@@ -211,7 +218,8 @@ class Group:
         row = [0, _code(coll.name), _code(str(input.dtype)), input.numel() * input.element_size(),
                output.numel() * output.element_size(), flags, -1 if algorithm is None else _code(algorithm.value),
                -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
-               call.agreed, *call.send, *call.recv]
+               call.agreed, -1 if views[0] is None else views[0][2], -1 if views[1] is None else views[1][2],
+               *call.send, *call.recv]
         local = _Local(coll, input.dtype, row, views, algorithm, stream_mode or self.options.stream_mode, call)
         if key is not None:
             if len(self._locals) >= _MAX_REMEMBERED:
@@ -394,8 +402,13 @@ def _peer_views(views, rows, all_flags: int) -> tuple:
 
 
 def _all_flags(rows) -> int:
-    """Flags set on every rank (an AND over ranks)."""
-    return int(np.bitwise_and.reduce(rows[:, _F_FLAGS]))
+    """Flags set on every rank (an AND over ranks); a tensor is peer-reachable only where every
+    rank names the same mapped allocation for it."""
+    flags = int(np.bitwise_and.reduce(rows[:, _F_FLAGS]))
+    for flag, field in ((_SYM_IN, _F_IN_BLK), (_SYM_OUT, _F_OUT_BLK)):
+        if (rows[:, field] != rows[0, field]).any():
+            flags &= ~flag
+    return flags
 
 
 def _describe(field: int, value, dtype) -> str:
