@@ -137,7 +137,7 @@ def test_bench_fsdp_flags_are_checked_before_any_gpu_is_asked_for(capsys, tmp_pa
                        (["--configs", "nope"], "unknown nope"), (["--dim", "100", "--heads", "3"], "multiple of --heads"),
                        (["--train-steps", "3"], "must exceed --warmup")):
         assert main(["bench", "fsdp", "--out", out, *argv]) == cli.EXIT_USAGE, argv
-        assert f"conccl bench fsdp: " in (err := capsys.readouterr().err) and says in err, (argv, err)
+        assert "conccl bench fsdp: " in (err := capsys.readouterr().err) and says in err, (argv, err)
     assert main(["bench", "fsdp", "--out", out, "--tokens", "16", "--layers", "1"]) == cli.EXIT_USAGE
     assert "needs at least 2 CUDA GPUs" in capsys.readouterr().err
 
