@@ -129,9 +129,9 @@ def _used_bytes() -> int:
 
 
 def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
-    """``calls`` verified collectives of every registered kind and mixed sizes; resource use at
-    100 and at the end. Each call's input differs from the last (each byte shifted by a
-    per-call amount, for a collective that moves bytes), so a stale output counts as wrong."""
+    """``calls`` verified collectives of every byte-moving kind (:data:`COLLECTIVES`) and mixed
+    sizes; resource use at 100 and at the end. Each call's input differs from the last (each
+    byte shifted by a per-call amount), so a stale output counts as wrong."""
     rng = random.Random(seed)  # the same sequence on every rank
     chunks = [4, 1024, 16 << 10, 256 << 10, 2 << 20]  # int32 elements per rank pair: 16 B .. 8 MiB
     outs, cases = {}, {}
@@ -140,8 +140,7 @@ def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
         outs[n] = torch.empty(world * n, dtype=torch.int32, device="cuda")  # shared: a stale output is wrong
         for coll in COLLECTIVES.values():
             inp, _, expected = make_case(coll, size, world, rank, torch.int32, "cuda")
-            moves = all(len(srcs) == 1 for srcs in coll.layout(world, rank).sources)
-            cases[coll.name, n] = (inp.clone(), inp.view(torch.uint8).clone(), expected, moves)
+            cases[coll.name, n] = (inp.clone(), inp.view(torch.uint8).clone(), expected)
     wrong = torch.zeros((), dtype=torch.int64, device="cuda")
     snap = {}
     comm = conccl.get_communicator()
@@ -160,8 +159,8 @@ def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
         async_op = rng.random() < 0.5
         kinds[coll.name] += 1
         out = outs[n]
-        inp, base_inp, base_expected, moves = cases[coll.name, n]
-        shift = i % 255 + 1 if moves else 0  # uint8 arithmetic: wraps mod 256 alike on both sides
+        inp, base_inp, base_expected = cases[coll.name, n]
+        shift = i % 255 + 1  # uint8 arithmetic: wraps mod 256 alike on both sides
         torch.add(base_inp, shift, out=inp.view(torch.uint8))
         work = getattr(conccl, coll.api_name)(out, inp, async_op=async_op)
         expected = base_expected + shift

@@ -106,7 +106,7 @@ def build(config: str, shape: ModelShape, device):
 def _train(model, x, cfg: FsdpConfig):
     """(per-step fwd+bwd ms after warm-up, peak allocator bytes, loss after training)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    times, pairs = [], []
+    pairs = []
     for step in range(cfg.train_steps):
         if step == cfg.warmup:
             torch.cuda.synchronize()
