@@ -16,8 +16,9 @@ from .work import Work
 def __getattr__(name):
     # The API module (and the CUDA executor behind it) loads on first use, keeping
     # `import conccl` light for the CLI and the pure parts (plans, reference executor).
-    if name in {"all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor", "persistent_all_gather_into_tensor",
-                "persistent_all_to_all_single", "empty", "set_options", "destroy", "get_communicator",
+    if name in {"all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor", "all_reduce",
+                "persistent_all_gather_into_tensor", "persistent_all_to_all_single",
+                "persistent_reduce_scatter_tensor", "persistent_all_reduce", "empty", "set_options", "destroy", "get_communicator",
                 "get_group"}:
         from . import api
 
@@ -33,8 +34,11 @@ __all__ = [
     "all_gather_into_tensor",
     "all_to_all_single",
     "reduce_scatter_tensor",
+    "all_reduce",
     "persistent_all_gather_into_tensor",
     "persistent_all_to_all_single",
+    "persistent_reduce_scatter_tensor",
+    "persistent_all_reduce",
     "PersistentCollective",
     "empty",
     "set_options",

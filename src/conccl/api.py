@@ -17,6 +17,7 @@ from torch.distributed import _symmetric_memory as symm_mem
 
 from .board import HostBoard
 from .collectives.all_gather import ALL_GATHER
+from .collectives.all_reduce import ALL_REDUCE
 from .collectives.all_to_all import ALL_TO_ALL
 from .collectives.reduce_scatter import REDUCE_SCATTER
 from .errors import InvalidArgument, UnsupportedGroup
@@ -188,6 +189,31 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, *,
     return get_group(group).call(REDUCE_SCATTER, output, input, (op,), async_op, timeout=timeout)
 
 
+def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
+    """Reduce ``tensor`` over the ranks, in place, copy engines moving every byte and one small
+    kernel reducing (a reduce-scatter into the group workspace, then an all-gather out of it).
+
+    Args:
+        tensor: CUDA tensor, contiguous, bf16, fp16 or fp32, any number of elements (the same
+            on every rank); it needs no special allocation.
+        op: ``torch.distributed.ReduceOp.SUM`` (default), ``AVG`` or ``PREMUL_SUM(factor)``
+            (a Python float). Every rank must pass the same.
+        group, async_op, timeout: as in :func:`all_gather_into_tensor`.
+
+    Rank r reduces elements ``r*c .. (r+1)*c`` (``c``: the count divided by the world size,
+    rounded up to 16 bytes) in the order rank 0, 1, ..., in fp32, rounded to the dtype once
+    (AVG and PREMUL_SUM multiply each operand first), and every rank copies each chunk of the
+    result from its reducer. Two ranks: NCCL's result bit for bit; more: within the dtype's
+    rounding of NCCL's ring order. Stream semantics and failures: as
+    :func:`all_gather_into_tensor`.
+
+    SMs used: the reduction kernel, at most 32 CTAs, on one chunk (1/world of the tensor);
+    copies use none. Workspace: the tensor's bytes (rounded up to 256 per chunk) of symmetric
+    memory per rank. In `conccl bench`; not yet in `conccl study` or the planner.
+    """
+    return get_group(group).call(ALL_REDUCE, tensor, tensor, (op,), async_op, timeout=timeout)
+
+
 def persistent_all_gather_into_tensor(output, input, group=None, *, timeout=None):
     """Agree an all-gather of ``input`` into ``output`` with the peers once; start it many times.
 
@@ -213,6 +239,18 @@ def persistent_all_to_all_single(output, input, output_split_sizes=None, input_s
     """
     return get_group(group).persistent(ALL_TO_ALL, output, input, (output_split_sizes, input_split_sizes),
                                        timeout=timeout)
+
+
+def persistent_reduce_scatter_tensor(output, input, op=None, group=None, *, timeout=None):
+    """Agree a reduce-scatter with the peers once; start it many times (see
+    :func:`persistent_all_gather_into_tensor`). Arguments as :func:`reduce_scatter_tensor`."""
+    return get_group(group).persistent(REDUCE_SCATTER, output, input, (op,), timeout=timeout)
+
+
+def persistent_all_reduce(tensor, op=None, group=None, *, timeout=None):
+    """Agree an in-place all-reduce of ``tensor`` with the peers once; start it many times (see
+    :func:`persistent_all_gather_into_tensor`). Arguments as :func:`all_reduce`."""
+    return get_group(group).persistent(ALL_REDUCE, tensor, tensor, (op,), timeout=timeout)
 
 
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,

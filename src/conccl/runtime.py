@@ -210,7 +210,7 @@ class Overlap:
             if op is not None and impl == "conccl":
                 op.start()
             else:  # conccl's functions and torch.distributed's share names and arguments
-                getattr(api if impl == "conccl" else dist, coll.api_name)(output, input, *args, group=group)
+                coll.call_with(api if impl == "conccl" else dist, output, input, args, group=group)
 
         launch(self.plan, fn, comm, tensors=(*tensors, output, input))
         return False

@@ -22,6 +22,10 @@ writes READY and DONE to every peer in every call, even with zero bytes to move.
 "word >= value", so a slow reader can never mistake an older call for the current one and
 words never need resetting. Operations carry a ``seq_delta`` (0 = this call, -1 = the previous
 call) so one schedule serves every call with the same shapes and can be cached.
+
+A collective of two phases (the all-reduce: push, reduce, pull) orders its middle with two
+more kinds, ``PUSHED`` and ``REDUCED``; DONE keeps its meaning (every transfer of the call
+that touches the pad owner's memory is over), so any collective can follow any other.
 """
 from __future__ import annotations
 
@@ -32,6 +36,9 @@ from dataclasses import dataclass
 class Signal(enum.IntEnum):
     READY = 0
     DONE = 1
+    # Two-phase collectives (all-reduce) only: between READY and DONE.
+    PUSHED = 2   # src has written its part of call seq into the pad owner's workspace
+    REDUCED = 3  # src's share of call seq's result is in src's own workspace, for peers to read
 
 
 NUM_SIGNAL_KINDS = len(Signal)

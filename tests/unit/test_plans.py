@@ -6,7 +6,9 @@ import itertools
 import pytest
 
 from conccl.collectives.all_gather import plan_all_gather
+from conccl.collectives.all_reduce import plan_all_reduce
 from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
+from conccl.collectives.reduce_scatter import plan_reduce_scatter
 from conccl.schedule import Algorithm, Buf, Copy, Phase, SetSignal, Signal, StreamMode, WaitSignal
 from conccl.validate import InvalidArgument
 
@@ -71,8 +73,15 @@ def test_all_to_all_uneven_and_zero_splits(world, algo, sym_out):
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 @pytest.mark.parametrize("mode", MODES)
 def test_every_wait_has_a_matching_signal(world, mode):
-    for plans in ([plan_all_gather(world, r, 10, stream_mode=mode) for r in range(world)],
-                  [plan_all_to_all(world, r, equal_split_matrix(world, 0), stream_mode=mode) for r in range(world)]):
+    one_phase = (Signal.READY, Signal.DONE)
+    for plans, kinds in (([plan_all_gather(world, r, 10, stream_mode=mode) for r in range(world)], one_phase),
+                         ([plan_all_to_all(world, r, equal_split_matrix(world, 0), stream_mode=mode)
+                           for r in range(world)], one_phase),
+                         ([plan_reduce_scatter(world, r, 32, "float32", stream_mode=mode) for r in range(world)],
+                          one_phase),
+                         # an all-reduce of fewer elements than ranks: some chunks are empty
+                         ([plan_all_reduce(world, r, 3, 4, "float32", stream_mode=mode) for r in range(world)],
+                          tuple(Signal))):
         sets = {(r, op.peer, op.kind, op.seq_delta) for r, p in enumerate(plans) for ops in p.slots for op in ops
                 if isinstance(op, SetSignal)}
         for r, p in enumerate(plans):
@@ -80,8 +89,10 @@ def test_every_wait_has_a_matching_signal(world, mode):
                 for op in ops:
                     if isinstance(op, WaitSignal) and op.seq_delta == 0:
                         assert (op.peer, r, op.kind, 0) in sets
-            # every rank reports READY and DONE to every peer, every call, even with no bytes
-            for peer, kind in itertools.product(set(range(world)) - {r}, Signal):
+            # every rank reports every kind its collective uses to every peer, every call, even
+            # with no bytes; one-phase collectives use READY and DONE only
+            assert {op.kind for ops in p.slots for op in ops if isinstance(op, SetSignal)} == set(kinds)
+            for peer, kind in itertools.product(set(range(world)) - {r}, kinds):
                 assert (r, peer, kind, 0) in sets
 
 

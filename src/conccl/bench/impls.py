@@ -109,8 +109,7 @@ def _to_symmetric(t, ctx, role):
 
 
 def _nccl(coll, inp, out, ctx):
-    fn = getattr(dist, coll.api_name)
-    return (lambda: fn(out, inp)), lambda: out
+    return (lambda: coll.call_with(dist, out, inp)), lambda: out
 
 
 def _nccl_ce(coll, inp, out, ctx):

@@ -197,9 +197,15 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[d
                 inp = out = expected = run = result = None
                 try:
                     inp, out, expected = make_case(coll, size, world, rank, dtype, "cuda")
+                    pristine = None
+                    if coll.single_tensor:  # torch's all_reduce works in place: run every impl so
+                        pristine, out = inp.clone(), inp
                     run, result = impl.setup(coll, inp, out, ctx)
                     if cfg.check:
-                        out.view(torch.uint8).fill_(0xAB)  # poison: unwritten elements count as wrong
+                        if pristine is not None:
+                            out.copy_(pristine)  # the input again (the timed runs reduce it over and over)
+                        else:
+                            out.view(torch.uint8).fill_(0xAB)  # poison: unwritten elements count as wrong
                         run()
                         torch.cuda.synchronize()
                         rec["wrong"] = _wrong_elements(result(), expected, esize)
@@ -218,7 +224,7 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[d
                 records.append(rec)
                 if rank == 0:
                     report.print_row(rec)
-                inp = out = expected = run = result = None
+                inp = out = expected = run = result = pristine = None
                 torch.cuda.empty_cache()
             if rank == 0:
                 report.print_footer([r for r in records if r["impl"] == impl.name and r["collective"] == coll.name])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from .all_gather import ALL_GATHER
+from .all_reduce import ALL_REDUCE
 from .all_to_all import ALL_TO_ALL
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .reduce_scatter import REDUCE_SCATTER
 
-REGISTRY: dict[str, Collective] = {c.name: c for c in (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER)}
+REGISTRY: dict[str, Collective] = {c.name: c for c in (ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, ALL_REDUCE)}
 # What `conccl study` measures and the planner plans for (Collective.studied).
 STUDIED: dict[str, Collective] = {n: c for n, c in REGISTRY.items() if c.studied}
 

@@ -89,6 +89,9 @@ class Collective(abc.ABC):
     # profile holds the collective's sweeps). A collective that is not yet studied still runs,
     # benchmarks and checks like every other; its default scenarios and plans wait for data.
     studied: ClassVar[bool] = True
+    # torch.distributed's function takes one tensor, reduced in place (``all_reduce(tensor,
+    # op)``); the group's call still takes (output, input, *args), in place when they are one.
+    single_tensor: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ sizes
     @abc.abstractmethod
@@ -157,6 +160,17 @@ class Collective(abc.ABC):
              stream_mode: StreamMode, input_symmetric: bool, output_symmetric: bool,
              peers_in_place: bool) -> Schedule:
         """This rank's schedule (a pure function; cache it)."""
+
+    def call_with(self, lib, output, input, args: tuple = (), **kwargs):
+        """Call ``lib.<api_name>`` (``torch.distributed``'s or ``conccl``'s, which share names
+        and arguments) on (output, input, *args). A single-tensor collective runs in place on
+        ``output``, after copying ``input`` into it unless they are one tensor."""
+        fn = getattr(lib, self.api_name)
+        if self.single_tensor:
+            if output is not input:
+                output.copy_(input)
+            return fn(output, *args, **kwargs)
+        return fn(output, input, *args, **kwargs)
 
     # ------------------------------------------------------------------ reference
     @abc.abstractmethod

@@ -1,0 +1,161 @@
+"""All-reduce: every rank's output is the reduction over every rank of its whole input.
+
+How it moves (a reduce-scatter into the group workspace, then an all-gather pulled out of it;
+the workspace is peer-reachable on every rank, so no tensor needs to be symmetric)::
+
+    rank r, call s:  wait DONE(s-1) of every peer (it no longer touches our workspace)
+                     READY(s) -> every peer                      (our workspace may be written)
+    push, per peer:  wait READY(s) of p · input[chunk p] -> workspace@p[slot r] · PUSHED(s) -> p
+    reduce:          wait PUSHED(s) of every peer · workspace[slot r] = reduce(chunk r of every rank)
+                     REDUCED(s) -> every peer                    (our chunk of the result is ready)
+    pull, per peer:  wait REDUCED(s) of p · workspace@p[slot p] -> output[chunk p] · DONE(s) -> p
+    own chunk:       workspace[slot r] -> output[chunk r]
+
+Copy engines move every byte (``2 (world-1) / world`` of the tensor in and out of each GPU,
+as a ring all-reduce); the reduction is the one step that takes an SM. The result lands in
+the workspace first because peers must reach it, and the output need not be peer-reachable.
+In place (output is input) is safe: a peer pulls chunk p into our output only after every
+rank's push of chunk p, ours included, has landed (REDUCED(s) of p follows PUSHED(s) of all).
+
+Chunks: rank r reduces elements ``[r*c, (r+1)*c)`` with ``c = ceil(n / world)`` rounded up to
+16 bytes (so every chunk starts 16-byte aligned and the reduction reads whole vectors); the
+last chunks may be short or empty. Order of summation: rank 0, 1, ..., world-1 in fp32,
+rounded to the dtype once; two ranks give NCCL's result bit for bit.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import replace
+from functools import lru_cache
+
+from ..schedule import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
+                        WaitSignal)
+from ..validate import InvalidArgument, check_pair, overlaps
+from .base import Collective, Layout, LocalCall, PeerCalls
+from .direct import peer_order
+from .reduce_scatter import DTYPES, WORKSPACE_ALIGN, reduce_chunks, reduce_op
+
+NAME = "all_reduce"
+
+VECTOR_BYTES = 16  # what the reduction kernel reads per thread on its fast path
+
+
+def chunk_ranges(numel: int, world: int, esize: int) -> tuple[tuple[int, int], ...]:
+    """(byte offset, bytes) of each rank's chunk of an ``numel``-element tensor (see module doc)."""
+    unit = max(1, VECTOR_BYTES // esize)
+    per = -(-numel // world)
+    per = -(-per // unit) * unit
+    bounds = [min(numel, i * per) for i in range(world + 1)]
+    return tuple((bounds[i] * esize, (bounds[i + 1] - bounds[i]) * esize) for i in range(world))
+
+
+@lru_cache(maxsize=1024)
+def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, scale: float = 1.0, *,
+                    stream_mode: StreamMode = StreamMode.BATCH) -> Schedule:
+    """Schedule of one rank's all-reduce of ``numel`` elements of ``esize`` bytes (pure, cached)."""
+    if not 0 <= rank < world:
+        raise InvalidArgument(f"rank {rank} outside a world of {world}")
+    if dtype not in DTYPES:
+        raise InvalidArgument(f"all_reduce supports {', '.join(DTYPES)}, got {dtype}")
+    chunks = chunk_ranges(numel, world, esize)
+    slot = -(-chunks[0][1] // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    peers = peer_order(world, rank)
+    own_off, own_bytes = chunks[rank]
+
+    def push(p) -> list[Op]:
+        off, n = chunks[p]
+        return [Copy(Transfer(rank, Buf.INPUT, off, p, Buf.WORKSPACE, rank * slot, n, 0, Phase.PEER))] if n else []
+
+    def pull(p) -> list[Op]:
+        off, n = chunks[p]
+        return [Copy(Transfer(p, Buf.WORKSPACE, p * slot, rank, Buf.OUTPUT, off, n, 0, Phase.PEER))] if n else []
+
+    reduce: list[Op] = []
+    own: list[Op] = []
+    if own_bytes:
+        srcs = tuple((Buf.INPUT, own_off) if s == rank else (Buf.WORKSPACE, s * slot) for s in range(world))
+        reduce = [Reduce((Buf.WORKSPACE, rank * slot), srcs, own_bytes, dtype, scale)]
+        own = [Copy(Transfer(rank, Buf.WORKSPACE, rank * slot, rank, Buf.OUTPUT, own_off, own_bytes, 0, Phase.LOCAL))]
+    # The workspace is shared by every call of the group: before peers may write into it, they
+    # must be done with the previous call's use of it (a staged all-gather's reads, our pulls).
+    ready = [WaitSignal(p, Signal.DONE, -1) for p in peers] + [SetSignal(p, Signal.READY) for p in peers]
+    middle = ([WaitSignal(p, Signal.PUSHED) for p in peers] + reduce
+              + [SetSignal(p, Signal.REDUCED) for p in peers])
+    if stream_mode is StreamMode.PER_PEER:
+        slots = [ready + middle + own]
+        for p in peers:
+            slots.append([WaitSignal(p, Signal.READY), *push(p), SetSignal(p, Signal.PUSHED),
+                          WaitSignal(p, Signal.REDUCED), *pull(p), SetSignal(p, Signal.DONE)])
+    else:
+        ops = ready + [WaitSignal(p, Signal.READY) for p in peers]
+        for p in peers:
+            ops += push(p)
+        ops += [SetSignal(p, Signal.PUSHED) for p in peers] + middle + [WaitSignal(p, Signal.REDUCED) for p in peers]
+        for p in peers:
+            ops += pull(p)
+        ops += [SetSignal(p, Signal.DONE) for p in peers] + own
+        slots = [ops]
+    numbered = tuple(
+        tuple(Copy(replace(op.transfer, slot=k)) if isinstance(op, Copy) else op for op in ops)
+        for k, ops in enumerate(s for s in slots if s))
+    return Schedule(collective=NAME, world=world, rank=rank, slots=numbered, algorithm=Algorithm.PUSH,
+                    stream_mode=stream_mode, staged=True, workspace_bytes=world * slot)
+
+
+def check_all_reduce(output, input, device_type: str) -> bool:
+    """Validate arguments; return True when the output is the input itself (in place)."""
+    check_pair(output, input, device_type)
+    if str(input.dtype).removeprefix("torch.") not in DTYPES:
+        raise InvalidArgument(f"all_reduce supports {', '.join(DTYPES)}, got {input.dtype}")
+    if input.numel() != output.numel():
+        raise InvalidArgument(f"all_reduce: output has {output.numel()} elements, input {input.numel()}; they must match")
+    if not overlaps(output, input):
+        return False
+    if output.data_ptr() != input.data_ptr():
+        raise InvalidArgument("all_reduce: output overlaps input without being the same tensor")
+    return True
+
+
+class AllReduce(Collective):
+    """``all_reduce(tensor, op=SUM)``: the tensor on every rank becomes op over the ranks of
+    their tensors. The group's call takes (output, input, op): in place when they are one
+    tensor (as torch.distributed's), out of place otherwise (as NCCL's ncclAllReduce)."""
+
+    name = NAME
+    api_name = "all_reduce"
+    arg_names = ("op",)
+    single_tensor = True
+    studied = False  # the study's strategies and the profile's sweeps do not cover it yet
+
+    def layout(self, world: int, rank: int) -> Layout:
+        return Layout(world, world, tuple(tuple((src, c) for src in range(world)) for c in range(world)))
+
+    def bus_factor(self, world: int) -> float:
+        return 2 * (world - 1) / world  # nccl-tests' all-reduce factor
+
+    def local(self, output, input, args, world, rank, device_type) -> LocalCall:
+        name, scale = reduce_op("SUM" if not args or args[0] is None else args[0], world)
+        in_place = check_all_reduce(output, input, device_type)
+        esize = input.element_size()
+        chunks = chunk_ranges(input.numel(), world, esize)
+        dtype = str(input.dtype).removeprefix("torch.")
+        return LocalCall(tuple(n for _, n in chunks), (chunks[rank][1],) * world, in_place,
+                         (input.numel(), esize, dtype, scale), agreed=zlib.crc32(f"{name}:{scale!r}".encode()))
+
+    def algorithm(self, requested, output_symmetric):
+        if requested is Algorithm.PULL:
+            raise InvalidArgument("all_reduce runs one way only (push into the workspace, pull the result)")
+        return Algorithm.PUSH
+
+    def plan(self, world, rank, local, peers: PeerCalls, *, algorithm, stream_mode, input_symmetric,
+             output_symmetric, peers_in_place) -> Schedule:
+        numel, esize, dtype, scale = local.extra
+        return plan_all_reduce(world, rank, numel, esize, dtype, scale, stream_mode=stream_mode)
+
+    def reference(self, inputs, rank, args=None):
+        op = args[rank][0] if args and args[rank] and args[rank][0] is not None else "SUM"
+        _, scale = reduce_op(op, len(inputs))
+        return reduce_chunks([t.reshape(-1) for t in inputs], scale).to(inputs[0].dtype)
+
+
+ALL_REDUCE = AllReduce()

@@ -1,0 +1,96 @@
+"""GPU tier: the copy-engine all-reduce against NCCL's, and proof of what ran.
+
+Each test starts one process per GPU (skipping: conftest.py).
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _kernels(prof) -> list[str]:
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _all_reduce_against_nccl(rank, world):
+    import torch.distributed as dist
+    from torch.distributed import ReduceOp
+    from torch.profiler import ProfilerActivity, profile
+
+    import conccl
+    from conccl.collectives.all_reduce import ALL_REDUCE
+
+    report = {"cases": []}
+    g = torch.Generator(device="cuda").manual_seed(17 + rank)
+    group = conccl.get_group()
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for n in (1, 1000, 12345, (64 << 20) // 2 + 3):
+            for op in (ReduceOp.SUM, ReduceOp.AVG):
+                for mode in (conccl.StreamMode.BATCH, conccl.StreamMode.PER_PEER):
+                    x = torch.randn(n, dtype=torch.float32, device="cuda", generator=g).to(dtype)
+                    ref = x.clone()
+                    dist.all_reduce(ref, op=op)
+                    every = torch.empty(world * n, dtype=dtype, device="cuda")
+                    dist.all_gather_into_tensor(every, x)
+                    stated = ALL_REDUCE.reference(list(every.view(world, -1)), rank, [(op,)] * world)
+                    if mode is conccl.StreamMode.BATCH:
+                        conccl.all_reduce(x, op=op)  # the public, in-place call
+                        out = x
+                    else:  # the group's out-of-place call, one stream per peer
+                        out = torch.full_like(x, float("nan"))
+                        group.all_reduce(out, x, op, stream_mode=mode)
+                    torch.cuda.synchronize()
+                    bits = lambda t: t.view(torch.int32 if dtype == torch.float32 else torch.int16)  # noqa: E731
+                    report["cases"].append((str(dtype), n, str(op), mode.value, torch.equal(bits(out), bits(ref)),
+                                            bool(torch.allclose(out.float(), ref.float(), rtol=1e-2, atol=1e-2)),
+                                            torch.equal(bits(out), bits(stated))))
+    # mixed with the other collectives on one group, and a persistent op started many times
+    n = 4099
+    buf = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    expect = torch.empty_like(buf)
+    op = conccl.persistent_all_reduce(buf)
+    ok = []
+    for step in range(5):
+        buf.copy_(torch.randn(n, device="cuda", generator=g).to(torch.bfloat16))
+        expect.copy_(buf)
+        dist.all_reduce(expect)
+        op.start()
+        gathered = torch.empty(world * 64, device="cuda")
+        conccl.all_gather_into_tensor(gathered, torch.full((64,), float(rank + step), device="cuda"))
+        torch.cuda.synchronize()
+        ok.append(torch.equal(buf, expect)
+                  and torch.equal(gathered, (torch.arange(world, device="cuda") + step).repeat_interleave(64).float()))
+    report["persistent_mixed"] = ok
+    # what runs: the reduction kernel and nothing else (no NCCL, no elementwise torch kernel)
+    x = torch.randn(16 << 20, device="cuda", generator=g).to(torch.bfloat16)
+    conccl.all_reduce(x, op=ReduceOp.AVG)
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            conccl.all_reduce(x, op=ReduceOp.AVG)
+        torch.cuda.synchronize()
+    report["kernels"] = sorted(set(_kernels(prof)))
+    report["kernel_count"] = sum(1 for k in _kernels(prof) if "reduce" in k)
+    return report
+
+
+def test_all_reduce_equals_nccl_and_runs_only_the_reduction_kernel():
+    from conccl.launch import run_per_gpu
+
+    results = run_per_gpu(_all_reduce_against_nccl)
+    world = len(results)
+    for dtype, n, op, mode, same, close, stated in results[0]["cases"]:  # the table, for the log (pytest -s)
+        print(f"all_reduce world {world} {dtype} n={n} {op} {mode}: bits equal to NCCL {same}, close {close}, "
+              f"bits equal to the stated arithmetic {stated}")
+    for r in results:
+        for dtype, n, op, mode, same, close, stated in r["cases"]:
+            assert stated, (dtype, n, op, mode)  # every case: exactly the documented order and rounding
+            if world == 2 and op.endswith("SUM"):
+                assert same, (dtype, n, op, mode)  # one addition: NCCL's bits
+            else:
+                assert close, (dtype, n, op, mode)
+        assert r["persistent_mixed"] == [True] * 5, r["persistent_mixed"]
+        assert all(k.startswith("reduce_") or "Memcpy" in k or "Memset" in k for k in r["kernels"]), r["kernels"]
+        assert r["kernel_count"] == 3, r
