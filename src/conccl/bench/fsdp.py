@@ -57,6 +57,11 @@ class FsdpConfig:
     warmup: int = 3
     train_steps: int = 20
     profile: bool = True
+    # Train each config a second time under torch.use_deterministic_algorithms for the loss:
+    # flash attention's default backward accumulates dq with atomics, so two runs of the same
+    # model differ in the last bits (scripts/determinism_probe.py), and a loss compared between
+    # configs would say nothing about the collectives. The timed run stays in the default mode.
+    deterministic_loss: bool = True
 
 
 class Block(nn.Module):
@@ -174,14 +179,19 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
         g = torch.Generator(device=device).manual_seed(1000 + rank)
         x = torch.randn(1, tokens, cfg.shape.dim, generator=g, device=device, dtype=torch.bfloat16)
         for config in cfg.configs:
+            loss = None
+            if cfg.deterministic_loss:
+                loss = _deterministic_loss(config, x, cfg, device)
             model, comms = build(config, cfg.shape, device)
             dist.barrier()
-            times, peak, loss, opt = _train(model, x, cfg)
+            times, peak, loss_timed, opt = _train(model, x, cfg)
             extra = 0
             if comms is not None:
                 extra = sum(m["workspace_bytes"] for m in comms.memory().values())
             rec = {"tokens_per_rank": tokens, "config": config, "rank": rank, "times_ms": times,
-                   "peak_alloc_bytes": peak, "conccl_workspace_bytes": extra, "loss": loss,
+                   "peak_alloc_bytes": peak, "conccl_workspace_bytes": extra,
+                   "loss": loss_timed if loss is None else loss, "loss_deterministic": loss is not None,
+                   "loss_timed_run": loss_timed,
                    "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
                                                          "memory": comms.memory()}}
             if cfg.profile and rank == 0:
@@ -195,6 +205,21 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             torch.cuda.empty_cache()
             dist.barrier()
     return out
+
+
+def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
+    """The loss after ``cfg.train_steps`` steps of ``config`` under deterministic algorithms."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        model, comms = build(config, cfg.shape, device)
+        dist.barrier()
+        _, _, loss, opt = _train(model, x, cfg)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    del model, comms, opt
+    gc.collect()
+    torch.cuda.empty_cache()
+    return loss
 
 
 def combine(per_rank: list[list[dict]]) -> list[dict]:
@@ -211,6 +236,7 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
             "peak_alloc_gib": max(r["peak_alloc_bytes"] for r in recs) / 2**30,
             "conccl_workspace_gib": max(r["conccl_workspace_bytes"] for r in recs) / 2**30,
             "loss": r0["loss"], "loss_per_rank": [r["loss"] for r in recs],
+            "loss_deterministic": r0.get("loss_deterministic", False), "loss_timed_run": r0.get("loss_timed_run"),
             "conccl": r0["conccl"], "profile_rank0": r0.get("profile"),
         })
     return results
@@ -222,7 +248,10 @@ def markdown(doc: dict) -> str:
              f"commit {meta['commit']}, {meta['date']}, torch {meta['torch']}, NCCL {meta['nccl']}. Model: "
              f"{meta['model']['layers']} blocks, d {meta['model']['dim']}, ffn {meta['model']['ffn']}, "
              f"{meta['model']['heads']} heads, bf16, {meta['model']['parameters'] / 1e9:.2f} B parameters; one "
-             "sequence per rank. Step = forward + backward, CUDA events, median over steps of the slowest rank.",
+             "sequence per rank. Step = forward + backward, CUDA events, median over steps of the slowest rank. "
+             + ("Loss: one forward after the same training run again under torch.use_deterministic_algorithms "
+                "(the timed run's attention backward is not reproducible bit for bit)."
+                if res and res[0].get("loss_deterministic") else "Loss: one forward after the timed run."),
              "", "| tokens per rank | config | step (ms) | spread (ms) | x no_comm | peak memory (GiB) | loss after training |",
              "| ---: | --- | ---: | --- | ---: | ---: | --- |"]
     base = {r["tokens_per_rank"]: r["step_ms"] for r in res if r["config"] == "no_comm"}

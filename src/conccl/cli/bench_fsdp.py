@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     b.add_argument("--train-steps", type=int, default=20, help="AdamW steps; the ones after the warm-up are timed "
                                                                  "(default 20)")
     b.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    b.add_argument("--no-deterministic-loss", action="store_true",
+                   help="report the timed run's loss instead of training again under deterministic algorithms "
+                        "(faster; the loss then varies in its last bits from run to run)")
     b.add_argument("--gpus", type=int, default=None, help="processes (default: all visible GPUs)")
     b.add_argument("--out", required=True, help="folder for fsdp.json and fsdp.md")
     add_machine_kind(b, "JSON")
@@ -58,7 +61,8 @@ def config(args) -> bench_fsdp.FsdpConfig:
         raise ValueError(f"--dim ({shape.dim}) must be a multiple of --heads ({shape.heads})")
     if args.warmup < 0 or args.train_steps - args.warmup < 1:
         raise ValueError(f"--train-steps ({args.train_steps}) must exceed --warmup ({args.warmup}) >= 0")
-    return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile)
+    return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile,
+                                 not args.no_deterministic_loss)
 
 
 def run(args) -> int:
@@ -74,6 +78,9 @@ def run(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return fail("bench fsdp", f"--out {args.out}: cannot create the folder ({e.strerror})")
+    # cuBLAS is reproducible under deterministic algorithms only with a fixed workspace; read
+    # when a process makes its first handle, so set before the workers start.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     meta = environment(args.machine_kind, world)
     print(f"# conccl bench fsdp on {world} x {meta['device']}: {cfg.shape.parameters() / 1e9:.2f} B parameters, "
           f"tokens {list(cfg.tokens)}, configs {list(cfg.configs)}", flush=True)
