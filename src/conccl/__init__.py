@@ -18,7 +18,7 @@ def __getattr__(name):
     # `import conccl` light for the CLI and the pure parts (plans, reference executor).
     if name in {"all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor", "all_reduce",
                 "persistent_all_gather_into_tensor", "persistent_all_to_all_single",
-                "persistent_reduce_scatter_tensor", "persistent_all_reduce", "empty", "set_options", "destroy", "get_communicator",
+                "persistent_reduce_scatter_tensor", "persistent_all_reduce", "reserve_graph_workspace", "empty", "set_options", "destroy", "get_communicator",
                 "get_group"}:
         from . import api
 
@@ -39,6 +39,7 @@ __all__ = [
     "persistent_all_to_all_single",
     "persistent_reduce_scatter_tensor",
     "persistent_all_reduce",
+    "reserve_graph_workspace",
     "PersistentCollective",
     "empty",
     "set_options",

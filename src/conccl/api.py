@@ -253,6 +253,21 @@ def persistent_all_reduce(tensor, op=None, group=None, *, timeout=None):
     return get_group(group).persistent(ALL_REDUCE, tensor, tensor, (op,), timeout=timeout)
 
 
+def reserve_graph_workspace(nbytes: int, group=None) -> None:
+    """Reserve ``nbytes`` of symmetric memory for the workspaces of conccl calls captured into
+    CUDA graphs later (a collective call, made before the first capture on ``group``).
+
+    A captured call runs at every replay with a workspace region of its own (nothing it
+    touches is shared with another call: :mod:`conccl.graphs`): a reduce-scatter or all-reduce
+    needs its input's bytes (each chunk's slot rounded up to 256), an all-gather or all-to-all
+    from ordinary tensors its input's; from :func:`empty` tensors none. Capturing a call that
+    does not fit raises :class:`InvalidArgument` naming what it needs.
+    """
+    if not isinstance(nbytes, int) or nbytes < 0:
+        raise InvalidArgument(f"nbytes must be a whole number of bytes >= 0, got {nbytes!r}")
+    get_group(group).executor.reserve_graph_workspace(nbytes)
+
+
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
                 timeout: timedelta | None = None, checks: bool | None = None) -> None:
     """Change a group's defaults (algorithm, stream mode, timeout) on this rank.

@@ -110,6 +110,15 @@ class WaitSignal:
 
 
 @dataclass(frozen=True)
+class ResetSignal:
+    """Write 0 into word (kind, ``peer``) of the own pad, after prior work: a captured call's
+    consumer-side reset after its wait (see :mod:`conccl.graphs`), never in an eager schedule."""
+
+    peer: int
+    kind: Signal
+
+
+@dataclass(frozen=True)
 class Reduce:
     """Elementwise reduction on this rank's GPU: ``dst = sum(scale * src for src in srcs)``.
 
@@ -125,7 +134,7 @@ class Reduce:
     scale: float = 1.0  # every operand is multiplied by it first (AVG: 1/world; PREMUL_SUM: the factor)
 
 
-Op = Copy | SetSignal | WaitSignal | Reduce
+Op = Copy | SetSignal | WaitSignal | ResetSignal | Reduce
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ import torch
 from torch.distributed import _symmetric_memory as symm_mem
 
 from .._driver import StreamOps, driver
+from ..errors import InvalidArgument
+from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
 from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
 from ..work import Work
 from .base import workspace_capacity
@@ -83,7 +85,8 @@ class CudaCopyEngineExecutor:
     def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
         self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
         self.symmetric = SymmetricRegistry()  # this group's conccl.empty tensors
-        pad = symm_mem.empty(signal_pad_words(world), dtype=torch.int32, device=device)
+        # The eager words, then one block per graph slot (conccl.graphs).
+        pad = symm_mem.empty(signal_pad_words(world) * (1 + GRAPH_SLOTS), dtype=torch.int32, device=device)
         pad.zero_()  # set-up only; collectives never launch a kernel
         torch.cuda.synchronize(device)
         self._pad = pad
@@ -105,6 +108,9 @@ class CudaCopyEngineExecutor:
         self._ws_key = None
         self._ws_cap = 0
         self._programs: dict = {}
+        self._graph_ws = self._graph_ws_handle = None  # reserve_graph_workspace()'s arena
+        self._graph_ws_cap = self._graph_ws_used = 0
+        self._graph_keep: list = []  # what captured calls refer to (programs, events)
         self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
         self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
@@ -256,6 +262,62 @@ class CudaCopyEngineExecutor:
             caller.wait_event(end)
         return Work(None, flight=flight)
 
+    # ------------------------------------------------------------------ graphs
+    def capturing(self) -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    def reserve_graph_workspace(self, nbytes: int) -> None:
+        """Symmetric memory for the workspaces of calls captured later (a collective call, made
+        before capture: memory cannot be mapped with the peers while a stream is captured)."""
+        if nbytes <= self._graph_ws_cap - self._graph_ws_used:
+            return
+        if self._graph_ws_used:
+            raise InvalidArgument("the graph workspace is in use by captured calls and cannot grow; reserve what every "
+                                  "graph needs before the first capture")
+        torch.cuda.synchronize(self.device)
+        ws = self.symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
+        self._graph_ws_handle = self.symm_mem.rendezvous(ws, self.group_name)
+        self._graph_ws, self._graph_ws_cap = ws, nbytes
+
+    def capture_call(self, schedule: Schedule, input, output, views, slot: int, timeout_s: float) -> None:
+        """Queue a captured call (graph slot ``slot``) on the capturing stream: its own signal
+        words, its own workspace region, one cuMemcpyAsync per copy, single stream memory ops."""
+        ws_base = None
+        if schedule.workspace_bytes:
+            need = -(-schedule.workspace_bytes // 256) * 256
+            if self._graph_ws_used + need > self._graph_ws_cap:
+                raise InvalidArgument(
+                    f"a captured conccl {schedule.collective} needs {schedule.workspace_bytes} bytes of graph workspace "
+                    f"and {self._graph_ws_cap - self._graph_ws_used} are left: call "
+                    "conccl.reserve_graph_workspace(nbytes) with what every captured call needs before capturing "
+                    "(tensors from conccl.empty need none for all-gather and all-to-all)")
+            ws_base = [p + self._graph_ws_used for p in self._graph_ws_handle.buffer_ptrs]
+            self._graph_ws_used += need
+        sym_in, sym_out = views
+
+        def address(rank, buf):
+            if buf is Buf.WORKSPACE:
+                return ws_base[rank]
+            t, sym = (input, sym_in) if buf is Buf.INPUT else (output, sym_out)
+            return t.data_ptr() if rank == self.rank else sym[0][rank] + sym[1][rank]
+
+        words = 4 * signal_pad_words(self.world) * (1 + slot)
+        pads = [p + words for p in self._pads]
+        program = CompiledProgram(lower(schedule, address, pads, "none", batch_copies=False), driver(),
+                                  self._device_index)
+        caller = torch.cuda.current_stream(self.device)
+        events = [torch.cuda.Event() for _ in range(len(program.slots))]
+        if len(program.slots) > 1:
+            events[0].record(caller)
+        program.launch_slot(0, self._cu_stream(caller), GRAPH_VALUE)
+        for k in range(1, len(program.slots)):  # a fork and join the capture follows
+            stream = self._streams[k]
+            stream.wait_event(events[0])
+            program.launch_slot(k, self._cu_streams_pool[k], GRAPH_VALUE)
+            events[k].record(stream)
+            caller.wait_event(events[k])
+        self._graph_keep.append((program, events))
+
     # ------------------------------------------------------------------ watchdog side
     # Re-recording an event does not affect waits already queued on it, and the watchdog
     # hands back only finished, forgotten flights. Nothing else refers to their start event,
@@ -276,7 +338,7 @@ class CudaCopyEngineExecutor:
     def read_pad(self) -> np.ndarray:
         """The own signal pad as the GPU sees it now (a copy on the watchdog's stream)."""
         with torch.cuda.stream(self._watch_stream):  # a plain device-to-host copy, no kernel
-            return self._pad.cpu().numpy().view(np.uint32)
+            return self._pad[:signal_pad_words(self.world)].cpu().numpy().view(np.uint32)
 
     def missing_peers(self, schedule: Schedule, seq: int) -> list[int]:
         """Peers whose signal call ``seq`` of ``schedule`` still waits for."""
@@ -298,6 +360,7 @@ class CudaCopyEngineExecutor:
         if self._last_end is not None and not self._last_end.query():
             return
         self._ws = self._ws_handle = None
+        self._graph_ws = self._graph_ws_handle = None
         self._pad = self._pad_handle = None
         self.symmetric = SymmetricRegistry()
         self._programs.clear()

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .._driver import check, signal_flags
-from ..schedule import Copy, Phase, Reduce, Schedule, SetSignal, StreamMode, WaitSignal, signal_word
+from ..schedule import Copy, Phase, Reduce, ResetSignal, Schedule, SetSignal, StreamMode, WaitSignal, signal_word
 from .cuda_reduce import ReduceLaunch
 
 # cuStreamBatchMemOp takes fewer than 256 operations per call.
@@ -108,6 +108,8 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             entry = (True, pads[rank] + 4 * signal_word(op.kind, op.peer, world), op.seq_delta)
         elif isinstance(op, SetSignal):
             entry = (False, pads[op.peer] + 4 * signal_word(op.kind, rank, world), op.seq_delta)
+        elif isinstance(op, ResetSignal):  # a captured call, launched as call 1: writes 1 - 1 = 0
+            entry = (False, pads[rank] + 4 * signal_word(op.kind, op.peer, world), -1)
         else:
             raise TypeError(f"unknown schedule op {op!r}")
         if batching == "all" or (batching == "waits" and entry[0]):
@@ -120,9 +122,11 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
     return tuple(steps)
 
 
-def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[int], batching: str = "all") -> tuple:
-    """Every slot of ``schedule`` lowered (see :func:`lower_slot`)."""
-    batch = schedule.stream_mode is StreamMode.BATCH
+def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[int], batching: str = "all",
+          batch_copies: bool | None = None) -> tuple:
+    """Every slot of ``schedule`` lowered (see :func:`lower_slot`); ``batch_copies`` None: as
+    its stream mode says (a captured call passes False: cuMemcpyBatchAsync cannot be captured)."""
+    batch = schedule.stream_mode is StreamMode.BATCH if batch_copies is None else batch_copies
     return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch, batching)
                  for ops in schedule.slots)
 

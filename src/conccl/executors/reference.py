@@ -7,6 +7,8 @@ slot runs until it reaches a wait that is not yet satisfied, then the next slot 
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 import multiprocessing as mp
 import os
@@ -24,7 +26,9 @@ from ..group import Group, Options, board_row_len
 from ..launch import collect_results
 from ..errors import CollectiveTimeout
 from ..collectives.reduce_scatter import reduce_chunks
-from ..schedule import Buf, Copy, Reduce, Schedule, SetSignal, WaitSignal, signal_pad_words, signal_word
+from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
+from ..schedule import (Buf, Copy, Reduce, ResetSignal, Schedule, SetSignal, WaitSignal, signal_pad_words,
+                        signal_word)
 from ..work import Work
 from .base import workspace_capacity
 
@@ -54,14 +58,19 @@ class ReferenceExecutor:
         self.prefix, self.rank, self.world, self.board, self.timeout_s = prefix, rank, world, board, timeout_s
         self._mine: list = []  # shared-memory segments this rank created (and unlinks)
         self._attached: list = []  # peers' segments this rank maps
-        self._pad_shm = self._create(f"{prefix}_sig_r{rank}", signal_pad_words(world) * 4)
-        np.ndarray(signal_pad_words(world), np.uint32, self._pad_shm.buf)[:] = 0
+        # The eager words, then one block per graph slot (conccl.graphs), as on CUDA.
+        words = signal_pad_words(world) * (1 + GRAPH_SLOTS)
+        self._pad_shm = self._create(f"{prefix}_sig_r{rank}", words * 4)
+        np.ndarray(words, np.uint32, self._pad_shm.buf)[:] = 0
         self._barrier()
-        self._pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
+        self._all_pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
+        self._pads = [pad[:signal_pad_words(world)] for pad in self._all_pads]
+        self._capture: list | None = None  # calls recorded by capture(), None when not capturing
         self._ws_gen, self._ws_cap, self._ws = 0, 0, [None] * world
         self._allocs: list[tuple[int, int, str]] = []  # (start, end, name pattern) of symmetric tensors
         self._peer_allocs: dict[tuple[str, int], np.ndarray] = {}
         self._deferred: list[_Deferred] = []  # async calls not run yet, in call order
+        self._ws_now = None  # a captured call's own workspace while it runs
 
     # ------------------------------------------------------------ shared memory
     def _create(self, name, nbytes):
@@ -70,7 +79,7 @@ class ReferenceExecutor:
         return shm
 
     def _attach_words(self, name):
-        return self._attach_bytes(name, signal_pad_words(self.world) * 4).view(np.uint32)
+        return self._attach_bytes(name, signal_pad_words(self.world) * (1 + GRAPH_SLOTS) * 4).view(np.uint32)
 
     def _attach_bytes(self, name, nbytes=None):
         shm = _shm.attach(name)
@@ -124,10 +133,44 @@ class ReferenceExecutor:
         self._ws = [self._attach_bytes(f"{self.prefix}_ws{self._ws_gen}_r{p}", cap) for p in range(self.world)]
         self._ws_cap = cap
 
+    # ------------------------------------------------------------ graphs
+    # A stand-in for CUDA graph capture, for the tests: calls made inside capture() are
+    # recorded, not run, and replay() runs them again in order, as a graph replay would.
+    @contextlib.contextmanager
+    def capture(self):
+        """Record the group's calls instead of running them; yields the list :meth:`replay` takes."""
+        self.flush()
+        self._capture = recorded = []
+        try:
+            yield recorded
+        finally:
+            self._capture = None
+
+    def capturing(self) -> bool:
+        return self._capture is not None
+
+    def capture_call(self, schedule: Schedule, input, output, views, slot: int, timeout_s: float) -> None:
+        """Record a captured call (graph slot ``slot``) with a workspace of its own."""
+        ws = None
+        if schedule.workspace_bytes:
+            name = f"{self.prefix}_gws{slot}_r{{rank}}"
+            self._create(name.format(rank=self.rank), schedule.workspace_bytes)
+            self._barrier()  # a collective call, as every capture is
+            ws = [self._attach_bytes(name.format(rank=p), schedule.workspace_bytes) for p in range(self.world)]
+        words = signal_pad_words(self.world)
+        pads = [pad[(1 + slot) * words:(2 + slot) * words] for pad in self._all_pads]
+        self._capture.append((schedule, input, output, views, pads, ws, timeout_s))
+
+    def replay(self, recorded: list) -> None:
+        """Run captured calls once more, in order."""
+        self.flush()
+        for schedule, input, output, views, pads, ws, timeout_s in recorded:
+            self._run_now(schedule, input, output, GRAPH_VALUE, timeout_s, views, pads=pads, ws=ws)
+
     # ------------------------------------------------------------ execution
     def _bytes(self, rank: int, buf: Buf, input, output, views) -> np.ndarray:
         if buf is Buf.WORKSPACE:
-            return self._ws[rank]
+            return (self._ws_now or self._ws)[rank]
         t, view = (input, views[0]) if buf is Buf.INPUT else (output, views[1])
         if rank == self.rank:
             return t.view(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
@@ -173,14 +216,22 @@ class ReferenceExecutor:
         dst = self._bytes(self.rank, op.dst[0], input, output, views)
         dst[op.dst[1]:op.dst[1] + op.nbytes] = result.view(torch.uint8).numpy()
 
-    def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views) -> None:
+    def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views, pads=None,
+                 ws=None) -> None:
+        self._ws_now = ws
+        try:
+            self._run_schedule(schedule, input, output, seq, timeout_s, views, pads or self._pads)
+        finally:
+            self._ws_now = None
+
+    def _run_schedule(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views,
+                      pads) -> None:
         """Run ``schedule`` to completion on the host.
 
         A wait unsatisfied for ``timeout_s`` raises :class:`CollectiveTimeout`; one waiting
         for a peer whose process exited, or after a peer aborted the group, raises at once.
         """
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        pads = self._pads
         pcs = [0] * schedule.num_slots
         start = time.monotonic()
         next_liveness = start + 0.1
@@ -194,6 +245,8 @@ class ReferenceExecutor:
                             break
                     elif isinstance(op, SetSignal):
                         pads[op.peer][signal_word(op.kind, self.rank, self.world)] = seq + op.seq_delta
+                    elif isinstance(op, ResetSignal):
+                        pads[self.rank][signal_word(op.kind, op.peer, self.world)] = 0
                     elif isinstance(op, Copy):
                         t = op.transfer
                         src = self._bytes(t.src_rank, t.src, input, output, views)

@@ -39,9 +39,11 @@ import torch
 from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
 from ..collectives import REGISTRY, Collective, LocalCall, PeerCalls
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
+from ..graphs import GRAPH_SLOTS, graph_schedule
 from ..persistent import PersistentCollective
 from ..schedule import Algorithm, StreamMode
 from ..watchdog import Flight, Watchdog
+from ..work import Work
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL groups
 
@@ -57,7 +59,7 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL 
 # workspace instead, as for tensors no peer can reach.
 (_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_OFF, _F_ARG, _F_IN_BLK, _F_OUT_BLK,
  _NFIXED) = range(13)
-_SYM_IN, _SYM_OUT, _IN_PLACE = 1, 2, 4
+_SYM_IN, _SYM_OUT, _IN_PLACE, _GRAPH = 1, 2, 4, 8  # _GRAPH: the call is being captured into a graph
 
 
 _MAX_REMEMBERED = 64  # argument sets (and peers' rows per set) a group remembers
@@ -94,7 +96,8 @@ def _check_algorithm(algorithm) -> None:
 
 def _agreed(fixed_row: list) -> tuple:
     """The fields every rank must have alike."""
-    return fixed_row[_F_SEQ], fixed_row[_F_COLL], fixed_row[_F_DTYPE], fixed_row[_F_ALGO], fixed_row[_F_ARG]
+    return (fixed_row[_F_SEQ], fixed_row[_F_COLL], fixed_row[_F_DTYPE], fixed_row[_F_ALGO], fixed_row[_F_ARG],
+            fixed_row[_F_FLAGS] & _GRAPH)
 
 
 # A call running this long on the GPU gets its peers' liveness checked (cheap: a kill(pid, 0)
@@ -144,6 +147,7 @@ class Group:
         self.persistent_ops = 0  # persistent collectives made on this group (their ids)
         self._ops: weakref.WeakSet = weakref.WeakSet()  # the open ones, closed with the group
         self._resources: dict[str, object] = {}  # what upper layers attached (resource())
+        self.graph_slots = 0  # captured calls so far (conccl.graphs): each holds a slot for good
         self._locals: dict[tuple, _Local] = {}  # call key -> its local step
         self.broken: BaseException | None = None  # the first failure; every later call raises it
         self.closed = False
@@ -168,6 +172,8 @@ class Group:
         local = self._local_step(coll, output, input, args, algorithm, stream_mode)
         self._check_usable()
         timeout_s = self._timeout_s(timeout)
+        if self.executor.capturing():
+            return self._capture(local, input, output, timeout_s)
         schedule, views = self._agree(local, timeout_s)
         return self._execute(schedule, input, output, async_op, timeout_s, views)
 
@@ -242,6 +248,23 @@ class Group:
             local.settled[key] = settled
         return settled
 
+    def _capture(self, local: "_Local", input, output, timeout_s: float) -> Work:
+        """A call made while the caller's stream is being captured into a graph: agreed with the
+        peers now (they must be capturing the same call), run at every replay on a graph slot
+        of its own (:mod:`conccl.graphs`). Takes no sequence number: eager calls go on as if
+        it were not there. Returns a completed Work: the call is ordered on the stream."""
+        if self.graph_slots >= GRAPH_SLOTS:
+            raise InvalidArgument(f"this conccl group has captured {GRAPH_SLOTS} calls, all it can hold; destroy the "
+                                  "group (conccl.destroy) to capture more")
+        row = list(local.row)
+        row[_F_FLAGS] |= _GRAPH
+        captured = _Local(local.coll, local.dtype, row, local.views, local.algorithm, local.stream_mode, local.call)
+        schedule, views = self._agree(captured, timeout_s)
+        slot = self.graph_slots
+        self.graph_slots += 1
+        self.executor.capture_call(graph_schedule(schedule), input, output, views, slot, timeout_s)
+        return Work()
+
     def _exchange(self, local: "_Local", seq: int, timeout_s: float):
         """Publish this call on the board and read every rank's row.
 
@@ -277,6 +300,14 @@ class Group:
         return schedule, _peer_views(local.views, rows, all_flags)
 
     def _disagreement(self, coll, dtype, seq, rows):
+        graph = rows[:, _F_FLAGS] & _GRAPH
+        if (graph != graph[self.rank]).any():
+            bad = [p for p in range(self.world) if graph[p] != graph[self.rank]]
+            raise CollectiveError(
+                f"conccl {coll} (sequence number {seq}) on rank {self.rank}: rank {bad[0]} "
+                f"{'made it eagerly' if graph[self.rank] else 'captured it into a CUDA graph'} while this rank "
+                f"{'captured it into a CUDA graph' if graph[self.rank] else 'made it eagerly'}; every rank must "
+                "capture the same calls; nothing was moved")
         for field, what in ((_F_SEQ, "sequence number"), (_F_COLL, "collective"), (_F_DTYPE, "dtype"),
                             (_F_ALGO, "algorithm"), (_F_ARG, "reduction op")):
             bad = [p for p in range(self.world) if rows[p, field] != rows[self.rank, field]]

@@ -1,0 +1,63 @@
+"""Collectives inside CUDA graphs: one captured schedule, replayed many times.
+
+An eager call's signals carry its sequence number: a peer's word ``>= seq`` means "done with
+call seq", so words never need resetting. A captured call cannot do that: a graph replays the
+values it was captured with. A captured call therefore gets a *graph slot* of its own: its own
+signal words (a block of every rank's pad beyond the eager words) and, where it needs one, its
+own region of workspace, so nothing it touches is shared with another call. On those words:
+
+* every signal writes 1, every wait waits for 1 and then writes 0 into the word it waited on
+  (the waiter resets: each word is waited on exactly once per replay);
+* the eager schedule's wait for the previous call's DONE (which guards a reused workspace)
+  is dropped, and every captured call instead ends with a wait for DONE from every peer:
+  when it completes on a rank's stream, no peer touches that rank's memory any more, so the
+  next replay, or any other call, may reuse it.
+
+Why a reset can never erase the next replay's signal: every word's next write is causally
+after its reset. A waiter resets before the operations that follow its wait; the writer's next
+write of that word comes after the writer has waited, in the same or the next replay, for a
+signal the waiter sends only after those operations (a READY after the end-of-call DONE, a
+DONE after the copies that waited on READY, a PUSHED after a READY, a REDUCED after the
+PUSHEDs). The CPU reference executor replays captured calls across processes to check this
+(``tests/multiproc/test_graphs.py``).
+
+What a replay cannot do: agree with the peers (shapes, dtypes and ops were checked once, at
+capture; every rank must replay the same graphs in the same order) or time out (a peer that
+never replays leaves the stream waiting; the watchdog sees only eager calls).
+"""
+from __future__ import annotations
+
+from .schedule import ResetSignal, Schedule, SetSignal, Signal, WaitSignal
+
+# Captured calls a group can hold (graph slots); each takes one block of signal words.
+GRAPH_SLOTS = 512
+GRAPH_VALUE = 1  # what every captured signal writes and every captured wait waits for
+
+
+def graph_schedule(schedule: Schedule) -> Schedule:
+    """``schedule`` as a captured call runs it (see the module doc): waits for the previous
+    call dropped, a reset after every wait, DONE from every peer awaited at the end."""
+    world, rank = schedule.world, schedule.rank
+    slots = []
+    for ops in schedule.slots:
+        out = []
+        for op in ops:
+            if isinstance(op, WaitSignal):
+                if op.seq_delta != 0:
+                    continue  # guards the previous call's use of shared memory: nothing is shared
+                out += [op, ResetSignal(op.peer, op.kind)]
+            elif isinstance(op, SetSignal):
+                if op.seq_delta != 0:
+                    raise ValueError(f"a captured call cannot signal another call's number: {op}")
+                out.append(op)
+            else:
+                out.append(op)
+        slots.append(out)
+    awaited = {op.peer for ops in schedule.slots for op in ops
+               if isinstance(op, WaitSignal) and op.kind is Signal.DONE and op.seq_delta == 0}
+    for p in range(world):
+        if p != rank and p not in awaited:
+            slots[0] += [WaitSignal(p, Signal.DONE), ResetSignal(p, Signal.DONE)]
+    return Schedule(collective=schedule.collective, world=world, rank=rank, slots=tuple(tuple(s) for s in slots),
+                    algorithm=schedule.algorithm, stream_mode=schedule.stream_mode, staged=schedule.staged,
+                    workspace_bytes=schedule.workspace_bytes)

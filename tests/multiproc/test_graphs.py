@@ -1,0 +1,115 @@
+"""CPU multi-process tier for captured calls (conccl.graphs): the reference executor records
+calls made inside its capture() and replays them, as a CUDA graph would, on graph slots of
+their own; the results must be right at every replay, with inputs changed between replays
+and eager calls between them."""
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.distributed import ReduceOp  # noqa: E402
+
+from conccl import StreamMode  # noqa: E402
+from conccl.collectives.all_gather import ALL_GATHER  # noqa: E402
+from conccl.collectives.all_reduce import ALL_REDUCE  # noqa: E402
+from conccl.collectives.all_to_all import ALL_TO_ALL  # noqa: E402
+from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
+from conccl.errors import CollectiveError  # noqa: E402
+from conccl.executors.reference import spawn  # noqa: E402
+from conccl.graphs import graph_schedule  # noqa: E402
+from conccl.collectives.all_gather import plan_all_gather  # noqa: E402
+from conccl.schedule import ResetSignal, Signal, WaitSignal  # noqa: E402
+
+
+def _fill(t, rank, step, salt):
+    g = torch.Generator().manual_seed(rank * 1000 + step * 10 + salt)
+    t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+
+
+def _graph_of_every_collective(comm, mode, replays, jitter):
+    w, r = comm.world, comm.rank
+    comm.options.stream_mode = mode
+    ex = comm.executor
+    rng = random.Random(r)
+    # the graph's buffers (a captured call keeps its tensors, as in CUDA graphs)
+    ag_in, ag_out = torch.empty(7), torch.empty(7 * w)
+    a2a_in, a2a_out = torch.empty(3 * w), torch.empty(3 * w)
+    rs_in, rs_out = torch.empty(5 * w, dtype=torch.bfloat16), torch.empty(5, dtype=torch.bfloat16)
+    ar = torch.empty(13)
+    sym_out = ex.empty((7 * w,), torch.float32)  # a peer-reachable output: the all-gather pushes
+    with ex.capture() as graph:
+        comm.call(ALL_GATHER, ag_out, ag_in, ())
+        comm.call(ALL_TO_ALL, a2a_out, a2a_in, (None, None))
+        comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,))
+        comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,))
+        comm.call(ALL_GATHER, sym_out, ag_in, ())
+    assert comm.seq == 0 and comm.graph_slots == 5  # capturing took no sequence number
+    ok = []
+    for step in range(replays):
+        # every rank's inputs for this replay (each rank knows all of them, for the expected values)
+        ins = {name: [] for name in ("ag", "a2a", "rs", "ar")}
+        for p in range(w):
+            for name, t in (("ag", ag_in), ("a2a", a2a_in), ("rs", rs_in), ("ar", ar)):
+                x = torch.empty_like(t)
+                _fill(x, p, step, len(name))
+                ins[name].append(x)
+        ag_in.copy_(ins["ag"][r]), a2a_in.copy_(ins["a2a"][r]), rs_in.copy_(ins["rs"][r]), ar.copy_(ins["ar"][r])
+        if jitter:
+            time.sleep(rng.random() * 0.01)  # ranks reach the replay at different times
+        ex.replay(graph)
+        ok.append(torch.equal(ag_out, ALL_GATHER.reference(ins["ag"], r))
+                  and torch.equal(sym_out, ALL_GATHER.reference(ins["ag"], r))
+                  and torch.equal(a2a_out, ALL_TO_ALL.reference(ins["a2a"], r))
+                  and torch.equal(rs_out, REDUCE_SCATTER.reference(ins["rs"], r))
+                  and torch.equal(ar, ALL_REDUCE.reference(ins["ar"], r, [(ReduceOp.AVG,)] * w)))
+        # an eager call between replays: its own words and workspace, untouched by the graph's
+        out = torch.empty(2 * w)
+        comm.call(ALL_GATHER, out, torch.full((2,), float(r + step)), ())
+        ok.append(torch.equal(out, torch.arange(w).repeat_interleave(2).float() + step))
+    return ok
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("mode", [StreamMode.BATCH, StreamMode.PER_PEER])
+def test_a_captured_graph_replays_right_with_new_inputs_and_eager_calls_between(world, mode):
+    replays = 4
+    for ok in spawn(world, _graph_of_every_collective, mode, replays, world == 3):
+        assert ok == [True] * (2 * replays), ok
+
+
+def _capture_on_one_rank_only(comm):
+    out = torch.full((4 * comm.world,), 3.0)
+    try:
+        if comm.rank == 0:
+            with comm.executor.capture():
+                comm.call(ALL_GATHER, out, torch.ones(4), ())
+        else:
+            comm.call(ALL_GATHER, out, torch.ones(4), ())
+    except CollectiveError as e:
+        return "CUDA graph" in str(e) and "nothing was moved" in str(e) and bool((out == 3.0).all())
+    return "no error"
+
+
+def test_a_call_captured_on_one_rank_and_eager_on_another_is_refused_everywhere():
+    assert spawn(2, _capture_on_one_rank_only) == [True, True]
+
+
+def test_the_captured_schedule_waits_once_per_word_resets_it_and_ends_with_every_done():
+    for mode in (StreamMode.BATCH, StreamMode.PER_PEER):
+        for staged in (True, False):
+            eager = plan_all_gather(4, 1, 64, input_symmetric=not staged, output_symmetric=False, stream_mode=mode)
+            g = graph_schedule(eager)
+            ops = [op for slot in g.slots for op in slot]
+            waits = [op for op in ops if isinstance(op, WaitSignal)]
+            assert all(w.seq_delta == 0 for w in waits)  # no wait for the previous call's number
+            # each (peer, kind) word waited once, and reset right after on the same slot
+            assert len({(w.peer, w.kind) for w in waits}) == len(waits)
+            for slot in g.slots:
+                for i, op in enumerate(slot):
+                    if isinstance(op, WaitSignal):
+                        assert slot[i + 1] == ResetSignal(op.peer, op.kind)
+            assert {w.peer for w in waits if w.kind is Signal.DONE} == {0, 2, 3}
