@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # How this folder's files were made (nvidia-h200-x2, from the repository root, PYTHONPATH=src).
-# OUT: where to write. PART=1: the GPU tests of all-reduce, reduce-scatter and FSDP, then
-# `conccl bench` of reduce-scatter and all-reduce (nccl-tests columns, a GEMM beside each).
-# PART=2: `conccl bench fsdp`. (first-6908cfa/ ran the FSDP test and bench of PART 2 only,
+# OUT: where to write. PART=1: the GPU tests of all-reduce, reduce-scatter, FSDP and captured
+# graphs. PART=2: `conccl bench` of reduce-scatter and all-reduce (nccl-tests columns, a GEMM
+# beside each). PART=3: `conccl bench fsdp`. (first-6908cfa/ ran the FSDP test and bench only,
 # with no all-reduce yet and the loss from the timed run.)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD/src CONCCL_MACHINE_KIND=nvidia-h200-x2
 OUT=${OUT:?}
-if [ "${PART:-1}" = 1 ]; then
-  timeout 260 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_all_reduce.py \
-    tests/gpu/test_gpu_reduce_scatter.py tests/gpu/test_gpu_fsdp.py > $OUT/gpu_tests.log 2>&1
-  grep -E "passed|failed|Error" $OUT/gpu_tests.log | tail -4
-  for c in reduce_scatter all_reduce; do
-    timeout 160 python3 -m conccl bench -b 64M -e 1G --collective $c --impl conccl,conccl_symm_push,nccl \
-      --json $OUT/bench_$c.json --markdown $OUT/bench_$c.md > $OUT/bench_$c.log 2>&1; tail -4 $OUT/bench_$c.log
-  done
-else
-  timeout 560 python3 -m conccl bench fsdp --out $OUT > $OUT/bench_fsdp.log 2>&1; grep "^|" $OUT/bench_fsdp.log | head -9
-fi
+case "${PART:-1}" in
+1) timeout 500 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_all_reduce.py \
+     tests/gpu/test_gpu_reduce_scatter.py tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fsdp.py \
+     > $OUT/gpu_tests.log 2>&1
+   grep -E "passed|failed|Error" $OUT/gpu_tests.log | tail -6 ;;
+2) for c in reduce_scatter all_reduce; do
+     timeout 250 python3 -m conccl bench -b 64M -e 1G --collective $c --impl conccl,conccl_symm_push,nccl \
+       --json $OUT/bench_$c.json --markdown $OUT/bench_$c.md > $OUT/bench_$c.log 2>&1; tail -4 $OUT/bench_$c.log
+   done ;;
+3) timeout 560 python3 -m conccl bench fsdp --out $OUT > $OUT/bench_fsdp.log 2>&1
+   grep "^|" $OUT/bench_fsdp.log | head -9 ;;
+esac
