@@ -79,6 +79,8 @@ class PersistentCollective:
             raise InvalidArgument(
                 f"persistent {self.collective} #{self.op_id}: a tensor moved since the op was made (resize_ or "
                 "set_); its peers would reach the old memory. Make a new persistent op")
+        if comm.executor.capturing():  # into a CUDA graph: a graph slot of its own (conccl.graphs)
+            return comm.capture_schedule(self._schedule, self._input, self._output, self._views, self._timeout_s)
         return comm._execute(self._schedule, self._input, self._output, async_op, self._timeout_s, self._views)
 
     def close(self) -> None:

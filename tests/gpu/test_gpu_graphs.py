@@ -24,8 +24,11 @@ def _captured_against_nccl(rank, world):
     rs_in = torch.empty(world * n, dtype=torch.bfloat16, device="cuda")
     rs_out = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     ar = torch.empty(12345, dtype=torch.bfloat16, device="cuda")
+    pers_out = torch.empty(world * n, device="cuda")
+    pers = conccl.persistent_all_gather_into_tensor(pers_out, ag_in)  # agreed eagerly, started in the graph
 
     def calls():
+        pers.start()
         conccl.all_gather_into_tensor(ag_out, ag_in)
         conccl.all_gather_into_tensor(sym_out, ag_in)
         conccl.all_to_all_single(a2a_out, a2a_in)
@@ -58,7 +61,7 @@ def _captured_against_nccl(rank, world):
             conccl.all_gather_into_tensor(out, torch.full((8,), float(rank), device="cuda"))
         torch.cuda.synchronize()
         same = lambda a, b: torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # noqa: E731
-        ok.append((same(ag_out, expect["ag"]), same(sym_out, expect["ag"]), same(a2a_out, expect["a2a"]),
+        ok.append((same(ag_out, expect["ag"]), same(sym_out, expect["ag"]), same(pers_out, expect["ag"]), same(a2a_out, expect["a2a"]),
                    same(rs_out, expect["rs"]) or world > 2, same(ar, expect["ar"]) or world > 2))
     dist.barrier()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

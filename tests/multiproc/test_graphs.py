@@ -41,13 +41,15 @@ def _graph_of_every_collective(comm, mode, replays, jitter):
     rs_in, rs_out = torch.empty(5 * w, dtype=torch.bfloat16), torch.empty(5, dtype=torch.bfloat16)
     ar = torch.empty(13)
     sym_out = ex.empty((7 * w,), torch.float32)  # a peer-reachable output: the all-gather pushes
+    persistent = comm.persistent(ALL_GATHER, torch.empty(7 * w), ag_in, ())  # agreed eagerly, started in the graph
     with ex.capture() as graph:
+        persistent.start()
         comm.call(ALL_GATHER, ag_out, ag_in, ())
         comm.call(ALL_TO_ALL, a2a_out, a2a_in, (None, None))
         comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,))
         comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,))
         comm.call(ALL_GATHER, sym_out, ag_in, ())
-    assert comm.seq == 0 and comm.graph_slots == 5  # capturing took no sequence number
+    assert comm.seq == 0 and comm.graph_slots == 6  # capturing took no sequence number
     ok = []
     for step in range(replays):
         # every rank's inputs for this replay (each rank knows all of them, for the expected values)
@@ -62,6 +64,7 @@ def _graph_of_every_collective(comm, mode, replays, jitter):
             time.sleep(rng.random() * 0.01)  # ranks reach the replay at different times
         ex.replay(graph)
         ok.append(torch.equal(ag_out, ALL_GATHER.reference(ins["ag"], r))
+                  and torch.equal(persistent.output, ALL_GATHER.reference(ins["ag"], r))
                   and torch.equal(sym_out, ALL_GATHER.reference(ins["ag"], r))
                   and torch.equal(a2a_out, ALL_TO_ALL.reference(ins["a2a"], r))
                   and torch.equal(rs_out, REDUCE_SCATTER.reference(ins["rs"], r))

@@ -260,9 +260,17 @@ class Group:
         row[_F_FLAGS] |= _GRAPH
         captured = _Local(local.coll, local.dtype, row, local.views, local.algorithm, local.stream_mode, local.call)
         schedule, views = self._agree(captured, timeout_s)
+        return self.capture_schedule(schedule, input, output, views, timeout_s)
+
+    def capture_schedule(self, schedule, input, output, views, timeout_s: float) -> Work:
+        """Capture an agreed ``schedule`` (a call's, or a persistent op's start) on the next
+        graph slot. Every rank must capture the same calls in the same order."""
+        if self.graph_slots >= GRAPH_SLOTS:
+            raise InvalidArgument(f"this conccl group has captured {GRAPH_SLOTS} calls, all it can hold; destroy the "
+                                  "group (conccl.destroy) to capture more")
         slot = self.graph_slots
-        self.graph_slots += 1
         self.executor.capture_call(graph_schedule(schedule), input, output, views, slot, timeout_s)
+        self.graph_slots += 1
         return Work()
 
     def _exchange(self, local: "_Local", seq: int, timeout_s: float):
