@@ -281,7 +281,7 @@ class CudaCopyEngineExecutor:
 
     def capture_call(self, schedule: Schedule, input, output, views, slot: int, timeout_s: float) -> None:
         """Queue a captured call (graph slot ``slot``) on the capturing stream: its own signal
-        words, its own workspace region, one cuMemcpyAsync per copy, single stream memory ops."""
+        words, its own workspace region, one cuMemcpyAsync per copy."""
         ws_base = None
         if schedule.workspace_bytes:
             need = -(-schedule.workspace_bytes // 256) * 256
@@ -303,7 +303,9 @@ class CudaCopyEngineExecutor:
 
         words = 4 * signal_pad_words(self.world) * (1 + slot)
         pads = [p + words for p in self._pads]
-        program = CompiledProgram(lower(schedule, address, pads, "none", batch_copies=False), driver(),
+        # Stream memory ops, batched or single, copies and the reduction kernel are captured
+        # (scripts/graph_memops_probe.py on H200); cuMemcpyBatchAsync is not.
+        program = CompiledProgram(lower(schedule, address, pads, self.batching, batch_copies=False), driver(),
                                   self._device_index)
         caller = torch.cuda.current_stream(self.device)
         events = [torch.cuda.Event() for _ in range(len(program.slots))]
