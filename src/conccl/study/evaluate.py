@@ -35,7 +35,7 @@ def evaluate(res: StudyResults, p: HardwareProfile) -> dict:
     if res.kind != "measured":
         raise ValueError("evaluate a measured study (its results.json), not a prediction")
     fitted = set(p.source.get("fit_scenarios") or [])
-    world = res.machine.world
+    world = res.world
     rows = []
     for s in res.scenarios:
         runs = list(_runs(s))

@@ -327,7 +327,30 @@ def from_dict(data, origin: str = "study results") -> StudyResults:
     elif schema != SCHEMA:
         raise ResultsError(f"{origin}: study results of schema {schema!r} found, this conccl reads {SCHEMA!r} "
                            f"(and upgrades {V1_FORMAT!r}); re-create them with this conccl")
-    return _record(StudyResults, data, origin)
+    res = _record(StudyResults, data, origin)
+    _check_times(res, origin)
+    return res
+
+
+def _check_times(res: StudyResults, origin: str) -> None:
+    """Every time is a positive finite number of milliseconds, and every scenario has its GEMM's:
+    the formulas divide by them."""
+    def check(t: Timing | None, where: str) -> None:
+        if t is not None and not (0 < t.median < float("inf")):
+            raise ResultsError(f"{origin}: {where}: a time must be a positive number of milliseconds, got {t.median}")
+
+    for r in res.gemm_sm_loss + res.coll_sizes + res.coll_ctas:
+        check(r.time_ms, f"isolated record {r.gemm if isinstance(r, GemmSmLoss) else r.collective}")
+    for s in res.scenarios:
+        if s.t_gemm is None:
+            raise ResultsError(f"{origin}: scenario {s.id} has no GEMM time (t_gemm); re-create the file with "
+                               "`conccl study`")
+        check(s.t_gemm, f"scenario {s.id} t_gemm")
+        for impl, t in s.t_comm.items():
+            check(t, f"scenario {s.id} t_comm.{impl}")
+        for name, runs in s.runs.items():
+            for r in runs:
+                check(r.time_ms, f"scenario {s.id} runs.{name}")
 
 
 def _upgrade_v1(data: dict) -> dict:
@@ -373,10 +396,12 @@ def _record(cls, data, where: str):
     unknown = sorted(set(data) - set(hints))
     if unknown:
         raise ResultsError(f"{where}: unknown field(s) {', '.join(unknown)} in a {cls.__name__}")
-    try:
-        return cls(**{k: _value(hints[k], v, f"{where}.{k}") for k, v in data.items()})
-    except TypeError as e:  # a required field missing
-        raise ResultsError(f"{where}: {e}") from None
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ResultsError(f"{where}: missing field(s) {', '.join(missing)} of a {cls.__name__}; "
+                           "re-create the file with `conccl study`")
+    return cls(**{k: _value(hints[k], v, f"{where}.{k}") for k, v in data.items()})
 
 
 def _value(tp, v, where: str):
@@ -389,9 +414,23 @@ def _value(tp, v, where: str):
     if dataclasses.is_dataclass(tp):
         return _record(tp, v, where)
     if origin is list:
+        _expect(v, list, where)
         (item,) = typing.get_args(tp)
         return [_value(item, x, f"{where}[{i}]") for i, x in enumerate(v)]
     if origin is dict:
+        _expect(v, dict, where)
         _, item = typing.get_args(tp)
         return {k: _value(item, x, f"{where}.{k}") for k, x in v.items()}
+    _expect(v, tp, where)
     return v
+
+
+_JSON_TYPES = {float: ((int, float), "a number"), int: ((int,), "a whole number"), str: ((str,), "a string"),
+               bool: ((bool,), "true or false"), dict: ((dict,), "an object"), list: ((list,), "a list")}
+
+
+def _expect(v, tp, where: str) -> None:
+    """Refuse a value of the wrong JSON type where it is read, not where it is first used."""
+    types_, name = _JSON_TYPES.get(tp, ((object,), "a value"))
+    if not isinstance(v, types_) or (isinstance(v, bool) and tp is not bool):
+        raise ResultsError(f"{where}: expected {name}, got {json.dumps(v)[:40]}")
