@@ -7,6 +7,7 @@ what would be accepted), and exit code 2, never a traceback: ``--debug`` or
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import sys
@@ -57,6 +58,17 @@ def int_range(lo: int, hi: int | None = None, what: str = "a whole number"):
     return parse
 
 
+@contextlib.contextmanager
+def about(flag: str, value):
+    """Name the argument in a reader's error: '--suite FILE: not valid JSON (...)'."""
+    try:
+        yield
+    except ValueError as e:
+        msg = str(e)
+        shown = f"{flag} {value}"
+        raise UsageError(msg if msg.startswith(flag) else f"{shown}: {msg.removeprefix(str(value) + ': ')}") from None
+
+
 def add_machine_kind(parser, what: str) -> None:
     parser.add_argument("--machine-kind", default=os.environ.get("CONCCL_MACHINE_KIND", "unknown"),
                         help=f"label recorded in the {what} (e.g. nvidia-h200-x4)")
@@ -69,26 +81,24 @@ def check_out_file(path: str | None, flag: str) -> None:
     p = pathlib.Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {path}: is a folder; give a file name")
-    check_out_dir(p.parent if str(p.parent) else ".", flag, create=False, shown=path)
+    if not p.parent.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {p.parent} does not exist; give a file in a writable folder")
+    check_out_dir(p.parent, flag, shown=path)
 
 
-def check_out_dir(path, flag: str, create: bool = True, shown=None) -> pathlib.Path:
-    """Refuse a folder that cannot be created or written in; create it when ``create``."""
+def check_out_dir(path, flag: str, shown=None) -> pathlib.Path:
+    """Refuse a folder that is a file or cannot be written in (nor, if missing, created).
+    Nothing is created: a run refused later leaves no empty folder behind."""
     p, shown = pathlib.Path(path), shown or path
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"{flag} {shown}: {p} is a file, not a folder; give a folder that is writable")
-    if not p.exists():
-        if not create:
-            raise UsageError(f"{flag} {shown}: the folder {p} does not exist; give a path in a writable folder")
-        try:
-            p.mkdir(parents=True)
-        except OSError as e:
-            raise UsageError(f"{flag} {shown}: cannot create the folder ({e.strerror or e}); "
-                             "give a path in a writable folder") from None
+    probe = p
+    while not probe.exists() and probe != probe.parent:  # the nearest folder that exists
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{flag} {shown}: {probe} is a file, not a folder; give a path in a writable folder")
     try:  # the real test: permissions, read-only mounts, ACLs
-        with tempfile.NamedTemporaryFile(dir=p, prefix=".conccl-probe-"):
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".conccl-probe-"):
             pass
     except OSError as e:
-        raise UsageError(f"{flag} {shown}: cannot write in {p} ({e.strerror or e}); "
+        raise UsageError(f"{flag} {shown}: cannot write in {probe} ({e.strerror or e}); "
                          "give a path in a writable folder") from None
     return p

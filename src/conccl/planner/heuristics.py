@@ -65,8 +65,9 @@ def workload(gemm, collective: str, size: int, world: int, dtype_bytes: int = 2)
         raise PlanError(f"a GEMM shape is three positive integers M, N, K; got {gemm!r}")
     if not isinstance(size, int) or size <= 0:
         raise PlanError(f"collective size must be a positive number of bytes, got {size!r}")
-    if not isinstance(world, int) or world < 2:
-        raise PlanError(f"a collective needs a world of at least 2 ranks, got {world!r}")
+    if not isinstance(world, int) or not 2 <= world <= timing.MAX_WORLD:
+        raise PlanError(f"world {world!r} is out of range: a collective here spans 2 to {timing.MAX_WORLD} ranks "
+                        "(the GPUs of one node)")
     return Workload(m, n, k, collective, size, world, dtype_bytes)
 
 

@@ -25,6 +25,16 @@ from .profile import HardwareProfile
 
 DEFAULT_EFFICIENCY = 0.7  # the paper's assumption, where a profile has no measured efficiency
 LATENCY_BOUND_MAX = 32 << 20  # the profile's CTA table for sizes up to here is the latency-bound one
+MAX_WORLD = 8  # the GPUs of one NVLink node (HGX/DGX): the copy-engine paths serve one node
+
+
+def extrapolation(p: HardwareProfile, world: int) -> str | None:
+    """Why a prediction for ``world`` ranks is an extrapolation (None: the profile's own world)."""
+    if world == p.world:
+        return None
+    return (f"extrapolated to {world} GPUs from a profile measured on {p.world}: collective times come from its "
+            f"latency + bus-bandwidth fit, not its measured size sweep, and the overlap it measured on {p.world} "
+            "GPUs is assumed to hold")
 
 
 @dataclass(frozen=True)
