@@ -132,7 +132,9 @@ def predict(p: HardwareProfile, w: Workload, impl: str, comm_first: bool, gemm_s
                                    comm_sms=timing.default_ctas(p, w.collective, w.size))
     ideal = (tg + tn) / max(tg, tn)
     speedup = (tg + tn) / t
-    return {"gemm_s": tg, "gemm_class": cls, "comm_s": tc, "comm_nccl_s": tn, "concurrent_s": t,
+    best = min(x for x in (tn, tc, timing.comm_time(p, "conccl", w.collective, w.size, w.world)) if x)
+    return {"gemm_s": tg, "gemm_class": cls, "comm_s": tc, "comm_nccl_s": tn, "comm_best_s": best,
+            "concurrent_s": t, "efficiency": timing.efficiency(tg, best, t),
             "ideal": ideal, "speedup": speedup, "pct_ideal": 100 * (speedup - 1) / (ideal - 1)}
 
 
