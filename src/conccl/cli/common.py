@@ -66,7 +66,8 @@ def about(flag: str, value):
     except ValueError as e:
         msg = str(e)
         shown = f"{flag} {value}"
-        raise UsageError(msg if msg.startswith(flag) else f"{shown}: {msg.removeprefix(str(value) + ': ')}") from None
+        # Chained: --debug shows where the reader refused it.
+        raise UsageError(msg if msg.startswith(flag) else f"{shown}: {msg.removeprefix(str(value) + ': ')}") from e
 
 
 def add_machine_kind(parser, what: str) -> None:

@@ -170,7 +170,10 @@ def load_suite(path: str | pathlib.Path | None = None) -> list[Scenario]:
 
 def scenario_from_args(gemm: str, collective: str, size: str) -> list[Scenario]:
     """``--gemm MxNxK --collective all_gather|all_to_all|all --size 1G`` -> scenarios."""
-    g = parse_gemm(gemm)
+    try:
+        g = parse_gemm(gemm)
+    except SuiteError as e:
+        raise SuiteError(f"--gemm: {e}") from None
     nbytes = _size(size, "--size")
     colls = list(COLLECTIVES) if collective in (None, "all") else [collective]
     return [Scenario(f"{g.tag}_{format_size(nbytes)}", g, _check_collective(c, "--collective"), nbytes,
