@@ -11,7 +11,9 @@ Schemas (the ``schema`` field; JSON field names are the attribute names below):
   ``side_by_side``, ``min_timed_ms``, ``max_iters``, ``auto_in_turns``, ``conccl_call``; a
   scenario's ``auto_in_turns``; a run's ``plan``). :func:`from_dict` upgrades it: a missing
   field takes its default (None, or empty).
-- ``conccl-study-results/2`` (:data:`SCHEMA`): these records, every field written.
+- ``conccl-study-results/2``: these records before the efficiency fields (derived: they are
+  recomputed on reading).
+- ``conccl-study-results/3`` (:data:`SCHEMA`): these records, every field written.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from dataclasses import dataclass, field
 
 from ..jsonfile import read_json
 
-SCHEMA = "conccl-study-results/2"
+SCHEMA = "conccl-study-results/3"
+V2_SCHEMA = "conccl-study-results/2"  # read too: the same records without the efficiency fields
 V1_FORMAT = "conccl-study/1"
 RESULTS = "results.json"
 KINDS = ("measured", "prediction")
@@ -174,6 +177,7 @@ class Run:
     speedup: float | None = None  # derived
     pct_ideal: float | None = None  # derived
     pct_own_ideal: float | None = None  # derived
+    efficiency: float | None = None  # derived: max(t_gemm, fastest collective alone) / t_concurrent, %
 
 
 @dataclass
@@ -187,6 +191,7 @@ class StrategyResult:
     sms: int
     gemm_sms: int | None
     correct: bool | None
+    efficiency: float | None = None  # the headline, percent (None in results of schema 2 until derived)
 
 
 @dataclass
@@ -228,6 +233,7 @@ class ScenarioResult:
     comm_hbm_bytes_per_s: dict[str, float] | None = None
     ideal: float | None = None
     taxonomy: str | None = None
+    t_comm_best: float | None = None  # ms: the fastest collective alone (NCCL or copy engines)
     strategies: dict[str, StrategyResult] | None = None  # None: not derived (no NCCL time alone)
     c3_best: str | None = None
     best: str | None = None
@@ -249,7 +255,9 @@ class StrategySummary:
     mean_pct_own_ideal: float | None
     mean_speedup: float
     n: int
-    n_at_least_80: int
+    n_at_least_80: int  # scenarios at >= 80% of ideal (the paper's yardstick)
+    mean_efficiency: float | None = None  # the headline
+    min_efficiency: float | None = None
 
 
 @dataclass
@@ -260,6 +268,7 @@ class GroupSummary:
     ideal: float
     speedup: dict[str, float]
     pct_ideal: dict[str, float]
+    efficiency: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -278,6 +287,7 @@ class Claim:
     value: float | None
     unit: str
     holds: bool | None = None
+    efficiency: float | None = None  # beside a mean percent of ideal: the same strategy's mean efficiency
 
 
 @dataclass
@@ -324,9 +334,11 @@ def from_dict(data, origin: str = "study results") -> StudyResults:
             raise ResultsError(f"{origin}: not a conccl study result: format {fmt!r} found, expected schema "
                                f"{SCHEMA!r} (or the older format {V1_FORMAT!r})")
         data = _upgrade_v1(data)
+    elif schema == V2_SCHEMA:  # derived fields added since take their defaults; derive() fills them
+        data = dict(data, schema=SCHEMA)
     elif schema != SCHEMA:
         raise ResultsError(f"{origin}: study results of schema {schema!r} found, this conccl reads {SCHEMA!r} "
-                           f"(and upgrades {V1_FORMAT!r}); re-create them with this conccl")
+                           f"(and upgrades {V2_SCHEMA!r} and {V1_FORMAT!r}); re-create them with this conccl")
     res = _record(StudyResults, data, origin)
     _check_times(res, origin)
     return res
