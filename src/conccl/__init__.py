@@ -44,11 +44,13 @@ Types and errors:
 """
 from __future__ import annotations
 
-from ._version import __version__
+from . import _version
 from .errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument, UnsupportedGroup
 from .persistent import PersistentCollective
 from .schedule import Algorithm, StreamMode
 from .work import Work
+
+__version__ = _version.__version__
 
 
 def __getattr__(name):
