@@ -58,8 +58,9 @@ def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, 
     res.complete, res.error = False, None
     try:
         predict(prof, scenarios, world, quick, meta, res, save=lambda: save_results(out, res))
-    except KeyboardInterrupt:
-        stopped(out, res, "interrupted (Ctrl-C)")
+    except BaseException as e:  # Ctrl-C or a crash: keep what was predicted, then let it go on up
+        stopped(out, res, "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt)
+                else f"stopped by an error: {type(e).__name__}: {str(e)[:200]}")
         raise
     report.render(out, res)
     return res
