@@ -49,6 +49,24 @@ def _results(drop=(), **change) -> dict:
     return d
 
 
+def _set(path, value, **kw) -> dict:
+    d = _results(**kw)
+    t = d
+    for k in path[:-1]:
+        t = t[k]
+    t[path[-1]] = value
+    return d
+
+
+def _profile_at(path, value) -> dict:
+    d = _profile()
+    t = d
+    for k in path[:-1]:
+        t = t[k]
+    t[path[-1]] = value
+    return d
+
+
 def _bad_time() -> dict:
     d = _results()
     d["scenarios"][0]["t_gemm"]["median"] = "fast"
@@ -99,6 +117,17 @@ FILES = {
     "res/not_json/results.json": b"[",
     "res/unknown/results.json": _results(extra=1),
     "res/empty/.keep": b"",
+    "res/null_required/results.json": _set(("scenarios", 0, "gemm", "tag"), None),
+    "res/absurd_time/results.json": _set(("scenarios", 0, "t_gemm", "median"), 1e300),
+    "res/zero_fit/results.json": _set(("peaks", "collective_fits"), {"nccl": {"all_gather": {"latency_s": 0,
+                                                                                           "bytes_per_s": 0}}}),
+    "res/ncu_string/results.json": _set(("ncu", "mb1"), {"dram_bytes": "many"}),
+    "res/world_zero/results.json": _set(("machine", "world"), 0),
+    "profile_empty_list.json": _profile_at(("gemm_efficiency", "compute-bound"), []),
+    "profile_tiny.json": _profile_at(("gemm_efficiency", "memory-bound"), 1e-300),
+    "profile_sweep.json": _profile_at(("comm_sweep", "nccl", "all_gather", 0), [1]),
+    "profile_fit_missing.json": _profile_at(("collectives", "nccl", "all_gather"), {"latency_s": 1e-5}),
+    "profile_huge_rate.json": _profile_at(("bf16_flops",), 1e300),
     "a_file": b"x",
 }
 
@@ -169,6 +198,11 @@ CASES = [
     ("study --report not UTF-8", ["study", "--report", "{d}/res/not_utf8"], "UTF-8"),
     ("study --report not JSON", ["study", "--report", "{d}/res/not_json"], "JSON"),
     ("study --report unknown field", ["study", "--report", "{d}/res/unknown"], "extra"),
+    ("study --report null field", ["study", "--report", "{d}/res/null_required"], "gemm.tag"),
+    ("study --report absurd time", ["study", "--report", "{d}/res/absurd_time"], "t_gemm"),
+    ("study --report fit of 0", ["study", "--report", "{d}/res/zero_fit"], "bytes_per_s"),
+    ("study --report ncu string", ["study", "--report", "{d}/res/ncu_string"], "ncu.mb1"),
+    ("plan --evaluate world 0", ["plan", "--evaluate", "{d}/res/world_zero"], "machine.world"),
     # -- plan
     ("plan --world 1000", PLAN + ["--world", "1000"], "--world"),
     ("plan --world 1", PLAN + ["--world", "1"], "--world"),
@@ -196,6 +230,11 @@ CASES = [
     ("plan --profile bool count", PLAN + ["--profile", "{d}/profile_bool.json"], "sm_count"),
     ("plan --profile table 0", PLAN + ["--profile", "{d}/profile_table.json"], "gemm_efficiency"),
     ("plan --profile table keys", PLAN + ["--profile", "{d}/profile_keys.json"], "gemm_sm_loss"),
+    ("plan --profile empty list", PLAN + ["--profile", "{d}/profile_empty_list.json"], "gemm_efficiency"),
+    ("plan --profile 1e-300", PLAN + ["--profile", "{d}/profile_tiny.json"], "gemm_efficiency"),
+    ("plan --profile sweep point", PLAN + ["--profile", "{d}/profile_sweep.json"], "comm_sweep"),
+    ("plan --profile fit missing", PLAN + ["--profile", "{d}/profile_fit_missing.json"], "bus_bytes_per_s"),
+    ("plan --profile absurd rate", PLAN + ["--profile", "{d}/profile_huge_rate.json"], "bf16_flops"),
     ("plan --profile unknown field", PLAN + ["--profile", "{d}/profile_unknown.json"], "colour"),
     ("plan --profile missing field", PLAN + ["--profile", "{d}/profile_missing.json"], "bf16_flops"),
     ("plan --profile old format", PLAN + ["--profile", "{d}/profile_v0.json"], "conccl-profile/1"),
@@ -320,3 +359,57 @@ def test_debug_asks_for_the_traceback(tmp_path):
         p = subprocess.run([sys.executable, "-m", "conccl", *argv, *extra], capture_output=True, text=True,
                            env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", **env}, timeout=120)
         assert p.returncode != 0 and "Traceback" in p.stderr and "ProfileError: " in p.stderr, p.stderr
+
+
+def _leaf_paths(d, path=()):
+    """One path per kind of leaf (list items: the first two)."""
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from _leaf_paths(v, path + (k,))
+    elif isinstance(d, list):
+        for i, v in enumerate(d[:2]):
+            yield from _leaf_paths(v, path + (i,))
+    else:
+        yield path
+
+
+@pytest.mark.parametrize("value", [0, -1, "x", None, [], 1e300, 1e-300])
+def test_every_profile_field_broken_is_refused_or_used(value):
+    """Each number of the embedded profile set to a bad value: refused with ProfileError where
+    read, or (where the value is still valid there) planned and predicted without a crash."""
+    from conccl.planner import plan
+    from conccl.planner.profile import HardwareProfile, ProfileError
+    from conccl.study import analysis, model, report
+    from conccl.study.scenarios import load_suite, select
+
+    scenarios = select(load_suite(), only="dec1_2M/all_gather,cb1_896M/all_to_all")
+    for path in _leaf_paths(_profile()):
+        try:
+            prof = HardwareProfile.from_dict(_profile_at(path, value))
+        except ProfileError:
+            continue
+        plan(prof, (8192, 8192, 8192), "all_gather", 1 << 30)
+        res = model.predict(prof, scenarios, prof.world, True, {})
+        report.markdown(analysis.derive(res), [], None)
+
+
+@pytest.mark.parametrize("value", [0, -1, "x", None, [], 1e300])
+def test_every_results_field_broken_is_refused_or_reported(value):
+    """Each field of a measured results.json set to a bad value: refused with ResultsError where
+    read, or reported and evaluated without a crash (a PlanError names a bad workload)."""
+    from conccl.planner.plan import PlanError
+    from conccl.planner.profile import load_profile
+    from conccl.study import analysis, evaluate, report
+    from conccl.study.results import ResultsError, from_dict
+
+    prof = load_profile()
+    for path in _leaf_paths(_results()):
+        try:
+            res = from_dict(_set(path, value))
+        except ResultsError:
+            continue
+        report.markdown(analysis.derive(res), [], None)
+        try:
+            evaluate.markdown(evaluate.evaluate(res, prof))
+        except PlanError:
+            pass

@@ -14,11 +14,11 @@ writer (:meth:`HardwareProfile.to_json`). Formats (the ``format`` field):
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from ..jsonfile import read_json
+from . import profile_check
 
 FORMAT = "conccl-profile/1"
 EMBEDDED = pathlib.Path(__file__).parents[1] / "data" / "h200x4_profile.json"
@@ -59,26 +59,10 @@ class HardwareProfile:
     def __post_init__(self):
         if self.format != FORMAT:
             raise ProfileError(f"a hardware profile of format {self.format!r}; this conccl writes {FORMAT!r}")
-        # Every number is divided by or multiplied into a time somewhere: a 0 or a string here
-        # would surface as a ZeroDivisionError or a TypeError deep in the planner.
-        if not isinstance(self.device, str) or not self.device:
-            raise ProfileError(f"field device must be the GPU's name (a non-empty string), got {self.device!r}")
-        for name in ("world", "sm_count", "memory_bytes"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < (2 if name == "world" else 1):
-                raise ProfileError(f"field {name} must be a whole number >= {2 if name == 'world' else 1}, got {v!r}")
-        for name in ("bf16_flops", "hbm_bytes_per_s", "nvlink_bytes_per_s"):
-            _check_number(getattr(self, name), name, positive=True)
-        for name in ("gemm_efficiency", "collectives", "gemm_sm_loss", "coll_cta_loss", "overlap", "comm_sweep",
-                     "interference", "source"):
-            if not isinstance(getattr(self, name), dict):
-                raise ProfileError(f"field {name} must be an object, got {type(getattr(self, name)).__name__}")
-        for name in ("gemm_efficiency", "collectives", "gemm_sm_loss", "coll_cta_loss", "comm_sweep", "interference"):
-            for where, v in _leaves(getattr(self, name), name):
-                # Latencies, delays, fit errors and point counts may be 0; rates, slowdowns, sizes may not.
-                _check_number(v, where, positive=where.rsplit(".", 1)[-1] not in NON_NEGATIVE)
-        for where, v in _leaves(self.overlap, "overlap"):  # percent of ideal: any finite number
-            _check_number(v, where, positive=False, lowest=-math.inf)
+        try:
+            profile_check.check(self)
+        except profile_check.Refused as e:
+            raise ProfileError(str(e)) from None
 
     def to_json(self) -> str:
         """The one writer (JSON turns the tables' integer keys into strings; from_dict turns them back)."""
@@ -119,32 +103,6 @@ class HardwareProfile:
         if device_name and self.device != device_name:
             raise ProfileError(f"the profile was measured on {self.device!r}, this GPU is {device_name!r}; "
                                "run a measured `conccl study` here to make one")
-
-
-NON_NEGATIVE = {"latency_s", "delay_s", "rms_log_error", "n"}
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_number(v, where: str, positive: bool, lowest: float = 0.0) -> None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if not ok or (v <= 0 if positive else v < lowest):
-        need = "a positive number" if positive else ("a number" if lowest == -math.inf else "a number >= 0")
-        raise ProfileError(f"field {where} must be {need}, got {v!r}")
-
-
-def _leaves(table, where: str):
-    """(dotted path, value) of every number in a nested table of objects and lists."""
-    if isinstance(table, dict):
-        for k, v in table.items():
-            yield from _leaves(v, f"{where}.{k}")
-    elif isinstance(table, list):
-        for i, v in enumerate(table):
-            yield from _leaves(v, f"{where}[{i}]")
-    else:
-        yield where, table
 
 
 def load_profile(path=None) -> HardwareProfile:
