@@ -413,3 +413,16 @@ def test_every_results_field_broken_is_refused_or_reported(value):
             evaluate.markdown(evaluate.evaluate(res, prof))
         except PlanError:
             pass
+
+
+@pytest.mark.parametrize("argv", [["study", "--gpus", "4", "--quick", "--out", "{d}/out"], ["bench", "--gpus", "4"]])
+def test_more_gpus_than_visible_is_refused_before_any_gpu_is_used(tmp_path, capsys, monkeypatch, argv):
+    """Two GPUs visible (simulated: nothing reaches them before the check), four asked for."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    rc, out, err = _run([a.replace("{d}", str(tmp_path)) for a in argv], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--gpus 4" in err and "2 GPU(s) visible" in err
+    assert not (tmp_path / "out").exists()
