@@ -114,3 +114,25 @@ def test_an_ill_conditioned_percent_of_ideal_is_flagged(capsys):
     assert main(["plan", "--gemm", "64x64x64", "--size", "1G"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("predicted % of ideal"))
     assert "ill-conditioned" in line
+
+
+def test_a_prediction_for_another_world_is_labelled_extrapolated(tmp_path, capsys):
+    from conccl.planner.profile import load_profile
+
+    prof = load_profile()
+    other = 8 if prof.world != 8 else 2
+    out = tmp_path / "x"
+    assert main(["study", "--predict", "--quick", "--gpus", str(other), "--out", str(out)]) == 0
+    md, term = (out / "report.md").read_text(), capsys.readouterr().out
+    reason = f"extrapolated to {other} GPUs from a profile measured on {prof.world}"
+    assert "**EXTRAPOLATED**" in md and reason in md and reason in term
+    assert load_results(out).meta["extrapolated"].startswith(reason)
+    same = tmp_path / "same"
+    assert main(["study", "--predict", "--quick", "--gpus", str(prof.world), "--out", str(same)]) == 0
+    assert "EXTRAPOLATED" not in (same / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["plan", "--gemm", "8192x8192x8192", "--size", "1G", "--world", str(other)]) == 0
+    assert reason in capsys.readouterr().out
+    f = tmp_path / "p.json"
+    assert main(["plan", "--gemm", "8192x8192x8192", "--size", "1G", "--world", str(other), "--json", str(f)]) == 0
+    assert json.loads(f.read_text())["extrapolated"].startswith(reason)
