@@ -141,6 +141,10 @@ CASES = [
     ("study --out is a file", ["study", "--predict", "--quick", "--out", "{d}/a_file"], "--out"),
     ("study --resume with --force", STUDY + ["--resume", "--force"], "--resume"),
     ("study --resume, nothing there", STUDY + ["--resume"], "--resume"),
+    ("study --out holds a corrupt results.json", ["study", "--predict", "--quick", "--out", "{d}/res/not_json"],
+     "--force"),
+    ("study --resume a corrupt results.json", ["study", "--predict", "--quick", "--resume", "--out",
+                                               "{d}/res/not_json"], "--resume"),
     # -- study: counts and selections
     ("study --gpus 1 --predict", STUDY + ["--gpus", "1"], "--gpus"),
     ("study --gpus 0", STUDY + ["--gpus", "0"], "--gpus"),

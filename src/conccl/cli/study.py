@@ -81,9 +81,10 @@ def out_folder(args) -> tuple[pathlib.Path, StudyResults | None]:
     if held.exists() and not args.force:
         try:
             earlier = load_results(out)
-        except ResultsError:
-            earlier = None
-        if earlier is not None and not earlier.complete:
+        except ResultsError as e:
+            raise UsageError(f"--out {out} holds a {RESULTS} this conccl cannot read ({e}); choose another --out "
+                             "or pass --force to start over") from e
+        if not earlier.complete:
             raise UsageError(f"--out {out} holds an interrupted study ({len(earlier.scenarios)} scenario(s) done); "
                              "pass --resume to continue it or --force to start over")
         raise UsageError(f"--out {out} already holds a study report; choose another --out or pass --force")

@@ -63,7 +63,7 @@ def _method(res: StudyResults) -> str:
             + ", CUDA events, ranks aligned by a barrier before each, median of the slowest rank (spread in results.csv)."
             + (" conccl runs as a persistent op (agreed with the peers once per scenario, then only started), as a "
                "loop over the same buffers would." if cfg.conccl_call == "persistent" else "")
-            + (" profile.json (the planner's hardware profile) is written beside this report." if res.complete else
+            + (" A complete run writes profile.json (the planner's hardware profile) beside this report." if res.complete else
                " profile.json is not written: the run is partial."))
 
 
