@@ -1,16 +1,56 @@
 """conccl: Concurrent Communication Collectives.
 
 Collectives that move data with the GPUs' copy engines instead of SM kernels, shaped like
-``torch.distributed``, so that computation running beside them keeps every SM.
+``torch.distributed``, so that computation running beside them keeps every SM. The command
+line: ``conccl study`` (the C3 characterization), ``conccl bench``, ``conccl plan``
+(``conccl --help``; ``python -m conccl`` is the same command).
+
+Collectives (stream-ordered on the current stream; copy engines, no SM; ``async_op=True``
+returns a :class:`Work`):
+
+- ``all_gather_into_tensor(output, input, group=None, async_op=False)``: every rank's input, concatenated.
+- ``all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, ...)``: chunk i to rank i.
+- ``reduce_scatter_tensor(output, input, op=None, ...)``: copies on the copy engines, the sum one small kernel.
+- ``persistent_all_gather_into_tensor(output, input)``: agree with the peers once; ``.start()`` only queues copies.
+- ``persistent_all_to_all_single(output, input, ...)``: the same for all-to-all.
+- ``PersistentCollective``: what the two above return (``start()``, ``close()``; a context manager).
+
+Memory and groups:
+
+- ``empty(*size, dtype, device, group)``: a tensor every peer can read and write (enables push).
+- ``set_options(group, algorithm=, stream_mode=, timeout=, checks=)``: a group's defaults on this rank.
+- ``get_group(group=None)``: the ``Group`` conccl keeps for a process group (made on first use).
+- ``get_communicator(group=None)``: the same, under its older name.
+- ``destroy(group=None)``: close a group's conccl state (persistent ops, workspace, watchdog).
+
+Computation beside communication:
+
+- ``overlap(plan="auto", profile=None)``: a block whose GEMM and collective run concurrently.
+- ``run_concurrently(compute_fn, gemm, collective, output, input, plan="auto")``: the same as a call.
+- ``get_plan(gemm, collective, size, world, plan="auto")``: the planner's strategy and SM split.
+
+Types and errors:
+
+- ``Work``: handle of an ``async_op=True`` call (``wait``, ``is_completed``).
+- ``Algorithm``: ``PULL`` or ``PUSH``, the direction of peer copies.
+- ``StreamMode``: how copies map to CUDA streams (and so to copy engines).
+- ``CollectiveError``: a collective could not complete; the base of the three below.
+- ``CollectiveTimeout``: peers did not arrive within the timeout (names them).
+- ``GroupBroken``: an earlier collective on the group failed; ``cause`` says how.
+- ``InvalidArgument``: a tensor or argument a collective cannot take (a ``ValueError``).
+- ``UnsupportedGroup``: the group's GPUs cannot all reach each other by peer access.
+
+``__version__``: this conccl's version (one source: ``conccl/_version.py``).
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from . import _version
 from .errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument, UnsupportedGroup
 from .persistent import PersistentCollective
 from .schedule import Algorithm, StreamMode
 from .work import Work
+
+__version__ = _version.__version__
 
 
 def __getattr__(name):

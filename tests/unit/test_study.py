@@ -179,7 +179,7 @@ def test_report_rebuilds_from_a_measured_h200_run(tmp_path):
     doc = load_results(out)
     assert doc.kind == "measured" and doc.complete
     md = (out / "report.md").read_text()
-    first_table = md.split("## Percent of ideal")[1].split("##")[0]
+    first_table = md.split("## Efficiency per strategy")[1].split("##")[0]
     for name in ("c3_base", "c3_sp", "c3_rp", "c3_sp_rp", "conccl", "conccl_rp"):
         assert f"| {name} |" in first_table
     assert "PREDICTION" not in md
@@ -203,7 +203,8 @@ def test_incomplete_runs_say_so(tmp_path, run):
     run.error = "rank 2: killed"
     report.render(tmp_path, run, quiet=True)
     md = (tmp_path / "report.md").read_text()
-    assert "INCOMPLETE" in md and "rank 2: killed" in md
+    assert "PARTIAL" in md and "rank 2: killed" in md and "--resume" in md
+    assert "profile.json is not written: the run is partial" in md
 
 
 # ------------------------------------------------------------------ the no-GPU path
@@ -215,8 +216,25 @@ def test_prediction_end_to_end_is_labelled_on_every_page(tmp_path, capsys):
     assert doc.kind == "prediction" and doc.complete
     assert len(doc.scenarios) == len(load_suite())
     md = (out / "report.md").read_text()
-    assert md.count("PREDICTION") >= 1 and "no GPU ran these numbers" in md
-    assert "PREDICTED" in capsys.readouterr().out
+    assert md.splitlines()[0].endswith("(PREDICTION from a hardware profile, no GPU ran)")
+    prof = load_profile()
+    assert f"measured on {prof.source['machine_kind']} {prof.source['date']}, commit {prof.source['commit']}" in md
+    # Every section holding a table, and every table's header, says it is a prediction.
+    sections = md.split("\n## ")[1:]
+    for sec in sections:
+        lines = sec.splitlines()
+        headers = [lines[i] for i in range(len(lines) - 1) if lines[i].startswith("| ")
+                   and lines[i + 1].startswith("| ---")]
+        if headers:
+            assert "redict" in lines[0], lines[0]
+        for h in headers:
+            assert "predicted" in h, h
+    # No sentence of a measurement in a prediction.
+    for phrase in ("warm-up", "CUDA event", "timed execution", "equalled", "barrier before", "slowest rank"):
+        assert phrase not in md, phrase
+    assert "profile.json is not written" in md and not (out / "profile.json").exists()
+    term = capsys.readouterr().out
+    assert "PREDICTION" in term and "profile.json: not written" in term and "predicted efficiency" in term
     # the model reproduces the profile's measured mean overlap of conccl within a few points
     overlap = load_profile().overlap["conccl"]
     measured = sum(overlap[s.collective]["all"] for s in doc.scenarios) / len(doc.scenarios)
@@ -326,9 +344,11 @@ def test_results_of_an_unknown_schema_name_the_version_found_and_expected(tmp_pa
     data = json.loads((RUN / "results.json").read_text())
     data.pop("format")
     data["schema"] = "conccl-study-results/9"
-    with pytest.raises(ResultsError, match=r"'conccl-study-results/9' found.*'conccl-study-results/2'"):
+    with pytest.raises(ResultsError, match=r"'conccl-study-results/9' found.*'conccl-study-results/3'"):
         from_dict(data)
-    with pytest.raises(ResultsError, match=r"format 'conccl-suite/1' found.*conccl-study-results/2"):
+    v2 = dict(data, schema="conccl-study-results/2")  # before the efficiency fields: still read
+    assert from_dict(v2).schema == SCHEMA
+    with pytest.raises(ResultsError, match=r"format 'conccl-suite/1' found.*conccl-study-results/3"):
         from_dict({"format": "conccl-suite/1"})
     (tmp_path / "results.json").write_text("{ nope")
     with pytest.raises(ResultsError, match="not valid JSON"):

@@ -123,7 +123,7 @@ def test_bench_without_gpus_exits_nonzero_with_a_message(capsys):
 
 def test_bench_flag_errors_are_usage_errors(capsys):
     assert main(["bench", "-b", "4G", "-e", "1M"]) == cli.EXIT_USAGE
-    assert "conccl bench: max size" in capsys.readouterr().err
+    assert "conccl bench: -e (max size" in capsys.readouterr().err
     assert main(["bench", "--impl", "nope"]) == cli.EXIT_USAGE
     assert "unknown implementation(s) nope" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # argparse's own errors exit 2 too

@@ -5,6 +5,8 @@ import json
 import statistics
 import sys
 
+from ..jsonfile import write_text
+
 COLUMNS = ("size", "count", "type", "time", "min..max", "algbw", "busbw", "#wrong", "k/call", "gemm+")
 UNITS = ("(B)", "(elements)", "", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "", "(%)")
 WIDTHS = (12, 12, 9, 10, 19, 8, 8, 7, 7, 7)
@@ -44,8 +46,7 @@ def print_footer(records: list[dict], out=sys.stdout) -> None:
 
 
 def write_json(path: str, meta: dict, config: dict, records: list[dict]) -> None:
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "config": config, "records": records}, f, indent=1)
+    write_text(path, json.dumps({"meta": meta, "config": config, "records": records}, indent=1))
 
 
 def markdown(meta: dict, records: list[dict]) -> str:

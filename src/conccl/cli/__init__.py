@@ -3,26 +3,43 @@
 One module per subcommand, each with ``add_parser(subparsers)`` (its flags) and
 ``run(args) -> int`` (its exit code: :data:`~conccl.cli.common.EXIT_OK`,
 :data:`~conccl.cli.common.EXIT_FAILED` when the run finished with wrong results or errors,
-:data:`~conccl.cli.common.EXIT_USAGE` when it could not run as asked).
+:data:`~conccl.cli.common.EXIT_USAGE` when it could not run as asked,
+:data:`~conccl.cli.common.EXIT_INTERRUPTED` on Ctrl-C). ``python -m conccl`` and the
+``conccl`` entry point both call :func:`main`.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from .._version import __version__
+from ..planner.plan import PlanError
+from ..planner.profile import ProfileError
+from ..study.measure import StudyError
+from ..study.results import ResultsError
+from ..study.scenarios import SuiteError
 from . import bench, bench_fsdp, plan, study
-from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError, debug_wanted, fail
 
 COMMANDS = {"bench": bench, "bench-fsdp": bench_fsdp, "study": study, "plan": plan}  # in --help's order
+# Errors that mean "this input cannot be used": one line and EXIT_USAGE. OSError: a file that
+# cannot be read or written (a full disk, a folder removed under a running study).
+BAD_INPUT = (UsageError, SuiteError, ProfileError, ResultsError, PlanError, StudyError, OSError)
 
-__all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE"]
+__all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED"]
+
+DEBUG_HELP = "on an error, show its Python traceback (also: CONCCL_DEBUG=1)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="conccl", description="Copy-engine collectives for concurrent computation and communication.")
-    sub = p.add_subparsers(dest="command", required=True)
-    for command in COMMANDS.values():
+    p = Parser(prog="conccl", description="Copy-engine collectives for concurrent computation and communication.")
+    p.add_argument("--version", action="version", version=f"conccl {__version__}")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name, command in COMMANDS.items():
         command.add_parser(sub)
+        # Accepted after the command too; SUPPRESS keeps `conccl --debug study` from being reset.
+        sub.choices[name].add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return p
 
 
@@ -33,7 +50,26 @@ def main(argv=None) -> int:
         # nccl-tests', which a positional argument there would clash with.
         argv = ["bench-fsdp", *argv[2:]]
     args = build_parser().parse_args(argv)
-    return COMMANDS[args.command].run(args)
+    name = "bench fsdp" if args.command == "bench-fsdp" else args.command
+    try:
+        return COMMANDS[args.command].run(args)
+    except KeyboardInterrupt:
+        if debug_wanted(args):
+            raise
+        print(f"conccl {name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BAD_INPUT as e:
+        if debug_wanted(args):
+            raise
+        if isinstance(e, OSError) and e.filename:
+            return fail(name, f"{e.filename}: {e.strerror or e}")
+        return fail(name, str(e))
+    except Exception as e:  # a bug, not bad input: still one line, the traceback on request
+        if debug_wanted(args):
+            raise
+        print(f"conccl {name}: internal error: {type(e).__name__}: {' '.join(str(e).split())[:300]} "
+              "(rerun with --debug for the traceback, and report it)", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -1,20 +1,105 @@
-"""What the subcommands share: exit codes, error messages, the machine label."""
+"""What the subcommands share: exit codes, error messages, argument types, checked outputs.
+
+Bad input ends in one line on stderr, ``conccl COMMAND: what`` (the argument, what was wrong,
+what would be accepted), and exit code 2, never a traceback: ``--debug`` or
+``CONCCL_DEBUG=1`` asks for the traceback instead.
+"""
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
+import pathlib
 import sys
+import tempfile
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run finished, but some result was wrong or some case failed
 EXIT_USAGE = 2  # it could not run as asked (arguments, inputs, machine); as argparse's own errors
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a SIGINT
+
+
+class UsageError(ValueError):
+    """Bad input found by a command: its message is the one line the user sees."""
 
 
 def fail(command: str, msg: str) -> int:
-    """Print ``conccl COMMAND: msg`` on stderr; return :data:`EXIT_USAGE`."""
-    print(f"conccl {command}: {msg}", file=sys.stderr)
+    """Print ``conccl COMMAND: msg`` on one line of stderr; return :data:`EXIT_USAGE`."""
+    print(f"conccl {command}: {' '.join(str(msg).split())}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def debug_wanted(args=None) -> bool:
+    """True when ``--debug`` or ``CONCCL_DEBUG`` (anything but '', '0') asks for tracebacks."""
+    return bool(getattr(args, "debug", False)) or os.environ.get("CONCCL_DEBUG", "") not in ("", "0")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (argparse prints the whole usage block first)."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: {' '.join(message.split())} (see: {self.prog} --help)\n")
+
+
+def int_range(lo: int, hi: int | None = None, what: str = "a whole number"):
+    """An argparse type: an integer in [lo, hi], refused in words naming what is accepted."""
+    accepted = f"{what} >= {lo}" if hi is None else f"{what} from {lo} to {hi}"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; expected {accepted}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"{v} is out of range; expected {accepted}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+@contextlib.contextmanager
+def about(flag: str, value):
+    """Name the argument in a reader's error: '--suite FILE: not valid JSON (...)'."""
+    try:
+        yield
+    except ValueError as e:
+        msg = str(e)
+        shown = f"{flag} {value}"
+        # Chained: --debug shows where the reader refused it.
+        raise UsageError(msg if msg.startswith(flag) else f"{shown}: {msg.removeprefix(str(value) + ': ')}") from e
 
 
 def add_machine_kind(parser, what: str) -> None:
     parser.add_argument("--machine-kind", default=os.environ.get("CONCCL_MACHINE_KIND", "unknown"),
                         help=f"label recorded in the {what} (e.g. nvidia-h200-x4)")
+
+
+def check_out_file(path: str | None, flag: str) -> None:
+    """Refuse, before anything runs, an output file that cannot be written (``-``: stdout)."""
+    if not path or path == "-":
+        return
+    p = pathlib.Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file name")
+    if not p.parent.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {p.parent} does not exist; give a file in a writable folder")
+    check_out_dir(p.parent, flag, shown=path)
+
+
+def check_out_dir(path, flag: str, shown=None) -> pathlib.Path:
+    """Refuse a folder that is a file or cannot be written in (nor, if missing, created).
+    Nothing is created: a run refused later leaves no empty folder behind."""
+    p, shown = pathlib.Path(path), shown or path
+    probe = p
+    while not probe.exists() and probe != probe.parent:  # the nearest folder that exists
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{flag} {shown}: {probe} is a file, not a folder; give a path in a writable folder")
+    try:  # the real test: permissions, read-only mounts, ACLs
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".conccl-probe-"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {shown}: cannot write in {probe} ({e.strerror or e}); "
+                         "give a path in a writable folder") from None
+    return p

@@ -4,20 +4,19 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import pathlib
-import sys
 
 import torch
 
 from ..bench.environment import environment
 from ..collectives import STUDIED as COLLECTIVES
 from ..launch import under_torchrun
-from ..planner.profile import ProfileError
+from ..planner.profile import load_profile
+from ..planner.timing import MAX_WORLD
 from ..study import report
-from ..study.measure import StudyError
-from ..study.results import load_results
+from ..study.results import RESULTS, ResultsError, StudyResults, load_results
 from ..study.run import measured, predicted
 from ..study.scenarios import SuiteError, load_suite, scenario_from_args, select
-from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, fail
+from .common import EXIT_FAILED, EXIT_OK, UsageError, about, add_machine_kind, check_out_dir, int_range
 
 
 def add_parser(sub) -> None:
@@ -29,7 +28,8 @@ def add_parser(sub) -> None:
                     "prediction). Sizes are bytes of the collective's output per rank.")
     s.add_argument("--out", default=None, help="report folder (default: study-YYYYmmdd-HHMMSS); must not hold a report")
     s.add_argument("--quick", action="store_true", help="a small subset and shorter sweeps, for a first look")
-    s.add_argument("--gpus", type=int, default=None, help="number of GPUs / processes (default: all visible)")
+    s.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None,
+                   help="number of GPUs / processes (default: all visible; a prediction: the profile's)")
     s.add_argument("--suite", metavar="FILE", help="scenario suite file (default: the paper's, shipped with conccl)")
     s.add_argument("--only", metavar="TAGS", help="comma-separated scenario tags or ids of the suite to run")
     s.add_argument("--gemm", metavar="MxNxK", help="your own scenario: GEMM shape (with --size)")
@@ -39,7 +39,9 @@ def add_parser(sub) -> None:
     s.add_argument("--profile", metavar="FILE", help="hardware profile to predict from, and that the 'auto' strategy "
                                                      "plans with (default: the embedded H200 x4)")
     s.add_argument("--report", metavar="DIR", help="only re-draw the report of an earlier run from its results.json")
-    s.add_argument("--force", action="store_true", help="write into --out even if it holds a report")
+    s.add_argument("--force", action="store_true", help="write into --out even if it holds a report (starts over)")
+    s.add_argument("--resume", action="store_true",
+                   help="continue the interrupted study in --out (give the options it was started with)")
     s.add_argument("--no-ncu", action="store_true", help="skip reading GEMM DRAM/L2 bytes with ncu (when installed)")
     s.add_argument("--side-by-side", action="store_true",
                    help="time a scenario's configurations in turns (round robin) instead of one after another")
@@ -56,45 +58,68 @@ def study_scenarios(args):
         return select(scenario_from_args(args.gemm, args.collective, args.size), quick=False)
     if args.collective != "all":
         raise SuiteError("--collective needs --gemm and --size (to filter a suite, use --only)")
-    scenarios = select(load_suite(args.suite), quick=args.quick, only=args.only)
+    with about("--suite", args.suite or "(the shipped suite)"):
+        suite = load_suite(args.suite)
+    scenarios = select(suite, quick=args.quick, only=args.only)
     if not scenarios:
         raise SuiteError("no scenario selected")
     return scenarios
 
 
+def out_folder(args) -> tuple[pathlib.Path, StudyResults | None]:
+    """The report folder, checked before anything runs, and the interrupted study to resume."""
+    out = pathlib.Path(args.out or _dt.datetime.now().strftime("study-%Y%m%d-%H%M%S"))
+    check_out_dir(out, "--out")
+    if args.resume and args.force:
+        raise UsageError("--resume continues the study in --out, --force starts it over: give one")
+    held = out / RESULTS
+    if args.resume:
+        if not held.exists():
+            raise UsageError(f"--resume: {out} holds no {RESULTS} to continue; drop --resume to start a study there")
+        with about("--resume: --out", out):
+            return out, load_results(out)
+    if held.exists() and not args.force:
+        try:
+            earlier = load_results(out)
+        except ResultsError as e:
+            raise UsageError(f"--out {out} holds a {RESULTS} this conccl cannot read ({e}); choose another --out "
+                             "or pass --force to start over") from e
+        if not earlier.complete:
+            raise UsageError(f"--out {out} holds an interrupted study ({len(earlier.scenarios)} scenario(s) done); "
+                             "pass --resume to continue it or --force to start over")
+        raise UsageError(f"--out {out} already holds a study report; choose another --out or pass --force")
+    return out, None
+
+
 def run(args) -> int:
     if args.report:
-        try:
-            report.render(args.report, load_results(args.report))
-        except ValueError as e:
-            return fail("study", str(e))
+        with about("--report", args.report):
+            res = load_results(args.report)
+        check_out_dir(args.report, "--report")
+        report.render(args.report, res)
         return EXIT_OK
-    try:
-        scenarios = study_scenarios(args)
-    except SuiteError as e:
-        return fail("study", str(e))
-    if args.gpus is not None and args.gpus < 1:
-        return fail("study", "--gpus must be >= 1")
-    out = pathlib.Path(args.out or _dt.datetime.now().strftime("study-%Y%m%d-%H%M%S"))
-    if (out / "results.json").exists() and not args.force:
-        return fail("study", f"{out} already holds a study report; choose another --out or pass --force")
+    scenarios = study_scenarios(args)
+    out, resume = out_folder(args)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.predict or gpus == 0:
+        notice = None if args.predict else ("conccl study: no CUDA GPU visible: PREDICTING the report from a "
+                                            "hardware profile (no GPU runs anything)")
+        with about("--profile", args.profile or "(embedded)"):
+            profile = load_profile(args.profile)
+        predicted(scenarios, out, args.gpus, args.quick, args.profile, environment(args.machine_kind, args.gpus or 0),
+                  resume=resume, notice=notice, profile=profile)
+        return EXIT_OK
+    if args.gpus and args.gpus > gpus and not under_torchrun():
+        raise UsageError(f"--gpus {args.gpus}: only {gpus} GPU(s) visible here; give --gpus 2 to {gpus}, "
+                         "or --predict for a report modelled from a hardware profile")
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or gpus)
-    try:
-        if args.predict or gpus == 0:
-            if not args.predict:
-                print("conccl study: no CUDA GPU visible: PREDICTING the report from the embedded hardware profile",
-                      file=sys.stderr)
-            predicted(scenarios, out, args.gpus, args.quick, args.profile, environment(args.machine_kind, world or 0))
-            return EXIT_OK
-        if world < 2:
-            return fail("study", f"a measured study needs at least 2 GPUs linked by NVLink, found {world}; "
-                                 "pass --predict for a report modelled from a hardware profile")
-        memory = torch.cuda.get_device_properties(0).total_memory
-        res, finished = measured(scenarios, out, world, args.quick, environment(args.machine_kind, world), memory,
-                                 use_ncu=not args.no_ncu, plan_profile=args.profile, side_by_side=args.side_by_side)
-    except (StudyError, SuiteError, ProfileError) as e:
-        return fail("study", str(e))
+    if world < 2:
+        raise UsageError(f"a measured study needs at least 2 GPUs linked by NVLink, found {world}; "
+                         "pass --predict for a report modelled from a hardware profile")
+    memory = torch.cuda.get_device_properties(0).total_memory
+    res, finished = measured(scenarios, out, world, args.quick, environment(args.machine_kind, world), memory,
+                             use_ncu=not args.no_ncu, plan_profile=args.profile, side_by_side=args.side_by_side,
+                             resume=resume)
     if not finished:
         return EXIT_FAILED
     wrong = res is not None and res.summary is not None and res.summary.wrong

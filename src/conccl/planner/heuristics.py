@@ -65,8 +65,9 @@ def workload(gemm, collective: str, size: int, world: int, dtype_bytes: int = 2)
         raise PlanError(f"a GEMM shape is three positive integers M, N, K; got {gemm!r}")
     if not isinstance(size, int) or size <= 0:
         raise PlanError(f"collective size must be a positive number of bytes, got {size!r}")
-    if not isinstance(world, int) or world < 2:
-        raise PlanError(f"a collective needs a world of at least 2 ranks, got {world!r}")
+    if not isinstance(world, int) or not 2 <= world <= timing.MAX_WORLD:
+        raise PlanError(f"world {world!r} is out of range: a collective here spans 2 to {timing.MAX_WORLD} ranks "
+                        "(the GPUs of one node)")
     return Workload(m, n, k, collective, size, world, dtype_bytes)
 
 
@@ -131,7 +132,9 @@ def predict(p: HardwareProfile, w: Workload, impl: str, comm_first: bool, gemm_s
                                    comm_sms=timing.default_ctas(p, w.collective, w.size))
     ideal = (tg + tn) / max(tg, tn)
     speedup = (tg + tn) / t
-    return {"gemm_s": tg, "gemm_class": cls, "comm_s": tc, "comm_nccl_s": tn, "concurrent_s": t,
+    best = min(x for x in (tn, tc, timing.comm_time(p, "conccl", w.collective, w.size, w.world)) if x)
+    return {"gemm_s": tg, "gemm_class": cls, "comm_s": tc, "comm_nccl_s": tn, "comm_best_s": best,
+            "concurrent_s": t, "efficiency": timing.efficiency(tg, best, t),
             "ideal": ideal, "speedup": speedup, "pct_ideal": 100 * (speedup - 1) / (ideal - 1)}
 
 

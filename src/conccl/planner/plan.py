@@ -20,7 +20,7 @@ class Plan:
     gemm_sms_taken: int  # SMs withheld from the GEMM (a green context holds the rest); 0: all SMs
     nccl_ctas: int | None  # cap on NCCL's CTAs (ProcessGroupNCCL max_ctas); None: NCCL's choice
     workload: Workload
-    predicted: dict = field(default_factory=dict)  # seconds: gemm, comm, comm_nccl, concurrent; ideal, pct_ideal
+    predicted: dict = field(default_factory=dict)  # seconds: gemm, comm, comm_nccl, comm_best, concurrent; efficiency, ideal, pct_ideal
     reasons: tuple[str, ...] = ()
 
     @property

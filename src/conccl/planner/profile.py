@@ -18,6 +18,7 @@ import pathlib
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from ..jsonfile import read_json
+from . import profile_check
 
 FORMAT = "conccl-profile/1"
 EMBEDDED = pathlib.Path(__file__).parents[1] / "data" / "h200x4_profile.json"
@@ -58,6 +59,10 @@ class HardwareProfile:
     def __post_init__(self):
         if self.format != FORMAT:
             raise ProfileError(f"a hardware profile of format {self.format!r}; this conccl writes {FORMAT!r}")
+        try:
+            profile_check.check(self)
+        except profile_check.Refused as e:
+            raise ProfileError(str(e)) from None
 
     def to_json(self) -> str:
         """The one writer (JSON turns the tables' integer keys into strings; from_dict turns them back)."""
@@ -78,11 +83,19 @@ class HardwareProfile:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ProfileError(f"{origin}: unknown field(s) {', '.join(unknown)} in a {FORMAT} hardware profile")
-        obj = cls(**data)
+        try:
+            obj = cls(**data)
+        except ProfileError as e:
+            raise ProfileError(f"{origin}: {e}") from None
         # JSON turns integer keys into strings; give the tables their numbers back.
-        object.__setattr__(obj, "gemm_sm_loss", {c: {int(k): v for k, v in t.items()} for c, t in obj.gemm_sm_loss.items()})
-        object.__setattr__(obj, "coll_cta_loss", {c: {b: {int(k): v for k, v in t.items()} for b, t in bs.items()}
-                                                  for c, bs in obj.coll_cta_loss.items()})
+        try:
+            object.__setattr__(obj, "gemm_sm_loss", {c: {int(k): v for k, v in t.items()}
+                                                     for c, t in obj.gemm_sm_loss.items()})
+            object.__setattr__(obj, "coll_cta_loss", {c: {b: {int(k): v for k, v in t.items()} for b, t in bs.items()}
+                                                      for c, bs in obj.coll_cta_loss.items()})
+        except (ValueError, AttributeError):
+            raise ProfileError(f"{origin}: the tables gemm_sm_loss and coll_cta_loss must map whole numbers "
+                               "(SMs, CTAs) to slowdowns") from None
         return obj
 
     def check_device(self, device_name: str) -> None:

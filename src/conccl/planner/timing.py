@@ -25,6 +25,30 @@ from .profile import HardwareProfile
 
 DEFAULT_EFFICIENCY = 0.7  # the paper's assumption, where a profile has no measured efficiency
 LATENCY_BOUND_MAX = 32 << 20  # the profile's CTA table for sizes up to here is the latency-bound one
+MAX_WORLD = 8  # the GPUs of one NVLink node (HGX/DGX): the copy-engine paths serve one node
+
+
+def efficiency(t_gemm: float, t_comm_best: float, t_concurrent: float) -> float:
+    """The headline, in percent (../shared/ARCHITECTURE.md, "Words"): max(t_gemm, t_comm_best) /
+    t_concurrent, t_comm_best the fastest collective alone (NCCL or copy engines). 100: the
+    shorter kernel wholly hidden behind the longer one at its best isolated speed. Unlike
+    percent of ideal it never divides by a difference, so it is well defined for every pair."""
+    for name, v in (("t_gemm", t_gemm), ("t_comm_best", t_comm_best), ("t_concurrent", t_concurrent)):
+        if not (0 < v < math.inf):
+            raise ValueError(f"{name} must be a positive finite number, got {v}")
+    return 100.0 * max(t_gemm, t_comm_best) / t_concurrent
+
+
+ILL_CONDITIONED = 1.1  # below this ideal speedup, percent of ideal divides by less than 0.1
+
+
+def extrapolation(p: HardwareProfile, world: int) -> str | None:
+    """Why a prediction for ``world`` ranks is an extrapolation (None: the profile's own world)."""
+    if world == p.world:
+        return None
+    return (f"extrapolated to {world} GPUs from a profile measured on {p.world}: collective times come from its "
+            f"latency + bus-bandwidth fit, not its measured size sweep, and the overlap it measured on {p.world} "
+            "GPUs is assumed to hold")
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,9 @@ class StudyConfig:
     # After a scenario's strategies, time ``auto`` and the fastest measured strategy again, in
     # turns: a fair head-to-head, free of what ran just before each (scripts/auto_gap.py).
     auto_in_turns: bool = True
+    # An interrupted run's results to continue: every rank skips the steps it holds (the same
+    # steps on every rank, so the collectives still pair up), rank 0 appends the rest.
+    resume: StudyResults | None = None
 
 
 def arena_bytes(scenarios: list[Scenario], world: int, quick: bool) -> tuple[int, int]:
@@ -368,10 +371,12 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> StudyResults | None
         worst = max(cfg.scenarios, key=lambda s: s.memory_bytes(world))
         raise StudyError(f"the study needs {need / 2**30:.1f} GiB per GPU but the GPU has "
                          f"{rig.memory / 2**30:.1f} GiB; the largest scenario is {worst.id}")
-    res = StudyResults(kind="measured", meta=cfg.meta, config=RunConfig(
+    res = cfg.resume or StudyResults(kind="measured", meta=cfg.meta, config=RunConfig(
         quick=cfg.quick, warmup=cfg.warmup, iters=cfg.iters, world=world, side_by_side=cfg.side_by_side,
         min_timed_ms=cfg.min_timed_ms, max_iters=cfg.max_iters, auto_in_turns=cfg.auto_in_turns,
         conccl_call="persistent"))
+    res.complete, res.error = False, None
+    done = steps_done(res)
     save = (lambda: save_results(cfg.out_dir, res)) if rank == 0 else (lambda: None)
     gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
     sizes = SIZE_SWEEP_QUICK if cfg.quick else SIZE_SWEEP
@@ -390,16 +395,20 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> StudyResults | None
                           memory_bytes=rig.memory, world=world)
 
     # Peak HBM bandwidth: a same-GPU copy reads and writes every byte.
-    src = torch.empty(HBM_PROBE_BYTES, dtype=torch.uint8, device=rig.device)
-    dst = torch.empty_like(src)
-    probe = (src, dst)
-    t = rig.timed([(rig.gemm_stream, lambda: probe[1].copy_(probe[0]))])
-    res.peaks.hbm_bytes_per_s = 2 * HBM_PROBE_BYTES / (statistics.median(t) / 1e3)
-    src = dst = probe = None
+    if "hbm" not in done:
+        src = torch.empty(HBM_PROBE_BYTES, dtype=torch.uint8, device=rig.device)
+        dst = torch.empty_like(src)
+        probe = (src, dst)
+        t = rig.timed([(rig.gemm_stream, lambda: probe[1].copy_(probe[0]))])
+        res.peaks.hbm_bytes_per_s = 2 * HBM_PROBE_BYTES / (statistics.median(t) / 1e3)
+        src = dst = probe = None
     progress.step("HBM bandwidth")
 
     # GEMMs alone, losing SMs to a green context holding the rest.
     for g in gemms:
+        if ("gemm", g.tag) in done:
+            progress.step(f"GEMM {g.tag} SM sweep (done before)")
+            continue
         case = GemmCase(rig, g)
         for k in sm_loss:
             stream, granted = rig.green_stream(k)
@@ -415,6 +424,12 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> StudyResults | None
 
     # Collectives alone: over sizes (NCCL and conccl), and over the CTAs NCCL may use.
     for c in colls:
+        if ("sizes", c) in done and ("ctas", c) in done:
+            progress.step(f"{c} size sweep (done before)")
+            progress.step(f"{c} CTA sweep (done before)")
+            continue
+        res.coll_sizes = [r for r in res.coll_sizes if r.collective != c]  # redo a half-done collective whole
+        res.coll_ctas = [r for r in res.coll_ctas if r.collective != c]
         for size in sizes:
             case = CollectiveCase(rig, c, size, arenas)
             for impl in ("nccl", "conccl"):
@@ -437,6 +452,9 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> StudyResults | None
     # Scenarios: isolated times, then every strategy.
     current = None
     for s in cfg.scenarios:
+        if ("scenario", s.id) in done:
+            progress.step(f"{s.id} (done before)")
+            continue
         if current is None or current.gemm is not s.gemm:
             current = None
             torch.cuda.empty_cache()
@@ -449,6 +467,15 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> StudyResults | None
     res.complete = True
     save()
     return res if rank == 0 else None
+
+
+def steps_done(res: StudyResults) -> set:
+    """The steps an interrupted run's results hold whole (each is saved once it is whole):
+    "hbm", ("gemm", tag), ("sizes" | "ctas", collective), ("scenario", id)."""
+    done = {("gemm", r.gemm) for r in res.gemm_sm_loss}
+    done |= {("sizes", r.collective) for r in res.coll_sizes} | {("ctas", r.collective) for r in res.coll_ctas}
+    done |= {("scenario", s.id) for s in res.scenarios}
+    return done | ({"hbm"} if res.peaks.hbm_bytes_per_s else set())
 
 
 def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> ScenarioResult:

@@ -3,7 +3,10 @@
 - ideal speedup = (t_gemm + t_comm) / max(t_gemm, t_comm), both measured in isolation;
 - speedup = (t_gemm + t_comm) / t_concurrent, where t_comm is the baseline collective's
   (NCCL's) isolated time for every strategy: the serial run a user has today;
-- percent of ideal = (speedup - 1) / (ideal - 1), in percent;
+- percent of ideal = (speedup - 1) / (ideal - 1), in percent: the paper's; it divides by
+  (ideal - 1), so it explodes where one kernel is much longer than the other;
+- efficiency = max(t_gemm, t_comm_best) / t_concurrent, in percent, t_comm_best the fastest
+  collective alone: the headline, defined for every pair (``conccl.planner.timing.efficiency``);
 - taxonomy: G-long when the GEMM takes > 1.15x the collective, C-long when the collective takes
   > 1.15x the GEMM, GC-equal otherwise.
 """
@@ -11,6 +14,11 @@ from __future__ import annotations
 
 import math
 import statistics
+
+from ..planner.timing import ILL_CONDITIONED, efficiency
+
+__all__ = ["EQUAL_BAND", "ILL_CONDITIONED", "efficiency", "ideal_speedup", "speedup", "percent_of_ideal", "taxonomy",
+           "gemm_class", "fit_latency_bandwidth", "comm_class"]
 
 EQUAL_BAND = 0.15
 

@@ -36,7 +36,8 @@ def overlap_pct(p: HardwareProfile, strategy: str, collective: str, taxonomy: st
     return per.get(taxonomy, per.get("all"))
 
 
-def predict(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bool, meta: dict) -> StudyResults:
+def new_prediction(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bool, meta: dict) -> StudyResults:
+    """A prediction's document with its isolated sweeps, before any scenario."""
     res = StudyResults(kind="prediction", meta=meta, config=RunConfig(quick=quick, warmup=0, iters=0, world=world),
                        machine=Machine(device=p.device, sm_count=p.sm_count, memory_bytes=p.memory_bytes, world=world),
                        peaks=Peaks(bf16_flops=p.bf16_flops, hbm_bytes_per_s=p.hbm_bytes_per_s,
@@ -64,33 +65,50 @@ def predict(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bo
                                               time_ms=Timing.point(base * slow)))
     analysis.set_comm_peaks(res)
     res.peaks.nvlink_bytes_per_s = p.nvlink_bytes_per_s
+    return res
+
+
+def predict_scenario(p: HardwareProfile, s: Scenario, world: int, quick: bool) -> ScenarioResult:
+    """One scenario's isolated and concurrent times, as the profile predicts them."""
+    size = s.size_for(world)
+    rec = ScenarioResult.new(s, size)
+    tg, _ = gemm_ms(p, s.gemm)
+    rec.t_gemm = Timing.point(tg)
+    for impl in ("nccl", "conccl", "torch_lc"):
+        t = comm_ms(p, impl, s.collective, size, world)
+        if t is not None:
+            rec.t_comm[impl] = Timing.point(t)
+    tc = rec.t_comm["nccl"].median
+    rec.hbm_bytes = HbmBytes(gemm=s.gemm.bytes(), comm=collectives.get(s.collective).hbm_bytes(size, world))
+    ideal, tax = metrics.ideal_speedup(tg, tc), metrics.taxonomy(tg, tc)
+    w = workload((s.gemm.m, s.gemm.n, s.gemm.k), s.collective, size, world)
+    for strat in strategies_for(s.collective):
+        if strat.impl in ("nccl", "conccl", "auto"):
+            plans = ([plan_auto(p, w)] if strat.impl == "auto" else
+                     [plan_strategy(p, w, strat.name, k if strat.partition else None)
+                      for k in strat.sweep(quick)])
+            rec.runs[strat.name] = [Run(sms=pl.sms, gemm_sms=p.sm_count - pl.gemm_sms_taken, plan=pl.strategy,
+                                        time_ms=Timing.point(1e3 * pl.predicted["concurrent_s"]), correct=None)
+                                    for pl in plans]
+            continue
+        pct = overlap_pct(p, strat.name, s.collective, tax)  # outside references: the measured mean
+        if pct is None:
+            continue
+        sp = 1 + pct / 100 * (ideal - 1)
+        rec.runs[strat.name] = [Run(sms=0, gemm_sms=None, time_ms=Timing.point((tg + tc) / sp), correct=None)]
+    return rec
+
+
+def predict(p: HardwareProfile, scenarios: list[Scenario], world: int, quick: bool, meta: dict,
+            res: StudyResults | None = None, save=None) -> StudyResults:
+    """The whole prediction. ``res``: an interrupted one to continue (its scenarios are kept);
+    ``save()`` runs after every scenario, so a Ctrl-C keeps what was predicted."""
+    res = res or new_prediction(p, scenarios, world, quick, meta)
+    done = {s.id for s in res.scenarios}
     for s in scenarios:
-        size = s.size_for(world)
-        rec = ScenarioResult.new(s, size)
-        tg, _ = gemm_ms(p, s.gemm)
-        rec.t_gemm = Timing.point(tg)
-        for impl in ("nccl", "conccl", "torch_lc"):
-            t = comm_ms(p, impl, s.collective, size, world)
-            if t is not None:
-                rec.t_comm[impl] = Timing.point(t)
-        tc = rec.t_comm["nccl"].median
-        rec.hbm_bytes = HbmBytes(gemm=s.gemm.bytes(), comm=collectives.get(s.collective).hbm_bytes(size, world))
-        ideal, tax = metrics.ideal_speedup(tg, tc), metrics.taxonomy(tg, tc)
-        w = workload((s.gemm.m, s.gemm.n, s.gemm.k), s.collective, size, world)
-        for strat in strategies_for(s.collective):
-            if strat.impl in ("nccl", "conccl", "auto"):
-                plans = ([plan_auto(p, w)] if strat.impl == "auto" else
-                         [plan_strategy(p, w, strat.name, k if strat.partition else None)
-                          for k in strat.sweep(quick)])
-                rec.runs[strat.name] = [Run(sms=pl.sms, gemm_sms=p.sm_count - pl.gemm_sms_taken, plan=pl.strategy,
-                                            time_ms=Timing.point(1e3 * pl.predicted["concurrent_s"]), correct=None)
-                                        for pl in plans]
-                continue
-            pct = overlap_pct(p, strat.name, s.collective, tax)  # outside references: the measured mean
-            if pct is None:
-                continue
-            sp = 1 + pct / 100 * (ideal - 1)
-            rec.runs[strat.name] = [Run(sms=0, gemm_sms=None, time_ms=Timing.point((tg + tc) / sp), correct=None)]
-        res.scenarios.append(rec)
+        if s.id not in done:
+            res.scenarios.append(predict_scenario(p, s, world, quick))
+            if save:
+                save()
     res.complete = True
     return res

@@ -11,7 +11,9 @@ Schemas (the ``schema`` field; JSON field names are the attribute names below):
   ``side_by_side``, ``min_timed_ms``, ``max_iters``, ``auto_in_turns``, ``conccl_call``; a
   scenario's ``auto_in_turns``; a run's ``plan``). :func:`from_dict` upgrades it: a missing
   field takes its default (None, or empty).
-- ``conccl-study-results/2`` (:data:`SCHEMA`): these records, every field written.
+- ``conccl-study-results/2``: these records before the efficiency fields (derived: they are
+  recomputed on reading).
+- ``conccl-study-results/3`` (:data:`SCHEMA`): these records, every field written.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from dataclasses import dataclass, field
 
 from ..jsonfile import read_json
 
-SCHEMA = "conccl-study-results/2"
+SCHEMA = "conccl-study-results/3"
+V2_SCHEMA = "conccl-study-results/2"  # read too: the same records without the efficiency fields
 V1_FORMAT = "conccl-study/1"
 RESULTS = "results.json"
 KINDS = ("measured", "prediction")
@@ -174,6 +177,7 @@ class Run:
     speedup: float | None = None  # derived
     pct_ideal: float | None = None  # derived
     pct_own_ideal: float | None = None  # derived
+    efficiency: float | None = None  # derived: max(t_gemm, fastest collective alone) / t_concurrent, %
 
 
 @dataclass
@@ -187,6 +191,7 @@ class StrategyResult:
     sms: int
     gemm_sms: int | None
     correct: bool | None
+    efficiency: float | None = None  # the headline, percent (None in results of schema 2 until derived)
 
 
 @dataclass
@@ -228,6 +233,7 @@ class ScenarioResult:
     comm_hbm_bytes_per_s: dict[str, float] | None = None
     ideal: float | None = None
     taxonomy: str | None = None
+    t_comm_best: float | None = None  # ms: the fastest collective alone (NCCL or copy engines)
     strategies: dict[str, StrategyResult] | None = None  # None: not derived (no NCCL time alone)
     c3_best: str | None = None
     best: str | None = None
@@ -249,7 +255,9 @@ class StrategySummary:
     mean_pct_own_ideal: float | None
     mean_speedup: float
     n: int
-    n_at_least_80: int
+    n_at_least_80: int  # scenarios at >= 80% of ideal (the paper's yardstick)
+    mean_efficiency: float | None = None  # the headline
+    min_efficiency: float | None = None
 
 
 @dataclass
@@ -260,6 +268,7 @@ class GroupSummary:
     ideal: float
     speedup: dict[str, float]
     pct_ideal: dict[str, float]
+    efficiency: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -278,6 +287,7 @@ class Claim:
     value: float | None
     unit: str
     holds: bool | None = None
+    efficiency: float | None = None  # beside a mean percent of ideal: the same strategy's mean efficiency
 
 
 @dataclass
@@ -324,10 +334,65 @@ def from_dict(data, origin: str = "study results") -> StudyResults:
             raise ResultsError(f"{origin}: not a conccl study result: format {fmt!r} found, expected schema "
                                f"{SCHEMA!r} (or the older format {V1_FORMAT!r})")
         data = _upgrade_v1(data)
+    elif schema == V2_SCHEMA:  # derived fields added since take their defaults; derive() fills them
+        data = dict(data, schema=SCHEMA)
     elif schema != SCHEMA:
         raise ResultsError(f"{origin}: study results of schema {schema!r} found, this conccl reads {SCHEMA!r} "
-                           f"(and upgrades {V1_FORMAT!r}); re-create them with this conccl")
-    return _record(StudyResults, data, origin)
+                           f"(and upgrades {V2_SCHEMA!r} and {V1_FORMAT!r}); re-create them with this conccl")
+    res = _record(StudyResults, data, origin)
+    _check_times(res, origin)
+    return res
+
+
+MAX_MS = 1e7  # a kernel timed at more than ~3 hours is a corrupt file, not a measurement
+
+
+def _check_times(res: StudyResults, origin: str) -> None:
+    """Every time a positive number of milliseconds, every count, size and rate positive, every
+    scenario with its GEMM's time: the formulas divide by them, and a zero found here names its
+    field instead of surfacing as a ZeroDivisionError in a report."""
+    def check(t: Timing | None, where: str) -> None:
+        if t is not None and not (0 < t.median <= MAX_MS):
+            raise ResultsError(f"{origin}: {where}: a time must be a number of milliseconds in (0, {MAX_MS:g}], "
+                               f"got {t.median}")
+
+    def positive(v, where: str, lowest: float = 0.0) -> None:
+        if not (lowest < v < float("inf")):
+            raise ResultsError(f"{origin}: {where} must be a number > {lowest:g}, got {v}")
+
+    positive(res.config.world, "config.world", 1)
+    if res.machine is not None:
+        positive(res.machine.world, "machine.world", 1)
+    for impl, fits in res.peaks.collective_fits.items():
+        for c, fit in fits.items():
+            positive(fit.bytes_per_s, f"peaks.collective_fits.{impl}.{c}.bytes_per_s")
+            positive(fit.latency_s, f"peaks.collective_fits.{impl}.{c}.latency_s", -1e-300)
+    for tag, counters in res.ncu.items():
+        if tag == "error":
+            continue
+        if not isinstance(counters, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                                    for v in counters.values()):
+            raise ResultsError(f"{origin}: ncu.{tag}: expected an object of positive byte counts, got "
+                               f"{json.dumps(counters)[:60]}")
+
+    for r in res.gemm_sm_loss + res.coll_sizes + res.coll_ctas:
+        check(r.time_ms, f"isolated record {r.gemm if isinstance(r, GemmSmLoss) else r.collective}")
+    for s in res.scenarios:
+        if s.t_gemm is None:
+            raise ResultsError(f"{origin}: scenario {s.id} has no GEMM time (t_gemm); re-create the file with "
+                               "`conccl study`")
+        check(s.t_gemm, f"scenario {s.id} t_gemm")
+        positive(s.size, f"scenario {s.id} size")
+        for dim in ("m", "n", "k", "flops", "bytes"):
+            positive(getattr(s.gemm, dim), f"scenario {s.id} gemm.{dim}")
+        if s.auto_in_turns is not None:
+            check(s.auto_in_turns.best_ms, f"scenario {s.id} auto_in_turns.best_ms")
+            check(s.auto_in_turns.auto_ms, f"scenario {s.id} auto_in_turns.auto_ms")
+        for impl, t in s.t_comm.items():
+            check(t, f"scenario {s.id} t_comm.{impl}")
+        for name, runs in s.runs.items():
+            for r in runs:
+                check(r.time_ms, f"scenario {s.id} runs.{name}")
 
 
 def _upgrade_v1(data: dict) -> dict:
@@ -373,25 +438,43 @@ def _record(cls, data, where: str):
     unknown = sorted(set(data) - set(hints))
     if unknown:
         raise ResultsError(f"{where}: unknown field(s) {', '.join(unknown)} in a {cls.__name__}")
-    try:
-        return cls(**{k: _value(hints[k], v, f"{where}.{k}") for k, v in data.items()})
-    except TypeError as e:  # a required field missing
-        raise ResultsError(f"{where}: {e}") from None
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ResultsError(f"{where}: missing field(s) {', '.join(missing)} of a {cls.__name__}; "
+                           "re-create the file with `conccl study`")
+    return cls(**{k: _value(hints[k], v, f"{where}.{k}") for k, v in data.items()})
 
 
 def _value(tp, v, where: str):
-    if v is None:
-        return None
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
+        if v is None:
+            return None
         (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
         return _value(tp, v, where)
+    if v is None:
+        raise ResultsError(f"{where}: expected {_JSON_TYPES.get(tp, (None, 'a value'))[1]}, got null")
     if dataclasses.is_dataclass(tp):
         return _record(tp, v, where)
     if origin is list:
+        _expect(v, list, where)
         (item,) = typing.get_args(tp)
         return [_value(item, x, f"{where}[{i}]") for i, x in enumerate(v)]
     if origin is dict:
+        _expect(v, dict, where)
         _, item = typing.get_args(tp)
         return {k: _value(item, x, f"{where}.{k}") for k, x in v.items()}
+    _expect(v, tp, where)
     return v
+
+
+_JSON_TYPES = {float: ((int, float), "a number"), int: ((int,), "a whole number"), str: ((str,), "a string"),
+               bool: ((bool,), "true or false"), dict: ((dict,), "an object"), list: ((list,), "a list")}
+
+
+def _expect(v, tp, where: str) -> None:
+    """Refuse a value of the wrong JSON type where it is read, not where it is first used."""
+    types_, name = _JSON_TYPES.get(tp, ((object,), "a value"))
+    if not isinstance(v, types_) or (isinstance(v, bool) and tp is not bool):
+        raise ResultsError(f"{where}: expected {name}, got {json.dumps(v)[:40]}")

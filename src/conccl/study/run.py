@@ -4,13 +4,15 @@ from __future__ import annotations
 import pathlib
 import sys
 
+from ..jsonfile import write_text
 from ..launch import run_per_gpu, under_torchrun
-from ..planner.profile import load_profile
+from ..planner import timing
+from ..planner.profile import EMBEDDED, load_profile
 from . import ncu, report
 from .measure import StudyConfig, StudyError, required_bytes, study_worker
-from .model import predict
+from .model import new_prediction, predict
 from .profile_fit import profile_from_study
-from .results import ResultsError, StudyResults, load_results
+from .results import ResultsError, StudyResults, load_results, save_results
 from .scenarios import Scenario
 
 
@@ -28,47 +30,96 @@ def check_fits(scenarios: list[Scenario], world: int, memory_bytes: int, quick: 
                          "run them in smaller groups with --only")
 
 
-def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, meta: dict) -> StudyResults:
-    prof = load_profile(profile_path)
+def describe_profile(prof, path) -> str:
+    """Where a prediction's numbers came from: the file, the machine, the date and the commit."""
+    src = prof.source
+    return (f"{path or 'embedded (conccl/data/' + EMBEDDED.name + ')'}: {prof.device} x{prof.world}, measured on "
+            f"{src.get('machine_kind', 'an unnamed machine')} {src.get('date', 'at an unrecorded date')}, "
+            f"commit {src.get('commit', 'unrecorded')}")
+
+
+def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, meta: dict,
+              resume: StudyResults | None = None, notice: str | None = None, profile=None) -> StudyResults:
+    """Predict the report from a hardware profile (``profile``, else read from ``profile_path``),
+    saving after every scenario; on Ctrl-C the report is drawn from what was predicted, labelled
+    partial, and the interrupt goes on up. ``notice`` is printed once the input is checked."""
+    prof = profile or load_profile(profile_path)
     world = world or prof.world
     check_fits(scenarios, world, prof.memory_bytes, quick)
-    meta = dict(meta, profile=str(profile_path or "embedded: " + prof.device + f" x{prof.world} "
-                                  f"({prof.source.get('date')}, commit {prof.source.get('commit')})"), world=world)
-    res = predict(prof, scenarios, world, quick, meta)
-    report.render(out_dir, res)
+    meta = dict(meta, profile=describe_profile(prof, profile_path), world=world,
+                extrapolated=timing.extrapolation(prof, world))
+    if resume is not None:
+        check_resumable(resume, "prediction", world, quick)
+        resume.meta = dict(meta, resumed_from=resume.meta.get("date"))
+    if notice:
+        print(notice, file=sys.stderr)
+    out = pathlib.Path(out_dir)
+    res = resume or new_prediction(prof, scenarios, world, quick, meta)
+    res.complete, res.error = False, None
+    try:
+        predict(prof, scenarios, world, quick, meta, res, save=lambda: save_results(out, res))
+    except BaseException as e:  # Ctrl-C or a crash: keep what was predicted, then let it go on up
+        stopped(out, res, "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt)
+                else f"stopped by an error: {type(e).__name__}: {str(e)[:200]}")
+        raise
+    report.render(out, res)
     return res
 
 
+def check_resumable(res: StudyResults, kind: str, world: int, quick: bool) -> None:
+    """Refuse to continue a study under other settings than it started with."""
+    if res.complete:
+        raise StudyError("--resume: that study is complete; nothing to continue (--force starts it over)")
+    if res.kind != kind:
+        raise StudyError(f"--resume: that study is a {res.kind}, this run would be a {kind} "
+                         f"({'drop' if kind == 'prediction' else 'add'} --predict to continue it)")
+    if res.world != world or res.config.quick != quick:
+        raise StudyError(f"--resume: that study ran on {res.world} GPUs{' with --quick' if res.config.quick else ''}; "
+                         f"continue it with the same --gpus and {'--quick' if res.config.quick else 'no --quick'}")
+
+
+def stopped(out, res: StudyResults, why: str) -> None:
+    """Mark ``res`` partial, then save it and draw its report (both written whole or not at all)."""
+    res.complete, res.error = False, why
+    report.render(out, res, quiet=True)
+    print(f"conccl study: {why}: {len(res.scenarios)} scenario(s) done, report labelled PARTIAL in {out}; "
+          f"continue with: conccl study --out {out} --resume (and the same options)", file=sys.stderr)
+
+
 def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_bytes: int, use_ncu: bool = True,
-             plan_profile: str | None = None, side_by_side: bool = False) -> tuple[StudyResults | None, bool]:
+             plan_profile: str | None = None, side_by_side: bool = False,
+             resume: StudyResults | None = None) -> tuple[StudyResults | None, bool]:
     """Run on ``world`` GPUs; (results, finished), results None on a non-zero rank under
-    torchrun. An interrupted run's report says INCOMPLETE."""
+    torchrun. A run that stops (a crash, Ctrl-C) keeps what it measured, marked incomplete,
+    with a report labelled PARTIAL; ``resume`` (that run's results) continues it."""
     check_fits(scenarios, world, memory_bytes, quick)
+    if resume is not None:
+        check_resumable(resume, "measured", world, quick)
     counters = {}
     if use_ncu and not under_torchrun():
         if ncu.available():
             print("# reading GEMM DRAM/L2 bytes with ncu on GPU 0", file=sys.stderr, flush=True)
         counters = ncu.gemm_counters({s.gemm.tag: s.gemm for s in scenarios}.values())
     cfg = StudyConfig(scenarios=scenarios, quick=quick, out_dir=str(out_dir), meta=meta, ncu=counters,
-                      plan_profile=plan_profile, side_by_side=side_by_side)
+                      plan_profile=plan_profile, side_by_side=side_by_side, resume=resume)
     print(f"# conccl study: {len(scenarios)} scenarios on {world} GPUs -> {out_dir}", file=sys.stderr, flush=True)
     try:
         res = run_per_gpu(study_worker, cfg, nprocs=None if under_torchrun() else world, timeout_s=24 * 3600)[0]
-    except (RuntimeError, StudyError) as e:
+    except (RuntimeError, StudyError, KeyboardInterrupt) as e:
         try:
-            res = load_results(out_dir)
+            res = load_results(out_dir)  # rank 0 saved it after every step
         except ResultsError:
+            if isinstance(e, KeyboardInterrupt):
+                raise
             raise StudyError(f"the study failed before measuring anything: {e}") from None
-        res.complete = False
-        res.error = str(e).splitlines()[0][:300]
-        report.render(out_dir, res)
-        print(f"conccl study: stopped early: {e}", file=sys.stderr)
+        stopped(out_dir, res, "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt)
+                else "stopped early: " + str(e).splitlines()[0][:300])
+        if isinstance(e, KeyboardInterrupt):
+            raise
         return res, False
     if res is None:  # a non-zero rank under torchrun
         return None, True
     report.render(out_dir, res)
     if res.complete:
-        prof = profile_from_study(res)
-        (pathlib.Path(out_dir) / "profile.json").write_text(prof.to_json())
+        write_text(pathlib.Path(out_dir) / "profile.json", profile_from_study(res).to_json())
     return res, res.complete
-

@@ -7,18 +7,22 @@ gathered tensor; all-to-all: the received tensor, which equals the sent one), in
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import re
 from dataclasses import dataclass
 
 from ..collectives import STUDIED as COLLECTIVES
+from ..jsonfile import read_json
 from ..units import format_size, parse_size
 
 DEFAULT_SUITE = pathlib.Path(__file__).with_name("suite.json")
 SUITE_FORMAT = "conccl-suite/1"
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
 ALIGN = 4096  # every rank's chunk is a whole number of 4 KiB pages
+# The fields a suite may hold: a misspelt one ("colectives") would otherwise be ignored silently.
+SUITE_FIELDS = {"format", "about", "size_unit", "dtype", "gemms", "scenarios"}
+GEMM_FIELDS = {"mnk", "source", "paper_class"}
+SCENARIO_FIELDS = {"gemm", "size", "tag", "collectives", "source", "paper_taxonomy", "quick"}
 
 
 class SuiteError(ValueError):
@@ -101,13 +105,17 @@ def parse_suite(data: dict, origin: str = "suite") -> list[Scenario]:
     """Scenarios of a suite document (see ``suite.json``); one per (entry, collective)."""
     if not isinstance(data, dict) or data.get("format") != SUITE_FORMAT:
         raise SuiteError(f"{origin}: not a conccl suite (expected \"format\": \"{SUITE_FORMAT}\")")
+    _known_fields(data, SUITE_FIELDS, origin)
     dtype = data.get("dtype", "bfloat16")
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise SuiteError(f"{origin}: dtype {dtype!r} is not supported; use one of {', '.join(DTYPE_BYTES)}")
     gemms = {}
+    if not isinstance(data.get("gemms", {}), dict):
+        raise SuiteError(f"{origin}: \"gemms\" must be an object of tag: {{\"mnk\": \"MxNxK\"}}")
     for tag, g in (data.get("gemms") or {}).items():
         if not isinstance(g, dict) or "mnk" not in g:
             raise SuiteError(f"{origin}: GEMM {tag!r} needs an \"mnk\" field")
+        _known_fields(g, GEMM_FIELDS, f"{origin}: GEMM {tag!r}")
         base = parse_gemm(g["mnk"], tag)
         gemms[tag] = Gemm(tag, base.m, base.n, base.k, g.get("source", ""), g.get("paper_class"))
     entries = data.get("scenarios")
@@ -121,6 +129,11 @@ def parse_suite(data: dict, origin: str = "suite") -> list[Scenario]:
         for key in ("gemm", "size"):
             if key not in e:
                 raise SuiteError(f"{where}: missing field {key!r}")
+        _known_fields(e, SCENARIO_FIELDS, where)
+        if not isinstance(e.get("quick", False), bool):
+            raise SuiteError(f"{where}: \"quick\" must be true or false, got {e['quick']!r}")
+        if not isinstance(e["size"], (str, int, float)) or isinstance(e["size"], bool):
+            raise SuiteError(f"{where}: \"size\" must be bytes as a number or a string like \"1G\", got {e['size']!r}")
         g = e["gemm"]
         gemm = gemms.get(g) if isinstance(g, str) and g in gemms else None
         if gemm is None:
@@ -131,7 +144,10 @@ def parse_suite(data: dict, origin: str = "suite") -> list[Scenario]:
         size = _size(e["size"], where)
         tag = e.get("tag") or f"{gemm.tag}_{format_size(size)}"
         colls = e.get("collectives", list(COLLECTIVES))
-        for c in colls if isinstance(colls, list) else [colls]:
+        colls = colls if isinstance(colls, list) else [colls]
+        if not colls or not all(isinstance(c, str) for c in colls):
+            raise SuiteError(f"{where}: \"collectives\" must name one or more of {', '.join(COLLECTIVES)}")
+        for c in colls:
             s = Scenario(tag, gemm, _check_collective(c, where), size, e.get("source", ""),
                          e.get("paper_taxonomy"), bool(e.get("quick", False)), dtype)
             if s.id in seen:
@@ -141,22 +157,23 @@ def parse_suite(data: dict, origin: str = "suite") -> list[Scenario]:
     return out
 
 
+def _known_fields(obj: dict, known: set, where: str) -> None:
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise SuiteError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}")
+
+
 def load_suite(path: str | pathlib.Path | None = None) -> list[Scenario]:
     path = pathlib.Path(path) if path else DEFAULT_SUITE
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SuiteError(f"cannot read suite file {str(path)!r}: {e.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SuiteError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-    return parse_suite(data, str(path))
+    return parse_suite(read_json(path, SuiteError, "suite file"), str(path))
 
 
 def scenario_from_args(gemm: str, collective: str, size: str) -> list[Scenario]:
     """``--gemm MxNxK --collective all_gather|all_to_all|all --size 1G`` -> scenarios."""
-    g = parse_gemm(gemm)
+    try:
+        g = parse_gemm(gemm)
+    except SuiteError as e:
+        raise SuiteError(f"--gemm: {e}") from None
     nbytes = _size(size, "--size")
     colls = list(COLLECTIVES) if collective in (None, "all") else [collective]
     return [Scenario(f"{g.tag}_{format_size(nbytes)}", g, _check_collective(c, "--collective"), nbytes,
@@ -167,8 +184,11 @@ def select(scenarios: list[Scenario], quick: bool = False, only: str | None = No
     """The ``--quick`` subset and/or the ``--only`` tags or ids (comma-separated)."""
     if quick:
         scenarios = [s for s in scenarios if s.quick] or scenarios[:2]
-    if only:
+    if only is not None:
         wanted = [w.strip() for w in only.split(",") if w.strip()]
+        if not wanted:
+            raise SuiteError(f"--only {only!r}: names no scenario; give comma-separated tags or ids, e.g. "
+                             f"--only {scenarios[0].tag if scenarios else 'TAG'}")
         known = {s.tag for s in scenarios} | {s.id for s in scenarios}
         unknown = [w for w in wanted if w not in known]
         if unknown:

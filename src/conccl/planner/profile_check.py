@@ -1,0 +1,85 @@
+"""What a hardware profile's numbers may be, checked where the profile is read.
+
+Every number of a profile is divided by or multiplied into a time somewhere in the planner: a
+0, a string, an empty list or a 1e-300 would surface as a ZeroDivisionError, a TypeError or an
+infinite time deep inside it. Each is refused here instead, naming its field and the range
+accepted. The ranges are wide (any GPU of any generation fits) but finite.
+"""
+from __future__ import annotations
+
+import math
+
+RATE = (1e6, 1e18)  # flop/s or bytes/s of one GPU
+SLOWDOWN = (0.01, 1e3)  # a time ratio: below 1 when losing SMs helps (memory-bound GEMMs)
+SECONDS = (0.0, 60.0)  # a latency or a delay (added to a time: 0 is fine)
+SWEEP_SECONDS = (1e-9, 60.0)  # a collective's time alone: a time divides, so not ~0
+EFFICIENCY = (1e-3, 2.0)  # fraction of a peak a GEMM reaches
+PERCENT = (-1e6, 1e6)  # percent of ideal, which explodes near an ideal of 1
+
+# table -> depth of nested objects above its numbers, and each number's range by its key
+# (None: by the table). Depths follow conccl.planner.profile.HardwareProfile's comments.
+TABLES = {
+    "gemm_efficiency": (1, {None: EFFICIENCY}),
+    "collectives": (3, {"latency_s": SECONDS, "bus_bytes_per_s": RATE}),
+    "gemm_sm_loss": (2, {None: SLOWDOWN}),
+    "coll_cta_loss": (3, {None: SLOWDOWN}),
+    "overlap": (3, {None: PERCENT}),
+    "interference": (3, {"gemm": SLOWDOWN, "comm": SLOWDOWN, "delay_s": SECONDS, "n": (0, 1e9),
+                         "rms_log_error": (0, 1e3)}),
+}
+REQUIRED = {"collectives": ("latency_s", "bus_bytes_per_s")}
+
+
+class Refused(ValueError):
+    """A field of the profile outside what it may be (the message names it)."""
+
+
+def _number(v, where: str, lo: float, hi: float, open_low: bool = True) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or v > hi or (v <= lo if open_low else v < lo):
+        bound = f"({lo:g}, {hi:g}]" if open_low else f"[{lo:g}, {hi:g}]"
+        raise Refused(f"field {where} must be a number in {bound}, got {v!r}")
+
+
+def _objects(table, where: str, depth: int):
+    """(path, object) of the objects ``depth`` levels down, refusing anything else above."""
+    if not isinstance(table, dict):
+        raise Refused(f"field {where} must be an object, got {type(table).__name__}")
+    if depth == 0:
+        yield where, table
+        return
+    for k, v in table.items():
+        yield from _objects(v, f"{where}.{k}", depth - 1)
+
+
+def check(p) -> None:
+    """Refuse a profile (a HardwareProfile) whose fields are not what the planner can use."""
+    if not isinstance(p.device, str) or not p.device:
+        raise Refused(f"field device must be the GPU's name (a non-empty string), got {p.device!r}")
+    for name, lo, hi in (("world", 2, 1024), ("sm_count", 1, 1e5), ("memory_bytes", 1, 1e15)):
+        v = getattr(p, name)
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise Refused(f"field {name} must be a whole number from {lo} to {hi:g}, got {v!r}")
+    for name in ("bf16_flops", "hbm_bytes_per_s", "nvlink_bytes_per_s"):
+        _number(getattr(p, name), name, *RATE)
+    if not isinstance(p.source, dict):
+        raise Refused(f"field source must be an object, got {type(p.source).__name__}")
+    for name, (depth, ranges) in TABLES.items():
+        for where, obj in _objects(getattr(p, name), name, depth - 1):
+            for key in REQUIRED.get(name, ()):
+                if key not in obj:
+                    raise Refused(f"field {where} lacks {key!r}")
+            for k, v in obj.items():
+                lo, hi = ranges.get(k, ranges.get(None, (0, math.inf)))
+                _number(v, f"{where}.{k}", lo, hi, open_low=lo > 0 or name == "overlap")
+    for where, sweep in _objects(p.comm_sweep, "comm_sweep", 1):
+        for c, points in sweep.items():
+            if not isinstance(points, list) or not points:
+                raise Refused(f"field {where}.{c} must be a non-empty list of [bytes, seconds] pairs")
+            for i, pt in enumerate(points):
+                if not isinstance(pt, list) or len(pt) != 2:
+                    raise Refused(f"field {where}.{c}[{i}] must be a [bytes, seconds] pair, got {pt!r}")
+                _number(pt[0], f"{where}.{c}[{i}][0]", 0, 1e15)
+                _number(pt[1], f"{where}.{c}[{i}][1]", *SWEEP_SECONDS)
+            if [pt[0] for pt in points] != sorted(pt[0] for pt in points):
+                raise Refused(f"field {where}.{c} must list its sizes in increasing order")
