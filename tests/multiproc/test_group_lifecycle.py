@@ -43,7 +43,8 @@ def _create_and_destroy(parent, rounds):
         assert g.closed and op.closed
         parent.board.exchange([], "round done", 10.0)  # every rank closed before counting
         if i in (0, rounds - 1):
-            seen.append(_resources(f"{parent.name}_g"))
+            # this round's group only: a peer may already be making the next one
+            seen.append(_resources(f"{parent.name}_g{i}_"))
     return wrong, seen
 
 
