@@ -12,8 +12,11 @@ returns a :class:`Work`):
 - ``all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, ...)``: chunk i to rank i.
 - ``reduce_scatter_tensor(output, input, op=None, ...)``: copies on the copy engines, the sum one small kernel.
 - ``persistent_all_gather_into_tensor(output, input)``: agree with the peers once; ``.start()`` only queues copies.
+- ``all_reduce(tensor, op=None, ...)``: in place; a reduce-scatter into the workspace, then every chunk pulled back.
 - ``persistent_all_to_all_single(output, input, ...)``: the same for all-to-all.
-- ``PersistentCollective``: what the two above return (``start()``, ``close()``; a context manager).
+- ``persistent_reduce_scatter_tensor(output, input, op=None)``, ``persistent_all_reduce(tensor, op=None)``: the same.
+- ``PersistentCollective``: what the persistent functions return (``start()``, ``close()``; a context manager).
+- ``reserve_graph_workspace(nbytes, group=None)``: memory for calls captured into CUDA graphs later.
 
 Memory and groups:
 
