@@ -14,7 +14,8 @@ returns a :class:`Work`):
 - ``persistent_all_gather_into_tensor(output, input)``: agree with the peers once; ``.start()`` only queues copies.
 - ``all_reduce(tensor, op=None, ...)``: in place; a reduce-scatter into the workspace, then every chunk pulled back.
 - ``persistent_all_to_all_single(output, input, ...)``: the same for all-to-all.
-- ``persistent_reduce_scatter_tensor(output, input, op=None)``, ``persistent_all_reduce(tensor, op=None)``: the same.
+- ``persistent_reduce_scatter_tensor(output, input, op=None)``: a reduce-scatter agreed once, started many times.
+- ``persistent_all_reduce(tensor, op=None)``: an all-reduce agreed once, started many times.
 - ``PersistentCollective``: what the persistent functions return (``start()``, ``close()``; a context manager).
 - ``reserve_graph_workspace(nbytes, group=None)``: memory for calls captured into CUDA graphs later.
 
