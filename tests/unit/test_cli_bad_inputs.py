@@ -153,6 +153,7 @@ CASES = [
     ("study --gpus abc", STUDY + ["--gpus", "abc"], "--gpus"),
     ("study --gpus 2.5", STUDY + ["--gpus", "2.5"], "--gpus"),
     ("study --only ''", STUDY + ["--only", ""], "--only"),
+    ("study --side-by-side in a prediction", STUDY + ["--side-by-side"], "--side-by-side"),
     ("study --only ' , '", STUDY + ["--only", " , "], "--only"),
     ("study --only unknown", STUDY + ["--only", "nope"], "--only"),
     ("study --gemm without --size", ["study", "--predict", "--gemm", "8x8x8", "--out", "{d}/out"], "--size"),

@@ -111,6 +111,9 @@ def run(args) -> int:
     out, resume = out_folder(args)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.predict or gpus == 0:
+        if args.side_by_side:  # how a measurement is timed; a prediction would ignore it
+            raise UsageError("--side-by-side times a measured study's configurations in turns; a prediction "
+                             f"({'--predict' if args.predict else 'no GPU visible'}) times nothing: drop it")
         notice = None if args.predict else ("conccl study: no CUDA GPU visible: PREDICTING the report from a "
                                             "hardware profile (no GPU runs anything)")
         with about("--profile", args.profile or "(embedded)"):
