@@ -59,7 +59,8 @@ def test_ctrl_c_mid_prediction_then_resume(tmp_path, monkeypatch, capsys):
     assert calls == wanted[2:]
     done = load_results(out)
     assert done.complete and done.error is None and [s.id for s in done.scenarios] == wanted
-    assert "PARTIAL" not in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "PARTIAL" not in md and "Resumed: the first part ran" in md and "2 scenario(s) done" in md
     fresh = tmp_path / "fresh"
     assert main(["study", "--predict", "--quick", "--out", str(fresh)]) == 0
     a, b = load_results(fresh), done

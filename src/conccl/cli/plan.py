@@ -79,6 +79,10 @@ def run(args) -> int:
     with about("--profile", args.profile or "(embedded)"):
         prof = load_profile(args.profile)
     if args.evaluate:
+        ignored = [f for f, v in (("--gemm", args.gemm), ("--size", args.size), ("--world", args.world)) if v]
+        if ignored:
+            raise UsageError(f"--evaluate judges a study's own scenarios; {', '.join(ignored)} would be ignored: "
+                             "drop them")
         return _evaluate(args, prof)
     if not args.gemm or not args.size:
         return fail("plan", "give --gemm MxNxK and --size BYTES (or --evaluate REPORT_DIR)")

@@ -91,8 +91,17 @@ def out_folder(args) -> tuple[pathlib.Path, StudyResults | None]:
     return out, None
 
 
+# Options that shape a run; --report only redraws one, so with it they would be ignored.
+RUN_OPTIONS = ("out", "quick", "gpus", "suite", "only", "gemm", "size", "predict", "profile", "force", "resume",
+               "side_by_side")
+
+
 def run(args) -> int:
     if args.report:
+        given = [o for o in RUN_OPTIONS if getattr(args, o)]
+        if given:
+            flags = ", ".join("--" + o.replace("_", "-") for o in given)
+            raise UsageError(f"--report only redraws the report in {args.report}; {flags} would be ignored: drop them")
         with about("--report", args.report):
             res = load_results(args.report)
         check_out_dir(args.report, "--report")
@@ -102,6 +111,9 @@ def run(args) -> int:
     out, resume = out_folder(args)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.predict or gpus == 0:
+        if args.side_by_side:  # how a measurement is timed; a prediction would ignore it
+            raise UsageError("--side-by-side times a measured study's configurations in turns; a prediction "
+                             f"({'--predict' if args.predict else 'no GPU visible'}) times nothing: drop it")
         notice = None if args.predict else ("conccl study: no CUDA GPU visible: PREDICTING the report from a "
                                             "hardware profile (no GPU runs anything)")
         with about("--profile", args.profile or "(embedded)"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pathlib
 
 from ..strategy import PAPER_STRATEGIES
+from ..planner.timing import ILL_CONDITIONED
 from ..units import format_size
 from .results import StudyResults
 
@@ -147,10 +148,15 @@ def ideal_speedup(res, plt, prefix):
     fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ss)), 4))
     colors = {"G-long": "tab:blue", "C-long": "tab:orange", "GC-equal": "tab:green"}
     ax.bar(range(len(ss)), [s.ideal for s in ss], color=[colors[s.taxonomy] for s in ss])
+    for tax, c in colors.items():  # legend entries for the colours, drawn or not
+        ax.bar([0], [0], color=c, label=tax)
+    ax.axhline(ILL_CONDITIONED, color="k", ls=":", lw=1,
+               label=f"{ILL_CONDITIONED}x: below it, percent of ideal is ill-conditioned")
     ax.set_xticks(range(len(ss)), [s.id for s in ss], rotation=75, fontsize=6)
     ax.set_ylim(1, 2.05)  # 1: nothing to gain from overlap; 2: two equal kernels
     ax.set_ylabel("ideal speedup (1 = nothing to gain)")
-    ax.set_title(prefix + "Ideal speedup per scenario (blue G-long, orange C-long, green GC-equal)")
+    ax.set_title(prefix + "Ideal speedup per scenario, by taxonomy")
+    ax.legend(fontsize=7, ncol=4, loc="upper left")
     return fig
 
 

@@ -34,6 +34,8 @@ def banner(res: StudyResults) -> str:
                      "No GPU ran, timed or checked anything.")
         if res.meta.get("extrapolated"):
             lines.append(f"> **EXTRAPOLATED**: {res.meta['extrapolated']}.")
+    if res.meta.get("resumed_from"):
+        lines.append(f"> Resumed: the first part ran {res.meta['resumed_from']}.")
     if not res.complete:
         lines.append(f"> **PARTIAL**: the run stopped after {len(res.scenarios)} scenario(s)"
                      + (f" ({res.error})" if res.error else "") + "; the tables and figures cover what was done. "

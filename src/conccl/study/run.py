@@ -50,7 +50,7 @@ def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, 
                 extrapolated=timing.extrapolation(prof, world))
     if resume is not None:
         check_resumable(resume, "prediction", world, quick)
-        resume.meta = dict(meta, resumed_from=resume.meta.get("date"))
+        resume.meta = resumed_meta(resume, meta)
     if notice:
         print(notice, file=sys.stderr)
     out = pathlib.Path(out_dir)
@@ -78,6 +78,12 @@ def check_resumable(res: StudyResults, kind: str, world: int, quick: bool) -> No
                          f"continue it with the same --gpus and {'--quick' if res.config.quick else 'no --quick'}")
 
 
+def resumed_meta(res: StudyResults, meta: dict) -> dict:
+    """This run's environment, and where the part it continues came from (a commit may differ)."""
+    return dict(meta, resumed_from=f"{res.meta.get('date', '?')}, commit {res.meta.get('commit', '?')}, "
+                                   f"{len(res.scenarios)} scenario(s) done")
+
+
 def stopped(out, res: StudyResults, why: str) -> None:
     """Mark ``res`` partial, then save it and draw its report (both written whole or not at all)."""
     res.complete, res.error = False, why
@@ -95,6 +101,7 @@ def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_byt
     check_fits(scenarios, world, memory_bytes, quick)
     if resume is not None:
         check_resumable(resume, "measured", world, quick)
+        resume.meta = resumed_meta(resume, meta)
     counters = {}
     if use_ncu and not under_torchrun():
         if ncu.available():
