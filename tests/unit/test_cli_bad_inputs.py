@@ -300,7 +300,7 @@ def _run(argv, capsys) -> tuple[int, str, str]:
 
 
 # Known gaps, in files this change does not own.
-XFAIL = {"bench fsdp --tokens text": "cli/bench_fsdp.py does not name --tokens in its message"}
+XFAIL: dict[str, str] = {}  # case id -> why it is expected to fail (none now)
 
 
 @pytest.mark.parametrize("argv,names", [

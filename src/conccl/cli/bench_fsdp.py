@@ -11,16 +11,17 @@ import torch
 from ..bench import fsdp as bench_fsdp
 from ..bench.environment import environment
 from ..launch import run_per_gpu, under_torchrun
-from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, fail
+from ..planner.timing import MAX_WORLD
+from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, fail, int_range
 
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise ValueError(f"expected comma-separated whole numbers, got {text!r}") from None
+        raise ValueError(f"--tokens: expected comma-separated whole numbers, got {text!r}") from None
     if not vals or any(v < 1 for v in vals):
-        raise ValueError(f"expected whole numbers >= 1, got {text!r}")
+        raise ValueError(f"--tokens: expected whole numbers >= 1, got {text!r}")
     return vals
 
 
@@ -41,7 +42,7 @@ def add_parser(sub) -> None:
     b.add_argument("--no-deterministic-loss", action="store_true",
                    help="report the timed run's loss instead of training again under deterministic algorithms "
                         "(faster; the loss then varies in its last bits from run to run)")
-    b.add_argument("--gpus", type=int, default=None, help="processes (default: all visible GPUs)")
+    b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
     b.add_argument("--out", required=True, help="folder for fsdp.json and fsdp.md")
     add_machine_kind(b, "JSON")
 
@@ -70,7 +71,10 @@ def run(args) -> int:
         cfg = config(args)
     except ValueError as e:
         return fail("bench fsdp", str(e))
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or torch.cuda.device_count())
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.gpus and args.gpus > visible and not under_torchrun():
+        return fail("bench fsdp", f"--gpus {args.gpus}: only {visible} GPU(s) visible here; give at most {visible}")
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or visible)
     if not torch.cuda.is_available() or world < 2:
         return fail("bench fsdp", f"needs at least 2 CUDA GPUs linked by NVLink, found {torch.cuda.device_count()}")
     out = pathlib.Path(args.out)
