@@ -24,16 +24,14 @@ rounded to the dtype once; two ranks give NCCL's result bit for bit.
 """
 from __future__ import annotations
 
-import zlib
-from dataclasses import replace
 from functools import lru_cache
 
 from ..schedule import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
                         WaitSignal)
 from ..validate import InvalidArgument, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
-from .direct import peer_order
-from .reduce_scatter import DTYPES, WORKSPACE_ALIGN, reduce_chunks, reduce_op
+from .direct import number_slots, peer_order
+from .reduce_scatter import DTYPES, WORKSPACE_ALIGN, op_code, reduce_chunks, reduce_op
 
 NAME = "all_reduce"
 
@@ -95,10 +93,7 @@ def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, s
             ops += pull(p)
         ops += [SetSignal(p, Signal.DONE) for p in peers] + own
         slots = [ops]
-    numbered = tuple(
-        tuple(Copy(replace(op.transfer, slot=k)) if isinstance(op, Copy) else op for op in ops)
-        for k, ops in enumerate(s for s in slots if s))
-    return Schedule(collective=NAME, world=world, rank=rank, slots=numbered, algorithm=Algorithm.PUSH,
+    return Schedule(collective=NAME, world=world, rank=rank, slots=number_slots(slots), algorithm=Algorithm.PUSH,
                     stream_mode=stream_mode, staged=True, workspace_bytes=world * slot)
 
 
@@ -140,7 +135,7 @@ class AllReduce(Collective):
         chunks = chunk_ranges(input.numel(), world, esize)
         dtype = str(input.dtype).removeprefix("torch.")
         return LocalCall(tuple(n for _, n in chunks), (chunks[rank][1],) * world, in_place,
-                         (input.numel(), esize, dtype, scale), agreed=zlib.crc32(f"{name}:{scale!r}".encode()))
+                         (input.numel(), esize, dtype, scale), agreed=op_code(name, scale))
 
     def algorithm(self, requested, output_symmetric):
         if requested is Algorithm.PULL:

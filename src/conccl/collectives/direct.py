@@ -27,6 +27,14 @@ def peer_order(world: int, rank: int) -> list[int]:
     return [(rank + step) % world for step in range(1, world)]
 
 
+def number_slots(slots) -> tuple:
+    """The non-empty slots, numbered, with each transfer's slot recorded in it."""
+    return tuple(
+        tuple(Copy(replace(op.transfer, slot=k)) if isinstance(op, Copy) else op for op in ops)
+        for k, ops in enumerate(s for s in slots if s)
+    )
+
+
 def build_direct_schedule(
     collective: str,
     world: int,
@@ -85,11 +93,7 @@ def build_direct_schedule(
         ops += copy(local) + post
         slots = [ops]
 
-    # Number the non-empty slots and record each transfer's slot in it.
-    numbered = tuple(
-        tuple(Copy(replace(op.transfer, slot=k)) if isinstance(op, Copy) else op for op in ops)
-        for k, ops in enumerate(s for s in slots if s)
-    )
+    numbered = number_slots(slots)
     return Schedule(
         collective=collective,
         world=world,

@@ -49,6 +49,12 @@ def reduce_op(op, world: int) -> tuple[str, float]:
     raise InvalidArgument(f"reduction op {name} is not supported by conccl; use SUM, AVG or PREMUL_SUM")
 
 
+def op_code(name: str, scale: float) -> int:
+    """The code of a reduction op (name and factor) that every rank's call must have alike
+    (:attr:`LocalCall.agreed`)."""
+    return zlib.crc32(f"{name}:{scale!r}".encode())
+
+
 @lru_cache(maxsize=1024)
 def plan_reduce_scatter(world: int, rank: int, chunk_bytes: int, dtype: str, scale: float = 1.0, *,
                         stream_mode: StreamMode = StreamMode.PER_PEER, in_place: bool = False) -> Schedule:
@@ -118,7 +124,7 @@ class ReduceScatter(Collective):
         chunk = output.numel() * output.element_size()
         dtype = str(input.dtype).removeprefix("torch.")
         return LocalCall((chunk,) * world, (chunk,) * world, in_place, (chunk, dtype, scale, in_place),
-                         agreed=zlib.crc32(f"{name}:{scale!r}".encode()))
+                         agreed=op_code(name, scale))
 
     def algorithm(self, requested, output_symmetric):
         if requested is Algorithm.PULL:

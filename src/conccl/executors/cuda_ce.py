@@ -42,6 +42,20 @@ from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
 
 
+def _addresses(own_rank: int, input, output, views, workspace):
+    """``address(rank, buf)`` for lowering: a buffer's base as this rank reaches it (its own
+    tensors directly, a peer's through the agreed views, every rank's workspace by its base)."""
+    sym_in, sym_out = views
+
+    def address(rank, buf):
+        if buf is Buf.WORKSPACE:
+            return workspace[rank]
+        t, sym = (input, sym_in) if buf is Buf.INPUT else (output, sym_out)
+        return t.data_ptr() if rank == own_rank else sym[0][rank] + sym[1][rank]
+
+    return address
+
+
 # The current stream's handle by device index, without building a Stream object (older
 # builds lack the raw accessor).
 _raw_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -166,16 +180,7 @@ class CudaCopyEngineExecutor:
         hit = self._programs.get(key)
         if hit is not None and hit[0] is schedule and hit[1] is views and hit[2] is ws:
             return hit[3]
-        sym_in, sym_out = views
-
-        def address(rank, buf):
-            if buf is Buf.WORKSPACE:
-                return ws[rank]
-            t, sym = (input, sym_in) if buf is Buf.INPUT else (output, sym_out)
-            if rank == self.rank:
-                return t.data_ptr()
-            return sym[0][rank] + sym[1][rank]
-
+        address = _addresses(self.rank, input, output, views, ws)
         program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver(), self._device_index)
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
@@ -293,14 +298,7 @@ class CudaCopyEngineExecutor:
                     "(tensors from conccl.empty need none for all-gather and all-to-all)")
             ws_base = [p + self._graph_ws_used for p in self._graph_ws_handle.buffer_ptrs]
             self._graph_ws_used += need
-        sym_in, sym_out = views
-
-        def address(rank, buf):
-            if buf is Buf.WORKSPACE:
-                return ws_base[rank]
-            t, sym = (input, sym_in) if buf is Buf.INPUT else (output, sym_out)
-            return t.data_ptr() if rank == self.rank else sym[0][rank] + sym[1][rank]
-
+        address = _addresses(self.rank, input, output, views, ws_base)
         words = 4 * signal_pad_words(self.world) * (1 + slot)
         pads = [p + words for p in self._pads]
         # Stream memory ops, batched or single, copies and the reduction kernel are captured
