@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.distributed import _symmetric_memory as symm_mem
 
-from .._driver import StreamOps, driver
+from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
 from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
@@ -333,7 +333,15 @@ class CudaCopyEngineExecutor:
             self._spare_events += (flight.start, flight.end)
 
     def bind_thread(self) -> None:
+        """Set up the watchdog's thread: this GPU, and relaxed stream-capture mode. A rank
+        capturing a graph in the default (global) mode would otherwise have its capture
+        invalidated by the watchdog's event queries on this thread (seen with 3 ranks on one
+        GPU, scripts/shared_gpu_smoke.py); the watchdog only queries events and writes
+        signals, nothing a capture must be protected from."""
         torch.cuda.set_device(self.device)
+        cu = driver()
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        check(cu.cuThreadExchangeStreamCaptureMode(mode))
 
     def read_pad(self) -> np.ndarray:
         """The own signal pad as the GPU sees it now (a copy on the watchdog's stream)."""

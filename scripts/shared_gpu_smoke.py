@@ -1,0 +1,286 @@
+"""Several conccl ranks on ONE GPU: every rank is a process bound to cuda:0, over a gloo group.
+
+Where no multi-GPU machine is lent, this runs the protocol between ranks on real CUDA: peer
+pads and workspaces mapped through symmetric memory (IPC), stream memory-op signals between
+processes, the reduction kernel reading a peer's workspace, captured graphs replayed with
+new inputs, persistent ops. It says nothing about speed (the ranks share one GPU's engines)
+and nothing about NVLink; the tests under tests/gpu/ need one GPU per rank.
+
+PyTorch's symmetric memory refuses two ranks on one device, so the executor's allocator is
+swapped here (this script only) for plain CUDA IPC: ``torch.empty`` plus the caching
+allocator's IPC handles, exchanged over the gloo group. Everything above the allocator is
+conccl's own code.
+
+Expected values need no communication: every rank regenerates every rank's inputs from
+seeds and applies the registry's stated arithmetic (``Collective.reference``), which
+tests/gpu/ compare against NCCL bit for bit. A case passes only if the output's bits equal
+the reference's.
+
+    PYTHONPATH=src python scripts/shared_gpu_smoke.py [--world 2] [--json OUT.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _make(tag: int, rank: int, step: int, n: int, dtype):
+    g = torch.Generator(device="cuda").manual_seed(1_000_003 * tag + 1009 * rank + step)
+    return torch.randn(n, device="cuda", generator=g).to(dtype)
+
+
+def _same(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def _kernels(prof) -> list[str]:
+    """Kernels (SM work) the profiler saw; copy-engine records ("Memcpy DtoD ...") are not."""
+    return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                   and not e.name.startswith(("Memcpy ", "Memset "))})
+
+
+def _eager(rank, world, cases):
+    from torch.distributed import ReduceOp
+
+    import conccl
+    from conccl.collectives import REGISTRY
+
+    group = conccl.get_group()
+    premul = dist._make_nccl_premul_sum(0.25)
+    tag = 0
+    for dtype in DTYPES:
+        for n in (1, 1000, 12345, (8 << 20) // 2 + 3):
+            tag += 1
+            every = [_make(tag, r, 0, n, dtype) for r in range(world)]
+            out = torch.empty(world * n, dtype=dtype, device="cuda")
+            conccl.all_gather_into_tensor(out, every[rank])
+            torch.cuda.synchronize()
+            cases.append((f"all_gather {dtype} n={n}", _same(out, REGISTRY["all_gather"].reference(every, rank))))
+
+            tag += 1
+            every = [_make(tag, r, 0, world * n, dtype) for r in range(world)]
+            out = torch.empty(world * n, dtype=dtype, device="cuda")
+            conccl.all_to_all_single(out, every[rank])
+            torch.cuda.synchronize()
+            cases.append((f"all_to_all {dtype} n={n}", _same(out, REGISTRY["all_to_all"].reference(every, rank))))
+
+            for op in (ReduceOp.SUM, ReduceOp.AVG, premul):
+                opname = getattr(op, "name", None) or str(op)
+                out = torch.full((n,), float("nan"), dtype=dtype, device="cuda")
+                conccl.reduce_scatter_tensor(out, every[rank], op=op)
+                torch.cuda.synchronize()
+                want = REGISTRY["reduce_scatter"].reference(every, rank, [(op,)] * world)
+                cases.append((f"reduce_scatter {dtype} n={n} {opname}", _same(out, want)))
+
+                for mode in (conccl.StreamMode.BATCH, conccl.StreamMode.PER_PEER):
+                    x = every[rank].clone()
+                    if mode is conccl.StreamMode.BATCH:
+                        conccl.all_reduce(x, op=op)
+                        got = x
+                    else:
+                        got = torch.full_like(x, float("nan"))
+                        group.all_reduce(got, x, op, stream_mode=mode)
+                    torch.cuda.synchronize()
+                    want = REGISTRY["all_reduce"].reference(every, rank, [(op,)] * world)
+                    cases.append((f"all_reduce {dtype} n={world * n} {opname} {mode.value}", _same(got, want)))
+
+
+def _persistent(rank, world, cases):
+    import conccl
+    from conccl.collectives import REGISTRY
+
+    n = 4099
+    ag_in = torch.empty(n, device="cuda")
+    ag_out = torch.empty(world * n, device="cuda")
+    ar = torch.empty(world * n + 5, dtype=torch.bfloat16, device="cuda")
+    ag = conccl.persistent_all_gather_into_tensor(ag_out, ag_in)
+    red = conccl.persistent_all_reduce(ar)
+    for step in range(5):
+        ag_every = [_make(50, r, step, n, torch.float32) for r in range(world)]
+        ar_every = [_make(51, r, step, ar.numel(), torch.bfloat16) for r in range(world)]
+        ag_in.copy_(ag_every[rank])
+        ar.copy_(ar_every[rank])
+        ag.start()
+        red.start()
+        side = torch.empty(world * 64, device="cuda")
+        conccl.all_gather_into_tensor(side, torch.full((64,), float(rank + step), device="cuda"))
+        torch.cuda.synchronize()
+        cases.append((f"persistent all_gather step {step}", _same(ag_out, REGISTRY["all_gather"].reference(ag_every, rank))))
+        cases.append((f"persistent all_reduce step {step}", _same(ar, REGISTRY["all_reduce"].reference(ar_every, rank))))
+        side_want = torch.cat([torch.full((64,), float(r + step), device="cuda") for r in range(world)])
+        cases.append((f"eager between persistent starts {step}", _same(side, side_want)))
+
+
+def _graph(rank, world, cases, report):
+    from torch.profiler import ProfilerActivity, profile
+
+    import conccl
+    from conccl.collectives import REGISTRY
+
+    n = 4099
+    ag_in, ag_out = torch.empty(n, device="cuda"), torch.empty(world * n, device="cuda")
+    sym_out = conccl.empty(world * n)  # push straight into the peers' outputs
+    a2a_in, a2a_out = torch.empty(world * n, device="cuda"), torch.empty(world * n, device="cuda")
+    rs_in = torch.empty(world * n, dtype=torch.bfloat16, device="cuda")
+    rs_out = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    ar = torch.empty(12345, dtype=torch.bfloat16, device="cuda")
+    pers_out = torch.empty(world * n, device="cuda")
+    pers = conccl.persistent_all_gather_into_tensor(pers_out, ag_in)
+
+    def calls():
+        pers.start()
+        conccl.all_gather_into_tensor(ag_out, ag_in)
+        conccl.all_gather_into_tensor(sym_out, ag_in)
+        conccl.all_to_all_single(a2a_out, a2a_in)
+        conccl.reduce_scatter_tensor(rs_out, rs_in)
+        conccl.all_reduce(ar)
+
+    def fill(step):
+        every = {"ag": [_make(60, r, step, n, torch.float32) for r in range(world)],
+                 "a2a": [_make(61, r, step, world * n, torch.float32) for r in range(world)],
+                 "rs": [_make(62, r, step, world * n, torch.bfloat16) for r in range(world)],
+                 "ar": [_make(63, r, step, ar.numel(), torch.bfloat16) for r in range(world)]}
+        for t, key in ((ag_in, "ag"), (a2a_in, "a2a"), (rs_in, "rs"), (ar, "ar")):
+            t.copy_(every[key][rank])
+        return every
+
+    fill(0)
+    calls()  # eager warm-up: kernels compiled, programs made
+    torch.cuda.synchronize()
+    conccl.reserve_graph_workspace(16 << 20)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for step in range(1, 9):
+        every = fill(step)
+        graph.replay()
+        if step % 3 == 1:  # an eager call between replays
+            side = torch.empty(world * 8, device="cuda")
+            conccl.all_gather_into_tensor(side, torch.full((8,), float(rank), device="cuda"))
+        torch.cuda.synchronize()
+        ag_want = REGISTRY["all_gather"].reference(every["ag"], rank)
+        cases += [(f"graph replay {step} all_gather", _same(ag_out, ag_want)),
+                  (f"graph replay {step} all_gather into symmetric output", _same(sym_out, ag_want)),
+                  (f"graph replay {step} persistent all_gather", _same(pers_out, ag_want)),
+                  (f"graph replay {step} all_to_all", _same(a2a_out, REGISTRY["all_to_all"].reference(every["a2a"], rank))),
+                  (f"graph replay {step} reduce_scatter", _same(rs_out, REGISTRY["reduce_scatter"].reference(every["rs"], rank))),
+                  (f"graph replay {step} all_reduce", _same(ar, REGISTRY["all_reduce"].reference(every["ar"], rank)))]
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    report["graph_kernels"] = _kernels(prof)
+    dist.barrier()
+    x, out = torch.randn(1 << 20, device="cuda"), torch.empty(world << 20, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        conccl.all_gather_into_tensor(out, x)
+        torch.cuda.synchronize()
+    report["eager_all_gather_kernels"] = _kernels(prof)
+    cases.append(("eager all_gather launches no kernel", not report["eager_all_gather_kernels"]))
+    # Same-GPU copies in a graph may run as the driver's memcpy kernels (scripts/graph_copy_probe.py):
+    # reported, not failed; anything else is wrong.
+    cases.append(("captured graph launches no kernel but the reduction and the driver's copy kernels",
+                  all(k.startswith("reduce_") or k.startswith("memcpy") for k in report["graph_kernels"])))
+
+
+class _IpcHandle:
+    def __init__(self, buffer_ptrs, keep):
+        self.buffer_ptrs, self._keep = buffer_ptrs, keep
+
+
+class IpcPeerMemory:
+    """What conccl's executor asks of ``torch.distributed._symmetric_memory`` (``empty``,
+    ``rendezvous(t, group).buffer_ptrs``), over CUDA IPC handles: every rank's storage base
+    address as this process reaches it. For the WORLD group only (this script's)."""
+
+    def empty(self, *size, dtype=None, device=None):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def rendezvous(self, t, group_name):
+        storage = t.untyped_storage()
+        mine = storage._share_cuda_()
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        keep = [torch.UntypedStorage._new_shared_cuda(*h) if r != dist.get_rank() else storage
+                for r, h in enumerate(every)]
+        return _IpcHandle([s.data_ptr() for s in keep], keep)
+
+
+def _use_ipc_peer_memory():
+    from conccl import api
+    from conccl.executors import cuda_ce
+
+    api.symm_mem = cuda_ce.symm_mem = IpcPeerMemory()
+
+
+def _worker(rank, world, port, queue):
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+    cases, report = [], {"rank": rank}
+    try:
+        torch.cuda.set_device(0)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        _use_ipc_peer_memory()
+        for part in (_eager, _persistent):
+            part(rank, world, cases)
+        _graph(rank, world, cases, report)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        report["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    finally:
+        try:
+            import conccl
+
+            conccl.destroy()
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+    report["cases"] = cases
+    queue.put(report)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA GPU visible", file=sys.stderr)
+        return 2
+    from conccl.launch import free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, a.world, port, queue)) for r in range(a.world)]
+    for p in procs:
+        p.start()
+    reports = [queue.get(timeout=900) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    reports.sort(key=lambda r: r["rank"])
+    failed = [(r["rank"], name) for r in reports for name, ok in r["cases"] if not ok]
+    errors = [(r["rank"], r["error"]) for r in reports if "error" in r]
+    total = sum(len(r["cases"]) for r in reports)
+    print(f"world {a.world} on one GPU: {total - len(failed)}/{total} cases right; graph kernels "
+          f"{reports[0].get('graph_kernels')}; eager all-gather kernels {reports[0].get('eager_all_gather_kernels')}")
+    for rank, name in failed:
+        print(f"  WRONG rank {rank}: {name}")
+    for rank, err in errors:
+        print(f"  ERROR rank {rank}: {err}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"world": a.world, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                       "reports": reports}, f, indent=1)
+    return 1 if failed or errors or total == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
