@@ -22,7 +22,8 @@ returns a :class:`Work`):
 Memory and groups:
 
 - ``empty(*size, dtype, device, group)``: a tensor every peer can read and write (enables push).
-- ``set_options(group, algorithm=, stream_mode=, timeout=, checks=)``: a group's defaults on this rank.
+- ``set_options(group, algorithm=, stream_mode=, timeout=, checks=, nccl_below=)``: a group's defaults on this rank.
+- ``set_eager_path("auto" | "copy_engines", group=None, profile=None)``: small eager calls to NCCL where it is faster alone.
 - ``get_group(group=None)``: the ``Group`` conccl keeps for a process group (made on first use).
 - ``get_communicator(group=None)``: the same, under its older name.
 - ``destroy(group=None)``: close a group's conccl state (persistent ops, workspace, watchdog).
@@ -67,7 +68,7 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
-    if name in {"overlap", "run_concurrently", "get_plan", "plan_cache_info"}:
+    if name in {"overlap", "run_concurrently", "get_plan", "plan_cache_info", "set_eager_path"}:
         from . import runtime
 
         return getattr(runtime, name)
@@ -93,6 +94,7 @@ __all__ = [
     "overlap",
     "run_concurrently",
     "get_plan",
+    "set_eager_path",
     "Work",
     "Algorithm",
     "StreamMode",

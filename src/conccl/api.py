@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
 from .board import HostBoard
+from .collectives import REGISTRY
 from .collectives.all_gather import ALL_GATHER
 from .collectives.all_reduce import ALL_REDUCE
 from .collectives.all_to_all import ALL_TO_ALL
@@ -71,7 +72,7 @@ def get_group(group=None, options: Options | None = None) -> Group:
         board.close()
         raise UnsupportedGroup(
             f"could not map peer memory for group {name!r} ({e}); use torch.distributed with NCCL for this group") from e
-    g = _GROUPS[name] = Group(ex, board, rank, world, options, name=name)
+    g = _GROUPS[name] = Group(ex, board, rank, world, options, name=name, fallback=(dist, group))
     return g
 
 
@@ -269,13 +270,20 @@ def reserve_graph_workspace(nbytes: int, group=None) -> None:
 
 
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
-                timeout: timedelta | None = None, checks: bool | None = None) -> None:
+                timeout: timedelta | None = None, checks: bool | None = None, nccl_below: dict | None = None) -> None:
     """Change a group's defaults (algorithm, stream mode, timeout) on this rank.
 
     ``checks=False`` turns off the mismatch checks and the watchdog; it exists to measure
     what they cost (a dead peer then hangs the GPU stream) and must be set on every rank.
+    ``nccl_below``: {collective name: output bytes per rank}; an eager call below its
+    collective's size runs on the process group's own backend (NCCL) instead of the copy
+    engines (``{}``: never). Must be the same on every rank. :func:`conccl.set_eager_path`
+    sets it from a hardware profile.
     """
+    table = None if nccl_below is None else check_nccl_below(nccl_below)
     opts = get_group(group).options
+    if table is not None:
+        opts.nccl_below = table
     if algorithm is not None:
         opts.algorithm = Algorithm(algorithm)
     if stream_mode is not None:
@@ -284,6 +292,20 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
         opts.timeout = timeout
     if checks is not None:
         opts.checks = bool(checks)
+
+
+def check_nccl_below(table) -> dict:
+    """``table`` as {registered collective name: int bytes >= 0}; InvalidArgument otherwise."""
+    if not isinstance(table, dict):
+        raise InvalidArgument(f"nccl_below must be a dict of collective name -> bytes, got {type(table).__name__}")
+    out = {}
+    for name, limit in table.items():
+        if name not in REGISTRY:
+            raise InvalidArgument(f"nccl_below names an unknown collective {name!r}; known: {', '.join(REGISTRY)}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidArgument(f"nccl_below[{name!r}] must be a whole number of bytes >= 0, got {limit!r}")
+        out[name] = limit
+    return out
 
 
 def destroy(group=None) -> None:

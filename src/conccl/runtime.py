@@ -27,6 +27,7 @@ from .errors import InvalidArgument
 from .partition import Partitions
 from .persistent import PersistentCollective
 from .planner import Plan, PlanError, plan_strategy, workload
+from .planner import eager as planner_eager
 from .planner.profile import HardwareProfile, load_profile
 
 
@@ -72,6 +73,44 @@ def plan_cache_info() -> dict:
 def clear_plan_cache() -> None:
     _plan.cache_clear()
     _profile.cache_clear()
+
+
+EAGER_PATHS = ("auto", "copy_engines")
+
+
+def eager_table(mode: str, world: int, profile: str | None = None, device_name: str | None = None) -> dict:
+    """What :func:`set_eager_path` installs, without a group: {"mode", "nccl_below", "note",
+    "profile"} (see :mod:`conccl.planner.eager`)."""
+    if mode not in EAGER_PATHS:
+        raise InvalidArgument(f"eager path must be one of {', '.join(EAGER_PATHS)}, got {mode!r}")
+    if mode == "copy_engines":
+        return {"mode": mode, "nccl_below": {}, "note": None, "profile": None}
+    prof = profile_for(profile, device_name)
+    table = planner_eager.eager_table(prof, REGISTRY, world)
+    source = {k: prof.source[k] for k in ("machine_kind", "commit", "date") if k in prof.source}
+    return {"mode": mode, **table, "profile": {"device": prof.device, "world": prof.world, **source}}
+
+
+def set_eager_path(mode: str = "auto", group=None, profile: str | None = None) -> dict:
+    """Choose the engine of this rank's eager conccl calls on ``group`` (default: the world).
+
+    ``"auto"``: a call whose output bytes per rank are below its collective's crossover goes
+    to the process group's own backend (NCCL), where NCCL alone was faster in the hardware
+    profile's size sweep (``profile``: a path, None: the shipped one; refused if measured on
+    another GPU model); larger calls, calls captured into a CUDA graph, persistent ops and
+    calls with explicit split sizes stay on the copy engines. ``"copy_engines"``: every call
+    on the copy engines (the default). Each returned ``Work`` says where its call ran
+    (``Work.path``: "copy_engines" or "nccl"); the ``conccl`` logger says so at DEBUG level.
+
+    Fastest *alone*: beside a computation NCCL's kernels slow it, which this choice does not
+    weigh; :func:`overlap` plans for that. Every rank must make the same choice. Returns
+    {"mode", "nccl_below", "note", "profile"} (``note``: why the table may not hold here).
+    """
+    g = api.get_group(group)
+    device_name = torch.cuda.get_device_name(g.executor.device) if mode == "auto" else None
+    chosen = eager_table(mode, g.world, profile, device_name)
+    api.set_options(group, nccl_below=chosen["nccl_below"])
+    return chosen
 
 
 def partitions(device) -> Partitions:

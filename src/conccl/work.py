@@ -16,12 +16,18 @@ class Work:
     ``synchronize()``; ``exception()`` returns it and ``is_completed()`` is then True.
     """
 
-    def __init__(self, event=None, device=None, flight=None):
+    # Which engine ran the call: "copy_engines" (conccl's own) or "nccl" (an eager call below
+    # the group's ``nccl_below``, run by torch.distributed: see conccl.set_eager_path).
+    path = "copy_engines"
+
+    def __init__(self, event=None, device=None, flight=None, path: str | None = None):
         # A CUDA event; None: completed when returned; or the reference executor's deferred
         # call, which has run_now() (its model of a stream the caller waits for).
         self._event = event
         self._device = device
         self._flight = flight  # the watchdog's record: carries the error if the call failed
+        if path is not None:
+            self.path = path
 
     def exception(self) -> BaseException | None:
         return None if self._flight is None else self._flight.failure()
@@ -76,3 +82,39 @@ class Work:
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
         self._raise_if_failed()
+
+
+class FallbackWork(Work):
+    """An ``async_op=True`` call that the group routed to torch.distributed (``path`` "nccl"):
+    the same methods, answered by torch's handle."""
+
+    path = "nccl"
+
+    def __init__(self, work):
+        super().__init__()
+        self._work = work
+
+    def exception(self) -> BaseException | None:
+        try:
+            return self._work.exception()
+        except (AttributeError, RuntimeError):  # backends without it
+            return None
+
+    def wait(self, timeout=None) -> bool:
+        if timeout is None:
+            return self._work.wait()
+        from datetime import timedelta
+
+        return self._work.wait(timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout)))
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def synchronize(self, timeout=None) -> None:
+        """Block the host until the call has finished (torch's ``wait`` orders the current
+        stream; the stream is then synchronized)."""
+        self.wait(timeout)
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.current_stream().synchronize()

@@ -26,6 +26,7 @@ every later call raises :class:`~conccl.errors.GroupBroken` at once with the ori
 """
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 import zlib
@@ -43,7 +44,9 @@ from ..graphs import GRAPH_SLOTS, graph_schedule
 from ..persistent import PersistentCollective
 from ..schedule import Algorithm, StreamMode
 from ..watchdog import Flight, Watchdog
-from ..work import Work
+from ..work import FallbackWork, Work
+
+_log = logging.getLogger("conccl")
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL groups
 
@@ -125,6 +128,11 @@ class Options:
     # False skips the mismatch checks and the watchdog: for measuring what they cost only, as
     # a dead peer then hangs the GPU stream for good.
     checks: bool = True
+    # collective name -> output bytes per rank below which an eager call goes to the group's
+    # torch.distributed backend (NCCL) instead of the copy engines: where NCCL alone is faster
+    # (conccl.set_eager_path("auto") fills it from a hardware profile). Empty: copy engines
+    # always. Every rank must hold the same table (the ranks must route a call alike).
+    nccl_below: dict = _field(default_factory=dict)
 
 
 def board_row_len(world: int) -> int:
@@ -140,8 +148,11 @@ class Group:
     """
 
     def __init__(self, executor, board: HostBoard, rank: int, world: int, options: Options | None = None,
-                 name: str = ""):
+                 name: str = "", fallback: tuple | None = None):
         self.executor, self.board, self.rank, self.world, self.name = executor, board, rank, world, name
+        # (library, process group): where calls routed by options.nccl_below go; the library
+        # has torch.distributed's functions (torch.distributed itself, on the group's backend).
+        self.fallback = fallback
         self.options = options or Options()
         self.seq = 0
         self.persistent_ops = 0  # persistent collectives made on this group (their ids)
@@ -174,8 +185,30 @@ class Group:
         timeout_s = self._timeout_s(timeout)
         if self.executor.capturing():
             return self._capture(local, input, output, timeout_s)
+        if self.options.nccl_below and self._routes_to_fallback(local, output, args):
+            return self._call_fallback(local, output, input, args, async_op)
         schedule, views = self._agree(local, timeout_s)
         return self._execute(schedule, input, output, async_op, timeout_s, views)
+
+    def _routes_to_fallback(self, local: "_Local", output, args) -> bool:
+        """Whether this eager call goes to the fallback backend: its output bytes per rank are
+        below the collective's ``nccl_below``. A call with explicit split sizes never does: its
+        sizes differ between ranks, and every rank must route a call alike."""
+        limit = self.options.nccl_below.get(local.coll.name)
+        if not limit or self.fallback is None or any(isinstance(a, (list, tuple)) for a in args):
+            return False
+        return output.numel() * output.element_size() < limit
+
+    def _call_fallback(self, local: "_Local", output, input, args, async_op: bool) -> Work:
+        """Run the call on the fallback backend (torch.distributed's function of the same
+        name); validated by conccl first, so a bad call fails alike on either path."""
+        lib, pg = self.fallback
+        nbytes = output.numel() * output.element_size()
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("conccl %s of %d output bytes per rank -> %s (below %d)", local.coll.name, nbytes,
+                       getattr(lib, "__name__", lib), self.options.nccl_below[local.coll.name])
+        work = local.coll.call_with(lib, output, input, tuple(args), group=pg, async_op=async_op)
+        return FallbackWork(work) if async_op else Work(None, path=FallbackWork.path)
 
     def persistent(self, coll: Collective, output, input, args: tuple = (), *, algorithm=None, stream_mode=None,
                    timeout=None) -> PersistentCollective:

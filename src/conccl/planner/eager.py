@@ -1,0 +1,54 @@
+"""Which engine an eager call with nothing beside it should run on: NCCL or the copy engines.
+
+Where no computation competes, the faster collective alone wins: a pure function of the
+profile's measured size sweep (``comm_sweep``: seconds per size for each implementation).
+:func:`nccl_below` gives, per collective, the output bytes per rank below which NCCL alone was
+faster: the smallest measured size from which conccl was no slower at that size and at every
+larger one. Between two measured sizes the larger one's verdict holds, so a call takes NCCL
+unless conccl won at the next size up; below the smallest measured size NCCL is assumed faster
+(every measurement so far, and the paper: copy-engine collectives lose where latency rules).
+A collective the profile did not sweep for both gets no entry: its calls stay on the copy
+engines.
+
+Beside a computation the answer differs (NCCL's kernels take SMs from it): that is the
+planner's job (:func:`conccl.overlap`), not this table's.
+"""
+from __future__ import annotations
+
+import sys
+
+from .profile import HardwareProfile
+
+ALWAYS = sys.maxsize  # conccl lost at every measured size: every call goes to NCCL
+
+
+def nccl_below(p: HardwareProfile, collective: str) -> int | None:
+    """Output bytes per rank below which NCCL alone beat conccl alone in ``p``'s sweep
+    (:data:`ALWAYS` where conccl lost even at the largest size); None where the sweep lacks
+    either implementation for ``collective``."""
+    ce = dict(map(tuple, p.comm_sweep.get("conccl", {}).get(collective, ())))
+    sm = dict(map(tuple, p.comm_sweep.get("nccl", {}).get(collective, ())))
+    sizes = sorted(set(ce) & set(sm))
+    if not sizes:
+        return None
+    threshold = ALWAYS
+    for size in reversed(sizes):  # walk down while conccl keeps winning
+        if ce[size] > sm[size]:
+            break
+        threshold = size
+    return threshold
+
+
+def eager_table(p: HardwareProfile, collectives, world: int) -> dict:
+    """{"nccl_below": {collective: bytes}, "note": str | None}: the table for ``collectives``
+    from ``p``, and why it may not hold (``world`` differs from the profile's)."""
+    table = {}
+    for name in collectives:
+        limit = nccl_below(p, name)
+        if limit is not None:
+            table[name] = limit
+    note = None
+    if world != p.world:
+        note = (f"crossover sizes measured on {p.world} GPUs, applied to {world}: per-rank sizes at which copy "
+                "engines overtake NCCL move with the world size; measure this machine (`conccl study`) for its own")
+    return {"nccl_below": table, "note": note}

@@ -1,0 +1,80 @@
+"""CPU tier: the eager path's crossover table (conccl.planner.eager), its checks and the
+runtime's choice of table. The routing itself: tests/multiproc/test_eager_path.py."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conccl.api import check_nccl_below
+from conccl.errors import InvalidArgument
+from conccl.planner import eager
+from conccl.planner.profile import ProfileError, load_profile
+from conccl.runtime import eager_table
+
+MiB = 1 << 20
+
+
+def _profile(ce, sm, world=4):
+    """The shipped profile with its size sweep replaced: {size: seconds} per implementation."""
+    sweep = {"conccl": {"all_gather": [list(x) for x in sorted(ce.items())]},
+             "nccl": {"all_gather": [list(x) for x in sorted(sm.items())]}}
+    return dataclasses.replace(load_profile(), comm_sweep=sweep, world=world)
+
+
+def test_threshold_is_the_smallest_size_from_which_conccl_never_loses():
+    sizes = [MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+    # conccl wins at 4 MiB, loses at 16 MiB, wins from 64 MiB on: the win at 4 MiB does not count
+    p = _profile(dict(zip(sizes, [2.0, 1.0, 3.0, 1.0])), dict(zip(sizes, [1.0, 2.0, 2.0, 2.0])))
+    assert eager.nccl_below(p, "all_gather") == 64 * MiB
+    # a tie goes to the copy engines (no slower)
+    p = _profile(dict(zip(sizes, [2.0, 2.0, 2.0, 2.0])), dict(zip(sizes, [1.0, 1.0, 2.0, 3.0])))
+    assert eager.nccl_below(p, "all_gather") == 16 * MiB
+    # conccl never slower: below the smallest measured size NCCL is still assumed faster
+    p = _profile(dict(zip(sizes, [1.0] * 4)), dict(zip(sizes, [2.0] * 4)))
+    assert eager.nccl_below(p, "all_gather") == MiB
+    # conccl slower even at the largest size: every call to NCCL
+    p = _profile(dict(zip(sizes, [3.0] * 4)), dict(zip(sizes, [2.0] * 4)))
+    assert eager.nccl_below(p, "all_gather") == eager.ALWAYS
+    # nothing measured for a collective (or one implementation): no entry, copy engines
+    assert eager.nccl_below(p, "reduce_scatter") is None
+    only_ce = dataclasses.replace(p, comm_sweep={"conccl": p.comm_sweep["conccl"]})
+    assert eager.nccl_below(only_ce, "all_gather") is None
+
+
+def test_the_shipped_profile_table_and_its_world_note():
+    p = load_profile()
+    t = eager.eager_table(p, ("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), p.world)
+    assert t["note"] is None
+    assert set(t["nccl_below"]) == {"all_gather", "all_to_all"}  # the sweep has no reducing collective
+    for name, limit in t["nccl_below"].items():
+        ce = dict(map(tuple, p.comm_sweep["conccl"][name]))
+        sm = dict(map(tuple, p.comm_sweep["nccl"][name]))
+        assert all(ce[s] <= sm[s] for s in ce if s >= limit), name  # conccl never slower above
+        below = [s for s in ce if s < limit]
+        assert not below or ce[max(below)] > sm[max(below)], name  # and lost just below
+    other = eager.eager_table(p, ("all_gather",), p.world + 1)
+    assert "measured on 4 GPUs" in other["note"] and other["nccl_below"] == {"all_gather": t["nccl_below"]["all_gather"]}
+
+
+def test_runtime_table_modes_and_profile_checks():
+    assert eager_table("copy_engines", 2) == {"mode": "copy_engines", "nccl_below": {}, "note": None, "profile": None}
+    auto = eager_table("auto", 4)
+    assert auto["mode"] == "auto" and auto["nccl_below"] and auto["profile"]["device"] == "NVIDIA H200"
+    with pytest.raises(InvalidArgument, match="eager path must be one of"):
+        eager_table("fastest", 2)
+    with pytest.raises(ProfileError, match="measured on 'NVIDIA H200'"):
+        eager_table("auto", 2, device_name="NVIDIA H100 80GB HBM3")
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([("all_gather", 1)], "must be a dict"),
+    ({"allgather": 1}, "unknown collective 'allgather'"),
+    ({"all_gather": -1}, "whole number of bytes >= 0"),
+    ({"all_gather": 1.5}, "whole number of bytes >= 0"),
+    ({"all_gather": True}, "whole number of bytes >= 0"),
+])
+def test_nccl_below_is_checked(bad, match):
+    with pytest.raises(InvalidArgument, match=match):
+        check_nccl_below(bad)
+    assert check_nccl_below({"all_reduce": 0, "all_gather": 4096}) == {"all_reduce": 0, "all_gather": 4096}
