@@ -1,5 +1,5 @@
 """CPU tier: the eager path's crossover table (conccl.planner.eager), its checks and the
-runtime's choice of table. The routing itself: tests/multiproc/test_eager_path.py."""
+runtime's choice of table. The routing itself: tests/multiproc/test_eager_routing.py."""
 from __future__ import annotations
 
 import dataclasses
