@@ -45,16 +45,21 @@ def test_threshold_is_the_smallest_size_from_which_conccl_never_loses():
 def test_the_shipped_profile_table_and_its_world_note():
     p = load_profile()
     t = eager.eager_table(p, ("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), p.world)
-    assert t["note"] is None
-    assert set(t["nccl_below"]) == {"all_gather", "all_to_all"}  # the sweep has no reducing collective
-    for name, limit in t["nccl_below"].items():
+    # the sweep has no reducing collective: they borrow the largest measured crossover, and say so
+    assert "reduce_scatter, all_reduce not in the profile's size sweep" in t["note"]
+    measured = {c: t["nccl_below"][c] for c in ("all_gather", "all_to_all")}
+    assert t["nccl_below"]["reduce_scatter"] == t["nccl_below"]["all_reduce"] == max(measured.values())
+    for name, limit in measured.items():
         ce = dict(map(tuple, p.comm_sweep["conccl"][name]))
         sm = dict(map(tuple, p.comm_sweep["nccl"][name]))
         assert all(ce[s] <= sm[s] for s in ce if s >= limit), name  # conccl never slower above
         below = [s for s in ce if s < limit]
         assert not below or ce[max(below)] > sm[max(below)], name  # and lost just below
+    assert eager.eager_table(p, ("all_gather", "all_to_all"), p.world)["note"] is None
     other = eager.eager_table(p, ("all_gather",), p.world + 1)
     assert "measured on 4 GPUs" in other["note"] and other["nccl_below"] == {"all_gather": t["nccl_below"]["all_gather"]}
+    empty = dataclasses.replace(p, comm_sweep={})
+    assert eager.eager_table(empty, ("all_gather", "all_reduce"), p.world)["nccl_below"] == {}
 
 
 def test_runtime_table_modes_and_profile_checks():

@@ -7,8 +7,11 @@ faster: the smallest measured size from which conccl was no slower at that size 
 larger one. Between two measured sizes the larger one's verdict holds, so a call takes NCCL
 unless conccl won at the next size up; below the smallest measured size NCCL is assumed faster
 (every measurement so far, and the paper: copy-engine collectives lose where latency rules).
-A collective the profile did not sweep for both gets no entry: its calls stay on the copy
-engines.
+A collective the profile did not sweep for both (the shipped profile has no reduce-scatter or
+all-reduce) borrows the largest crossover of those it did sweep, and the table's note says so:
+erring towards NCCL at small sizes, where every copy-engine collective measured so far lost
+(a reducing one has more signal rounds per call, not fewer). A profile with no sweep at all
+gives an empty table: every call stays on the copy engines.
 
 Beside a computation the answer differs (NCCL's kernels take SMs from it): that is the
 planner's job (:func:`conccl.overlap`), not this table's.
@@ -42,13 +45,16 @@ def nccl_below(p: HardwareProfile, collective: str) -> int | None:
 def eager_table(p: HardwareProfile, collectives, world: int) -> dict:
     """{"nccl_below": {collective: bytes}, "note": str | None}: the table for ``collectives``
     from ``p``, and why it may not hold (``world`` differs from the profile's)."""
-    table = {}
-    for name in collectives:
-        limit = nccl_below(p, name)
-        if limit is not None:
-            table[name] = limit
-    note = None
+    measured = {name: nccl_below(p, name) for name in collectives}
+    table = {name: limit for name, limit in measured.items() if limit is not None}
+    notes = []
+    borrowed = [name for name, limit in measured.items() if limit is None]
+    if table and borrowed:
+        limit = max(table.values())
+        table.update({name: limit for name in borrowed})
+        notes.append(f"{', '.join(borrowed)} not in the profile's size sweep: the largest measured crossover "
+                     f"({limit} bytes) borrowed")
     if world != p.world:
-        note = (f"crossover sizes measured on {p.world} GPUs, applied to {world}: per-rank sizes at which copy "
-                "engines overtake NCCL move with the world size; measure this machine (`conccl study`) for its own")
-    return {"nccl_below": table, "note": note}
+        notes.append(f"crossover sizes measured on {p.world} GPUs, applied to {world}: per-rank sizes at which copy "
+                     "engines overtake NCCL move with the world size; measure this machine (`conccl study`) for its own")
+    return {"nccl_below": table, "note": "; ".join(notes) or None}
