@@ -2,8 +2,11 @@
 # How this folder's files were made (nvidia-h200-x2, from the repository root, PYTHONPATH=src).
 # OUT: where to write. PART=1: the GPU tests of all-reduce, reduce-scatter, FSDP and captured
 # graphs. PART=2: `conccl bench` of reduce-scatter and all-reduce (nccl-tests columns, a GEMM
-# beside each). PART=3: `conccl bench fsdp`. (first-6908cfa/ ran the FSDP test and bench only,
-# with no all-reduce yet and the loss from the timed run.)
+# beside each). PART=3: `conccl bench fsdp`. PART=4: `conccl bench graphs` (issue 22's small-call
+# benchmark: graphs.json, graphs.md and its progress log into $OUT; without conccl.set_eager_path,
+# i.e. before the eager auto path is merged, it runs nccl,conccl only). PART=5: the GPU test of
+# that benchmark (a tiny run). (first-6908cfa/ ran the FSDP test and bench only, with no
+# all-reduce yet and the loss from the timed run.)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD/src CONCCL_MACHINE_KIND=nvidia-h200-x2
@@ -19,4 +22,11 @@ case "${PART:-1}" in
    done ;;
 3) timeout 560 python3 -m conccl bench fsdp --out $OUT > $OUT/bench_fsdp.log 2>&1
    grep "^|" $OUT/bench_fsdp.log | head -9 ;;
+4) IMPLS=nccl,conccl,conccl_auto
+   python3 -c "import conccl, sys; sys.exit(not hasattr(conccl, 'set_eager_path'))" || IMPLS=nccl,conccl
+   timeout 560 python3 -m conccl bench graphs --out $OUT --impls $IMPLS > $OUT/graphs.log 2>&1
+   echo "exit $?"; grep -A12 "^## Goals" $OUT/graphs.md; grep -c error $OUT/graphs.log ;;
+5) timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_bench_graphs.py \
+     > $OUT/gpu_test_graphs.log 2>&1
+   grep -E "passed|failed|Error" $OUT/gpu_test_graphs.log | tail -6 ;;
 esac

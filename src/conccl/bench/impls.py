@@ -6,7 +6,9 @@ collective's :attr:`~conccl.collectives.base.Collective.api_name`, the function 
 ``torch.distributed``, ``conccl`` and conccl's communicator share, so a newly registered
 collective runs under every implementation that :meth:`Impl.serves` it, with no edit here.
 ``family`` groups implementations that can share a process: NCCL's copy-engine mode needs the
-NCCL symmetric-memory backend, conccl the CUDA one, and a process can only hold one.
+NCCL symmetric-memory backend, conccl the CUDA one, and a process can only hold one. An
+implementation that changes process-wide state in its setup undoes it in ``teardown``, which
+every benchmark calls once it is done with the tensors ``setup`` was given.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ class Impl:
     only: tuple[str, ...] | None = None
     # Beyond ``only``: whether it can run this collective at this world size (None: yes).
     can_run: Callable[[Collective, int], bool] | None = None
+    # teardown(ctx): undo what setup changed beyond its buffers (None: nothing to undo).
+    teardown: Callable[[dict], None] | None = None
 
     def serves(self, coll: Collective, world: int) -> bool:
         if self.only is not None and coll.name not in self.only:
@@ -150,6 +154,37 @@ def _torch_low_contention(coll, inp, out, ctx):
     return run, lambda: last["out"]
 
 
+def set_eager_path(mode: str) -> dict:
+    """``conccl.set_eager_path(mode)`` on the default group, or a RuntimeError saying that this
+    checkout has no such function (it arrives with issue 22's eager ``auto`` path)."""
+    fn = getattr(conccl, "set_eager_path", None)
+    if fn is None:
+        raise RuntimeError(AUTO_MISSING)
+    return fn(mode)
+
+
+AUTO_MISSING = ("conccl_auto needs conccl.set_eager_path (issue 22's eager auto path), which this conccl does not "
+                "have yet; leave conccl_auto out of the implementations")
+
+
+def _conccl_auto(coll, inp, out, ctx):
+    """conccl's public functions with the eager path on ``auto``: below the sizes
+    ``set_eager_path`` returns, an eager call goes to NCCL. Each run leaves the path its call
+    took (``Work.path``) in ``ctx["path"]`` for the benchmark to report."""
+    ctx["eager_path"] = set_eager_path("auto")
+
+    def run():
+        ctx["path"] = getattr(coll.call_with(conccl, out, inp), "path", None)
+
+    return run, lambda: out
+
+
+def _conccl_auto_teardown(ctx):
+    if ctx.pop("eager_path", None) is not None:
+        set_eager_path("copy_engines")
+    ctx.pop("path", None)
+
+
 def _conccl_impl(name, description, **kw):
     setup, can_run = _conccl(**kw)
     return Impl(name, "cuda_symm", description, setup, can_run=can_run)
@@ -181,6 +216,9 @@ REGISTRY: dict[str, Impl] = {
         _conccl_impl("conccl_per_peer", "conccl pull, staged, one stream per peer", algorithm="pull", stream_mode="per_peer"),
         _conccl_impl("conccl_single", "conccl pull, staged, one cudaMemcpyAsync after another",
                      algorithm="pull", stream_mode="single"),
+        Impl("conccl_auto", "cuda_symm", "conccl's functions on ordinary tensors with conccl.set_eager_path('auto'): "
+             "an eager call below the size where copy engines win goes to NCCL", _conccl_auto,
+             teardown=_conccl_auto_teardown),
         Impl("nccl", "cuda_symm", "NCCL with SM kernels (torch.distributed)", _nccl),
         Impl("torch_lc", "cuda_symm",
              "PyTorch _low_contention_all_gather (copy engines + a barrier kernel), symmetric input",

@@ -168,6 +168,8 @@ def latency_worker(rank: int, world: int, impls: list[str], collectives: list[st
                 rec.update(time_us=statistics.median(times), time_min_us=min(times), time_max_us=max(times),
                            host_us=float(x[0]), gpu_us=float(x[1]), loop_us=float(x[2]), gate_expired=bool(x[3] > 0),
                            wrong=int(x[4]))
+                if impl.teardown is not None:
+                    impl.teardown(ctx)
                 records.append(rec)
                 if rank == 0:
                     print(f"[latency] {coll.name:10s} {name:18s} {size:>9d} B  time {rec['time_us']:7.1f}  loop "

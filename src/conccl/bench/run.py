@@ -206,9 +206,12 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[d
                             out.copy_(pristine)  # the input again (the timed runs reduce it over and over)
                         else:
                             out.view(torch.uint8).fill_(0xAB)  # poison: unwritten elements count as wrong
+                        ctx.pop("path", None)
                         run()
                         torch.cuda.synchronize()
                         rec["wrong"] = _wrong_elements(result(), expected, esize)
+                        if ctx.get("path") is not None:  # the path an auto implementation's call took
+                            rec["path"] = ctx["path"]
                     if cfg.profile:
                         rec["kernels_per_call"] = _kernels_per_call(run)
                     us = _timed(run, cfg.iters, cfg.warmup)
@@ -220,6 +223,9 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[d
                 except Exception as e:  # noqa: BLE001 - one failing size must not lose the sweep
                     rec["error"] = f"{type(e).__name__}: {e}"
                     torch.cuda.synchronize()
+                finally:
+                    if impl.teardown is not None:
+                        impl.teardown(ctx)
                 rec["wall_s"] = time.perf_counter() - t0
                 records.append(rec)
                 if rank == 0:

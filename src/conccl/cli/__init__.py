@@ -18,10 +18,13 @@ from ..planner.profile import ProfileError
 from ..study.measure import StudyError
 from ..study.results import ResultsError
 from ..study.scenarios import SuiteError
-from . import bench, bench_fsdp, plan, study
+from . import bench, bench_fsdp, bench_graphs, plan, study
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError, debug_wanted, fail
 
-COMMANDS = {"bench": bench, "bench-fsdp": bench_fsdp, "study": study, "plan": plan}  # in --help's order
+COMMANDS = {"bench": bench, "bench-fsdp": bench_fsdp, "bench-graphs": bench_graphs, "study": study,
+            "plan": plan}  # in --help's order
+# `conccl bench NAME` runs the command bench-NAME.
+BENCH_MODES = ("fsdp", "graphs")
 # Errors that mean "this input cannot be used": one line and EXIT_USAGE. OSError: a file that
 # cannot be read or written (a full disk, a folder removed under a running study).
 BAD_INPUT = (UsageError, SuiteError, ProfileError, ResultsError, PlanError, StudyError, OSError)
@@ -45,12 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["bench", "fsdp"]:
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCH_MODES:
         # `conccl bench fsdp` reads as the issue and the docs say it; bench's own flags are
         # nccl-tests', which a positional argument there would clash with.
-        argv = ["bench-fsdp", *argv[2:]]
+        argv = [f"bench-{argv[1]}", *argv[2:]]
     args = build_parser().parse_args(argv)
-    name = "bench fsdp" if args.command == "bench-fsdp" else args.command
+    name = args.command.replace("-", " ")
     try:
         return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:

@@ -1,0 +1,223 @@
+"""The graphs benchmark on the GPUs, in one process per GPU (what it measures:
+:mod:`conccl.bench.graphs`).
+
+Per collective and size one set of buffers serves every implementation; per implementation
+and mode: a correctness check against NCCL, warm-ups, timed runs. Order inside a case::
+
+    setup ──> eager: check (calls calls) ─> warm-up ─> runs x [barrier, event, replays x calls, event]
+          └─> graph: calls eagerly (warm-up) ─> reserve graph workspace ─> capture calls calls
+                     ─> check (one replay) ─> warm-up ─> runs x [barrier, event, replays x replay, event]
+          ──> teardown (conccl_auto: the eager path back to copy engines) ─> conccl groups destroyed
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import conccl
+
+from ..collectives import Collective, get as get_collective
+from ..units import format_size
+from .graphs import (USES_CONCCL_GROUP, GraphsConfig, GraphsRecord, calls_per_graph, graph_workspace_per_call,
+                     per_call_us, summarize)
+from .impls import REGISTRY
+from .run import _wrong_elements, make_case, max_bytes, round_size
+
+DTYPE, ESIZE = torch.bfloat16, 2
+
+
+class _Case:
+    """One collective at one size: this rank's buffers and the bytes a correct output holds."""
+
+    def __init__(self, coll: Collective, size: int, calls: int, world: int, rank: int):
+        self.coll, self.size, self.calls = coll, size, calls
+        self.ws_per_call = graph_workspace_per_call(coll, size, world)
+        self.inp, self.out, self.expected = make_case(coll, size, world, rank, DTYPE, "cuda")
+        self.pristine = None
+        if coll.single_tensor:  # reduced in place, as torch.distributed.all_reduce: calls repeat the sum
+            self.pristine, self.out = self.inp.clone(), self.inp
+            self.expected = self._nccl_result()
+
+    def reset(self) -> None:
+        """The input again (in place), or the output poisoned: unwritten elements count as wrong."""
+        if self.pristine is not None:
+            self.out.copy_(self.pristine)
+        else:
+            self.out.view(torch.uint8).fill_(0xAB)
+
+    def _nccl_result(self):
+        """NCCL's output after ``calls`` eager calls from the pristine input."""
+        self.reset()
+        for _ in range(self.calls):
+            self.coll.call_with(dist, self.out, self.inp)
+        torch.cuda.synchronize()
+        return self.out.contiguous().view(-1).view(torch.uint8).clone()
+
+    def wrong(self, once, result) -> int:
+        """Elements differing from the expected output after ``once()`` (one replay, or the
+        ``calls`` eager calls), summed over the ranks."""
+        self.reset()
+        once()
+        torch.cuda.synchronize()
+        n = torch.tensor([_wrong_elements(result(), self.expected, ESIZE)], device="cuda")
+        dist.all_reduce(n)
+        return int(n.item())
+
+
+def _repeat(run, calls: int):
+    def unit():
+        for _ in range(calls):
+            run()
+    return unit
+
+
+def _timed_runs(once, replays: int, runs: int, warmup: int) -> list[float]:
+    """Each run's ms for ``replays`` calls of ``once``, the slowest rank's (run by run)."""
+    for _ in range(warmup):
+        once()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(runs):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            once()
+        end.record()
+        torch.cuda.synchronize()
+        ms.append(start.elapsed_time(end))
+    t = torch.tensor(ms, dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _measure(mode: str, impl, unit, result, case: _Case, cfg: GraphsConfig, ctx: dict) -> dict:
+    """One mode of one implementation: the record's checked and timed fields."""
+    ctx.pop("path", None)
+    graph = None
+    if mode == "graph":
+        unit()  # eagerly first: the conccl group, its kernels and NCCL's communicator exist before capture
+        torch.cuda.synchronize()
+        if USES_CONCCL_GROUP[impl.name]:
+            conccl.reserve_graph_workspace(case.calls * case.ws_per_call)
+        dist.barrier()
+        torch.cuda.synchronize()
+        ctx.pop("path", None)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: NCCL's and conccl's watchdog threads may query events recorded before the
+        # capture; in the default (global) mode that would invalidate it.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            unit()
+        once = graph.replay
+        path = ctx.pop("path", None)  # what the captured calls took
+    else:
+        once = unit
+    wrong = case.wrong(once, result)
+    if mode == "eager":
+        path = ctx.pop("path", None)
+    ms = _timed_runs(once, cfg.replays, cfg.runs, cfg.warmup)
+    us = summarize(per_call_us(t, case.calls, cfg.replays) for t in ms)
+    return {**us, "wrong": wrong, "path": path}
+
+
+def _nccl_below(info, coll: Collective) -> int | None:
+    """The size below which ``set_eager_path('auto')`` (its returned ``info``) sends ``coll`` to NCCL."""
+    try:
+        v = info["nccl_below"][coll.name]
+    except (KeyError, TypeError, IndexError):
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def _settle() -> None:
+    """After a failure: wait for what was queued (the failure may have come from it)."""
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - the record already holds the error
+        pass
+
+
+def _drop_conccl_groups() -> None:
+    """Every conccl group closed, so that the next case captures on fresh graph slots and graph
+    workspace (a group keeps both for good). The graphs that used them are gone by now."""
+    torch.cuda.synchronize()
+    gc.collect()
+    conccl.destroy()
+    dist.barrier()
+
+
+def _impl_records(impl, case: _Case, cfg: GraphsConfig, ctx: dict) -> tuple[list[GraphsRecord], object]:
+    """Every mode's record of one implementation at one case, and what ``set_eager_path``
+    returned (conccl_auto; else None)."""
+    fields, info = {}, None
+    try:
+        run, result = impl.setup(case.coll, case.inp, case.out, ctx)
+        info = ctx.get("eager_path")
+        unit = _repeat(run, case.calls)
+        for mode in cfg.modes:
+            try:
+                fields[mode] = _measure(mode, impl, unit, result, case, cfg, ctx)
+            except Exception as e:  # noqa: BLE001 - one failing case must not lose the sweep
+                fields[mode] = {"error": _error_text(e)}
+                _settle()
+    except Exception as e:  # noqa: BLE001 - the setup failed: every mode says why
+        fields.update({m: {"error": _error_text(e)} for m in cfg.modes if m not in fields})
+        _settle()
+    finally:
+        try:
+            if impl.teardown is not None:
+                impl.teardown(ctx)
+        finally:
+            if USES_CONCCL_GROUP[impl.name] and "graph" in cfg.modes:
+                _drop_conccl_groups()
+    recs = [GraphsRecord(collective=case.coll.name, bytes=case.size, impl=impl.name, mode=m,
+                         calls_per_graph=case.calls, replays=cfg.replays, nccl_below=_nccl_below(info, case.coll),
+                         **fields[m]) for m in cfg.modes]
+    return recs, info
+
+
+def _progress(i: int, total: int, rec: GraphsRecord, t0: float) -> None:
+    what = f"[graphs] {i}/{total} {rec.collective} {format_size(rec.bytes)} {rec.impl} {rec.mode}:"
+    if rec.error is not None:
+        line = f"{what} error: {rec.error}"
+    else:
+        line = (f"{what} {rec.us_per_call:.1f} us/call ({rec.us_min:.1f}..{rec.us_max:.1f}), #wrong {rec.wrong}"
+                + (f", path {rec.path}" if rec.path else ""))
+    print(f"{line}  [{time.monotonic() - t0:.0f} s]", file=sys.stderr, flush=True)
+
+
+def run_all(rank: int, world: int, cfg: GraphsConfig) -> dict:
+    """Every case of ``cfg``: ``{"results": [GraphsRecord, ...], "eager_path": ...}``, the
+    figures the slowest rank's (rank 0 reports progress on stderr)."""
+    colls = [get_collective(n) for n in cfg.collectives]
+    sizes = list(dict.fromkeys(round_size(s, world, ESIZE) for s in cfg.sizes))
+    ctx: dict = {"max_bytes": max_bytes(colls, sizes, world, ESIZE)}
+    impls = [REGISTRY[n] for n in cfg.impls]
+    total = sum(len(cfg.modes) for c in colls for _ in sizes for i in impls if i.serves(c, world))
+    records, eager_path, t0 = [], None, time.monotonic()
+    for coll in colls:
+        for size in sizes:
+            calls = calls_per_graph(cfg.calls, graph_workspace_per_call(coll, size, world), cfg.graph_workspace_bytes)
+            case = _Case(coll, size, calls, world, rank)
+            for impl in impls:
+                if not impl.serves(coll, world):
+                    continue
+                recs, info = _impl_records(impl, case, cfg, ctx)
+                eager_path = eager_path if eager_path is not None else info
+                for rec in recs:
+                    records.append(rec)
+                    if rank == 0:
+                        _progress(len(records), total, rec, t0)
+            case = None
+            gc.collect()
+            torch.cuda.empty_cache()
+    return {"results": records, "eager_path": eager_path}
