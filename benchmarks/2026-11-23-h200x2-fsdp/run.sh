@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # How this folder's files were made (nvidia-h200-x2, from the repository root, PYTHONPATH=src).
 # OUT: where to write. PART=1: the GPU tests of all-reduce, reduce-scatter, FSDP and captured
-# graphs. PART=2: `conccl bench` of reduce-scatter and all-reduce (nccl-tests columns, a GEMM
+# graphs, and the eager path's routing. PART=2: `conccl bench` of reduce-scatter and all-reduce (nccl-tests columns, a GEMM
 # beside each). PART=3: `conccl bench fsdp`. PART=4: `conccl bench graphs` (issue 22's small-call
-# benchmark: graphs.json, graphs.md and its progress log into $OUT; without conccl.set_eager_path,
-# i.e. before the eager auto path is merged, it runs nccl,conccl only). PART=5: the GPU test of
-# that benchmark (a tiny run). (first-6908cfa/ ran the FSDP test and bench only, with no
+# benchmark: graphs.json, graphs.md and its progress log into $OUT). PART=5: the GPU test of
+# that benchmark (a tiny run). PART=6: the whole `conccl study` on 2 GPUs (issue 21's GPU
+# report, efficiency first; about 5 minutes), as $OUT/study.tgz (a run returns at most 8 files). (first-6908cfa/ ran the FSDP test and bench only, with no
 # all-reduce yet and the loss from the timed run.)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -13,7 +13,8 @@ export PYTHONPATH=$PWD/src CONCCL_MACHINE_KIND=nvidia-h200-x2
 OUT=${OUT:?}
 case "${PART:-1}" in
 1) timeout 500 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_all_reduce.py \
-     tests/gpu/test_gpu_reduce_scatter.py tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_fsdp.py \
+     tests/gpu/test_gpu_reduce_scatter.py tests/gpu/test_gpu_graphs.py tests/gpu/test_gpu_eager_path.py \
+     tests/gpu/test_gpu_fsdp.py \
      > $OUT/gpu_tests.log 2>&1
    grep -E "passed|failed|Error" $OUT/gpu_tests.log | tail -6 ;;
 2) for c in reduce_scatter all_reduce; do
@@ -22,11 +23,11 @@ case "${PART:-1}" in
    done ;;
 3) timeout 560 python3 -m conccl bench fsdp --out $OUT > $OUT/bench_fsdp.log 2>&1
    grep "^|" $OUT/bench_fsdp.log | head -9 ;;
-4) IMPLS=nccl,conccl,conccl_auto
-   python3 -c "import conccl, sys; sys.exit(not hasattr(conccl, 'set_eager_path'))" || IMPLS=nccl,conccl
-   timeout 560 python3 -m conccl bench graphs --out $OUT --impls $IMPLS > $OUT/graphs.log 2>&1
+4) timeout 560 python3 -m conccl bench graphs --out $OUT --impls nccl,conccl,conccl_auto > $OUT/graphs.log 2>&1
    echo "exit $?"; grep -A12 "^## Goals" $OUT/graphs.md; grep -c error $OUT/graphs.log ;;
 5) timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_bench_graphs.py \
      > $OUT/gpu_test_graphs.log 2>&1
    grep -E "passed|failed|Error" $OUT/gpu_test_graphs.log | tail -6 ;;
+6) rm -rf /tmp/study; timeout 560 python3 -m conccl study --out /tmp/study > $OUT/study.log 2>&1
+   echo "exit $?"; tail -15 $OUT/study.log; tar czf $OUT/study.tgz -C /tmp study ;;
 esac
