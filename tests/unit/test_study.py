@@ -197,6 +197,28 @@ def test_report_rebuilds_from_a_measured_h200_run(tmp_path):
     assert len(list((out / "figures").glob("*.png"))) == 6
 
 
+def test_report_of_a_run_from_before_persistent_ops_says_how_conccl_was_called(tmp_path):
+    # The first version-1 files (up to 63e8d54) record none of the later run settings, conccl_call
+    # among them: conccl was then called once per execution, and the redrawn report must not call
+    # it a persistent op, while a run that recorded "persistent" still says so.
+    data = json.loads((RUN / "results.json").read_text())
+    for key in ("side_by_side", "min_timed_ms", "max_iters", "auto_in_turns", "conccl_call"):
+        del data["config"][key]
+    for sc in data["scenarios"]:
+        sc.pop("auto_in_turns", None)
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    assert main(["study", "--report", str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| conccl |"))
+    assert "a persistent op" not in md.split("## The paper's claims")[0]
+    assert "one call per execution, before persistent ops" in row
+    out = tmp_path / "persistent"
+    shutil.copytree(RUN, out)
+    assert main(["study", "--report", str(out)]) == 0
+    row = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("| conccl |"))
+    assert "a persistent op" in row
+
+
 def test_incomplete_runs_say_so(tmp_path, run):
     run.scenarios = run.scenarios[:3]
     run.complete = False

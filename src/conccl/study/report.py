@@ -86,10 +86,8 @@ def markdown(res: StudyResults, figure_names: list[str], figure_note: str | None
             "scenarios >= 80% of ideal | mean speedup | what it is |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for n, r in sm.strategies.items():
-        desc = STRATEGIES[n].description if n in STRATEGIES else (
-            "best c3 strategy per scenario" if n == "c3_best" else "best strategy per scenario")
         out.append(f"| {n} | **{_f(r.mean_efficiency)}%** | {_f(r.min_efficiency)}% | {_f(r.mean_pct_ideal)} | "
-                   f"{_f(r.min_pct_ideal)} | {r.n_at_least_80}/{r.n} | {r.mean_speedup:.3f}x | {desc} |")
+                   f"{_f(r.min_pct_ideal)} | {r.n_at_least_80}/{r.n} | {r.mean_speedup:.3f}x | {_describe(n, res)} |")
     out += ["", "Each (scenario, strategy) has one number, its fastest sweep point, in every table, figure and "
             "results.csv row marked best. Percent of ideal counts against the serial run with NCCL, so a collective "
             "faster than NCCL alone can pass 100%."]
@@ -145,6 +143,16 @@ def markdown(res: StudyResults, figure_names: list[str], figure_note: str | None
                 "NCCL's copy-engine mode (NCCL 2.28.9 here ran its SM kernel with only the output registered and "
                 "failed with the input registered too; `scripts/nccl_ce_probe.py`)."]
     return "\n".join(out) + "\n"
+
+
+def _describe(name: str, res: StudyResults) -> str:
+    """What a strategy row is, as it ran in this study: a measured run from before persistent ops
+    (no ``conccl_call`` recorded) called conccl once per execution."""
+    if name == "conccl" and not is_prediction(res) and res.config.conccl_call != "persistent":
+        return "conccl copy-engine collective (no SM; one call per execution, before persistent ops), GEMM launched first"
+    if name in STRATEGIES:
+        return STRATEGIES[name].description
+    return "best c3 strategy per scenario" if name == "c3_best" else "best strategy per scenario"
 
 
 def _h(prefix: str, text: str) -> str:
