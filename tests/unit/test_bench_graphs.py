@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 import conccl  # noqa: E402
 from conccl.bench import graphs  # noqa: E402
 from conccl.bench.graphs import GraphsConfig, GraphsRecord  # noqa: E402
-from conccl.bench.impls import REGISTRY, set_eager_path  # noqa: E402
+from conccl.bench.impls import REGISTRY  # noqa: E402
 from conccl.cli import build_parser, main  # noqa: E402
 from conccl.collectives import REGISTRY as COLLECTIVES  # noqa: E402
 
@@ -57,7 +57,6 @@ def _run(argv, capsys, tmp_path):
 @pytest.mark.parametrize("extra,names", [pytest.param(*c[1:], id=c[0]) for c in BAD])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, extra, names):
     monkeypatch.delenv("CONCCL_DEBUG", raising=False)
-    monkeypatch.setattr(conccl, "set_eager_path", lambda *a, **k: {}, raising=False)  # present, as after the merge
     rc, out, err = _run(OUT + extra, capsys, tmp_path)
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, (rc, err)
@@ -74,22 +73,6 @@ def test_every_flag_with_a_value_has_a_bad_input_case():
     assert not missing, sorted(missing)
 
 
-def test_conccl_auto_without_set_eager_path_is_refused_by_name(tmp_path, capsys, monkeypatch):
-    monkeypatch.delattr(conccl, "set_eager_path", raising=False)
-    rc, out, err = _run(OUT, capsys, tmp_path)
-    assert rc == 2 and "conccl_auto" in err and "set_eager_path" in err and len(err.strip().splitlines()) == 1
-
-
-def test_conccl_auto_fails_only_where_it_is_called(monkeypatch):
-    """Importing and registering conccl_auto needs nothing; its setup says what is missing."""
-    monkeypatch.delattr(conccl, "set_eager_path", raising=False)
-    impl = REGISTRY["conccl_auto"]
-    assert impl.family == "cuda_symm" and impl.teardown is not None
-    with pytest.raises(RuntimeError, match="set_eager_path"):
-        impl.setup(COLLECTIVES["all_gather"], None, None, {})
-    impl.teardown({})  # nothing was set: nothing to undo
-
-
 def test_conccl_auto_sets_auto_reports_the_path_and_resets(monkeypatch):
     calls = []
 
@@ -103,7 +86,6 @@ def test_conccl_auto_sets_auto_reports_the_path_and_resets(monkeypatch):
     run, result = REGISTRY["conccl_auto"].setup(COLLECTIVES["all_gather"], "inp", "out", ctx)
     run()
     assert ctx["path"] == "nccl" and result() == "out" and calls == ["auto"]
-    assert set_eager_path("auto") == {"nccl_below": {"all_gather": 1 << 20}}
     REGISTRY["conccl_auto"].teardown(ctx)
     assert calls[-1] == "copy_engines" and "eager_path" not in ctx and "path" not in ctx
 

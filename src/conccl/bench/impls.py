@@ -154,24 +154,11 @@ def _torch_low_contention(coll, inp, out, ctx):
     return run, lambda: last["out"]
 
 
-def set_eager_path(mode: str) -> dict:
-    """``conccl.set_eager_path(mode)`` on the default group, or a RuntimeError saying that this
-    checkout has no such function (it arrives with issue 22's eager ``auto`` path)."""
-    fn = getattr(conccl, "set_eager_path", None)
-    if fn is None:
-        raise RuntimeError(AUTO_MISSING)
-    return fn(mode)
-
-
-AUTO_MISSING = ("conccl_auto needs conccl.set_eager_path (issue 22's eager auto path), which this conccl does not "
-                "have yet; leave conccl_auto out of the implementations")
-
-
 def _conccl_auto(coll, inp, out, ctx):
     """conccl's public functions with the eager path on ``auto``: below the sizes
     ``set_eager_path`` returns, an eager call goes to NCCL. Each run leaves the path its call
     took (``Work.path``) in ``ctx["path"]`` for the benchmark to report."""
-    ctx["eager_path"] = set_eager_path("auto")
+    ctx["eager_path"] = conccl.set_eager_path("auto")
 
     def run():
         ctx["path"] = getattr(coll.call_with(conccl, out, inp), "path", None)
@@ -181,7 +168,7 @@ def _conccl_auto(coll, inp, out, ctx):
 
 def _conccl_auto_teardown(ctx):
     if ctx.pop("eager_path", None) is not None:
-        set_eager_path("copy_engines")
+        conccl.set_eager_path("copy_engines")
     ctx.pop("path", None)
 
 

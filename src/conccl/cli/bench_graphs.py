@@ -6,13 +6,11 @@ import os
 
 import torch
 
-import conccl
 
 from ..bench import graphs
 from ..collectives import REGISTRY as COLLECTIVES
 from ..bench.environment import environment
 from ..bench.graphs_run import run_all
-from ..bench.impls import AUTO_MISSING
 from ..launch import run_per_gpu, under_torchrun
 from ..planner.timing import MAX_WORLD
 from ..units import format_size, parse_size
@@ -73,8 +71,6 @@ def run(args) -> int:
     except ValueError as e:
         return fail("bench graphs", str(e))
     out = check_out_dir(args.out, "--out")
-    if "conccl_auto" in cfg.impls and getattr(conccl, "set_eager_path", None) is None:
-        return fail("bench graphs", f"--impls: {AUTO_MISSING} (e.g. --impls nccl,conccl)")
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.gpus and args.gpus > visible and not under_torchrun():
         return fail("bench graphs", f"--gpus {args.gpus}: only {visible} GPU(s) visible here; give at most {visible}")
