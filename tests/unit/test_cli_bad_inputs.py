@@ -167,7 +167,7 @@ CASES = [
     ("study --size text", ["study", "--predict", "--gemm", "8x8x8", "--size", "lots", "--out", "{d}/out"], "--size"),
     ("study --size absurd", ["study", "--predict", "--gemm", "8x8x8", "--size", "900T", "--out", "{d}/out"], "GiB"),
     ("study --collective unknown", ["study", "--predict", "--gemm", "8x8x8", "--size", "1M", "--collective",
-                                    "all_reduce", "--out", "{d}/out"], "--collective"),
+                                    "broadcast", "--out", "{d}/out"], "--collective"),
     ("study --collective without --gemm", STUDY + ["--collective", "all_gather"], "--collective"),
     # -- study: input files
     ("study --suite missing", STUDY + ["--suite", "{d}/nope.json"], "--suite"),
@@ -222,7 +222,7 @@ CASES = [
     ("plan --gemm 0", ["plan", "--gemm", "8x0x8", "--size", "1M"], "--gemm"),
     ("plan --gemm absurd", ["plan", "--gemm", "99999999x99999999x8", "--size", "1M"], "--gemm"),
     ("plan --strategy unknown", PLAN + ["--strategy", "fast"], "--strategy"),
-    ("plan --collective unknown", PLAN + ["--collective", "all_reduce"], "--collective"),
+    ("plan --collective unknown", PLAN + ["--collective", "broadcast"], "--collective"),
     ("plan --dtype unknown", PLAN + ["--dtype", "fp8"], "--dtype"),
     ("plan --json unwritable", PLAN + ["--json", "/proc/conccl-test/plan.json"], "--json"),
     ("plan --json under a file", PLAN + ["--json", "{d}/a_file/plan.json"], "--json"),

@@ -135,7 +135,7 @@ def test_h200_profile_prefers_copy_engines_except_latency_bound(h200):
     (((0, 8, 8), "all_gather", MiB, 4), "three positive integers"),
     ((("a", 8, 8), "all_gather", MiB, 4), "three positive integers"),
     (((8, 8), "all_gather", MiB, 4), "three positive integers"),
-    (((8, 8, 8), "all_reduce", MiB, 4), "unknown collective"),
+    (((8, 8, 8), "broadcast", MiB, 4), "unknown collective"),
     (((8, 8, 8), "all_gather", 0, 4), "positive number of bytes"),
     (((8, 8, 8), "all_gather", MiB, 1), "2 to 8 ranks"),
     (((8, 8, 8), "all_gather", MiB, 1000), "2 to 8 ranks"),

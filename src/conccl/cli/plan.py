@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..collectives import STUDIED as COLLECTIVES
+from ..collectives import REGISTRY as COLLECTIVES
 from ..planner import candidates, plan
 from ..jsonfile import write_text
 from ..planner import timing

@@ -8,7 +8,7 @@ import pathlib
 import torch
 
 from ..bench.environment import environment
-from ..collectives import STUDIED as COLLECTIVES
+from ..collectives import REGISTRY, STUDIED as COLLECTIVES
 from ..launch import under_torchrun
 from ..planner.profile import load_profile
 from ..planner.timing import MAX_WORLD
@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
     s.add_argument("--only", metavar="TAGS", help="comma-separated scenario tags or ids of the suite to run")
     s.add_argument("--gemm", metavar="MxNxK", help="your own scenario: GEMM shape (with --size)")
     s.add_argument("--size", metavar="BYTES", help="your own scenario: collective output bytes per rank, e.g. 1G")
-    s.add_argument("--collective", default="all", help=f"your own scenario: {', '.join(COLLECTIVES)} or all")
+    s.add_argument("--collective", default="all", help=f"your own scenario: {', '.join(REGISTRY)}, or all ({', '.join(COLLECTIVES)})")
     s.add_argument("--predict", action="store_true", help="predict from a hardware profile even if GPUs are visible")
     s.add_argument("--profile", metavar="FILE", help="hardware profile to predict from, and that the 'auto' strategy "
                                                      "plans with (default: the embedded H200 x4)")

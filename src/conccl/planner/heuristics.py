@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..collectives import STUDIED as COLLECTIVES
+from ..collectives import REGISTRY as COLLECTIVES
 from .profile import HardwareProfile
 from ..strategy import RP_SMS, STRATEGIES, strategy_for
 from . import timing
@@ -110,7 +110,8 @@ def copy_engine_sms(p: HardwareProfile, w: Workload) -> int:
 def _comm(p: HardwareProfile, impl: str, w: Workload) -> float:
     t = timing.comm_time(p, impl, w.collective, w.size, w.world)
     if t is None:
-        raise PlanError(f"the profile has no {impl} {w.collective} measurements")
+        raise PlanError(f"the profile has no {impl} {w.collective} measurements; a measured `conccl study` that runs "
+                        f"{w.collective} writes a profile that has")
     return t
 
 

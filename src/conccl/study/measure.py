@@ -232,6 +232,30 @@ def _pattern(src: int, chunk: int, offset: int, n: int, device):
 PIECE = 1 << 26  # elements per generated piece: bounds the temporaries (512 MiB of int64)
 
 
+def _values(src: int, chunk: int, offset: int, n: int, device):
+    """Input chunk of a reducing collective: whole numbers in [-7, 7] as bf16, so a sum over up
+    to 8 ranks (at most 56 in size) is exact in any order, NCCL's and conccl's alike."""
+    i = torch.arange(offset, offset + n, dtype=torch.int64, device=device)
+    return ((i * 7 + (src * 13 + chunk * 29 + 1)) % 15 - 7).to(torch.bfloat16)
+
+
+def fill_values(t16, src: int, chunk: int) -> None:
+    bf = t16.view(torch.bfloat16)
+    for off in range(0, bf.numel(), PIECE):
+        n = min(PIECE, bf.numel() - off)
+        bf[off:off + n].copy_(_values(src, chunk, off, n, bf.device))
+
+
+def matches_sum(t16, sources) -> bool:
+    """Whether ``t16`` holds the sum of the value chunks ``sources`` ((rank, chunk) pairs)."""
+    for off in range(0, t16.numel(), PIECE):
+        n = min(PIECE, t16.numel() - off)
+        acc = sum(_values(r, k, off, n, t16.device).float() for r, k in sources)
+        if not bool((t16[off:off + n] == acc.to(torch.bfloat16).view(torch.int16)).all()):
+            return False
+    return True
+
+
 def fill_pattern(t16, src: int, chunk: int) -> None:
     for off in range(0, t16.numel(), PIECE):
         n = min(PIECE, t16.numel() - off)
@@ -251,7 +275,11 @@ class CollectiveCase:
     implementation, and its poison / check, all from the collective's equal-chunk layout:
     input chunk ``k`` of rank ``r`` holds ``pattern(r, k)``, and output chunk ``c`` must end up
     holding the pattern of its source, ``layout.sources[c]``. A collective the study runs in
-    place (an all-gather, as FSDP runs it) takes its input from its own output chunk."""
+    place (an all-gather, as FSDP runs it) takes its input from its own output chunk.
+
+    A reducing collective (an output chunk with several sources) gets whole-number values
+    instead, and its output chunk must hold their sum; one that reduces a single tensor in
+    place (all-reduce) is "poisoned" by restoring its input, which each execution reduces anew."""
 
     def __init__(self, rig: Rig, collective: str, size: int, arenas):
         self.rig, self.collective, self.size = rig, collective, size
@@ -259,17 +287,24 @@ class CollectiveCase:
         w, r = rig.world, rig.rank
         self.layout = lay = self.coll.layout(w, r)
         self.in_place = self.coll.in_place(w)
+        self.reducing = any(len(srcs) > 1 for srcs in lay.sources)
         in_bytes = self.coll.input_bytes(size, w)
         out_arena, in_arena = arenas
         self.out = out_arena[:size].view(torch.bfloat16)
         self.out16 = self.out.view(torch.int16)
-        if self.in_place:
+        if self.coll.single_tensor:  # reduced in place, as torch.distributed.all_reduce
+            self.inp = self.out
+        elif self.in_place:
             self.inp = self.out.view(lay.output_chunks, -1)[lay.in_place_chunk]
         else:
             self.inp = in_arena[:in_bytes].view(torch.bfloat16)
         ins = self.inp.view(torch.int16).view(lay.input_chunks, -1)
         for k in range(lay.input_chunks):
-            fill_pattern(ins[k], r, k)
+            (fill_values if self.reducing else fill_pattern)(ins[k], r, k)
+        # The tensor an in-place reduction overwrites, to restore before the checked execution.
+        self.pristine = in_arena[:in_bytes].view(torch.bfloat16) if self.coll.single_tensor else None
+        if self.pristine is not None:
+            self.pristine.copy_(self.inp)
         # PyTorch's op takes an input of its own, at the same offset on every rank.
         self.lc_in = in_arena[:in_bytes].view(torch.bfloat16) if self.in_place else self.inp
         if self.in_place:
@@ -282,7 +317,11 @@ class CollectiveCase:
         return t.view(torch.int16).view(self.layout.output_chunks, -1)
 
     def poison(self, target=None) -> None:
-        """Overwrite every output chunk but the one that is the input itself."""
+        """Overwrite every output chunk but the one that is the input itself (an in-place
+        reduction: restore its input, so the checked execution's result is known)."""
+        if self.pristine is not None and target is None:
+            self.out.copy_(self.pristine)
+            return
         chunks = self._chunks(target)
         for c in range(self.layout.output_chunks):
             if not (self.in_place and c == self.layout.in_place_chunk and target is None):
@@ -290,12 +329,17 @@ class CollectiveCase:
 
     def check(self, target=None) -> bool:
         chunks = self._chunks(target)
-        ok = all(matches_pattern(chunks[c], *srcs[0]) for c, srcs in enumerate(self.layout.sources))
+        if self.reducing:
+            ok = all(matches_sum(chunks[c], srcs) for c, srcs in enumerate(self.layout.sources))
+        else:
+            ok = all(matches_pattern(chunks[c], *srcs[0]) for c, srcs in enumerate(self.layout.sources))
         return self.rig.all_true(ok)
 
     def fn(self, impl: str, group=None):
         if impl == "nccl":
             op = getattr(dist, self.coll.api_name)
+            if self.coll.single_tensor:
+                return lambda: op(self.out, group=group)
             return lambda: op(self.out, self.inp, group=group)
         if impl == "conccl":
             # As a loop over the same buffers runs it: a persistent op, agreed with the peers
@@ -312,7 +356,8 @@ class CollectiveCase:
 
     def conccl_op(self):
         if self._conccl_op is None:
-            self._conccl_op = getattr(conccl, "persistent_" + self.coll.api_name)(self.out, self.inp)
+            tensors = (self.out,) if self.coll.single_tensor else (self.out, self.inp)
+            self._conccl_op = getattr(conccl, "persistent_" + self.coll.api_name)(*tensors)
         return self._conccl_op
 
     def poison_lc(self) -> None:

@@ -46,6 +46,11 @@ def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, 
     prof = profile or load_profile(profile_path)
     world = world or prof.world
     check_fits(scenarios, world, prof.memory_bytes, quick)
+    unmeasured = sorted({s.collective for s in scenarios for impl in ("nccl", "conccl")
+                         if timing.comm_time(prof, impl, s.collective, s.size_for(world), world) is None})
+    if unmeasured:
+        raise StudyError(f"the profile has no measurements of {', '.join(unmeasured)}, so it cannot predict them; "
+                         "a measured study that runs them (on GPUs) writes a profile that can")
     meta = dict(meta, profile=describe_profile(prof, profile_path), world=world,
                 extrapolated=timing.extrapolation(prof, world))
     if resume is not None:

@@ -11,7 +11,7 @@ import pathlib
 import re
 from dataclasses import dataclass
 
-from ..collectives import STUDIED as COLLECTIVES
+from ..collectives import REGISTRY, STUDIED as COLLECTIVES
 from ..jsonfile import read_json
 from ..units import format_size, parse_size
 
@@ -74,7 +74,7 @@ class Scenario:
     def memory_bytes(self, world: int) -> int:
         """GPU memory one rank needs for this scenario (GEMM operands + collective buffers)."""
         esize = DTYPE_BYTES[self.dtype]
-        return self.gemm.bytes(esize) + COLLECTIVES[self.collective].buffer_bytes(self.size_for(world), world)
+        return self.gemm.bytes(esize) + REGISTRY[self.collective].buffer_bytes(self.size_for(world), world)
 
 
 def parse_gemm(text: str, tag: str | None = None) -> Gemm:
@@ -89,8 +89,10 @@ def parse_gemm(text: str, tag: str | None = None) -> Gemm:
 
 
 def _check_collective(name: str, where: str) -> str:
-    if name not in COLLECTIVES:
-        raise SuiteError(f"{where}: unknown collective {name!r}; known: {', '.join(COLLECTIVES)}")
+    """A registered collective. Those not ``studied`` by default (reduce-scatter, all-reduce) run
+    where a suite or ``--collective`` names them."""
+    if name not in REGISTRY:
+        raise SuiteError(f"{where}: unknown collective {name!r}; known: {', '.join(REGISTRY)}")
     return name
 
 
@@ -146,7 +148,7 @@ def parse_suite(data: dict, origin: str = "suite") -> list[Scenario]:
         colls = e.get("collectives", list(COLLECTIVES))
         colls = colls if isinstance(colls, list) else [colls]
         if not colls or not all(isinstance(c, str) for c in colls):
-            raise SuiteError(f"{where}: \"collectives\" must name one or more of {', '.join(COLLECTIVES)}")
+            raise SuiteError(f"{where}: \"collectives\" must name one or more of {', '.join(REGISTRY)}")
         for c in colls:
             s = Scenario(tag, gemm, _check_collective(c, where), size, e.get("source", ""),
                          e.get("paper_taxonomy"), bool(e.get("quick", False)), dtype)
@@ -169,7 +171,7 @@ def load_suite(path: str | pathlib.Path | None = None) -> list[Scenario]:
 
 
 def scenario_from_args(gemm: str, collective: str, size: str) -> list[Scenario]:
-    """``--gemm MxNxK --collective all_gather|all_to_all|all --size 1G`` -> scenarios."""
+    """``--gemm MxNxK --collective NAME|all --size 1G`` -> scenarios (all: the studied ones)."""
     try:
         g = parse_gemm(gemm)
     except SuiteError as e:
