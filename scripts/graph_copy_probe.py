@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cu = driver()
-    torch.cuda.init()
+    torch.empty(1, device="cuda")  # makes the primary context current on this thread
     ctx = check(cu.cuCtxGetCurrent())
     stream = torch.cuda.Stream()
     rows = []

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# How this folder's files were made (nvidia-h200-x2, from the repository root, PYTHONPATH=src).
-# OUT: where to write. PART=1: the GPU tests of all-reduce, reduce-scatter, FSDP and captured
-# graphs, and the eager path's routing. PART=2: `conccl bench` of reduce-scatter and all-reduce (nccl-tests columns, a GEMM
-# beside each). PART=3: `conccl bench fsdp`. PART=4: `conccl bench graphs` (issue 22's small-call
-# benchmark: graphs.json, graphs.md and its progress log into $OUT). PART=5: the GPU test of
-# that benchmark (a tiny run). PART=6: the whole `conccl study` on 2 GPUs (issue 21's GPU
-# report, efficiency first; about 5 minutes), as $OUT/study.tgz (a run returns at most 8 files). (first-6908cfa/ ran the FSDP test and bench only, with no
-# all-reduce yet and the loss from the timed run.)
+# How this folder's files were made, and what the next 2-GPU session runs (nvidia-h200-x2, from
+# the repository root, PYTHONPATH=src). OUT: where to write; PART picks a step (each < 10 min):
+#   1  GPU tests: all-reduce, reduce-scatter, captured graphs, the eager path's routing, FSDP
+#   2  `conccl bench` of reduce-scatter and all-reduce (nccl-tests columns, a GEMM beside each)
+#   3  `conccl bench fsdp`
+#   4  `conccl bench graphs` (issue 22's small-call benchmark: graphs.json, graphs.md, graphs.log)
+#   5  the GPU test of that benchmark (a tiny run)
+#   6  the whole `conccl study` on 2 GPUs (issue 21's GPU report), as study.tgz (a run returns
+#      at most 8 files)
+#   7  a quick study of reduce-scatter and all-reduce beside one GEMM (issue 20), as a .tgz
+# (first-6908cfa/ ran the FSDP test and bench only, with no all-reduce yet and the loss from
+# the timed run.)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD/src CONCCL_MACHINE_KIND=nvidia-h200-x2
@@ -30,4 +34,8 @@ case "${PART:-1}" in
    grep -E "passed|failed|Error" $OUT/gpu_test_graphs.log | tail -6 ;;
 6) rm -rf /tmp/study; timeout 560 python3 -m conccl study --out /tmp/study > $OUT/study.log 2>&1
    echo "exit $?"; tail -15 $OUT/study.log; tar czf $OUT/study.tgz -C /tmp study ;;
+7) for c in reduce_scatter all_reduce; do
+     rm -rf /tmp/study_$c; timeout 270 python3 -m conccl study --quick --gemm 8192x8192x8192 --collective $c \
+       --size 256M --out /tmp/study_$c > $OUT/study_$c.log 2>&1; echo "$c exit $?"; tail -6 $OUT/study_$c.log
+   done; tar czf $OUT/study_reducing.tgz -C /tmp study_reduce_scatter study_all_reduce ;;
 esac

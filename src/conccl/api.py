@@ -118,6 +118,10 @@ def empty(*size, dtype=None, device=None, group=None):
 def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout=None):
     """Gather ``input`` from every rank into ``output`` on copy engines.
 
+    (Under :func:`conccl.set_eager_path` "auto", a call below the group's ``nccl_below`` size
+    runs on the process group's backend, NCCL, instead: SM kernels; the returned ``Work.path``
+    says which ran. So for every public collective.)
+
     Args:
         output: CUDA tensor, contiguous, ``world_size * input.numel()`` elements of ``input``'s
             dtype; rank r's input lands in its r-th chunk. May hold ``input`` as its own chunk
@@ -143,7 +147,8 @@ def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout
     Workspace: ``input`` bytes of symmetric memory per rank unless every rank's input was
     allocated with :func:`conccl.empty` (or is in place in such an output); none with push.
     """
-    return get_group(group).call(ALL_GATHER, output, input, (), async_op, timeout=timeout)
+    return get_group(group).call(ALL_GATHER, output, input, (), async_op, timeout=timeout,
+                                 route=True)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
@@ -163,7 +168,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     allocated with :func:`conccl.empty`; none with push.
     """
     return get_group(group).call(ALL_TO_ALL, output, input, (output_split_sizes, input_split_sizes), async_op,
-                                 timeout=timeout)
+                                 timeout=timeout, route=True)
 
 
 def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, *, timeout=None):
@@ -187,7 +192,8 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, *,
     Workspace: ``input`` bytes of symmetric memory per rank (peers push their chunks there).
     In `conccl bench`; not yet in `conccl study` or the planner (no profile data).
     """
-    return get_group(group).call(REDUCE_SCATTER, output, input, (op,), async_op, timeout=timeout)
+    return get_group(group).call(REDUCE_SCATTER, output, input, (op,), async_op, timeout=timeout,
+                                 route=True)
 
 
 def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
@@ -212,7 +218,8 @@ def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
     copies use none. Workspace: the tensor's bytes (rounded up to 256 per chunk) of symmetric
     memory per rank. In `conccl bench`; not yet in `conccl study` or the planner.
     """
-    return get_group(group).call(ALL_REDUCE, tensor, tensor, (op,), async_op, timeout=timeout)
+    return get_group(group).call(ALL_REDUCE, tensor, tensor, (op,), async_op, timeout=timeout,
+                                 route=True)
 
 
 def persistent_all_gather_into_tensor(output, input, group=None, *, timeout=None):

@@ -35,6 +35,8 @@ import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
 from . import api
+from .collectives.all_gather import ALL_GATHER
+from .collectives.reduce_scatter import REDUCE_SCATTER
 from .errors import InvalidArgument, UnsupportedGroup
 
 try:  # FSDP2's hook interfaces (PyTorch >= 2.10)
@@ -94,7 +96,8 @@ class CopyEngineAllGather(AllGather):
         # Always ordered on FSDP's all-gather stream, returning None: FSDP waits only on a
         # torch.distributed Work and treats any other return as an async call (it would then
         # free the output at once and skip overlapping its copy-out with the next gather).
-        api.all_gather_into_tensor(output_tensor, input_tensor, group=group)
+        # The group's call, not the public function: never routed to NCCL by the eager path.
+        api.get_group(group).call(ALL_GATHER, output_tensor, input_tensor)
         return None
 
 
@@ -111,7 +114,7 @@ class CopyEngineReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         # Ordered on FSDP's reduce-scatter stream (see CopyEngineAllGather.__call__).
-        api.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
+        api.get_group(group).call(REDUCE_SCATTER, output_tensor, input_tensor, (op,))
         return None
 
 

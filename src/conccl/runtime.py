@@ -78,7 +78,7 @@ def clear_plan_cache() -> None:
 EAGER_PATHS = ("auto", "copy_engines")
 
 
-def eager_table(mode: str, world: int, profile: str | None = None, device_name: str | None = None) -> dict:
+def eager_paths(mode: str, world: int, profile: str | None = None, device_name: str | None = None) -> dict:
     """What :func:`set_eager_path` installs, without a group: {"mode", "nccl_below", "note",
     "profile"} (see :mod:`conccl.planner.eager`)."""
     if mode not in EAGER_PATHS:
@@ -97,8 +97,10 @@ def set_eager_path(mode: str = "auto", group=None, profile: str | None = None) -
     ``"auto"``: a call whose output bytes per rank are below its collective's crossover goes
     to the process group's own backend (NCCL), where NCCL alone was faster in the hardware
     profile's size sweep (``profile``: a path, None: the shipped one; refused if measured on
-    another GPU model); larger calls, calls captured into a CUDA graph, persistent ops and
-    calls with explicit split sizes stay on the copy engines. ``"copy_engines"``: every call
+    another GPU model); larger calls, calls captured into a CUDA graph, persistent ops, calls
+    with explicit split sizes, algorithm or stream mode, and the calls ``overlap`` and the
+    FSDP hooks make stay on the copy engines. A routed call is agreed with the peers and
+    ordered in the group as any other. ``"copy_engines"``: every call
     on the copy engines (the default). Each returned ``Work`` says where its call ran
     (``Work.path``: "copy_engines" or "nccl"); the ``conccl`` logger says so at DEBUG level.
 
@@ -108,7 +110,7 @@ def set_eager_path(mode: str = "auto", group=None, profile: str | None = None) -
     """
     g = api.get_group(group)
     device_name = torch.cuda.get_device_name(g.executor.device) if mode == "auto" else None
-    chosen = eager_table(mode, g.world, profile, device_name)
+    chosen = eager_paths(mode, g.world, profile, device_name)
     api.set_options(group, nccl_below=chosen["nccl_below"])
     return chosen
 
@@ -248,8 +250,10 @@ class Overlap:
         def comm(impl, group):
             if op is not None and impl == "conccl":
                 op.start()
-            else:  # conccl's functions and torch.distributed's share names and arguments
-                coll.call_with(api if impl == "conccl" else dist, output, input, args, group=group)
+            elif impl == "conccl":  # the group's call: never routed to NCCL (the plan chose copy engines)
+                api.get_group().call(coll, output, input, args)
+            else:
+                coll.call_with(dist, output, input, args, group=group)
 
         launch(self.plan, fn, comm, tensors=(*tensors, output, input))
         return False

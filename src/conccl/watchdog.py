@@ -109,7 +109,12 @@ class Watchdog:
     # ------------------------------------------------------------------ thread
     def _loop(self) -> None:
         if self._init is not None:
-            self._init()
+            try:
+                self._init()
+            except Exception as e:  # noqa: BLE001 - no watchdog: the group must not be used
+                traceback.print_exc()
+                self._fail(RuntimeError(f"conccl watchdog could not start: {type(e).__name__}: {e}"))
+                return
         while True:
             with self._cv:
                 if not self._flights and not self._closed:

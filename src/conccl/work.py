@@ -6,6 +6,11 @@ import time
 from .errors import CollectiveTimeout
 
 
+# Where a call ran (``Work.path``): conccl's copy engines, or the process group's own backend
+# (an eager call below the group's ``nccl_below``: conccl.set_eager_path).
+COPY_ENGINES, NCCL = "copy_engines", "nccl"
+
+
 class Work:
     """A collective in flight. ``wait()`` makes the caller's current stream wait for it (the
     host does not block); ``is_completed()`` asks without waiting. Using the output or reusing
@@ -16,9 +21,7 @@ class Work:
     ``synchronize()``; ``exception()`` returns it and ``is_completed()`` is then True.
     """
 
-    # Which engine ran the call: "copy_engines" (conccl's own) or "nccl" (an eager call below
-    # the group's ``nccl_below``, run by torch.distributed: see conccl.set_eager_path).
-    path = "copy_engines"
+    path = COPY_ENGINES  # or NCCL
 
     def __init__(self, event=None, device=None, flight=None, path: str | None = None):
         # A CUDA event; None: completed when returned; or the reference executor's deferred
@@ -83,38 +86,3 @@ class Work:
             pause = min(pause * 2, 1e-3)
         self._raise_if_failed()
 
-
-class FallbackWork(Work):
-    """An ``async_op=True`` call that the group routed to torch.distributed (``path`` "nccl"):
-    the same methods, answered by torch's handle."""
-
-    path = "nccl"
-
-    def __init__(self, work):
-        super().__init__()
-        self._work = work
-
-    def exception(self) -> BaseException | None:
-        try:
-            return self._work.exception()
-        except (AttributeError, RuntimeError):  # backends without it
-            return None
-
-    def wait(self, timeout=None) -> bool:
-        if timeout is None:
-            return self._work.wait()
-        from datetime import timedelta
-
-        return self._work.wait(timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout)))
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-    def synchronize(self, timeout=None) -> None:
-        """Block the host until the call has finished (torch's ``wait`` orders the current
-        stream; the stream is then synchronized)."""
-        self.wait(timeout)
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.current_stream().synchronize()

@@ -14,7 +14,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed import ReduceOp  # noqa: E402
 
 from conccl.collectives import REGISTRY  # noqa: E402
-from conccl.errors import InvalidArgument  # noqa: E402
+from conccl.errors import CollectiveError, InvalidArgument  # noqa: E402
 from conccl.executors.reference import spawn  # noqa: E402
 
 LIMITS = {"all_gather": 4096, "all_to_all": 4096, "reduce_scatter": 1000, "all_reduce": 1 << 14}
@@ -56,29 +56,61 @@ def _routed(comm, store):
                 args = (ReduceOp.SUM,)
             seq = comm.seq
             async_op = step % 2 == 1
-            work = comm.call(coll, out, inp, args, async_op)
+            work = comm.call(coll, out, inp, args, async_op, route=True)
             if async_op:
                 work.wait()
             want = coll.reference(inputs, r, [args] * w if args else None)
             seen.append((name, out.numel() * out.element_size(), work.path, comm.seq - seq,
                          torch.equal(out.view(torch.uint8), want.reshape(-1).view(torch.uint8))))
-        # explicit split sizes never leave the copy engines (ranks' sizes differ)
+        # explicit split sizes never leave the copy engines (ranks' sizes differ), nor does a call
+        # that is not routed (the group's own, as conccl.overlap and the FSDP hooks make)
         inputs = _ints(w, w, 99)
         out = torch.empty(w)
-        work = comm.call(REGISTRY["all_to_all"], out, inputs[r].clone(), ([1] * w, [1] * w))
-        seen.append(("all_to_all splits", 4 * w, work.path, 1, torch.equal(out, REGISTRY["all_to_all"].reference(inputs, r))))
+        seq = comm.seq
+        work = comm.call(REGISTRY["all_to_all"], out, inputs[r].clone(), ([1] * w, [1] * w), route=True)
+        seen.append(("all_to_all splits", 4 * w, work.path, comm.seq - seq,
+                     torch.equal(out, REGISTRY["all_to_all"].reference(inputs, r))))
+        seq = comm.seq
+        out = torch.empty(w * 8)
+        work = comm.call(REGISTRY["all_gather"], out, torch.full((8,), float(r)))
+        seen.append(("not routed", 32 * w, work.path, comm.seq - seq,
+                     torch.equal(out, torch.arange(w).repeat_interleave(8).float())))
+        # an async copy-engine call, then a routed one reading its output without a wait in
+        # between: the group orders them as it orders its own calls
+        big = torch.empty(w * 4096)
+        pending = comm.call(REGISTRY["all_gather"], big, torch.full((4096,), float(r + 1)), (), True, route=True)
+        head = big[:8]  # rank 0's chunk: all ones once the all-gather ran
+        work = comm.call(REGISTRY["all_reduce"], head, head, (ReduceOp.SUM,), route=True)
+        pending.wait()
+        seen.append(("ordered all_reduce", 32, work.path, 0, torch.equal(head, torch.full((8,), float(w)))))
         # conccl's validation runs first on either path
         try:
-            comm.call(REGISTRY["all_gather"], torch.empty(w * 8 + 1), torch.empty(8))
+            comm.call(REGISTRY["all_gather"], torch.empty(w * 8 + 1), torch.empty(8), route=True)
             refused = None
         except InvalidArgument as e:
             refused = str(e)
+        # peers' arguments are agreed as for a copy-engine call: a size mismatch raises everywhere
+        try:
+            comm.call(REGISTRY["all_gather"], torch.empty(w * (8 + r)), torch.empty(8 + r), route=True)
+            mismatch = None
+        except CollectiveError as e:
+            mismatch = str(e)
+        # ranks whose tables route a call differently are named, not left hanging
+        comm.options.nccl_below = dict(LIMITS, all_gather=0 if r == 0 else LIMITS["all_gather"])
+        try:
+            comm.call(REGISTRY["all_gather"], torch.empty(w * 8), torch.empty(8), route=True)
+            tables = None
+        except CollectiveError as e:
+            tables = str(e)
+        comm.options.nccl_below = dict(LIMITS)
         # without a fallback nothing is routed
         comm.fallback = None
+        seq = comm.seq
         out = torch.empty(w * 8)
-        work = comm.call(REGISTRY["all_gather"], out, torch.full((8,), float(r)))
-        seen.append(("no fallback", 32 * w, work.path, 1, torch.equal(out, torch.arange(w).repeat_interleave(8).float())))
-        return {"seen": seen, "refused": refused}
+        work = comm.call(REGISTRY["all_gather"], out, torch.full((8,), float(r)), route=True)
+        seen.append(("no fallback", 32 * w, work.path, comm.seq - seq,
+                     torch.equal(out, torch.arange(w).repeat_interleave(8).float())))
+        return {"seen": seen, "refused": refused, "mismatch": mismatch, "tables": tables}
     finally:
         dist.destroy_process_group()
 
@@ -89,8 +121,10 @@ def test_small_calls_go_to_the_fallback_and_large_ones_to_conccl(world):
         for res in spawn(world, _routed, os.path.join(d, "store")):
             for name, nbytes, path, seq_used, right in res["seen"]:
                 assert right, (name, nbytes, path)
-                base = name.split()[0]
-                routed = name == base and nbytes < LIMITS[base]
+                base = name.split()[-1]  # a label's last word names the collective when it is routable
+                routed = base in LIMITS and name in (base, f"ordered {base}") and nbytes < LIMITS[base]
                 assert path == ("nccl" if routed else "copy_engines"), (name, nbytes, path)
                 assert seq_used == (0 if routed else 1), (name, seq_used)  # a routed call leaves conccl's sequence
             assert "output" in res["refused"], res["refused"]
+            assert res["mismatch"] and "nothing was moved" in res["mismatch"], res["mismatch"]
+            assert res["tables"] and "nccl_below tables differ" in res["tables"], res["tables"]

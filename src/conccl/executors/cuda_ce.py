@@ -27,6 +27,8 @@ stream of its own, so the stuck streams drain.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from torch.distributed import _symmetric_memory as symm_mem
@@ -35,7 +37,7 @@ from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
 from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
-from ..work import Work
+from ..work import NCCL, Work
 from .base import workspace_capacity
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
 
@@ -267,6 +269,32 @@ class CudaCopyEngineExecutor:
             caller.wait_event(end)
         return Work(None, flight=flight)
 
+    def run_fallback(self, fn, async_op: bool, tensors) -> Work:
+        """Run ``fn()`` (a torch.distributed call, e.g. NCCL's) in this group's order: after
+        the group's previous call and before its next, on the stream a call of ours would take
+        (the caller's, or the group's for an async call); ``Work.path`` is "nccl"."""
+        caller = self._current_stream()
+        if async_op:
+            ctrl = self._streams[0]
+            self._caller_mark.record(caller)
+            ctrl.wait_event(self._caller_mark)
+        else:
+            ctrl = caller
+        if self._last_end is not None and self._last_stream != ctrl.cuda_stream:
+            ctrl.wait_event(self._last_end)
+        with torch.cuda.stream(ctrl):
+            work = fn()
+            if work is not None:
+                work.wait()  # ctrl waits for the backend's stream (the host does not)
+        end = torch.cuda.Event() if async_op else self._end_mark
+        end.record(ctrl)
+        self._last_end, self._last_stream = end, ctrl.cuda_stream
+        if not async_op:
+            return Work(None, path=NCCL)
+        for t in tensors:  # in use on ctrl until the caller waits
+            t.record_stream(ctrl)
+        return Work(end, self.device, path=NCCL)
+
     # ------------------------------------------------------------------ graphs
     def capturing(self) -> bool:
         return torch.cuda.is_current_stream_capturing()
@@ -340,8 +368,11 @@ class CudaCopyEngineExecutor:
         signals, nothing a capture must be protected from."""
         torch.cuda.set_device(self.device)
         cu = driver()
-        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-        check(cu.cuThreadExchangeStreamCaptureMode(mode))
+        try:
+            check(cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+        except (AttributeError, RuntimeError) as e:  # the watchdog still works; captures may then fail
+            warnings.warn(f"conccl: the watchdog thread could not leave global stream-capture mode ({e}); "
+                          "a CUDA graph captured while a conccl call is in flight may be invalidated", stacklevel=1)
 
     def read_pad(self) -> np.ndarray:
         """The own signal pad as the GPU sees it now (a copy on the watchdog's stream)."""

@@ -29,7 +29,7 @@ from ..collectives.reduce_scatter import reduce_chunks
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
 from ..schedule import (Buf, Copy, Reduce, ResetSignal, Schedule, SetSignal, WaitSignal, signal_pad_words,
                         signal_word)
-from ..work import Work
+from ..work import NCCL, Work
 from .base import workspace_capacity
 
 
@@ -191,6 +191,15 @@ class ReferenceExecutor:
         self.flush()
         self._run_now(schedule, input, output, seq, timeout_s, views)
         return Work()
+
+    def run_fallback(self, fn, async_op: bool, tensors) -> Work:
+        """Run ``fn()`` (a torch.distributed call) in the group's order: after every deferred
+        call, to completion (a CPU backend's work is waited for here); ``Work.path`` is "nccl"."""
+        self.flush()
+        work = fn()
+        if work is not None:
+            work.wait()
+        return Work(path=NCCL)
 
     def flush(self, until: _Deferred | None = None) -> None:
         """Run the deferred calls in order (all of them, or up to and including ``until``)."""
