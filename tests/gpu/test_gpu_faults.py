@@ -41,5 +41,6 @@ def test_soak_mixed_calls_no_wrong_value_no_growth():
 
     for r in run_per_gpu(soak_worker, 2000):
         assert r["wrong"] == 0, r
+        assert min(r["kinds"].values()) > 0 and "reduce_scatter" in r["kinds"] and "all_reduce" in r["kinds"], r
         assert abs(r["device_growth_bytes"]) < (1 << 20), r
         assert r["at_end"]["threads"] == r["at_100"]["threads"] and r["at_end"]["watchdog_in_flight"] == 0, r

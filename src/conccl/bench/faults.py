@@ -36,9 +36,12 @@ import conccl
 
 from ..collectives import REGISTRY
 
-# The soak checks byte-exact delivery of int32 payloads shifted per call, which only a
-# collective that moves bytes (one source per output chunk) keeps; reductions are float-only.
+# The soak checks a collective that moves bytes (one source per output chunk) by byte-exact
+# delivery of int32 payloads shifted per call; a reducing one by fp32 whole numbers shifted per
+# call, whose sums are exact in any order: SOAKED holds both, in registry order.
 COLLECTIVES = {n: c for n, c in REGISTRY.items() if all(len(s) == 1 for s in c.layout(2, 0).sources)}
+REDUCING = {n: c for n, c in REGISTRY.items() if n not in COLLECTIVES}
+SOAKED = dict(REGISTRY)
 from ..errors import CollectiveError
 from ..launch import apply_safe_env, run_per_gpu
 from .environment import environment
@@ -129,18 +132,20 @@ def _used_bytes() -> int:
 
 
 def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
-    """``calls`` verified collectives of every byte-moving kind (:data:`COLLECTIVES`) and mixed
-    sizes; resource use at 100 and at the end. Each call's input differs from the last (each
-    byte shifted by a per-call amount), so a stale output counts as wrong."""
+    """``calls`` verified collectives of every kind (:data:`SOAKED`) and mixed sizes; resource
+    use at 100 and at the end. Each call's input differs from the last (each byte, or for a
+    reduction each value, shifted by a per-call amount), so a stale output counts as wrong."""
     rng = random.Random(seed)  # the same sequence on every rank
-    chunks = [4, 1024, 16 << 10, 256 << 10, 2 << 20]  # int32 elements per rank pair: 16 B .. 8 MiB
+    chunks = [4, 1024, 16 << 10, 256 << 10, 2 << 20]  # 4-byte elements per rank pair: 16 B .. 8 MiB
     outs, cases = {}, {}
     for n in chunks:
         size = world * n * 4
         outs[n] = torch.empty(world * n, dtype=torch.int32, device="cuda")  # shared: a stale output is wrong
-        for coll in COLLECTIVES.values():
-            inp, _, expected = make_case(coll, size, world, rank, torch.int32, "cuda")
-            cases[coll.name, n] = (inp.clone(), inp.view(torch.uint8).clone(), expected)
+        for coll in SOAKED.values():
+            dtype = torch.float32 if coll.name in REDUCING else torch.int32
+            inp, _, expected = make_case(coll, size, world, rank, dtype, "cuda")
+            base = inp.clone() if coll.name in REDUCING else inp.view(torch.uint8).clone()
+            cases[coll.name, n] = (inp.clone(), base, expected)
     wrong = torch.zeros((), dtype=torch.int64, device="cuda")
     snap = {}
     comm = conccl.get_communicator()
@@ -151,22 +156,34 @@ def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
                 "torch_reserved": torch.cuda.memory_reserved(), "threads": threading.active_count(),
                 "fds": len(os.listdir("/proc/self/fd")), "watchdog_in_flight": comm.watchdog.in_flight()}
 
-    kinds = dict.fromkeys(COLLECTIVES, 0)
+    kinds = dict.fromkeys(SOAKED, 0)
     t0 = time.monotonic()
     for i in range(calls):
         n = chunks[-1] if i == 0 else rng.choice(chunks)  # the largest first: the workspace is sized once
-        coll = COLLECTIVES[rng.choice(list(COLLECTIVES))]
+        coll = SOAKED[rng.choice(list(SOAKED))]
         async_op = rng.random() < 0.5
         kinds[coll.name] += 1
         out = outs[n]
         inp, base_inp, base_expected = cases[coll.name, n]
-        shift = i % 255 + 1  # uint8 arithmetic: wraps mod 256 alike on both sides
-        torch.add(base_inp, shift, out=inp.view(torch.uint8))
-        work = getattr(conccl, coll.api_name)(out, inp, async_op=async_op)
-        expected = base_expected + shift
-        if async_op:
-            work.wait()
-        wrong += (out.view(torch.uint8) != expected).view(-1, 4).any(dim=1).sum()
+        shift = i % 255 + 1
+        if coll.name in REDUCING:  # whole numbers: every rank adds shift, the sum gains world x shift
+            out32 = out.view(torch.float32)
+            if coll.single_tensor:  # in place: the output is the input
+                torch.add(base_inp, shift, out=out32)
+            else:
+                torch.add(base_inp, shift, out=inp)
+            work = coll.call_with(conccl, out32, out32 if coll.single_tensor else inp, async_op=async_op)
+            expected = base_expected.view(torch.float32) + world * shift
+            if async_op:
+                work.wait()
+            wrong += (out32 != expected).sum()
+        else:  # uint8 arithmetic: wraps mod 256 alike on both sides
+            torch.add(base_inp, shift, out=inp.view(torch.uint8))
+            work = getattr(conccl, coll.api_name)(out, inp, async_op=async_op)
+            expected = base_expected + shift
+            if async_op:
+                work.wait()
+            wrong += (out.view(torch.uint8) != expected).view(-1, 4).any(dim=1).sum()
         if i + 1 == 100:
             snap["at_100"] = snapshot()
     snap["at_end"] = snapshot()
@@ -228,10 +245,10 @@ def _markdown(res: dict) -> str:
         lines.append(f"\n{sc['mode']}: exit codes {sc['exitcodes']} (victim SIGKILL = -9), wall {sc['wall_s']:.1f} s\n")
     soak = res.get("soak")
     if soak:
-        lines += ["## Soak", "", f"| rank | calls | {' / '.join(COLLECTIVES)} | wrong | device memory growth 100 -> end (B) | "
+        lines += ["## Soak", "", f"| rank | calls | {' / '.join(SOAKED)} | wrong | device memory growth 100 -> end (B) | "
                   "threads | fds | elapsed (s) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in soak:
-            lines.append(f"| {r['rank']} | {r['calls']} | {' / '.join(str(r['kinds'].get(c, 0)) for c in COLLECTIVES)} | "
+            lines.append(f"| {r['rank']} | {r['calls']} | {' / '.join(str(r['kinds'].get(c, 0)) for c in SOAKED)} | "
                          f"{r['wrong']} | {r['device_growth_bytes']} | {r['at_100']['threads']} -> {r['at_end']['threads']} | "
                          f"{r['at_100']['fds']} -> {r['at_end']['fds']} | {r['elapsed_s']:.1f} |")
         lines.append("")
