@@ -5,7 +5,7 @@
 #   2  `conccl bench` of reduce-scatter and all-reduce (nccl-tests columns, a GEMM beside each)
 #   3  `conccl bench fsdp`
 #   4  `conccl bench graphs` (issue 22's small-call benchmark: graphs.json, graphs.md, graphs.log)
-#   5  the GPU test of that benchmark (a tiny run)
+#   5  the GPU test of that benchmark (a tiny run) and the fault soak (now with reductions)
 #   6  the whole `conccl study` on 2 GPUs (issue 21's GPU report), as study.tgz (a run returns
 #      at most 8 files)
 #   7  a quick study of reduce-scatter and all-reduce beside one GEMM (issue 20), as a .tgz
@@ -29,7 +29,8 @@ case "${PART:-1}" in
    grep "^|" $OUT/bench_fsdp.log | head -9 ;;
 4) timeout 560 python3 -m conccl bench graphs --out $OUT --impls nccl,conccl,conccl_auto > $OUT/graphs.log 2>&1
    echo "exit $?"; grep -A12 "^## Goals" $OUT/graphs.md; grep -c error $OUT/graphs.log ;;
-5) timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_bench_graphs.py \
+5) timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_bench_graphs.py \
+     tests/gpu/test_gpu_faults.py::test_soak_mixed_calls_no_wrong_value_no_growth \
      > $OUT/gpu_test_graphs.log 2>&1
    grep -E "passed|failed|Error" $OUT/gpu_test_graphs.log | tail -6 ;;
 6) rm -rf /tmp/study; timeout 560 python3 -m conccl study --out /tmp/study > $OUT/study.log 2>&1
