@@ -127,6 +127,7 @@ class CudaCopyEngineExecutor:
         self._graph_ws = self._graph_ws_handle = None  # reserve_graph_workspace()'s arena
         self._graph_ws_cap = self._graph_ws_used = 0
         self._graph_keep: list = []  # what captured calls refer to (programs, events)
+        self._graph_slots_used = 0  # graph slots captured calls hold (their words released on failure)
         self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
         self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
@@ -345,6 +346,7 @@ class CudaCopyEngineExecutor:
             events[k].record(stream)
             caller.wait_event(events[k])
         self._graph_keep.append((program, events))
+        self._graph_slots_used = max(self._graph_slots_used, slot + 1)
 
     # ------------------------------------------------------------------ watchdog side
     # Re-recording an event does not affect waits already queued on it, and the watchdog
@@ -384,10 +386,16 @@ class CudaCopyEngineExecutor:
         return awaited_peers(schedule, seq, self.read_pad(), self.world)
 
     def release(self, seq: int) -> None:
-        """Satisfy every stream wait queued for calls up to ``seq`` (the group is broken)."""
+        """Satisfy every stream wait queued for calls up to ``seq`` (the group is broken), and
+        every wait of a captured call: a replay stuck on a peer that never replays would
+        otherwise hold the stream, and the eager calls queued behind it, for good."""
         own = self._pads[self.rank]
-        for word in range(signal_pad_words(self.world)):
+        words = signal_pad_words(self.world)
+        for word in range(words):
             self._watch_ops.write_value32(own + 4 * word, seq)
+        if self._graph_slots_used:
+            with torch.cuda.stream(self._watch_stream):  # a failure path: a fill kernel is fine here
+                self._pad[words:words * (1 + self._graph_slots_used)].fill_(GRAPH_VALUE)
         self._watch_stream.synchronize()
 
     def close(self) -> None:
