@@ -16,7 +16,7 @@ seeds and applies the registry's stated arithmetic (``Collective.reference``), w
 tests/gpu/ compare against NCCL bit for bit. A case passes only if the output's bits equal
 the reference's.
 
-    PYTHONPATH=src python scripts/shared_gpu_smoke.py [--world 2] [--json OUT.json]
+    PYTHONPATH=src python scripts/shared_gpu_smoke.py [--world 2] [--json OUT.json] [--fsdp]
 """
 from __future__ import annotations
 
@@ -192,6 +192,51 @@ def _graph(rank, world, cases, report):
                   all(k.startswith("reduce_") or k.startswith("memcpy") for k in report["graph_kernels"])))
 
 
+def _fsdp(rank, world, cases, report):
+    """FSDP2 with conccl's hooks against the same model trained unsharded in this process.
+
+    Every rank trains on the same batch, so the averaged gradient is each rank's own (the
+    average of equal fp32 values is exact) and the sharded run must equal the unsharded one
+    shard for shard, bit for bit, after a few AdamW steps."""
+    import copy
+
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    import conccl.fsdp
+
+    torch.manual_seed(0)
+    dim = 256
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                                      torch.nn.Linear(4 * dim, dim)) for _ in range(3)]).cuda()
+    ref = copy.deepcopy(model)
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cuda")
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    comms = conccl.fsdp.enable(model)
+    report["fsdp_modules"], report["fsdp_fallback"] = len(comms.modules), comms.fallback
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
+    g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
+    for _ in range(3):
+        x = torch.randn(64, dim, device="cuda", generator=g)
+        for m, opt in zip((model, ref), opts):
+            m(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    torch.cuda.synchronize()
+    same, close = [], []
+    for p, q in zip(model.parameters(), ref.parameters()):
+        mine = p.to_local()
+        want = q.detach().chunk(world, dim=0)[rank] if q.shape[0] >= world else q.detach()
+        want = want[:mine.shape[0]]
+        same.append(_same(mine.contiguous(), want.contiguous()))
+        close.append(bool(torch.allclose(mine, want, rtol=1e-5, atol=1e-6)))
+    cases.append(("fsdp2 + conccl: every shard equals unsharded training's, bit for bit", all(same)))
+    cases.append(("fsdp2 + conccl: every shard within 1e-5 of unsharded training's", all(close)))
+    cases.append(("fsdp2 + conccl: every FSDP module on conccl", not comms.fallback and len(comms.modules) == 4))
+
+
 class _IpcHandle:
     def __init__(self, buffer_ptrs, keep):
         self.buffer_ptrs, self._keep = buffer_ptrs, keep
@@ -222,6 +267,9 @@ def _use_ipc_peer_memory():
     api.symm_mem = cuda_ce.symm_mem = IpcPeerMemory()
 
 
+FSDP = os.environ.get("CONCCL_SMOKE_FSDP") == "1"  # set by --fsdp for the spawned ranks
+
+
 def _worker(rank, world, port, queue):
     os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
     cases, report = [], {"rank": rank}
@@ -232,6 +280,8 @@ def _worker(rank, world, port, queue):
         for part in (_eager, _persistent):
             part(rank, world, cases)
         _graph(rank, world, cases, report)
+        if FSDP:
+            _fsdp(rank, world, cases, report)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         report["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
     finally:
@@ -250,12 +300,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fsdp", action="store_true", help="also FSDP2 with conccl.fsdp.enable (3 steps, 4 modules)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU visible", file=sys.stderr)
         return 2
     from conccl.launch import free_port
 
+    if a.fsdp:
+        os.environ["CONCCL_SMOKE_FSDP"] = "1"  # spawned ranks re-import this module and read it
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
