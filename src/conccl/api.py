@@ -284,13 +284,15 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
     what they cost (a dead peer then hangs the GPU stream) and must be set on every rank.
     ``nccl_below``: {collective name: output bytes per rank}; an eager call below its
     collective's size runs on the process group's own backend (NCCL) instead of the copy
-    engines (``{}``: never). Must be the same on every rank. :func:`conccl.set_eager_path`
-    sets it from a hardware profile.
+    engines (``{}``: never). Setting it is a collective call: every rank must give the same
+    table (compared, InvalidArgument otherwise). :func:`conccl.set_eager_path` sets it from a
+    hardware profile.
     """
     table = None if nccl_below is None else check_nccl_below(nccl_below)
-    opts = get_group(group).options
+    g = get_group(group)
+    opts = g.options
     if table is not None:
-        opts.nccl_below = table
+        g.set_nccl_below(table)
     if algorithm is not None:
         opts.algorithm = Algorithm(algorithm)
     if stream_mode is not None:

@@ -99,8 +99,9 @@ def set_eager_path(mode: str = "auto", group=None, profile: str | None = None) -
     profile's size sweep (``profile``: a path, None: the shipped one; refused if measured on
     another GPU model); larger calls, calls captured into a CUDA graph, persistent ops, calls
     with explicit split sizes, algorithm or stream mode, and the calls ``overlap`` and the
-    FSDP hooks make stay on the copy engines. A routed call is agreed with the peers and
-    ordered in the group as any other. ``"copy_engines"``: every call
+    FSDP hooks make stay on the copy engines. A routed call skips conccl's agreement (its
+    arguments are NCCL's to check) and is ordered in the group as any other. A collective
+    call: every rank must choose alike (the tables are compared). ``"copy_engines"``: every call
     on the copy engines (the default). Each returned ``Work`` says where its call ran
     (``Work.path``: "copy_engines" or "nccl"); the ``conccl`` logger says so at DEBUG level.
 

@@ -283,10 +283,13 @@ class CudaCopyEngineExecutor:
             ctrl = caller
         if self._last_end is not None and self._last_stream != ctrl.cuda_stream:
             ctrl.wait_event(self._last_end)
-        with torch.cuda.stream(ctrl):
-            work = fn()
-            if work is not None:
-                work.wait()  # ctrl waits for the backend's stream (the host does not)
+        if async_op:  # on the group's stream, which then waits for the backend's (the host does not)
+            with torch.cuda.stream(ctrl):
+                work = fn()
+                if work is not None:
+                    work.wait()
+        else:  # the caller's stream is current, and a blocking torch.distributed call orders it
+            fn()
         end = torch.cuda.Event() if async_op else self._end_mark
         end.record(ctrl)
         self._last_end, self._last_stream = end, ctrl.cuda_stream

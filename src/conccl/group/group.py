@@ -62,8 +62,7 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL 
 # workspace instead, as for tensors no peer can reach.
 (_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_OFF, _F_ARG, _F_IN_BLK, _F_OUT_BLK,
  _NFIXED) = range(13)
-# _GRAPH: the call is being captured into a graph; _FALLBACK: it runs on the fallback backend
-_SYM_IN, _SYM_OUT, _IN_PLACE, _GRAPH, _FALLBACK = 1, 2, 4, 8, 16
+_SYM_IN, _SYM_OUT, _IN_PLACE, _GRAPH = 1, 2, 4, 8  # _GRAPH: the call is being captured into a graph
 
 
 _MAX_REMEMBERED = 64  # argument sets (and peers' rows per set) a group remembers
@@ -101,7 +100,7 @@ def _check_algorithm(algorithm) -> None:
 def _agreed(fixed_row: list) -> tuple:
     """The fields every rank must have alike."""
     return (fixed_row[_F_SEQ], fixed_row[_F_COLL], fixed_row[_F_DTYPE], fixed_row[_F_ALGO], fixed_row[_F_ARG],
-            fixed_row[_F_FLAGS] & (_GRAPH | _FALLBACK))
+            fixed_row[_F_FLAGS] & _GRAPH)
 
 
 # A call running this long on the GPU gets its peers' liveness checked (cheap: a kill(pid, 0)
@@ -182,61 +181,61 @@ class Group:
              stream_mode=None, timeout=None, route: bool = False):
         """Run ``coll`` on (output, input, *args) now; see the API function of ``coll.api_name``.
 
-        ``route``: an eager call below ``options.nccl_below`` may run on the fallback backend.
+        ``route``: an eager call below ``options.nccl_below`` runs on the fallback backend.
         Only the public functions route: a call made beside a computation (``conccl.overlap``,
         the FSDP hooks) stays on the copy engines, whose SMs it was planned to spare."""
+        if route and self.options.nccl_below and self._routes_to_fallback(coll, output, args, algorithm, stream_mode):
+            return self._call_fallback(coll, output, input, args, async_op)
         local = self._local_step(coll, output, input, args, algorithm, stream_mode)
         self._check_usable()
         timeout_s = self._timeout_s(timeout)
         if self.executor.capturing():
             return self._capture(local, input, output, timeout_s)
-        if route and self.options.nccl_below and self._routes_to_fallback(local, output, args, algorithm, stream_mode):
-            return self._call_fallback(local, output, input, args, async_op, timeout_s)
         schedule, views = self._agree(local, timeout_s)
         return self._execute(schedule, input, output, async_op, timeout_s, views)
 
-    def _routes_to_fallback(self, local: "_Local", output, args, algorithm, stream_mode) -> bool:
-        """Whether this eager call goes to the fallback backend: its output bytes per rank are
-        below the collective's ``nccl_below``. A call with explicit split sizes (they differ
-        between ranks) or one that asks for a copy-engine algorithm or stream mode never does."""
-        limit = self.options.nccl_below.get(local.coll.name)
+    def _routes_to_fallback(self, coll: Collective, output, args, algorithm, stream_mode) -> bool:
+        """Whether this call goes to the fallback backend: eager, its output bytes per rank
+        below the collective's ``nccl_below``. Never a call with explicit split sizes (they
+        differ between ranks, which must route a call alike) or one that asks for a copy-engine
+        algorithm or stream mode."""
+        limit = self.options.nccl_below.get(coll.name)
         if (not limit or self.fallback is None or algorithm is not None or stream_mode is not None
                 or any(isinstance(a, (list, tuple)) for a in args)):
             return False
-        return output.numel() * output.element_size() < limit
-
-    def _call_fallback(self, local: "_Local", output, input, args, async_op: bool, timeout_s: float) -> Work:
-        """Run the call on the fallback backend (torch.distributed's function of the same name).
-
-        Agreed on the board first, as a copy-engine call is: the peers' arguments are checked
-        (a mismatch raises on every rank, nothing moved), and a rank whose table routes the call
-        otherwise is named instead of hanging. The call leaves the executor's sequence numbers
-        alone (no signal is written), and the executor orders it after the group's previous
-        call and before its next, as it orders its own."""
-        seq = self.seq + 1
-        row = list(local.row)
-        row[_F_SEQ], row[_F_FLAGS] = seq, row[_F_FLAGS] | _FALLBACK
         try:
-            rows = self.board.exchange(row, f"conccl {local.coll.name}", timeout_s, seq)
-        except (CollectiveTimeout, GroupBroken) as e:
-            self.fail(e)
-            raise
-        if self.options.checks:
-            fixed = rows[:, :_NFIXED].tolist()
-            mine = _agreed(fixed[self.rank])
-            if any(_agreed(x) != mine for x in fixed):
-                self._disagreement(local.coll.name, local.dtype, seq, rows)
-        local.coll.check(_peer_calls(rows, self.world), self.rank, seq)
+            small = output.numel() * output.element_size() < limit
+        except AttributeError:  # not a tensor: conccl's validation says so
+            return False
+        return small and not self.executor.capturing()
+
+    def _call_fallback(self, coll: Collective, output, input, args, async_op: bool) -> Work:
+        """Run the call on the fallback backend (torch.distributed's function of the same name)
+        at its own cost: no board exchange (its arguments are the backend's to check, as a
+        torch.distributed call's are) and no sequence number (no signal is written). The
+        executor orders it after the group's previous call and before its next, as its own."""
+        self._check_usable()
         lib, pg = self.fallback
         if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("conccl %s of %d output bytes per rank -> %s (below %d)", local.coll.name,
+            _log.debug("conccl %s of %d output bytes per rank -> %s (below %d)", coll.name,
                        output.numel() * output.element_size(), getattr(lib, "__name__", lib),
-                       self.options.nccl_below[local.coll.name])
+                       self.options.nccl_below[coll.name])
         with self._lock:
-            self._check_usable()
             return self.executor.run_fallback(
-                lambda: local.coll.call_with(lib, output, input, tuple(args), group=pg, async_op=async_op),
+                lambda: coll.call_with(lib, output, input, tuple(args), group=pg, async_op=async_op),
                 async_op, (input, output))
+
+    def set_nccl_below(self, table: dict, timeout=None) -> None:
+        """Install ``options.nccl_below``; a collective call: the ranks' tables are compared on
+        the board, and differing ones raise InvalidArgument on every rank (a call routed on one
+        rank and not on another would wait for the group's timeout)."""
+        digest = zlib.crc32(repr(sorted(table.items())).encode())
+        rows = self.board.exchange([digest], "conccl nccl_below", self._timeout_s(timeout))
+        differ = [p for p in range(self.world) if rows[p, 0] != digest]
+        if differ:
+            raise InvalidArgument(f"conccl nccl_below: rank {differ[0]} set another table than rank {self.rank}; "
+                                  "conccl.set_eager_path and set_options(nccl_below=) must be the same on every rank")
+        self.options.nccl_below = dict(table)
 
     def persistent(self, coll: Collective, output, input, args: tuple = (), *, algorithm=None, stream_mode=None,
                    timeout=None) -> PersistentCollective:
@@ -367,14 +366,6 @@ class Group:
         return schedule, _peer_views(local.views, rows, all_flags)
 
     def _disagreement(self, coll, dtype, seq, rows):
-        routed = rows[:, _F_FLAGS] & _FALLBACK
-        if (routed != routed[self.rank]).any():
-            bad = [p for p in range(self.world) if routed[p] != routed[self.rank]]
-            raise CollectiveError(
-                f"conccl {coll} (sequence number {seq}) on rank {self.rank}: rank {bad[0]} runs it on "
-                f"{'the copy engines' if routed[self.rank] else 'NCCL'} and this rank on "
-                f"{'NCCL' if routed[self.rank] else 'the copy engines'}: the ranks' nccl_below tables differ "
-                "(conccl.set_eager_path and set_options(nccl_below=) must be the same on every rank); nothing was moved")
         graph = rows[:, _F_FLAGS] & _GRAPH
         if (graph != graph[self.rank]).any():
             bad = [p for p in range(self.world) if graph[p] != graph[self.rank]]
