@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
-from . import api
+from . import api, fsdp_direct
 from .collectives.all_gather import ALL_GATHER
 from .collectives.reduce_scatter import REDUCE_SCATTER
 from .errors import InvalidArgument, UnsupportedGroup
@@ -143,13 +143,18 @@ def _shard_group(module):
     return None if pg is None else pg.mesh_info.shard_process_group
 
 
-def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: bool = True) -> FsdpComms:
+def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: bool = True,
+           direct: bool = False) -> FsdpComms:
     """Run the all-gathers and reduce-scatters of every FSDP2 module in ``module`` on copy engines.
 
     Args:
         module: a module tree already wrapped by ``torch.distributed.fsdp.fully_shard`` (the
             root or any FSDP module; every FSDP module below it is served).
         all_gather, reduce_scatter: which of the two to move (default both).
+        direct: the all-gather fills each parameter's unsharded tensor straight from the peers
+            and FSDP's copy-out is skipped (:mod:`conccl.fsdp_direct`: wraps two FSDP2
+            internals where this PyTorch has the versions it was written against; elsewhere one
+            warning, and the plain hooks). Not yet measured on GPUs.
 
     Returns an :class:`FsdpComms` naming the modules served and those left on NCCL.
     A collective call: every rank of the FSDP groups calls it, on the same modules.
@@ -173,6 +178,11 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             f"{type(module).__name__} has no module wrapped by torch.distributed.fsdp.fully_shard; call "
             "fully_shard on its blocks and on the root first, then conccl.fsdp.enable")
     comms, refused = FsdpComms(), {}
+    if direct and all_gather:
+        why = fsdp_direct.install()
+        if why is not None:
+            warnings.warn(f"conccl.fsdp: direct=True unavailable ({why}); FSDP keeps its copy-out", stacklevel=2)
+            direct = False
     for name, m in fsdp:
         pg = _shard_group(m)
         if pg is None:
@@ -193,7 +203,7 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
                 continue
             pool = comms.pools[key] = SymmetricPool(g, g.executor.device)
         if all_gather:
-            m.set_custom_all_gather(CopyEngineAllGather(pool))
+            m.set_custom_all_gather(fsdp_direct.DirectAllGather(pool) if direct else CopyEngineAllGather(pool))
         if reduce_scatter:
             m.set_custom_reduce_scatter(CopyEngineReduceScatter(pool))
         comms.modules.append(name or "<root>")

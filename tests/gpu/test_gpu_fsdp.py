@@ -21,7 +21,7 @@ def _train(rank, world, mode):
 
     shape = ModelShape(dim=512, ffn=1376, heads=8, layers=3)  # 1376: chunks not a power of two
     device = torch.device("cuda", torch.cuda.current_device())
-    model, comms = build("stock" if mode == "stock" else "conccl", shape, device)
+    model, comms = build({"stock": "stock", "direct": "conccl_direct"}.get(mode, "conccl"), shape, device)
     checks = []
     if mode == "checked":
         _check_every_call_against_nccl(model, comms, checks)
@@ -46,6 +46,10 @@ def _train(rank, world, mode):
     kernels = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
     params = [p.to_local().detach().float().cpu() for p in model.parameters()]
     report = {"losses": losses, "params": params, "kernels": kernels, "mapped": mapped, "checks": checks}
+    if mode == "direct":  # the copy-out's kernels are gone: FSDP's split copy no longer runs
+        from conccl import fsdp_direct
+
+        report["skipped_copy_outs"] = fsdp_direct.skipped_copy_outs
     if comms is not None:
         report["memory"] = comms.memory()
         report["modules"], report["fallback"] = comms.modules, comms.fallback
@@ -95,7 +99,7 @@ def _all(rank, world):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before this process's first cuBLAS handle
     torch.use_deterministic_algorithms(True)
     return (_train(rank, world, "stock"), _train(rank, world, "stock"), _train(rank, world, "conccl"),
-            _train(rank, world, "checked"))
+            _train(rank, world, "checked"), _train(rank, world, "direct"))
 
 
 def test_fsdp_enable_trains_like_stock_fsdp_on_copy_engines():
@@ -103,7 +107,7 @@ def test_fsdp_enable_trains_like_stock_fsdp_on_copy_engines():
 
     results = run_per_gpu(_all)
     world = len(results)
-    for stock, again, mine, checked in results:
+    for stock, again, mine, checked, direct in results:
         print("calls checked against NCCL", checked["checks"])
         # the control: stock FSDP2 twice gives the same bits, so a difference below is conccl's
         assert again["losses"] == stock["losses"], (stock["losses"], again["losses"])
@@ -118,6 +122,11 @@ def test_fsdp_enable_trains_like_stock_fsdp_on_copy_engines():
         assert any(k.startswith("reduce_") for k in mine["kernels"]), mine["kernels"]
         assert any("nccl" in k.lower() for k in stock["kernels"]), stock["kernels"]
         assert mine["unwrapped"].startswith("InvalidArgument") and "fully_shard" in mine["unwrapped"]
+        # direct=True: the gather fills the parameters, FSDP's copy-out is skipped, same bits
+        print("direct", direct["losses"], "skipped copy-outs", direct["skipped_copy_outs"])
+        assert direct["skipped_copy_outs"] >= 6 * 3 and not direct["fallback"], direct
+        assert direct["losses"] == mine["losses"], (direct["losses"], mine["losses"])
+        assert all(torch.equal(a, b) for a, b in zip(direct["params"], mine["params"]))
         if world == 2:
             assert mine["losses"] == stock["losses"]
             assert all(torch.equal(a, b) for a, b in zip(mine["params"], stock["params"]))

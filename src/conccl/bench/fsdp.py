@@ -2,12 +2,13 @@
 
 The model is a stack of Llama-style blocks (RMSNorm, causal attention, SwiGLU), bf16, one
 sequence per rank; the defaults (d 4096, ffn 14336, 32 heads, 8 layers) have 1.95 B
-parameters. Three configurations run in one process per GPU, one after the other:
+parameters. Four configurations run in one process per GPU, one after the other:
 
 - ``no_comm``: the same model unsharded on every rank, the same tokens: the step without
   any communication, the floor the other two are judged against;
 - ``stock``: every block and the root wrapped by ``fully_shard`` (NCCL);
-- ``conccl``: the same, then ``conccl.fsdp.enable``.
+- ``conccl``: the same, then ``conccl.fsdp.enable``;
+- ``conccl_direct``: the same with ``direct=True`` (no copy-out: :mod:`conccl.fsdp_direct`).
 
 Each trains ``train_steps`` AdamW steps from the same seed and data. Forward + backward of
 every step after ``warmup`` is timed with CUDA events on the default stream (FSDP's root
@@ -35,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from .. import fsdp
 
-CONFIGS = ("no_comm", "stock", "conccl")
+CONFIGS = ("no_comm", "stock", "conccl", "conccl_direct")
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,8 @@ def build(config: str, shape: ModelShape, device):
         for blk in model.blocks:
             fully_shard(blk)
         fully_shard(model)
-        if config == "conccl":
-            comms = fsdp.enable(model)
+        if config in ("conccl", "conccl_direct"):
+            comms = fsdp.enable(model, direct=config == "conccl_direct")
     return model, comms
 
 

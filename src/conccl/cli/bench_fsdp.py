@@ -96,5 +96,5 @@ def run(args) -> int:
     (out / "fsdp.json").write_text(json.dumps(doc, indent=1))
     (out / "fsdp.md").write_text(bench_fsdp.markdown(doc))
     print((out / "fsdp.md").read_text().split("\n## ")[0])
-    fallback = [r for r in doc["results"] if r["config"] == "conccl" and r["conccl"] and r["conccl"]["fallback"]]
+    fallback = [r for r in doc["results"] if r["config"] in ("conccl", "conccl_direct") and r["conccl"] and r["conccl"]["fallback"]]
     return EXIT_FAILED if fallback else EXIT_OK

@@ -1,10 +1,11 @@
 """All-gather: every rank's ``nbytes`` input lands at offset ``rank * nbytes`` of every output."""
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 from ..errors import CollectiveError
-from ..schedule import Algorithm, Buf, Phase, Schedule, StreamMode, Transfer
+from ..schedule import Algorithm, Buf, Copy, Phase, Schedule, StreamMode, Transfer
 from ..validate import InvalidArgument, byte_range, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule
@@ -120,3 +121,35 @@ class AllGather(Collective):
 
 
 ALL_GATHER = AllGather()
+
+
+def into_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int], ...]) -> Schedule:
+    """``schedule``, an all-gather of ``chunk`` bytes per rank, with every byte that would land
+    in this rank's output sent to *parts* instead (FSDP's per-parameter tensors, with no
+    copy-out after): part ``i`` = (``off``, ``n``, ``dst``) takes bytes [off, off + n) of every
+    rank's chunk, rank r's at output offset ``dst + r * n`` (the caller names as the output the
+    part with the lowest address, so every offset is >= 0). Peer copies keep their slot and
+    signals; the own chunk's parts come from the input where the schedule had no own copy (in
+    place). A pure function of plain data, as the plans are."""
+    rank = schedule.rank
+    covered = False
+    slots = []
+    for ops in schedule.slots:
+        out = []
+        for op in ops:
+            t = op.transfer if isinstance(op, Copy) else None
+            if t is None or t.dst is not Buf.OUTPUT or t.dst_rank != rank:
+                out.append(op)
+                continue
+            r, within = divmod(t.dst_offset, chunk)
+            covered |= r == rank
+            for off, n, dst in parts:
+                a, b = max(within, off), min(within + t.nbytes, off + n)
+                if a < b:
+                    out.append(Copy(dataclasses.replace(t, src_offset=t.src_offset + a - within, dst_offset=dst + r * n + a - off,
+                                                        nbytes=b - a)))
+        slots.append(out)
+    if not covered:
+        slots[-1] += [Copy(Transfer(rank, Buf.INPUT, off, rank, Buf.OUTPUT, dst + rank * n, n, len(slots) - 1, Phase.LOCAL))
+                      for off, n, dst in parts if n]
+    return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots))

@@ -39,6 +39,7 @@ import torch
 
 from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
 from ..collectives import REGISTRY, Collective, LocalCall, PeerCalls
+from ..collectives.all_gather import ALL_GATHER, into_parts
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
 from ..graphs import GRAPH_SLOTS, graph_schedule
 from ..persistent import PersistentCollective
@@ -236,6 +237,32 @@ class Group:
             raise InvalidArgument(f"conccl nccl_below: rank {differ[0]} set another table than rank {self.rank}; "
                                   "conccl.set_eager_path and set_options(nccl_below=) must be the same on every rank")
         self.options.nccl_below = dict(table)
+
+    def all_gather_into_parts(self, output, input, parts, timeout=None) -> Work:
+        """An all-gather of ``input`` (each rank's chunk of ``output``, in place) whose bytes land
+        in ``parts`` instead of ``output``: ``parts[i]`` is a tensor of ``world * n_i`` bytes'
+        worth that takes the i-th ``n_i`` bytes of every rank's chunk, rank r's at row r.
+        ``output`` is only read by the peers (it should be peer-reachable: a pool block); the
+        parts are this rank's alone. Blocking, on the caller's stream, never captured. For FSDP
+        (``conccl.fsdp``, ``direct=True``): each parameter's unsharded tensor filled straight from
+        the peers, with no copy-out."""
+        local = self._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, None)
+        self._check_usable()
+        timeout_s = self._timeout_s(timeout)
+        if self.executor.capturing():
+            raise InvalidArgument("all_gather_into_parts cannot be captured into a CUDA graph")
+        chunk = input.numel() * input.element_size()
+        sizes = [t.numel() * t.element_size() for t in parts]
+        if sum(sizes) != self.world * chunk or any(n % self.world for n in sizes):
+            raise InvalidArgument(f"parts of {sizes} bytes do not split a chunk of {chunk} bytes per rank "
+                                  f"over {self.world} ranks")
+        base = min(parts, key=lambda t: t.data_ptr())
+        offs, layout = 0, []
+        for t, n in zip(parts, sizes):
+            layout.append((offs, n // self.world, t.data_ptr() - base.data_ptr()))
+            offs += n // self.world
+        schedule, views = self._agree(local, timeout_s)
+        return self._execute(into_parts(schedule, chunk, tuple(layout)), input, base, False, timeout_s, views)
 
     def persistent(self, coll: Collective, output, input, args: tuple = (), *, algorithm=None, stream_mode=None,
                    timeout=None) -> PersistentCollective:
