@@ -161,6 +161,7 @@ class Group:
         self._resources: dict[str, object] = {}  # what upper layers attached (resource())
         self.graph_slots = 0  # captured calls so far (conccl.graphs): each holds a slot for good
         self._locals: dict[tuple, _Local] = {}  # call key -> its local step
+        self._parts_plans: dict[tuple, tuple] = {}  # all_gather_into_parts: (schedule, moved schedule)
         self.broken: BaseException | None = None  # the first failure; every later call raises it
         self.closed = False
         self._lock = threading.Lock()  # orders queueing against the watchdog's release
@@ -262,7 +263,15 @@ class Group:
             layout.append((offs, n // self.world, t.data_ptr() - base.data_ptr()))
             offs += n // self.world
         schedule, views = self._agree(local, timeout_s)
-        return self._execute(into_parts(schedule, chunk, tuple(layout)), input, base, False, timeout_s, views)
+        # The executor keeps compiled programs by schedule identity: the same moved schedule for
+        # the same (agreed schedule, parts), as an agreed schedule is kept for the same call.
+        key = (id(schedule), tuple(layout))
+        hit = self._parts_plans.get(key)
+        if hit is None or hit[0] is not schedule:
+            if len(self._parts_plans) >= _MAX_REMEMBERED:
+                self._parts_plans.clear()
+            hit = self._parts_plans[key] = (schedule, into_parts(schedule, chunk, tuple(layout)))
+        return self._execute(hit[1], input, base, False, timeout_s, views)
 
     def persistent(self, coll: Collective, output, input, args: tuple = (), *, algorithm=None, stream_mode=None,
                    timeout=None) -> PersistentCollective:
