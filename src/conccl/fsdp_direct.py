@@ -39,7 +39,10 @@ _GATHER_ARGS = ("fsdp_params", "group", "async_op", "all_gather_copy_in_stream",
 _COPY_OUT_ARGS = ("all_gather_result", "fsdp_params", "group")
 _DIRECT = "_conccl_direct"  # set on a flat all-gather output whose gather filled the parameters
 
-skipped_copy_outs = 0  # copy-outs skipped since import (a counter for tests and benchmarks)
+# Since import, for tests and benchmarks: copy-outs skipped, and gathers a DirectAllGather left
+# to FSDP's own path (parameters it cannot fill itself).
+skipped_copy_outs = 0
+declined_gathers = 0
 
 
 def supported() -> str | None:
@@ -112,14 +115,15 @@ def parameter_outputs(fsdp_params, input, world: int):
         sizes.append(shard.numel())
     if sum(sizes) != input.numel():
         return None
+    for p, n in zip(fsdp_params, sizes):  # every check before anything is allocated here
+        have = p.all_gather_outputs
+        if have and (len(have) != 1 or have[0].dtype != input.dtype or have[0].numel() != world * n):
+            return None
     outs = []
     for p, n in zip(fsdp_params, sizes):
         p.init_all_gather_outputs([n], [input.dtype], world, input.device)
         p.alloc_all_gather_outputs()
-        t = p.all_gather_outputs[0]
-        if len(p.all_gather_outputs) != 1 or t.dtype != input.dtype or t.numel() != world * n:
-            return None
-        outs.append(t)
+        outs.append(p.all_gather_outputs[0])
     return outs
 
 
@@ -142,8 +146,10 @@ class DirectAllGather:
         return self.pool.allocate(size, dtype, device)
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        global declined_gathers
         parts = parameter_outputs(self.pending, input_tensor, group.size())
         if parts is None:
+            declined_gathers += 1
             self.gather(output_tensor, input_tensor, group, None)
             return None
         self.gather(output_tensor, input_tensor, group, parts)

@@ -50,6 +50,7 @@ def _train(rank, world, mode):
         from conccl import fsdp_direct
 
         report["skipped_copy_outs"] = fsdp_direct.skipped_copy_outs
+        report["declined_gathers"] = fsdp_direct.declined_gathers
     if comms is not None:
         report["memory"] = comms.memory()
         report["modules"], report["fallback"] = comms.modules, comms.fallback
@@ -124,7 +125,7 @@ def test_fsdp_enable_trains_like_stock_fsdp_on_copy_engines():
         assert mine["unwrapped"].startswith("InvalidArgument") and "fully_shard" in mine["unwrapped"]
         # direct=True: the gather fills the parameters, FSDP's copy-out is skipped, same bits
         print("direct", direct["losses"], "skipped copy-outs", direct["skipped_copy_outs"])
-        assert direct["skipped_copy_outs"] >= 6 * 3 and not direct["fallback"], direct
+        assert direct["skipped_copy_outs"] >= 6 * 3 and direct["declined_gathers"] == 0 and not direct["fallback"], direct
         assert direct["losses"] == mine["losses"], (direct["losses"], mine["losses"])
         assert all(torch.equal(a, b) for a, b in zip(direct["params"], mine["params"]))
         if world == 2:

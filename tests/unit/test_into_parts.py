@@ -59,3 +59,16 @@ def test_every_part_gets_every_ranks_bytes_and_nothing_else(world, mode):
         assert signals(moved) == signals(sched)
         own = [op.transfer for ops in moved.slots for op in ops if isinstance(op, Copy) and op.transfer.src is Buf.INPUT]
         assert len(own) == len(sizes) and all(t.phase is Phase.LOCAL for t in own)
+
+
+def test_a_push_schedule_or_a_world_of_one():
+    from conccl.errors import InvalidArgument
+
+    push = plan_all_gather(2, 0, 8, algorithm=Algorithm.PUSH, stream_mode=StreamMode.BATCH, input_symmetric=True,
+                           output_symmetric=True, in_place=True, peers_in_place=True)
+    with pytest.raises(InvalidArgument, match="pull"):
+        into_parts(push, 8, ((0, 8, 0),))
+    alone = plan_all_gather(1, 0, 8, algorithm=Algorithm.PULL, stream_mode=StreamMode.BATCH, in_place=True)
+    moved = into_parts(alone, 8, ((0, 3, 16), (3, 5, 0)))
+    copies = [op.transfer for ops in moved.slots for op in ops if isinstance(op, Copy)]
+    assert [(t.src_offset, t.dst_offset, t.nbytes) for t in copies] == [(0, 16, 3), (3, 0, 5)]

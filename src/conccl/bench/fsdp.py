@@ -128,7 +128,9 @@ def _train(model, x, cfg: FsdpConfig):
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     times = [s.elapsed_time(e) for s, e in pairs]
-    peak = torch.cuda.max_memory_allocated()
+    # allocated and reserved: a block freed with record_stream (conccl_direct's parameters) leaves
+    # the allocated count at once but is reused only once the other stream caught up
+    peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
     with torch.no_grad():
         final = model(x).float().pow(2).mean().item()
     return times, peak, final, opt
@@ -190,7 +192,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             if comms is not None:
                 extra = sum(m["workspace_bytes"] for m in comms.memory().values())
             rec = {"tokens_per_rank": tokens, "config": config, "rank": rank, "times_ms": times,
-                   "peak_alloc_bytes": peak, "conccl_workspace_bytes": extra,
+                   "peak_alloc_bytes": peak[0], "peak_reserved_bytes": peak[1], "conccl_workspace_bytes": extra,
                    "loss": loss_timed if loss is None else loss, "loss_deterministic": loss is not None,
                    "loss_timed_run": loss_timed,
                    "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
@@ -235,6 +237,7 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
             "step_ms": statistics.median(slowest), "step_ms_spread": [min(slowest), max(slowest)],
             "steps_timed": len(slowest), "peak_mem_gib": peak / 2**30,
             "peak_alloc_gib": max(r["peak_alloc_bytes"] for r in recs) / 2**30,
+            "peak_reserved_gib": max(r.get("peak_reserved_bytes", 0) for r in recs) / 2**30,
             "conccl_workspace_gib": max(r["conccl_workspace_bytes"] for r in recs) / 2**30,
             "loss": r0["loss"], "loss_per_rank": [r["loss"] for r in recs],
             "loss_deterministic": r0.get("loss_deterministic", False), "loss_timed_run": r0.get("loss_timed_run"),
@@ -253,14 +256,14 @@ def markdown(doc: dict) -> str:
              + ("Loss: one forward after the same training run again under torch.use_deterministic_algorithms "
                 "(the timed run's attention backward is not reproducible bit for bit)."
                 if res and res[0].get("loss_deterministic") else "Loss: one forward after the timed run."),
-             "", "| tokens per rank | config | step (ms) | spread (ms) | x no_comm | peak memory (GiB) | loss after training |",
-             "| ---: | --- | ---: | --- | ---: | ---: | --- |"]
+             "", "| tokens per rank | config | step (ms) | spread (ms) | x no_comm | peak memory (GiB) | peak reserved (GiB) | loss after training |",
+             "| ---: | --- | ---: | --- | ---: | ---: | ---: | --- |"]
     base = {r["tokens_per_rank"]: r["step_ms"] for r in res if r["config"] == "no_comm"}
     for r in res:
         ratio = f"{r['step_ms'] / base[r['tokens_per_rank']]:.3f}" if r["tokens_per_rank"] in base else "-"
         lo, hi = r["step_ms_spread"]
         lines.append(f"| {r['tokens_per_rank']} | {r['config']} | {r['step_ms']:.2f} | {lo:.2f}-{hi:.2f} | {ratio} | "
-                     f"{r['peak_mem_gib']:.2f} | {r['loss']!r} |")
+                     f"{r['peak_mem_gib']:.2f} | {r.get('peak_reserved_gib', 0):.2f} | {r['loss']!r} |")
     for r in res:
         prof = r.get("profile_rank0")
         if not prof:

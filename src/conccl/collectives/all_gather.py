@@ -131,6 +131,8 @@ def into_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int]
     part with the lowest address, so every offset is >= 0). Peer copies keep their slot and
     signals; the own chunk's parts come from the input where the schedule had no own copy (in
     place). A pure function of plain data, as the plans are."""
+    if schedule.algorithm is not Algorithm.PULL:
+        raise InvalidArgument("into_parts retargets a pull all-gather (a push writes into the peers' outputs)")
     rank = schedule.rank
     covered = False
     slots = []
@@ -150,6 +152,7 @@ def into_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int]
                                                         nbytes=b - a)))
         slots.append(out)
     if not covered:
+        slots = slots or [[]]  # a world of one has no slot yet
         slots[-1] += [Copy(Transfer(rank, Buf.INPUT, off, rank, Buf.OUTPUT, dst + rank * n, n, len(slots) - 1, Phase.LOCAL))
                       for off, n, dst in parts if n]
     return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots))

@@ -257,10 +257,16 @@ class Group:
         if sum(sizes) != self.world * chunk or any(n % self.world for n in sizes):
             raise InvalidArgument(f"parts of {sizes} bytes do not split a chunk of {chunk} bytes per rank "
                                   f"over {self.world} ranks")
-        base = min(parts, key=lambda t: t.data_ptr())
+        if any(not t.is_contiguous() or t.device != input.device for t in parts):
+            raise InvalidArgument("every part must be a contiguous tensor on the input's device")
+        filled = [t for t, n in zip(parts, sizes) if n]
+        if not filled:
+            raise InvalidArgument("all_gather_into_parts needs at least one non-empty part")
+        base = min(filled, key=lambda t: t.data_ptr())  # an empty part's address means nothing
         offs, layout = 0, []
         for t, n in zip(parts, sizes):
-            layout.append((offs, n // self.world, t.data_ptr() - base.data_ptr()))
+            if n:
+                layout.append((offs, n // self.world, t.data_ptr() - base.data_ptr()))
             offs += n // self.world
         schedule, views = self._agree(local, timeout_s)
         # The executor keeps compiled programs by schedule identity: the same moved schedule for
