@@ -135,8 +135,8 @@ def into_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int]
         raise InvalidArgument("into_parts retargets a pull all-gather (a push writes into the peers' outputs)")
     rank = schedule.rank
     covered = False
-    slots = []
-    for ops in schedule.slots:
+    slots, last = [], None  # last: (slot, index) just after the last retargeted copy
+    for k, ops in enumerate(schedule.slots):
         out = []
         for op in ops:
             t = op.transfer if isinstance(op, Copy) else None
@@ -150,9 +150,13 @@ def into_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int]
                 if a < b:
                     out.append(Copy(dataclasses.replace(t, src_offset=t.src_offset + a - within, dst_offset=dst + r * n + a - off,
                                                         nbytes=b - a)))
+            last = (k, len(out))
         slots.append(out)
     if not covered:
+        # Beside the peer copies (one batch where the stream mode batches), not behind the waits
+        # that end the call: the own chunk needs no peer.
         slots = slots or [[]]  # a world of one has no slot yet
-        slots[-1] += [Copy(Transfer(rank, Buf.INPUT, off, rank, Buf.OUTPUT, dst + rank * n, n, len(slots) - 1, Phase.LOCAL))
-                      for off, n, dst in parts if n]
+        k, i = last if last is not None else (len(slots) - 1, len(slots[-1]))
+        slots[k][i:i] = [Copy(Transfer(rank, Buf.INPUT, off, rank, Buf.OUTPUT, dst + rank * n, n, k, Phase.LOCAL))
+                         for off, n, dst in parts if n]
     return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots))
