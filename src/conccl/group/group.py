@@ -67,6 +67,8 @@ _SYM_IN, _SYM_OUT, _IN_PLACE, _GRAPH = 1, 2, 4, 8  # _GRAPH: the call is being c
 
 
 _MAX_REMEMBERED = 64  # argument sets (and peers' rows per set) a group remembers
+# all_gather_into_parts' moved schedules: one per FSDP unshard of a step (two per layer)
+_MAX_PARTS_PLANS = 1024
 
 
 @dataclass(eq=False)
@@ -274,7 +276,7 @@ class Group:
         key = (id(schedule), tuple(layout))
         hit = self._parts_plans.get(key)
         if hit is None or hit[0] is not schedule:
-            if len(self._parts_plans) >= _MAX_REMEMBERED:
+            if len(self._parts_plans) >= _MAX_PARTS_PLANS:
                 self._parts_plans.clear()
             hit = self._parts_plans[key] = (schedule, into_parts(schedule, chunk, tuple(layout)))
         return self._execute(hit[1], input, base, False, timeout_s, views)
