@@ -28,6 +28,9 @@ import inspect
 import torch
 import torch.distributed as dist
 
+from . import api
+from .collectives.all_gather import ALL_GATHER
+
 try:  # FSDP2's internals this wraps (PyTorch 2.10 - 2.13)
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
     from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
@@ -158,9 +161,6 @@ class DirectAllGather:
 
 
 def _copy_engine_gather(output, input, group, parts) -> None:
-    from . import api
-    from .collectives.all_gather import ALL_GATHER
-
     g = api.get_group(group)
     if parts is None:
         g.call(ALL_GATHER, output, input)

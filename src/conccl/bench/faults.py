@@ -38,10 +38,9 @@ from ..collectives import REGISTRY
 
 # The soak checks a collective that moves bytes (one source per output chunk) by byte-exact
 # delivery of int32 payloads shifted per call; a reducing one by fp32 whole numbers shifted per
-# call, whose sums are exact in any order: SOAKED holds both, in registry order.
+# call, whose sums are exact in any order. The soak runs every registered collective.
 COLLECTIVES = {n: c for n, c in REGISTRY.items() if all(len(s) == 1 for s in c.layout(2, 0).sources)}
 REDUCING = {n: c for n, c in REGISTRY.items() if n not in COLLECTIVES}
-SOAKED = dict(REGISTRY)
 from ..errors import CollectiveError
 from ..launch import apply_safe_env, run_per_gpu
 from .environment import environment
@@ -132,7 +131,7 @@ def _used_bytes() -> int:
 
 
 def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
-    """``calls`` verified collectives of every kind (:data:`SOAKED`) and mixed sizes; resource
+    """``calls`` verified collectives of every registered kind and mixed sizes; resource
     use at 100 and at the end. Each call's input differs from the last (each byte, or for a
     reduction each value, shifted by a per-call amount), so a stale output counts as wrong."""
     rng = random.Random(seed)  # the same sequence on every rank
@@ -141,7 +140,7 @@ def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
     for n in chunks:
         size = world * n * 4
         outs[n] = torch.empty(world * n, dtype=torch.int32, device="cuda")  # shared: a stale output is wrong
-        for coll in SOAKED.values():
+        for coll in REGISTRY.values():
             dtype = torch.float32 if coll.name in REDUCING else torch.int32
             inp, _, expected = make_case(coll, size, world, rank, dtype, "cuda")
             base = inp.clone() if coll.name in REDUCING else inp.view(torch.uint8).clone()
@@ -156,11 +155,11 @@ def soak_worker(rank: int, world: int, calls: int, seed: int = 0):
                 "torch_reserved": torch.cuda.memory_reserved(), "threads": threading.active_count(),
                 "fds": len(os.listdir("/proc/self/fd")), "watchdog_in_flight": comm.watchdog.in_flight()}
 
-    kinds = dict.fromkeys(SOAKED, 0)
+    kinds = dict.fromkeys(REGISTRY, 0)
     t0 = time.monotonic()
     for i in range(calls):
         n = chunks[-1] if i == 0 else rng.choice(chunks)  # the largest first: the workspace is sized once
-        coll = SOAKED[rng.choice(list(SOAKED))]
+        coll = REGISTRY[rng.choice(list(REGISTRY))]
         async_op = rng.random() < 0.5
         kinds[coll.name] += 1
         out = outs[n]
@@ -245,10 +244,10 @@ def _markdown(res: dict) -> str:
         lines.append(f"\n{sc['mode']}: exit codes {sc['exitcodes']} (victim SIGKILL = -9), wall {sc['wall_s']:.1f} s\n")
     soak = res.get("soak")
     if soak:
-        lines += ["## Soak", "", f"| rank | calls | {' / '.join(SOAKED)} | wrong | device memory growth 100 -> end (B) | "
+        lines += ["## Soak", "", f"| rank | calls | {' / '.join(REGISTRY)} | wrong | device memory growth 100 -> end (B) | "
                   "threads | fds | elapsed (s) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in soak:
-            lines.append(f"| {r['rank']} | {r['calls']} | {' / '.join(str(r['kinds'].get(c, 0)) for c in SOAKED)} | "
+            lines.append(f"| {r['rank']} | {r['calls']} | {' / '.join(str(r['kinds'].get(c, 0)) for c in REGISTRY)} | "
                          f"{r['wrong']} | {r['device_growth_bytes']} | {r['at_100']['threads']} -> {r['at_end']['threads']} | "
                          f"{r['at_100']['fds']} -> {r['at_end']['fds']} | {r['elapsed_s']:.1f} |")
         lines.append("")

@@ -5,7 +5,6 @@ import math
 import os
 from dataclasses import asdict
 
-import torch
 
 from ..bench import report
 from ..bench.environment import environment
@@ -16,7 +15,7 @@ from ..launch import under_torchrun
 from ..units import parse_size
 from ..jsonfile import write_text
 from ..planner.timing import MAX_WORLD
-from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, check_out_file, fail, int_range
+from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, check_out_file, fail, gpu_world, int_range
 
 MAX_ITERS = 100_000  # -n / -w beyond this would run for days: a typo, not a plan
 
@@ -82,12 +81,9 @@ def run(args) -> int:
         return fail("bench", str(e))
     for flag in ("--json", "--markdown"):
         check_out_file(getattr(args, flag[2:]), flag)
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if args.gpus and args.gpus > visible and not under_torchrun():
-        return fail("bench", f"--gpus {args.gpus}: only {visible} GPU(s) visible here; give at most {visible}")
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or visible)
-    if world < 2:
-        return fail("bench", f"needs at least 2 CUDA GPUs linked by NVLink, found {visible}")
+    world, why = gpu_world(args.gpus)
+    if why:
+        return fail("bench", why)
     meta = environment(args.machine_kind, world)
     print(f"# conccl bench on {world} x {meta['device']} (torch {meta['torch']}, NCCL {meta['nccl']}), "
           f"{len(cfg.sizes)} sizes x {len(cfg.impls)} implementations x {len(cfg.collectives)} collectives", flush=True)

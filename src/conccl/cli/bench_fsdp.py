@@ -6,13 +6,12 @@ import os
 import pathlib
 from dataclasses import asdict
 
-import torch
 
 from ..bench import fsdp as bench_fsdp
 from ..bench.environment import environment
 from ..launch import run_per_gpu, under_torchrun
 from ..planner.timing import MAX_WORLD
-from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, fail, int_range
+from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, fail, gpu_world, int_range
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -71,12 +70,9 @@ def run(args) -> int:
         cfg = config(args)
     except ValueError as e:
         return fail("bench fsdp", str(e))
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if args.gpus and args.gpus > visible and not under_torchrun():
-        return fail("bench fsdp", f"--gpus {args.gpus}: only {visible} GPU(s) visible here; give at most {visible}")
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or visible)
-    if not torch.cuda.is_available() or world < 2:
-        return fail("bench fsdp", f"needs at least 2 CUDA GPUs linked by NVLink, found {torch.cuda.device_count()}")
+    world, why = gpu_world(args.gpus)
+    if why:
+        return fail("bench fsdp", why)
     out = pathlib.Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

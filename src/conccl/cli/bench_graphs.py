@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
 
 
 from ..bench import graphs
@@ -14,7 +13,7 @@ from ..bench.graphs_run import run_all
 from ..launch import run_per_gpu, under_torchrun
 from ..planner.timing import MAX_WORLD
 from ..units import format_size, parse_size
-from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, check_out_dir, fail, int_range
+from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, check_out_dir, fail, gpu_world, int_range
 
 MAX_COUNT = 100_000  # calls, replays, runs or warm-ups beyond this would run for days: a typo
 
@@ -71,12 +70,9 @@ def run(args) -> int:
     except ValueError as e:
         return fail("bench graphs", str(e))
     out = check_out_dir(args.out, "--out")
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if args.gpus and args.gpus > visible and not under_torchrun():
-        return fail("bench graphs", f"--gpus {args.gpus}: only {visible} GPU(s) visible here; give at most {visible}")
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or visible)
-    if world < 2:
-        return fail("bench graphs", f"needs at least 2 CUDA GPUs linked by NVLink, found {visible}")
+    world, why = gpu_world(args.gpus)
+    if why:
+        return fail("bench graphs", why)
     meta = environment(args.machine_kind, world)
     n = len(cfg.sizes) * len(cfg.collectives) * len(cfg.impls) * len(cfg.modes)
     print(f"# conccl bench graphs on {world} x {meta['device']} (torch {meta['torch']}, NCCL {meta['nccl']}): "

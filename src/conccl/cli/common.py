@@ -103,3 +103,19 @@ def check_out_dir(path, flag: str, shown=None) -> pathlib.Path:
         raise UsageError(f"{flag} {shown}: cannot write in {probe} ({e.strerror or e}); "
                          "give a path in a writable folder") from None
     return p
+
+
+def gpu_world(gpus: int | None) -> tuple[int, str | None]:
+    """(world, why not) of a command that starts one process per GPU (or joins torchrun):
+    ``--gpus`` at most the visible GPUs, and at least 2 in all."""
+    import torch
+
+    from ..launch import under_torchrun
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and gpus > visible and not under_torchrun():
+        return 0, f"--gpus {gpus}: only {visible} GPU(s) visible here; give at most {visible}"
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (gpus or visible)
+    if not visible or world < 2:
+        return world, f"needs at least 2 CUDA GPUs linked by NVLink, found {visible}"
+    return world, None

@@ -223,17 +223,8 @@ class CudaCopyEngineExecutor:
         caller = self._current_stream()
         program = self._program(schedule, input, output, views)
         # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
-        if async_op or (caller.cuda_stream == 0 and (schedule.stream_mode is StreamMode.BATCH
-                                                     or not self._default_stream_ok)):
-            ctrl = self._streams[0]
-            self._caller_mark.record(caller)
-            ctrl.wait_event(self._caller_mark)
-        else:
-            ctrl = caller
-        ctrl_handle = ctrl.cuda_stream
-        if self._last_end is not None and self._last_stream != ctrl_handle:
-            # Calls of a group run in order on the GPU (signal words only grow).
-            ctrl.wait_event(self._last_end)
+        ctrl = self._control_stream(caller, async_op or (caller.cuda_stream == 0 and (
+            schedule.stream_mode is StreamMode.BATCH or not self._default_stream_ok)))
         start = None
         if flight is not None:  # a tracked call needs its own events; finished ones come back
             start = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
@@ -257,7 +248,7 @@ class CudaCopyEngineExecutor:
             # Only the next call's wait needs it, and that is queued before it is recorded again.
             end = self._end_mark
         end.record(ctrl)
-        self._last_end, self._last_stream = end, ctrl_handle
+        self._last_end, self._last_stream = end, ctrl.cuda_stream
         if flight is not None:
             flight.start, flight.end = start, end
         if async_op:
@@ -270,12 +261,11 @@ class CudaCopyEngineExecutor:
             caller.wait_event(end)
         return Work(None, flight=flight)
 
-    def run_fallback(self, fn, async_op: bool, tensors) -> Work:
-        """Run ``fn()`` (a torch.distributed call, e.g. NCCL's) in this group's order: after
-        the group's previous call and before its next, on the stream a call of ours would take
-        (the caller's, or the group's for an async call); ``Work.path`` is "nccl"."""
-        caller = self._current_stream()
-        if async_op:
+    def _control_stream(self, caller, on_group_stream: bool):
+        """The stream a call's first slot runs on: the caller's, or the group's (ordered after
+        the caller's work); in either case after the group's previous call, since calls of a
+        group run in order on the GPU (signal words only grow)."""
+        if on_group_stream:
             ctrl = self._streams[0]
             self._caller_mark.record(caller)
             ctrl.wait_event(self._caller_mark)
@@ -283,6 +273,13 @@ class CudaCopyEngineExecutor:
             ctrl = caller
         if self._last_end is not None and self._last_stream != ctrl.cuda_stream:
             ctrl.wait_event(self._last_end)
+        return ctrl
+
+    def run_fallback(self, fn, async_op: bool, tensors) -> Work:
+        """Run ``fn()`` (a torch.distributed call, e.g. NCCL's) in this group's order: after
+        the group's previous call and before its next, on the stream a call of ours would take
+        (the caller's, or the group's for an async call); ``Work.path`` is "nccl"."""
+        ctrl = self._control_stream(self._current_stream(), async_op)
         if async_op:  # on the group's stream, which then waits for the backend's (the host does not)
             with torch.cuda.stream(ctrl):
                 work = fn()
