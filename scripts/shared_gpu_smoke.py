@@ -192,8 +192,9 @@ def _graph(rank, world, cases, report):
                   all(k.startswith("reduce_") or k.startswith("memcpy") for k in report["graph_kernels"])))
 
 
-def _fsdp(rank, world, cases, report):
-    """FSDP2 with conccl's hooks against the same model trained unsharded in this process.
+def _fsdp(rank, world, cases, report, direct=False):
+    """FSDP2 with conccl's hooks against the same model trained unsharded in this process
+    (``direct``: ``conccl.fsdp.enable(direct=True)``, no copy-out).
 
     Every rank trains on the same batch, so the averaged gradient is each rank's own (the
     average of equal fp32 values is exact) and the sharded run must equal the unsharded one
@@ -204,6 +205,7 @@ def _fsdp(rank, world, cases, report):
     from torch.distributed.fsdp import fully_shard
 
     import conccl.fsdp
+    from conccl import fsdp_direct
 
     torch.manual_seed(0)
     dim = 256
@@ -214,8 +216,10 @@ def _fsdp(rank, world, cases, report):
     for block in model:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    comms = conccl.fsdp.enable(model)
-    report["fsdp_modules"], report["fsdp_fallback"] = len(comms.modules), comms.fallback
+    comms = conccl.fsdp.enable(model, direct=direct)
+    name = "fsdp2 + conccl" + (" direct" if direct else "")
+    report[name] = {"modules": len(comms.modules), "fallback": comms.fallback}
+    skipped0, declined0 = fsdp_direct.skipped_copy_outs, fsdp_direct.declined_gathers
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
     g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
     for _ in range(3):
@@ -232,9 +236,14 @@ def _fsdp(rank, world, cases, report):
         want = want[:mine.shape[0]]
         same.append(_same(mine.contiguous(), want.contiguous()))
         close.append(bool(torch.allclose(mine, want, rtol=1e-5, atol=1e-6)))
-    cases.append(("fsdp2 + conccl: every shard equals unsharded training's, bit for bit", all(same)))
-    cases.append(("fsdp2 + conccl: every shard within 1e-5 of unsharded training's", all(close)))
-    cases.append(("fsdp2 + conccl: every FSDP module on conccl", not comms.fallback and len(comms.modules) == 4))
+    cases.append((f"{name}: every shard equals unsharded training's, bit for bit", all(same)))
+    cases.append((f"{name}: every shard within 1e-5 of unsharded training's", all(close)))
+    cases.append((f"{name}: every FSDP module on conccl", not comms.fallback and len(comms.modules) == 4))
+    skipped = fsdp_direct.skipped_copy_outs - skipped0
+    report[name].update(skipped_copy_outs=skipped, declined_gathers=fsdp_direct.declined_gathers - declined0)
+    if direct:  # every gather of these plain Linear shards can fill the parameters itself
+        cases.append((f"{name}: copy-outs skipped, no gather declined",
+                      skipped > 0 and fsdp_direct.declined_gathers == declined0))
 
 
 class _IpcHandle:
@@ -283,6 +292,7 @@ def _worker(rank, world, port, queue):
         _graph(rank, world, cases, report)
         if FSDP:
             _fsdp(rank, world, cases, report)
+            _fsdp(rank, world, cases, report, direct=True)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         report["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
     finally:
