@@ -96,34 +96,3 @@ def test_direct_gather_trains_bit_for_bit_like_stock_and_skips_every_copy_out(wo
         assert skipped_stock == 0  # stock FSDP's gathers are left alone
         # forward and backward unshard each of the 3 blocks once a step (the root has no parameters)
         assert skipped == 3 * 3 * 2 and declined == 0, (rank, skipped, declined)
-
-
-def _into_one_part(comm, n):
-    """Group.all_gather_into_parts through the reference executor: one part (the executor there
-    reaches a tensor's own bytes only, so several parts of one arena cannot be told apart from
-    out-of-bounds writes; tests/unit/test_into_parts.py checks several parts' copies)."""
-    w, r = comm.world, comm.rank
-    flat = torch.full((w * n,), -1.0)
-    flat[r * n:(r + 1) * n] = torch.arange(n) + 100.0 * r  # this rank's shard, in place
-    part = torch.full((w * n,), -2.0)
-    seqs = []
-    for _ in range(2):  # the second call takes the remembered moved schedule
-        seq = comm.seq
-        comm.all_gather_into_parts(flat, flat[r * n:(r + 1) * n], [part])
-        seqs.append(comm.seq - seq)
-    want = torch.cat([torch.arange(n) + 100.0 * p for p in range(w)])
-    bad = None
-    try:
-        comm.all_gather_into_parts(flat, flat[r * n:(r + 1) * n], [torch.empty(w * n + 1)])
-    except Exception as e:  # noqa: BLE001 - the test reads the message
-        bad = f"{type(e).__name__}: {e}"
-    return torch.equal(part, want), seqs, len(comm._parts_plans), bad
-
-
-@pytest.mark.parametrize("world", [2, 3])
-def test_group_gathers_into_parts_through_its_protocol(world):
-    from conccl.executors.reference import spawn
-
-    for right, seqs, plans, bad in spawn(world, _into_one_part, 37):
-        assert right and seqs == [1, 1] and plans == 1, (right, seqs, plans)
-        assert bad and "do not split a chunk" in bad, bad

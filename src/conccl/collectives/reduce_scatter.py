@@ -15,11 +15,12 @@ with more it is within the dtype's rounding of NCCL's ring order.
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from functools import lru_cache
 
-from ..schedule import Algorithm, Buf, Phase, Reduce, Schedule, StreamMode, Transfer
-from ..validate import InvalidArgument, byte_range, check_pair, overlaps
+from ..schedule import Algorithm, Buf, Copy, Phase, Reduce, Schedule, StreamMode, Transfer
+from ..validate import InvalidArgument, byte_range, check_pair, check_tensor, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule
 
@@ -131,6 +132,31 @@ class ReduceScatter(Collective):
             raise InvalidArgument("reduce_scatter_tensor runs push only (into the peers' workspace)")
         return Algorithm.PUSH
 
+    def local_parts(self, output, parts, rows, args, world, rank, device_type) -> LocalCall:
+        """:meth:`local` for an input given as parts (see :func:`from_parts`): ``parts[i]``
+        holds the first ``parts[i].numel()`` of ``world * rows[i]`` elements (the rest is
+        padding), row ``d`` of every part, in order, making the chunk rank ``d`` reduces."""
+        name, scale = reduce_op("SUM" if not args or args[0] is None else args[0], world)
+        check_tensor("output", output, device_type)
+        dtype = str(output.dtype).removeprefix("torch.")
+        if dtype not in DTYPES:
+            raise InvalidArgument(f"reduce_scatter_tensor supports {', '.join(DTYPES)}, got {output.dtype}")
+        if len(parts) != len(rows) or not parts:
+            raise InvalidArgument(f"{len(parts)} parts and {len(rows)} row sizes: one row size per part, at least one")
+        for i, (t, n) in enumerate(zip(parts, rows)):
+            check_tensor(f"parts[{i}]", t, device_type)
+            if t.dtype != output.dtype or t.device != output.device:
+                raise InvalidArgument(f"parts[{i}] is {t.dtype} on {t.device}, the output {output.dtype} on {output.device}")
+            if not 0 <= t.numel() <= world * n:
+                raise InvalidArgument(f"parts[{i}] has {t.numel()} elements, more than {world} rows of {n}")
+            if overlaps(t, output):
+                raise InvalidArgument(f"parts[{i}] overlaps the output")
+        if sum(rows) != output.numel():
+            raise InvalidArgument(f"rows of {sum(rows)} elements in all, the output has {output.numel()}")
+        chunk = output.numel() * output.element_size()
+        return LocalCall((chunk,) * world, (chunk,) * world, False, (chunk, dtype, scale, False),
+                         agreed=op_code(name, scale))
+
     def plan(self, world, rank, local, peers: PeerCalls, *, algorithm, stream_mode, input_symmetric,
              output_symmetric, peers_in_place) -> Schedule:
         chunk, dtype, scale, in_place = local.extra
@@ -141,6 +167,57 @@ class ReduceScatter(Collective):
         op = args[rank][0] if args and args[rank] and args[rank][0] is not None else "SUM"
         _, scale = reduce_op(op, world)
         return reduce_chunks([t.reshape(world, -1)[rank] for t in inputs], scale).to(inputs[0].dtype)
+
+
+def from_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int, int], ...]) -> Schedule:
+    """``schedule``, a reduce-scatter of ``chunk`` bytes per rank, with its input given as
+    parts instead of one flat tensor (FSDP's per-parameter gradients, with no copy-in before):
+    part ``i`` = (``off``, ``n``, ``src``, ``valid``) is bytes [off, off + n) of every rank's
+    chunk, rank d's at input offset ``src + d * n``; only its first ``valid`` bytes exist (the
+    rest is FSDP's padding, never copied: what it reduces to is never read). Peer copies keep
+    their slot and signals. The own chunk, which the reduction read from the input, is copied
+    into the own workspace slot (no peer writes it) beside the peer copies, on the reduction's
+    slot, and reduced from there: the same operands in the same order, so the same bits. A
+    pure function of plain data, as the plans are."""
+    if schedule.algorithm is not Algorithm.PUSH:
+        raise InvalidArgument("from_parts retargets a push reduce-scatter")
+    rank = schedule.rank
+    slot = -(-chunk // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+    def pieces(t: Transfer, row: int, within: int):
+        for off, n, src, valid in parts:
+            a = max(within, off)
+            b = min(within + t.nbytes, off + n, off + max(0, valid - row * n))
+            if a < b:
+                yield dataclasses.replace(t, src_offset=src + row * n + a - off, dst_offset=t.dst_offset + a - within,
+                                          nbytes=b - a)
+
+    slots, home = [], None
+    for k, ops in enumerate(schedule.slots):
+        out = []
+        for op in ops:
+            if isinstance(op, Copy) and op.transfer.src is Buf.INPUT and op.transfer.src_rank == rank:
+                t = op.transfer
+                out += [Copy(p) for p in pieces(t, *divmod(t.src_offset, chunk))]
+            elif isinstance(op, Reduce):
+                own = (Buf.INPUT, rank * chunk)
+                if own not in op.srcs:
+                    raise InvalidArgument("from_parts: the reduction does not read the own chunk from the input")
+                home = (k, op)
+                out.append(dataclasses.replace(op, srcs=tuple((Buf.WORKSPACE, rank * slot) if s == own else s
+                                                              for s in op.srcs)))
+            else:
+                out.append(op)
+        slots.append(out)
+    if home is None:
+        return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots))  # an empty chunk
+    k = home[0]
+    whole = Transfer(rank, Buf.INPUT, rank * chunk, rank, Buf.WORKSPACE, rank * slot, chunk, k, Phase.LOCAL)
+    own = [Copy(p) for p in pieces(whole, rank, 0)]
+    copies = [i for i, op in enumerate(slots[k]) if isinstance(op, Copy)]
+    at = copies[-1] + 1 if copies else 0  # in the peer copies' batch, or first: nothing to wait for
+    slots[k][at:at] = own
+    return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots))
 
 
 def reduce_chunks(chunks, scale: float = 1.0):

@@ -8,7 +8,7 @@ slot runs until it reaches a wait that is not yet satisfied, then the next slot 
 from __future__ import annotations
 
 import contextlib
-
+import ctypes
 import math
 import multiprocessing as mp
 import os
@@ -51,6 +51,24 @@ class _Deferred:
             raise self.error
 
 
+def _reach(schedule: Schedule) -> dict:
+    """How far from its start the schedule reaches into the own input and output, in bytes."""
+    reach = {}
+    for ops in schedule.slots:
+        for op in ops:
+            if isinstance(op, Copy):
+                t = op.transfer
+                ends = ((t.src, t.src_offset) if t.src_rank == schedule.rank else None,
+                        (t.dst, t.dst_offset) if t.dst_rank == schedule.rank else None)
+                for end in ends:
+                    if end is not None:
+                        reach[end[0]] = max(reach.get(end[0], 0), end[1] + t.nbytes)
+            elif isinstance(op, Reduce):
+                for buf, off in (op.dst, *op.srcs):
+                    reach[buf] = max(reach.get(buf, 0), off + op.nbytes)
+    return reach
+
+
 class ReferenceExecutor:
     device_type = "cpu"
 
@@ -71,6 +89,7 @@ class ReferenceExecutor:
         self._peer_allocs: dict[tuple[str, int], np.ndarray] = {}
         self._deferred: list[_Deferred] = []  # async calls not run yet, in call order
         self._ws_now = None  # a captured call's own workspace while it runs
+        self._reach: dict = {}  # the running schedule's reach into the own input and output (_reach)
 
     # ------------------------------------------------------------ shared memory
     def _create(self, name, nbytes):
@@ -173,7 +192,13 @@ class ReferenceExecutor:
             return (self._ws_now or self._ws)[rank]
         t, view = (input, views[0]) if buf is Buf.INPUT else (output, views[1])
         if rank == self.rank:
-            return t.view(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+            own = t.view(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+            reach = self._reach.get(buf, 0)
+            if reach > own.size:
+                # A parts call (conccl.group.parts) names its parts by offset from the lowest
+                # one, as the CUDA executor takes them: address + offset, and nothing else read.
+                return np.ctypeslib.as_array((ctypes.c_uint8 * reach).from_address(t.data_ptr()))
+            return own
         pattern, offsets = view
         key = (pattern, rank)
         if key not in self._peer_allocs:
@@ -227,11 +252,11 @@ class ReferenceExecutor:
 
     def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views, pads=None,
                  ws=None) -> None:
-        self._ws_now = ws
+        self._ws_now, self._reach = ws, _reach(schedule)
         try:
             self._run_schedule(schedule, input, output, seq, timeout_s, views, pads or self._pads)
         finally:
-            self._ws_now = None
+            self._ws_now, self._reach = None, {}
 
     def _run_schedule(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views,
                       pads) -> None:

@@ -39,12 +39,12 @@ import torch
 
 from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
 from ..collectives import REGISTRY, Collective, LocalCall, PeerCalls
-from ..collectives.all_gather import ALL_GATHER, into_parts
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
 from ..graphs import GRAPH_SLOTS, graph_schedule
 from ..persistent import PersistentCollective
 from ..schedule import Algorithm, StreamMode
 from ..watchdog import Flight, Watchdog
+from . import parts as parts_mod
 from ..work import Work
 
 _log = logging.getLogger("conccl")
@@ -67,8 +67,6 @@ _SYM_IN, _SYM_OUT, _IN_PLACE, _GRAPH = 1, 2, 4, 8  # _GRAPH: the call is being c
 
 
 _MAX_REMEMBERED = 64  # argument sets (and peers' rows per set) a group remembers
-# all_gather_into_parts' moved schedules: one per FSDP unshard of a step (two per layer)
-_MAX_PARTS_PLANS = 1024
 
 
 @dataclass(eq=False)
@@ -163,7 +161,7 @@ class Group:
         self._resources: dict[str, object] = {}  # what upper layers attached (resource())
         self.graph_slots = 0  # captured calls so far (conccl.graphs): each holds a slot for good
         self._locals: dict[tuple, _Local] = {}  # call key -> its local step
-        self._parts_plans: dict[tuple, tuple] = {}  # all_gather_into_parts: (schedule, moved schedule)
+        self._moved: dict[tuple, tuple] = {}  # the parts calls' (agreed schedule, moved schedule)
         self.broken: BaseException | None = None  # the first failure; every later call raises it
         self.closed = False
         self._lock = threading.Lock()  # orders queueing against the watchdog's release
@@ -248,38 +246,21 @@ class Group:
         ``output`` is only read by the peers (it should be peer-reachable: a pool block); the
         parts are this rank's alone. Blocking, on the caller's stream, never captured. For FSDP
         (``conccl.fsdp``, ``direct=True``): each parameter's unsharded tensor filled straight from
-        the peers, with no copy-out."""
-        local = self._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, None)
-        self._check_usable()
-        timeout_s = self._timeout_s(timeout)
-        if self.executor.capturing():
-            raise InvalidArgument("all_gather_into_parts cannot be captured into a CUDA graph")
-        chunk = input.numel() * input.element_size()
-        sizes = [t.numel() * t.element_size() for t in parts]
-        if sum(sizes) != self.world * chunk or any(n % self.world for n in sizes):
-            raise InvalidArgument(f"parts of {sizes} bytes do not split a chunk of {chunk} bytes per rank "
-                                  f"over {self.world} ranks")
-        if any(not t.is_contiguous() or t.device != input.device for t in parts):
-            raise InvalidArgument("every part must be a contiguous tensor on the input's device")
-        filled = [t for t, n in zip(parts, sizes) if n]
-        if not filled:
-            raise InvalidArgument("all_gather_into_parts needs at least one non-empty part")
-        base = min(filled, key=lambda t: t.data_ptr())  # an empty part's address means nothing
-        offs, layout = 0, []
-        for t, n in zip(parts, sizes):
-            if n:
-                layout.append((offs, n // self.world, t.data_ptr() - base.data_ptr()))
-            offs += n // self.world
-        schedule, views = self._agree(local, timeout_s)
-        # The executor keeps compiled programs by schedule identity: the same moved schedule for
-        # the same (agreed schedule, parts), as an agreed schedule is kept for the same call.
-        key = (id(schedule), tuple(layout))
-        hit = self._parts_plans.get(key)
-        if hit is None or hit[0] is not schedule:
-            if len(self._parts_plans) >= _MAX_PARTS_PLANS:
-                self._parts_plans.clear()
-            hit = self._parts_plans[key] = (schedule, into_parts(schedule, chunk, tuple(layout)))
-        return self._execute(hit[1], input, base, False, timeout_s, views)
+        the peers, with no copy-out (:mod:`conccl.group.parts`)."""
+        return parts_mod.all_gather_into_parts(self, output, input, parts, timeout)
+
+    def reduce_scatter_from_parts(self, output, parts, rows, op=None, timeout=None) -> Work:
+        """A reduce-scatter into ``output`` whose input is ``parts`` instead of one flat tensor:
+        ``parts[i]`` (contiguous, the output's dtype and device) is ``world`` rows of ``rows[i]``
+        elements, of which only its first ``parts[i].numel()`` exist (the rest is padding: what
+        it reduces to in ``output`` is unspecified); the flat input it stands for is row ``d``
+        of every part, in order, for rank ``d`` (FSDP's ``chunk_cat``), so ``sum(rows)`` is the
+        output's size. ``op``: as :func:`conccl.reduce_scatter_tensor` (None: SUM). The peers
+        see a flat reduce-scatter and may make one. The same bits as the flat call. Blocking,
+        on the caller's stream, never captured; the parts are read by this rank's copy engines
+        until the caller's stream passes the call. For FSDP (``direct=True``): the gradients
+        reduced where autograd left them, with no copy-in (:mod:`conccl.group.parts`)."""
+        return parts_mod.reduce_scatter_from_parts(self, output, parts, rows, op, timeout)
 
     def persistent(self, coll: Collective, output, input, args: tuple = (), *, algorithm=None, stream_mode=None,
                    timeout=None) -> PersistentCollective:
@@ -320,22 +301,30 @@ class Group:
     def _local(self, coll: Collective, output, input, args, algorithm, stream_mode, key) -> "_Local":
         ex = self.executor
         call = coll.local(output, input, tuple(args), self.world, self.rank, ex.device_type)
+        local = self._local_row(coll, call, input.dtype, input.numel() * input.element_size(),
+                                output.numel() * output.element_size(), (ex.peer_view(input), ex.peer_view(output)),
+                                algorithm, stream_mode)
+        return local if key is None else self._remember(key, local)
+
+    def _remember(self, key, local: "_Local") -> "_Local":
+        if len(self._locals) >= _MAX_REMEMBERED:
+            self._locals.clear()
+        self._locals[key] = local
+        return local
+
+    def _local_row(self, coll: Collective, call: LocalCall, dtype, in_bytes: int, out_bytes: int, views, algorithm,
+                   stream_mode) -> "_Local":
+        """The local step of a validated ``call``: its board row."""
         _check_algorithm(algorithm)
-        views = (ex.peer_view(input), ex.peer_view(output))
         # An in-place input is reached through the output, at another offset on every rank.
         flags = (_SYM_IN * (views[0] is not None and not call.in_place) | _SYM_OUT * (views[1] is not None)
                  | _IN_PLACE * call.in_place)
-        row = [0, _code(coll.name), _code(str(input.dtype)), input.numel() * input.element_size(),
-               output.numel() * output.element_size(), flags, -1 if algorithm is None else _code(algorithm.value),
+        row = [0, _code(coll.name), _code(str(dtype)), in_bytes, out_bytes, flags,
+               -1 if algorithm is None else _code(algorithm.value),
                -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
                call.agreed, -1 if views[0] is None else views[0][2], -1 if views[1] is None else views[1][2],
                *call.send, *call.recv]
-        local = _Local(coll, input.dtype, row, views, algorithm, stream_mode or self.options.stream_mode, call)
-        if key is not None:
-            if len(self._locals) >= _MAX_REMEMBERED:
-                self._locals.clear()
-            self._locals[key] = local
-        return local
+        return _Local(coll, dtype, row, views, algorithm, stream_mode or self.options.stream_mode, call)
 
     def _agree(self, local: "_Local", timeout_s: float) -> tuple:
         """(schedule, views) every rank derives from every rank's row for the next call."""

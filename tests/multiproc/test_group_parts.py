@@ -1,0 +1,122 @@
+"""CPU multi-process tier: the parts calls (``conccl.group.parts``) through a group's whole
+protocol on the reference executor, against the flat calls they stand for, bit for bit:
+``Group.all_gather_into_parts`` (FSDP without its copy-out) and
+``Group.reduce_scatter_from_parts`` (FSDP without its copy-in)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conccl.executors.reference import spawn  # noqa: E402
+
+SHAPES = [(5, 3), (1,), (7,), (2, 2, 3)]  # parameters' shapes: no world divides every dim 0
+
+
+def _padded_rows(shape, world):
+    """Elements per rank of a parameter FSDP pads on dim 0 (``_get_dim0_padded_size``)."""
+    rest = 1
+    for d in shape[1:]:
+        rest *= d
+    return -(-shape[0] // world) * rest
+
+
+def _grads(rank, dtype):
+    g = torch.Generator().manual_seed(17 + rank)
+    return [torch.randn(s, generator=g).to(dtype) for s in SHAPES]
+
+
+def _chunk_cat(grads, world):
+    """FSDP's copy-in: row d of every gradient (zero-padded on dim 0), in order, for rank d."""
+    rows = []
+    for t in grads:
+        flat = torch.zeros(world * _padded_rows(t.shape, world), dtype=t.dtype)
+        flat[:t.numel()] = t.reshape(-1)
+        rows.append(flat.view(world, -1))
+    return torch.cat(rows, dim=1).reshape(-1)
+
+
+def _reduce_from_parts(comm, dtype):
+    import torch.distributed as dist
+
+    w, r = comm.world, comm.rank
+    grads = _grads(r, dtype)
+    rows = [_padded_rows(s, w) for s in SHAPES]
+    out = []
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist._make_nccl_premul_sum(0.5)):
+        flat_out = torch.full((sum(rows),), float("nan"), dtype=dtype)
+        comm.call(comm_coll("reduce_scatter"), flat_out, _chunk_cat(grads, w), (op,))
+        parts_out = torch.full((sum(rows),), float("nan"), dtype=dtype)
+        # in a different arena order than the parameters' (the lowest address is not the first)
+        arena = torch.empty(sum(t.numel() for t in grads) + 64, dtype=dtype)
+        parts, at = [None] * len(grads), 0
+        for i in reversed(range(len(grads))):
+            parts[i] = arena[at:at + grads[i].numel()].view(grads[i].shape)
+            parts[i].copy_(grads[i])
+            at += grads[i].numel() + 16
+        if r == 0 and w > 2:  # a flat caller and a parts caller interoperate
+            comm.call(comm_coll("reduce_scatter"), parts_out, _chunk_cat(grads, w), (op,))
+        else:
+            comm.reduce_scatter_from_parts(parts_out, parts, rows, op)
+        real = torch.cat([torch.arange(n) < max(0, min(n, g.numel() - r * n)) for g, n in zip(grads, rows)])
+        out.append(torch.equal(flat_out[real].view(torch.uint8), parts_out[real].view(torch.uint8))
+                   and bool(real.any()) and not parts_out[real].isnan().any())
+    seq = comm.seq
+    comm.reduce_scatter_from_parts(parts_out, parts, rows, dist.ReduceOp.SUM)  # remembered
+    bad = None
+    try:
+        comm.reduce_scatter_from_parts(parts_out, parts, [n + 1 for n in rows])
+    except Exception as e:  # noqa: BLE001 - the test reads the message
+        bad = f"{type(e).__name__}: {e}"
+    return out, comm.seq - seq, bad
+
+
+def comm_coll(name):
+    from conccl.collectives import REGISTRY
+
+    return REGISTRY[name]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reduce_scatter_from_parts_equals_the_flat_call(world, dtype):
+    for out, seqs, bad in spawn(world, _reduce_from_parts, dtype):
+        assert out == [True, True, True], out
+        assert seqs == 1
+        assert bad and "rows of" in bad, bad
+
+
+def _gather_into_parts(comm):
+    w, r = comm.world, comm.rank
+    rows = [_padded_rows(s, w) for s in SHAPES]
+    n = sum(rows)
+    flat = torch.full((w * n,), -1.0)
+    flat[r * n:(r + 1) * n] = torch.arange(n) + 1000.0 * r  # this rank's shard, in place
+    arena = torch.full((w * n + 64,), -2.0)
+    parts, at = [None] * len(rows), 0
+    for i in reversed(range(len(rows))):  # out of order, with gaps
+        parts[i] = arena[at:at + w * rows[i]]
+        at += w * rows[i] + 16
+    seqs = []
+    for _ in range(2):  # the second call takes the remembered moved schedule
+        seq = comm.seq
+        comm.all_gather_into_parts(flat, flat[r * n:(r + 1) * n], parts)
+        seqs.append(comm.seq - seq)
+    every = torch.stack([torch.arange(n) + 1000.0 * p for p in range(w)])  # (world, n)
+    offs = [sum(rows[:i]) for i in range(len(rows))]
+    right = all(torch.equal(parts[i].view(w, rows[i]), every[:, offs[i]:offs[i] + rows[i]]) for i in range(len(rows)))
+    gaps = arena[[i for i in range(len(arena)) if not any(
+        0 <= i - (p.data_ptr() - arena.data_ptr()) // 4 < p.numel() for p in parts)]]
+    bad = None
+    try:
+        comm.all_gather_into_parts(flat, flat[r * n:(r + 1) * n], [torch.empty(w * n + 1)])
+    except Exception as e:  # noqa: BLE001 - the test reads the message
+        bad = f"{type(e).__name__}: {e}"
+    return right, bool((gaps == -2.0).all()), seqs, len(comm._moved), bad
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_group_gathers_into_parts_through_its_protocol(world):
+    for right, gaps, seqs, plans, bad in spawn(world, _gather_into_parts):
+        assert right and gaps and seqs == [1, 1] and plans == 1, (right, gaps, seqs, plans)
+        assert bad and "do not split a chunk" in bad, bad
