@@ -58,8 +58,16 @@ def main() -> int:
                 dst.zero_()
                 torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=stream):
-                issue(torch.cuda.current_stream())
+            try:
+                with torch.cuda.graph(g, stream=stream):
+                    issue(torch.cuda.current_stream())
+            except (RuntimeError, torch.AcceleratorError) as e:  # e.g. a call the driver cannot capture
+                torch.cuda.synchronize()
+                rows.append({"bytes": nbytes, "way": name, "eager": eager, "graph": f"not captured: {e}".splitlines()[0],
+                             "right": ok_eager})
+                print(f"{nbytes:>10} B {name:<18} eager {eager['kernels'] or eager['copy_records']}  "
+                      f"graph {rows[-1]['graph']}", flush=True)
+                continue
             graph = _seen(g.replay)
             rows.append({"bytes": nbytes, "way": name, "eager": eager, "graph": graph,
                          "right": ok_eager and torch.equal(dst, src)})

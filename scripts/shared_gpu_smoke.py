@@ -192,9 +192,12 @@ def _graph(rank, world, cases, report):
                   all(k.startswith("reduce_") or k.startswith("memcpy") for k in report["graph_kernels"])))
 
 
+_SHARDS: dict = {}  # direct -> the final shards of that run, to compare the two
+
+
 def _fsdp(rank, world, cases, report, direct=False):
     """FSDP2 with conccl's hooks against the same model trained unsharded in this process
-    (``direct``: ``conccl.fsdp.enable(direct=True)``, no copy-out).
+    (``direct``: ``conccl.fsdp.enable(direct=True)``, no copy-out or copy-in).
 
     Every rank trains on the same batch, so the averaged gradient is each rank's own (the
     average of equal fp32 values is exact) and the sharded run must equal the unsharded one
@@ -219,7 +222,9 @@ def _fsdp(rank, world, cases, report, direct=False):
     comms = conccl.fsdp.enable(model, direct=direct)
     name = "fsdp2 + conccl" + (" direct" if direct else "")
     report[name] = {"modules": len(comms.modules), "fallback": comms.fallback}
-    skipped0, declined0 = fsdp_direct.skipped_copy_outs, fsdp_direct.declined_gathers
+    counts = lambda: (fsdp_direct.skipped_copy_outs, fsdp_direct.declined_gathers,  # noqa: E731
+                      fsdp_direct.skipped_copy_ins, fsdp_direct.declined_reduces)
+    before = counts()
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
     g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
     for _ in range(3):
@@ -229,6 +234,14 @@ def _fsdp(rank, world, cases, report, direct=False):
             opt.step()
             opt.zero_grad()
     torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # one more step, forward and backward
+        model(x).square().mean().backward()
+        torch.cuda.synchronize()
+    report[name]["kernels"] = _kernels(prof)
+    report[name]["copy_kernels"] = [k for k in report[name]["kernels"] if "chunk_cat" in k or "split_with_sizes" in k]
+    model.zero_grad()
     same, close = [], []
     for p, q in zip(model.parameters(), ref.parameters()):
         mine = p.to_local()
@@ -236,14 +249,23 @@ def _fsdp(rank, world, cases, report, direct=False):
         want = want[:mine.shape[0]]
         same.append(_same(mine.contiguous(), want.contiguous()))
         close.append(bool(torch.allclose(mine, want, rtol=1e-5, atol=1e-6)))
+    _SHARDS[direct] = [p.to_local().detach().clone() for p in model.parameters()]
+    if direct and False in _SHARDS:  # the same arithmetic as the plain hooks at any world size
+        cases.append((f"{name}: every shard equals the plain hooks' run's, bit for bit",
+                      all(_same(a, b) for a, b in zip(_SHARDS[True], _SHARDS[False]))))
     cases.append((f"{name}: every shard equals unsharded training's, bit for bit", all(same)))
     cases.append((f"{name}: every shard within 1e-5 of unsharded training's", all(close)))
-    cases.append((f"{name}: every FSDP module on conccl", not comms.fallback and len(comms.modules) == 4))
-    skipped = fsdp_direct.skipped_copy_outs - skipped0
-    report[name].update(skipped_copy_outs=skipped, declined_gathers=fsdp_direct.declined_gathers - declined0)
-    if direct:  # every gather of these plain Linear shards can fill the parameters itself
-        cases.append((f"{name}: copy-outs skipped, no gather declined",
-                      skipped > 0 and fsdp_direct.declined_gathers == declined0))
+    cases.append((f"{name}: every FSDP module with parameters on conccl", not comms.fallback and len(comms.modules) == 3))
+    report[name].update(zip(("skipped_copy_outs", "declined_gathers", "skipped_copy_ins", "declined_reduces"),
+                            (b - a for a, b in zip(before, counts()))))
+    r = report[name]
+    if direct:  # every gather and reduce of these plain Linear shards uses the parameters and gradients in place
+        cases.append((f"{name}: copy-outs and copy-ins skipped, none declined",
+                      r["skipped_copy_outs"] > 0 and r["skipped_copy_ins"] > 0
+                      and r["declined_gathers"] == r["declined_reduces"] == 0))
+        plain = report.get("fsdp2 + conccl", {}).get("copy_kernels")
+        cases.append((f"{name}: none of FSDP's copy kernels the plain hooks ran ({plain})",
+                      bool(plain) and not set(plain) & set(r["copy_kernels"])))
 
 
 class _IpcHandle:

@@ -151,10 +151,12 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
         module: a module tree already wrapped by ``torch.distributed.fsdp.fully_shard`` (the
             root or any FSDP module; every FSDP module below it is served).
         all_gather, reduce_scatter: which of the two to move (default both).
-        direct: the all-gather fills each parameter's unsharded tensor straight from the peers
-            and FSDP's copy-out is skipped (:mod:`conccl.fsdp_direct`: wraps two FSDP2
-            internals where this PyTorch has the versions it was written against; elsewhere one
-            warning, and the plain hooks). Not yet measured on GPUs.
+        direct: FSDP's copies around the collectives are skipped: the all-gather fills each
+            parameter's unsharded tensor straight from the peers (no copy-out), the
+            reduce-scatter reads each gradient where autograd left it (no copy-in). See
+            :mod:`conccl.fsdp_direct`: it wraps four FSDP2 internals where this PyTorch has
+            the versions it was written against; elsewhere one warning, and the plain hooks.
+            Checked bit for bit on one shared GPU; not yet measured on two.
 
     Returns an :class:`FsdpComms` naming the modules served and those left on NCCL.
     A collective call: every rank of the FSDP groups calls it, on the same modules.
@@ -178,10 +180,10 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             f"{type(module).__name__} has no module wrapped by torch.distributed.fsdp.fully_shard; call "
             "fully_shard on its blocks and on the root first, then conccl.fsdp.enable")
     comms, refused = FsdpComms(), {}
-    if direct and all_gather:
+    if direct and (all_gather or reduce_scatter):
         why = fsdp_direct.install()
         if why is not None:
-            warnings.warn(f"conccl.fsdp: direct=True unavailable ({why}); FSDP keeps its copy-out", stacklevel=2)
+            warnings.warn(f"conccl.fsdp: direct=True unavailable ({why}); FSDP keeps its copies", stacklevel=2)
             direct = False
     for name, m in fsdp:
         pg = _shard_group(m)
@@ -205,7 +207,7 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
         if all_gather:
             m.set_custom_all_gather(fsdp_direct.DirectAllGather(pool) if direct else CopyEngineAllGather(pool))
         if reduce_scatter:
-            m.set_custom_reduce_scatter(CopyEngineReduceScatter(pool))
+            m.set_custom_reduce_scatter(fsdp_direct.DirectReduceScatter(pool) if direct else CopyEngineReduceScatter(pool))
         comms.modules.append(name or "<root>")
     return comms
 

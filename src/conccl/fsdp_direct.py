@@ -1,24 +1,37 @@
-"""FSDP2's all-gather without its copy-out: ``conccl.fsdp.enable(model, direct=True)``.
+"""FSDP2's collectives without its copies: ``conccl.fsdp.enable(model, direct=True)``.
 
-FSDP gathers every parameter's shard into one flat buffer and then, on the compute stream,
-copies each parameter's rows out of it into that parameter's unsharded tensor
-(``torch.ops.fsdp.split_with_sizes_copy``): a pass over every gathered byte in front of the
-computation that needs it. Here the all-gather fills the unsharded tensors themselves: the
-peers' shards are pulled by the copy engines straight from their flat buffers into this rank's
-per-parameter tensors (:meth:`conccl.group.Group.all_gather_into_parts`), and the copy-out is
-skipped. FSDP2's public hooks do not reach the per-parameter tensors (FSDP makes them in the
-copy-out, after the hook ran), so two functions of ``_fsdp_param_group`` are wrapped:
+FSDP packs every parameter of a module into one flat buffer around each collective, with an
+SM kernel on the critical path each time:
+
+- after the all-gather, on the compute stream, it copies each parameter's rows out of the
+  gathered buffer into that parameter's unsharded tensor (``split_with_sizes_copy``);
+- before the reduce-scatter, on the compute stream, it copies every gradient, padded, into
+  the reduce-scatter's input (``chunk_cat``).
+
+Here neither copy runs. The all-gather pulls each peer's shard straight into this rank's
+per-parameter tensors (:meth:`conccl.group.Group.all_gather_into_parts`); the reduce-scatter
+pushes each gradient's rows straight from where autograd left them into the peers' workspaces
+(:meth:`conccl.group.Group.reduce_scatter_from_parts`). FSDP2's public hooks do not reach the
+per-parameter tensors (FSDP makes them in the copy-out, after the hook ran, and passes the
+hook only the packed input), so four FSDP2 functions are wrapped:
 
 - ``foreach_all_gather`` tells a :class:`DirectAllGather` hook which parameters it gathers; the
   hook makes their unsharded tensors on the all-gather stream (as FSDP would in the copy-out)
   and fills them;
 - ``foreach_all_gather_copy_out``, for a gather so done, only orders the current stream after
   it and tells the caching allocator the tensors are used there (``record_stream``: FSDP frees
-  them on that stream).
+  them on that stream);
+- ``foreach_reduce`` tells a :class:`DirectReduceScatter` hook that its next allocation is
+  the packed input; the hook hands FSDP a placeholder of that shape that owns no memory;
+- ``foreach_reduce_scatter_copy_in``, given that placeholder, keeps the gradients instead of
+  copying them; the hook reduces from them and marks them used on the reduce-scatter stream
+  (FSDP drops its references right after the copy-in).
 
-Anything else (another hook, a parameter sharded on another dim, an all-gather extension,
-mixed all-gather dtypes) takes FSDP's own path. The wrap is installed only where this PyTorch's
-functions have the signatures it was written against (:func:`supported`); elsewhere
+Anything else takes FSDP's own path: another hook, a parameter sharded on another dim, an
+all-gather extension, mixed all-gather dtypes; gradients of another dtype than the reduction's
+(a ``reduce_dtype`` cast), non-contiguous gradients, a reduction dtype FSDP divides before
+reducing (fp16). The wraps are installed only where this PyTorch's functions have the
+signatures and behaviour they were written against (:func:`supported`); elsewhere
 ``enable(direct=True)`` warns once and keeps the hook-only path.
 """
 from __future__ import annotations
@@ -30,6 +43,7 @@ import torch.distributed as dist
 
 from . import api
 from .collectives.all_gather import ALL_GATHER
+from .collectives.reduce_scatter import REDUCE_SCATTER
 
 try:  # FSDP2's internals this wraps (PyTorch 2.10 - 2.13)
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
@@ -40,25 +54,64 @@ except ImportError:  # pragma: no cover - older PyTorch: supported() says so
 _GATHER_ARGS = ("fsdp_params", "group", "async_op", "all_gather_copy_in_stream", "all_gather_stream", "device",
                 "all_gather_comm")
 _COPY_OUT_ARGS = ("all_gather_result", "fsdp_params", "group")
+_REDUCE_ARGS = ("fsdp_params", "unsharded_grads", "reduce_scatter_group", "reduce_scatter_stream",
+                "reduce_scatter_comm")  # the first five of foreach_reduce's; more follow
+_COPY_IN_ARGS = ("unsharded_grads", "reduce_scatter_input", "world_size")
 _DIRECT = "_conccl_direct"  # set on a flat all-gather output whose gather filled the parameters
+_PARTS = "_conccl_parts"  # set on a reduce-scatter input placeholder: its _Parts
+# Reduction dtypes FSDP2 divides no reduce-scatter input of (it passes AVG or PREMUL_SUM)
+_UNDIVIDED = (torch.float32, torch.bfloat16)
 
-# Since import, for tests and benchmarks: copy-outs skipped, and gathers a DirectAllGather left
-# to FSDP's own path (parameters it cannot fill itself).
+# Since import, for tests and benchmarks: copy-outs and copy-ins skipped, and collectives a
+# direct hook left to FSDP's own path (tensors it cannot use where they are).
 skipped_copy_outs = 0
 declined_gathers = 0
+skipped_copy_ins = 0
+declined_reduces = 0
 
 
 def supported() -> str | None:
-    """None where the wrap can be installed; otherwise why not."""
+    """None where the wraps can be installed; otherwise why not."""
     if _fsdp_param_group is None:
         return f"PyTorch {torch.__version__} has no FSDP2 internals to wrap"
     for mod, name, args in ((_fsdp_collectives, "foreach_all_gather", _GATHER_ARGS),
-                            (_fsdp_collectives, "foreach_all_gather_copy_out", _COPY_OUT_ARGS)):
-        fn = getattr(mod, name, None)
-        if fn is None or tuple(inspect.signature(fn).parameters) != args:
-            return f"PyTorch {torch.__version__}'s FSDP2 {name} is not the one conccl's direct gather wraps"
-        if getattr(_fsdp_param_group, name, None) not in (fn, _WRAPS.get(name)):
+                            (_fsdp_collectives, "foreach_all_gather_copy_out", _COPY_OUT_ARGS),
+                            (_fsdp_collectives, "foreach_reduce", None),
+                            (_fsdp_collectives, "foreach_reduce_scatter_copy_in", _COPY_IN_ARGS)):
+        fn = _ORIGINAL.get(name) or getattr(mod, name, None)
+        have = () if fn is None else tuple(inspect.signature(fn).parameters)
+        if fn is None or (have != args if args else have[:len(_REDUCE_ARGS)] != _REDUCE_ARGS):
+            return f"PyTorch {torch.__version__}'s FSDP2 {name} is not the one conccl's direct path wraps"
+    for name in ("foreach_all_gather", "foreach_all_gather_copy_out", "foreach_reduce"):
+        if getattr(_fsdp_param_group, name, None) not in (_ORIGINAL.get(name, getattr(_fsdp_collectives, name)),
+                                                           _WRAPS[name]):
             return f"PyTorch {torch.__version__}'s FSDP2 param group does not call {name} as expected"
+    reduce = inspect.unwrap(_ORIGINAL.get("foreach_reduce", _fsdp_collectives.foreach_reduce))
+    if ("foreach_reduce_scatter_copy_in" not in reduce.__code__.co_names
+            or reduce.__globals__ is not vars(_fsdp_collectives)):
+        return f"PyTorch {torch.__version__}'s FSDP2 foreach_reduce does not call foreach_reduce_scatter_copy_in"
+    return _divides_input()
+
+
+def _divides_input() -> str | None:
+    """None where FSDP2 divides no reduce-scatter input of an fp32 or bf16 reduction (the
+    placeholder has no memory to divide); otherwise why not."""
+
+    class _Group:
+        def __init__(self, n):
+            self.n = n
+
+        def size(self):
+            return self.n
+
+    try:
+        for dtype in _UNDIVIDED:
+            for factor in (None, 2.0, 3.0):
+                pre = _fsdp_collectives._get_gradient_divide_factors(_Group(2), None, dtype, "cuda", factor)[0]
+                if pre not in (None, 1):
+                    return f"PyTorch {torch.__version__}'s FSDP2 divides {dtype} gradients before reducing them"
+    except (AttributeError, TypeError, ValueError) as e:
+        return f"PyTorch {torch.__version__}'s FSDP2 gradient divide factors are not the ones conccl knows ({e})"
     return None
 
 
@@ -91,15 +144,67 @@ def _copy_out(all_gather_result, fsdp_params, group):
     skipped_copy_outs += 1
 
 
-_WRAPS = {"foreach_all_gather": _gather, "foreach_all_gather_copy_out": _copy_out}
+class _Parts:
+    """What a reduce-scatter input placeholder stands for: the gradients and their rows (the
+    direct path), or, where the copy-in had to run, the real packed input."""
+
+    def __init__(self):
+        self.grads = self.rows = self.flat = None
+
+
+def _reduce(*args, **kwargs):
+    comm = kwargs.get("reduce_scatter_comm", args[4] if len(args) > 4 else None)
+    group = kwargs.get("reduce_scatter_group", args[2] if len(args) > 2 else None)
+    if not isinstance(comm, DirectReduceScatter) or group is None or group.size() < 2:
+        return _ORIGINAL["foreach_reduce"](*args, **kwargs)
+    comm.expect_input = True  # foreach_reduce's first allocation is the packed input
+    try:
+        return _ORIGINAL["foreach_reduce"](*args, **kwargs)
+    finally:
+        comm.expect_input = False
+
+
+def _padded_rows(shape, world: int) -> int:
+    """Elements per rank of a gradient FSDP pads on dim 0 (its ``_get_dim0_padded_size``)."""
+    rest = 1
+    for d in shape[1:]:
+        rest *= d
+    return -(-shape[0] // world) * rest if len(shape) else 1
+
+
+def _copy_in(unsharded_grads, reduce_scatter_input, world_size):
+    global skipped_copy_ins, declined_reduces
+    parts = getattr(reduce_scatter_input, _PARTS, None)
+    if parts is None:
+        return _ORIGINAL["foreach_reduce_scatter_copy_in"](unsharded_grads, reduce_scatter_input, world_size)
+    x = reduce_scatter_input
+    if world_size > 1 and all(g.dtype == x.dtype and g.device == x.device and g.is_contiguous() and g.dim() >= 1
+                              for g in unsharded_grads):
+        parts.grads = list(unsharded_grads)  # FSDP clears its list next: these keep them
+        parts.rows = [_padded_rows(g.shape, world_size) for g in unsharded_grads]
+        skipped_copy_ins += 1
+        return None
+    # FSDP's own copy-in into a real packed input, as FSDP would allocate it (current stream)
+    parts.flat = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    declined_reduces += 1
+    return _ORIGINAL["foreach_reduce_scatter_copy_in"](unsharded_grads, parts.flat, world_size)
+
+
+_WRAPS = {"foreach_all_gather": _gather, "foreach_all_gather_copy_out": _copy_out, "foreach_reduce": _reduce,
+          "foreach_reduce_scatter_copy_in": _copy_in}
+_ORIGINAL: dict = {}  # FSDP2's own functions, once wrapped
 
 
 def install() -> str | None:
-    """Wrap FSDP2's two functions (once; idempotent). None if installed, else why not."""
+    """Wrap FSDP2's four functions (once; idempotent). None if installed, else why not."""
     why = supported()
-    if why is None:
-        for name, fn in _WRAPS.items():
-            setattr(_fsdp_param_group, name, fn)
+    if why is None and not _ORIGINAL:
+        for name in _WRAPS:
+            _ORIGINAL[name] = getattr(_fsdp_collectives, name)
+        for name in ("foreach_all_gather", "foreach_all_gather_copy_out", "foreach_reduce"):
+            setattr(_fsdp_param_group, name, _WRAPS[name])
+        # foreach_reduce calls it by its module's global name
+        _fsdp_collectives.foreach_reduce_scatter_copy_in = _copy_in
     return why
 
 
@@ -166,3 +271,53 @@ def _copy_engine_gather(output, input, group, parts) -> None:
         g.call(ALL_GATHER, output, input)
     else:
         g.all_gather_into_parts(output, input, parts)
+
+
+class DirectReduceScatter:
+    """FSDP2's reduce-scatter hook that reduces the gradients where autograd left them.
+
+    ``reduce(output, grads, rows, group, op)`` does the reducing (default: conccl's copy
+    engines, ``Group.reduce_scatter_from_parts``); ``flat(output, input, group, op)`` the plain
+    reduce-scatter where FSDP's copy-in ran (default: conccl's). The packed input FSDP asks
+    for is a placeholder owning no memory (its one element repeated: ``expand``) wherever the
+    direct path can run, so the gradients, kept until the reduction is queued, take the
+    packed input's place in memory rather than adding to it."""
+
+    def __init__(self, pool=None, reduce=None, flat=None):
+        self.pool = pool  # unused: nothing here needs to be peer-mapped (the reduce-scatter pushes)
+        self.reduce = reduce or _copy_engine_reduce
+        self.flat = flat or _copy_engine_flat
+        self.expect_input = False  # set by the foreach_reduce wrap: the next allocation is the input
+
+    def allocate(self, size, *, dtype, device):
+        if self.expect_input:
+            self.expect_input = False
+            if dtype in _UNDIVIDED:
+                t = torch.empty(1, dtype=dtype, device=device).expand(*size)
+                setattr(t, _PARTS, _Parts())
+                return t
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        # Ordered on FSDP's reduce-scatter stream, returning None (see conccl.fsdp's hooks).
+        parts = getattr(input_tensor, _PARTS, None)
+        if parts is None:
+            self.flat(output_tensor, input_tensor, group, op)
+        elif parts.grads is None:
+            self.flat(output_tensor, parts.flat, group, op)
+        else:
+            grads, parts.grads = parts.grads, None
+            self.reduce(output_tensor, grads, parts.rows, group, op)
+            if output_tensor.is_cuda:  # read there until this stream passes the call; FSDP freed them
+                stream = torch.cuda.current_stream(output_tensor.device)
+                for g in grads:
+                    g.record_stream(stream)
+        return None
+
+
+def _copy_engine_reduce(output, grads, rows, group, op) -> None:
+    api.get_group(group).reduce_scatter_from_parts(output, grads, rows, op)
+
+
+def _copy_engine_flat(output, input, group, op) -> None:
+    api.get_group(group).call(REDUCE_SCATTER, output, input, (op,))

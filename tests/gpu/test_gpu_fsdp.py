@@ -46,11 +46,11 @@ def _train(rank, world, mode):
     kernels = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
     params = [p.to_local().detach().float().cpu() for p in model.parameters()]
     report = {"losses": losses, "params": params, "kernels": kernels, "mapped": mapped, "checks": checks}
-    if mode == "direct":  # the copy-out's kernels are gone: FSDP's split copy no longer runs
+    if mode == "direct":  # FSDP's copy-out (split copy) and copy-in (chunk_cat) no longer run
         from conccl import fsdp_direct
 
-        report["skipped_copy_outs"] = fsdp_direct.skipped_copy_outs
-        report["declined_gathers"] = fsdp_direct.declined_gathers
+        report.update(skipped_copy_outs=fsdp_direct.skipped_copy_outs, declined_gathers=fsdp_direct.declined_gathers,
+                      skipped_copy_ins=fsdp_direct.skipped_copy_ins, declined_reduces=fsdp_direct.declined_reduces)
     if comms is not None:
         report["memory"] = comms.memory()
         report["modules"], report["fallback"] = comms.modules, comms.fallback
@@ -123,9 +123,14 @@ def test_fsdp_enable_trains_like_stock_fsdp_on_copy_engines():
         assert any(k.startswith("reduce_") for k in mine["kernels"]), mine["kernels"]
         assert any("nccl" in k.lower() for k in stock["kernels"]), stock["kernels"]
         assert mine["unwrapped"].startswith("InvalidArgument") and "fully_shard" in mine["unwrapped"]
-        # direct=True: the gather fills the parameters, FSDP's copy-out is skipped, same bits
-        print("direct", direct["losses"], "skipped copy-outs", direct["skipped_copy_outs"])
+        # direct=True: the gather fills the parameters and the reduce-scatter reads the
+        # gradients: FSDP's copy-out and copy-in are skipped (their kernels gone), same bits
+        print("direct", direct["losses"], {k: v for k, v in direct.items() if k.startswith(("skipped", "declined"))})
         assert direct["skipped_copy_outs"] >= 6 * 3 and direct["declined_gathers"] == 0 and not direct["fallback"], direct
+        assert direct["skipped_copy_ins"] >= 6 * 3 and direct["declined_reduces"] == 0, direct
+        copies = {k for k in mine["kernels"] if "chunk_cat" in k or "split_with_sizes" in k}
+        print("FSDP's copy kernels under the plain hooks", copies)
+        assert copies and not copies & set(direct["kernels"]), (copies, direct["kernels"])
         assert direct["losses"] == mine["losses"], (direct["losses"], mine["losses"])
         assert all(torch.equal(a, b) for a, b in zip(direct["params"], mine["params"]))
         if world == 2:

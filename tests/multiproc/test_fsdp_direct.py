@@ -1,9 +1,11 @@
-"""CPU multi-process tier: FSDP2 with the all-gather filling each parameter's unsharded tensor
-itself and FSDP's copy-out skipped (``conccl.fsdp_direct``), against stock FSDP2, on gloo.
+"""CPU multi-process tier: FSDP2 without its copies (``conccl.fsdp_direct``): the all-gather
+filling each parameter's unsharded tensor itself (copy-out skipped) and the reduce-scatter
+reading the gradients where they are (copy-in skipped), against stock FSDP2, on gloo.
 
-The wrap of FSDP2's internals is what runs here; the filling is done with torch.distributed
-(the copy-engine filling, ``Group.all_gather_into_parts``, needs GPUs: its copies are checked
-in tests/unit/test_into_parts.py)."""
+The wraps of FSDP2's internals are what runs here; the filling and the reducing are done with
+torch.distributed from the parts the hooks are handed (the copy-engine versions,
+``Group.all_gather_into_parts`` and ``Group.reduce_scatter_from_parts``, are checked against
+the flat calls in tests/multiproc/test_group_parts.py)."""
 from __future__ import annotations
 
 import pytest
@@ -32,7 +34,26 @@ def _gloo_gather(output, input, group, parts):
             off += n
 
 
-def _train(rank, world, direct: bool, param_dtype):
+def _gloo_reduce(output, grads, rows, group, op):
+    """The reference reducing: the packed input built from the parts (zero padding, as FSDP's
+    copy-in pads), then the flat reduce-scatter."""
+    world = group.size()
+    flat = torch.zeros(world, sum(rows), dtype=output.dtype)
+    off = 0
+    for g, n in zip(grads, rows):
+        assert g.numel() <= world * n, (g.shape, n)
+        part = torch.zeros(world * n, dtype=g.dtype)
+        part[:g.numel()] = g.reshape(-1)
+        flat[:, off:off + n] = part.view(world, n)
+        off += n
+    dist.reduce_scatter_tensor(output, flat.view(-1), op=op, group=group)
+
+
+def _gloo_flat(output, input, group, op):
+    dist.reduce_scatter_tensor(output, input, op=op, group=group)
+
+
+def _train(rank, world, direct: bool, param_dtype, reduce_dtype):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -40,7 +61,7 @@ def _train(rank, world, direct: bool, param_dtype):
     torch.manual_seed(0)
     dims = [(13, 37), (37, 21), (21, 7)]  # sizes no world divides: FSDP pads the shards
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh()) for a, b in dims])
-    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model:
         fully_shard(block, mesh=mesh, mp_policy=mp_policy)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
@@ -48,6 +69,7 @@ def _train(rank, world, direct: bool, param_dtype):
         for m in model.modules():
             if hasattr(m, "set_custom_all_gather") and m._get_fsdp_state()._fsdp_param_group is not None:
                 m.set_custom_all_gather(fsdp_direct.DirectAllGather(gather=_gloo_gather))
+                m.set_custom_reduce_scatter(fsdp_direct.DirectReduceScatter(reduce=_gloo_reduce, flat=_gloo_flat))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
     losses = []
@@ -61,38 +83,46 @@ def _train(rank, world, direct: bool, param_dtype):
     return losses, [p.to_local().detach().clone() for p in model.parameters()]
 
 
-def _worker(rank, world, port, param_dtype, queue):
+def _counts():
+    return (fsdp_direct.skipped_copy_outs, fsdp_direct.declined_gathers, fsdp_direct.skipped_copy_ins,
+            fsdp_direct.declined_reduces)
+
+
+def _worker(rank, world, port, param_dtype, reduce_dtype, queue):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         assert fsdp_direct.install() is None
-        before = fsdp_direct.skipped_copy_outs
-        stock = _train(rank, world, False, param_dtype)
-        skipped_stock = fsdp_direct.skipped_copy_outs - before
-        direct = _train(rank, world, True, param_dtype)
-        skipped = fsdp_direct.skipped_copy_outs - before - skipped_stock
+        c0 = _counts()
+        stock = _train(rank, world, False, param_dtype, reduce_dtype)
+        c1 = _counts()
+        direct = _train(rank, world, True, param_dtype, reduce_dtype)
+        c2 = _counts()
         same = [torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(stock[1], direct[1])]
-        queue.put((rank, stock[0], direct[0], same, skipped_stock, skipped, fsdp_direct.declined_gathers))
+        queue.put((rank, stock[0], direct[0], same, [b - a for a, b in zip(c0, c1)], [b - a for a, b in zip(c1, c2)]))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("param_dtype", [None, torch.bfloat16])
-def test_direct_gather_trains_bit_for_bit_like_stock_and_skips_every_copy_out(world, param_dtype):
+@pytest.mark.parametrize("param_dtype,reduce_dtype", [(None, torch.float32), (torch.bfloat16, torch.float32),
+                                                      (torch.bfloat16, torch.bfloat16)])
+def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_dtype, reduce_dtype):
     from conccl.launch import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, param_dtype, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, param_dtype, reduce_dtype, queue)) for r in range(world)]
     for p in procs:
         p.start()
     results = [queue.get(timeout=240) for _ in procs]
     for p in procs:
         p.join(timeout=30)
-    for rank, stock_losses, direct_losses, same, skipped_stock, skipped, declined in results:
+    # forward and backward unshard each of the 3 blocks once a step, and backward reduces each
+    # once a step (the root has no parameters): 3 steps
+    cast = (param_dtype or torch.float32) != reduce_dtype  # FSDP's copy-in casts: it must run
+    for rank, stock_losses, direct_losses, same, stock_counts, counts in results:
         assert direct_losses == stock_losses, (rank, stock_losses, direct_losses)
         assert all(same), (rank, same)
-        assert skipped_stock == 0  # stock FSDP's gathers are left alone
-        # forward and backward unshard each of the 3 blocks once a step (the root has no parameters)
-        assert skipped == 3 * 3 * 2 and declined == 0, (rank, skipped, declined)
+        assert stock_counts == [0, 0, 0, 0]  # stock FSDP's collectives are left alone
+        assert counts == [3 * 3 * 2, 0, 0 if cast else 3 * 3, 3 * 3 if cast else 0], (rank, counts)
