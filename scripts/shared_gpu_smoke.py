@@ -200,8 +200,9 @@ def _fsdp(rank, world, cases, report, direct=False):
     (``direct``: ``conccl.fsdp.enable(direct=True)``, no copy-out or copy-in).
 
     Every rank trains on the same batch, so the averaged gradient is each rank's own (the
-    average of equal fp32 values is exact) and the sharded run must equal the unsharded one
-    shard for shard, bit for bit, after a few AdamW steps."""
+    average of equal fp32 values is exact where the world is a power of two) and the sharded
+    run must equal the unsharded one shard for shard, bit for bit, after a few AdamW steps; at
+    any world within 1e-5, and the direct run must equal the plain hooks' run bit for bit."""
     import copy
 
     from torch.distributed.device_mesh import DeviceMesh
@@ -253,7 +254,8 @@ def _fsdp(rank, world, cases, report, direct=False):
     if direct and False in _SHARDS:  # the same arithmetic as the plain hooks at any world size
         cases.append((f"{name}: every shard equals the plain hooks' run's, bit for bit",
                       all(_same(a, b) for a, b in zip(_SHARDS[True], _SHARDS[False]))))
-    cases.append((f"{name}: every shard equals unsharded training's, bit for bit", all(same)))
+    if world & (world - 1) == 0:  # AVG of equal values is exact only where 1/world is (a power of two)
+        cases.append((f"{name}: every shard equals unsharded training's, bit for bit", all(same)))
     cases.append((f"{name}: every shard within 1e-5 of unsharded training's", all(close)))
     cases.append((f"{name}: every FSDP module with parameters on conccl", not comms.fallback and len(comms.modules) == 3))
     report[name].update(zip(("skipped_copy_outs", "declined_gathers", "skipped_copy_ins", "declined_reduces"),
