@@ -53,7 +53,7 @@ def _gloo_flat(output, input, group, op):
     dist.reduce_scatter_tensor(output, input, op=op, group=group)
 
 
-def _train(rank, world, direct: bool, param_dtype, reduce_dtype):
+def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="default"):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -63,8 +63,13 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype):
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh()) for a, b in dims])
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model:
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=schedule != "no_reshard")
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    if schedule == "prefetch":  # explicit prefetching: each block's gather issued one block early
+        blocks = list(model)
+        for a, b in zip(blocks, blocks[1:]):
+            a.set_modules_to_forward_prefetch([b])
+            b.set_modules_to_backward_prefetch([a])
     if direct:
         for m in model.modules():
             if hasattr(m, "set_custom_all_gather") and m._get_fsdp_state()._fsdp_param_group is not None:
@@ -88,14 +93,14 @@ def _counts():
             fsdp_direct.declined_reduces)
 
 
-def _worker(rank, world, port, param_dtype, reduce_dtype, queue):
+def _worker(rank, world, port, param_dtype, reduce_dtype, schedule, queue):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         assert fsdp_direct.install() is None
         c0 = _counts()
-        stock = _train(rank, world, False, param_dtype, reduce_dtype)
+        stock = _train(rank, world, False, param_dtype, reduce_dtype, schedule)
         c1 = _counts()
-        direct = _train(rank, world, True, param_dtype, reduce_dtype)
+        direct = _train(rank, world, True, param_dtype, reduce_dtype, schedule)
         c2 = _counts()
         same = [torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(stock[1], direct[1])]
         queue.put((rank, stock[0], direct[0], same, [b - a for a, b in zip(c0, c1)], [b - a for a, b in zip(c1, c2)]))
@@ -103,26 +108,40 @@ def _worker(rank, world, port, param_dtype, reduce_dtype, queue):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("param_dtype,reduce_dtype", [(None, torch.float32), (torch.bfloat16, torch.float32),
-                                                      (torch.bfloat16, torch.bfloat16)])
-def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_dtype, reduce_dtype):
+def _run(world, param_dtype, reduce_dtype, schedule="default"):
     from conccl.launch import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, param_dtype, reduce_dtype, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, param_dtype, reduce_dtype, schedule, queue))
+             for r in range(world)]
     for p in procs:
         p.start()
     results = [queue.get(timeout=240) for _ in procs]
     for p in procs:
         p.join(timeout=30)
-    # forward and backward unshard each of the 3 blocks once a step, and backward reduces each
-    # once a step (the root has no parameters): 3 steps
-    cast = (param_dtype or torch.float32) != reduce_dtype  # FSDP's copy-in casts: it must run
     for rank, stock_losses, direct_losses, same, stock_counts, counts in results:
         assert direct_losses == stock_losses, (rank, stock_losses, direct_losses)
         assert all(same), (rank, same)
         assert stock_counts == [0, 0, 0, 0]  # stock FSDP's collectives are left alone
-        assert counts == [3 * 3 * 2, 0, 0 if cast else 3 * 3, 3 * 3 if cast else 0], (rank, counts)
+    return [r[-1] for r in results]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("param_dtype,reduce_dtype", [(None, torch.float32), (torch.bfloat16, torch.float32),
+                                                      (torch.bfloat16, torch.bfloat16)])
+def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_dtype, reduce_dtype):
+    # forward and backward unshard each of the 3 blocks once a step, and backward reduces each
+    # once a step (the root has no parameters): 3 steps
+    cast = (param_dtype or torch.float32) != reduce_dtype  # FSDP's copy-in casts: it must run
+    for counts in _run(world, param_dtype, reduce_dtype):
+        assert counts == [3 * 3 * 2, 0, 0 if cast else 3 * 3, 3 * 3 if cast else 0], counts
+
+
+@pytest.mark.parametrize("schedule,gathers", [("no_reshard", 3 * 3), ("prefetch", 3 * 3 * 2)])
+def test_direct_under_other_fsdp_schedules(schedule, gathers):
+    """reshard_after_forward=False (no backward re-gather: the parameters filled in forward stay)
+    and explicit forward/backward prefetching (gathers issued a block early)."""
+    for counts in _run(2, None, torch.float32, schedule):
+        assert counts == [gathers, 0, 3 * 3, 0], counts

@@ -8,7 +8,8 @@ parameters. Four configurations run in one process per GPU, one after the other:
   any communication, the floor the other two are judged against;
 - ``stock``: every block and the root wrapped by ``fully_shard`` (NCCL);
 - ``conccl``: the same, then ``conccl.fsdp.enable``;
-- ``conccl_direct``: the same with ``direct=True`` (no copy-out: :mod:`conccl.fsdp_direct`).
+- ``conccl_direct``: the same with ``direct=True`` (no copy-out, no copy-in: :mod:`conccl.fsdp_direct`;
+  the record counts the copies skipped and the collectives left to FSDP's copies).
 
 Each trains ``train_steps`` AdamW steps from the same seed and data. Forward + backward of
 every step after ``warmup`` is timed with CUDA events on the default stream (FSDP's root
@@ -187,7 +188,9 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                 loss = _deterministic_loss(config, x, cfg, device)
             model, comms = build(config, cfg.shape, device)
             dist.barrier()
+            before = _direct_counts()
             times, peak, loss_timed, opt = _train(model, x, cfg)
+            direct = {k: v - before[k] for k, v in _direct_counts().items()}
             extra = 0
             if comms is not None:
                 extra = sum(m["workspace_bytes"] for m in comms.memory().values())
@@ -196,7 +199,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                    "loss": loss_timed if loss is None else loss, "loss_deterministic": loss is not None,
                    "loss_timed_run": loss_timed,
                    "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
-                                                         "memory": comms.memory()}}
+                                                         "memory": comms.memory(), "direct": direct}}
             if cfg.profile and rank == 0:
                 rec["profile"] = _profile_step(model, x)
             elif cfg.profile:
@@ -208,6 +211,14 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             torch.cuda.empty_cache()
             dist.barrier()
     return out
+
+
+def _direct_counts() -> dict:
+    """conccl.fsdp_direct's counters: FSDP copies skipped, collectives left to FSDP's copies."""
+    from .. import fsdp_direct
+
+    return {k: getattr(fsdp_direct, k) for k in ("skipped_copy_outs", "declined_gathers", "skipped_copy_ins",
+                                                   "declined_reduces")}
 
 
 def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
@@ -264,6 +275,12 @@ def markdown(doc: dict) -> str:
         lo, hi = r["step_ms_spread"]
         lines.append(f"| {r['tokens_per_rank']} | {r['config']} | {r['step_ms']:.2f} | {lo:.2f}-{hi:.2f} | {ratio} | "
                      f"{r['peak_mem_gib']:.2f} | {r.get('peak_reserved_gib', 0):.2f} | {r['loss']!r} |")
+    for r in res:
+        d = (r.get("conccl") or {}).get("direct")
+        if r["config"] == "conccl_direct" and d:
+            lines += ["", f"conccl_direct, {r['tokens_per_rank']} tokens (rank 0, timed run): {d['skipped_copy_outs']} "
+                      f"copy-outs and {d['skipped_copy_ins']} copy-ins skipped; {d['declined_gathers']} all-gathers "
+                      f"and {d['declined_reduces']} reduce-scatters left to FSDP's copies."]
     for r in res:
         prof = r.get("profile_rank0")
         if not prof:
