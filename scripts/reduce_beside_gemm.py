@@ -1,0 +1,105 @@
+"""What conccl's reduction kernel costs a GEMM running beside it, on one GPU.
+
+A copy-engine reduce-scatter takes SMs only for its sum (one kernel of at most ``MAX_CTAS``
+CTAs, ``executors/cuda_reduce.py``). This times a bf16 GEMM loop alone and with a reduction
+looping on another stream the whole time, for the sum a rank of a 2-rank reduce-scatter of
+``--mib`` MiB does (two operands of half that size), and, for comparison, the same sum as a
+plain ``torch.add`` (a full-grid elementwise kernel, what an SM collective's reduction is
+closest to). Both streams start behind one gate (a spin kernel), CUDA events, median of
+``--runs`` runs after a warm-up. It does not measure the copies' share (copy engines and HBM
+traffic of the peer writes): that needs two GPUs (``conccl bench``).
+
+    PYTHONPATH=src python scripts/reduce_beside_gemm.py [--mib 1024] [--gemm 8192] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from conccl._driver import driver
+from conccl.executors.cuda_reduce import MAX_CTAS, ReduceLaunch
+
+
+def _timed(fn, stream=None) -> float:
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s = stream or torch.cuda.current_stream()
+    a.record(s)
+    fn()
+    b.record(s)
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=1024, help="reduce-scatter size (input bytes per rank)")
+    ap.add_argument("--gemm", type=int, default=8192, help="M = N = K of the bf16 GEMM")
+    ap.add_argument("--gemms", type=int, default=20, help="GEMMs per timed loop")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA GPU visible")
+        return 2
+    n = (a.mib << 20) // 2 // 2  # bf16 elements of each operand: half the input, 2 ranks' chunks
+    x, y, out = (torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(3))
+    red = ReduceLaunch(torch.cuda.current_device(), out.data_ptr(), (x.data_ptr(), y.data_ptr()), n * 2, "bfloat16",
+                       1.0)
+    cu = driver()
+    side = torch.cuda.Stream()
+    sums = {
+        f"conccl reduction ({MAX_CTAS} CTAs)": lambda: red.launch(cu, torch.cuda.current_stream().cuda_stream),
+        "torch.add (full grid)": lambda: torch.add(x, y, out=out),
+    }
+    A = torch.randn(a.gemm, a.gemm, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(a.gemm, a.gemm, device="cuda", dtype=torch.bfloat16)
+    C = torch.empty_like(A)
+
+    def gemms():
+        for _ in range(a.gemms):
+            torch.mm(A, B, out=C)
+
+    gemms()
+    for fn in sums.values():
+        fn()
+    torch.cuda.synchronize()
+    gemm_alone = statistics.median(_timed(gemms) for _ in range(a.runs))
+    rows = {"gemm_ms_per_loop": gemm_alone, "gemms_per_loop": a.gemms, "gemm_mnk": a.gemm, "mib": a.mib,
+            "operand_mib": n * 2 / 2**20, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "sums": {}}
+    print(f"{torch.cuda.get_device_name(0)}: {a.gemms} x bf16 GEMM {a.gemm}^3 alone {gemm_alone:.2f} ms")
+    for name, fn in sums.items():
+        alone = statistics.median(_timed(fn) for _ in range(a.runs))
+        reps = int(gemm_alone / alone) + 2  # the sum loops past the GEMMs' end
+        beside, sums_ms = [], []
+        for _ in range(a.runs):
+            gate = torch.cuda.Event()
+            torch.cuda._sleep(2_000_000)  # both streams start behind it
+            gate.record()
+            side.wait_event(gate)
+            with torch.cuda.stream(side):
+                s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s0.record(side)
+                for _ in range(reps):
+                    fn()
+                s1.record(side)
+            beside.append(_timed(gemms))
+            s1.synchronize()
+            sums_ms.append(s0.elapsed_time(s1) / reps)
+        gemm_beside = statistics.median(beside)
+        rows["sums"][name] = {"sum_alone_ms": alone, "sum_beside_ms": statistics.median(sums_ms),
+                              "gemm_beside_ms_per_loop": gemm_beside, "gemm_slowdown": gemm_beside / gemm_alone - 1,
+                              "gemm_spread_ms": [min(beside), max(beside)], "sum_GBps_alone": 3 * n * 2 / alone / 1e6}
+        r = rows["sums"][name]
+        print(f"  beside {name}: GEMMs {gemm_beside:.2f} ms ({100 * r['gemm_slowdown']:+.1f}%); the sum alone "
+              f"{alone:.3f} ms ({r['sum_GBps_alone']:.0f} GB/s), beside the GEMMs {r['sum_beside_ms']:.3f} ms")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
