@@ -5,9 +5,10 @@ CTAs, ``executors/cuda_reduce.py``). This times a bf16 GEMM loop alone and with 
 looping on another stream the whole time, for the sum a rank of a 2-rank reduce-scatter of
 ``--mib`` MiB does (two operands of half that size), and, for comparison, the same sum as a
 plain ``torch.add`` (a full-grid elementwise kernel, what an SM collective's reduction is
-closest to). Both streams start behind one gate (a spin kernel), CUDA events, median of
-``--runs`` runs after a warm-up. It does not measure the copies' share (copy engines and HBM
-traffic of the peer writes): that needs two GPUs (``conccl bench``).
+closest to). Both streams start behind one gate (a spin kernel; the GEMMs alone too), CUDA
+events, median of ``--runs`` runs after a warm-up, the three cases in turns. It does not
+measure the copies' share (copy engines and HBM traffic of the peer writes): that needs two
+GPUs (``conccl bench``).
 
     PYTHONPATH=src python scripts/reduce_beside_gemm.py [--mib 1024] [--gemm 8192] [--json OUT]
 """
@@ -66,35 +67,48 @@ def main() -> int:
     for fn in sums.values():
         fn()
     torch.cuda.synchronize()
-    gemm_alone = statistics.median(_timed(gemms) for _ in range(a.runs))
-    rows = {"gemm_ms_per_loop": gemm_alone, "gemms_per_loop": a.gemms, "gemm_mnk": a.gemm, "mib": a.mib,
-            "operand_mib": n * 2 / 2**20, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "sums": {}}
-    print(f"{torch.cuda.get_device_name(0)}: {a.gemms} x bf16 GEMM {a.gemm}^3 alone {gemm_alone:.2f} ms")
-    for name, fn in sums.items():
-        alone = statistics.median(_timed(fn) for _ in range(a.runs))
-        reps = int(gemm_alone / alone) + 2  # the sum loops past the GEMMs' end
-        beside, sums_ms = [], []
-        for _ in range(a.runs):
-            gate = torch.cuda.Event()
-            torch.cuda._sleep(2_000_000)  # both streams start behind it
-            gate.record()
+    alone_ms = {name: statistics.median(_timed(fn) for _ in range(a.runs)) for name, fn in sums.items()}
+    reps = {name: int(2 * _timed(gemms) / t) + 2 for name, t in alone_ms.items()}  # the sum outlasts the GEMMs
+
+    def gated(name):
+        """GEMM loop ms (and the sum's ms per launch) with ``name``'s sum looping beside, or alone."""
+        gate = torch.cuda.Event()
+        torch.cuda._sleep(2_000_000)  # both streams start behind it; the GEMMs alone too
+        gate.record()
+        s0 = s1 = None
+        if name is not None:
             side.wait_event(gate)
             with torch.cuda.stream(side):
                 s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s0.record(side)
-                for _ in range(reps):
-                    fn()
+                for _ in range(reps[name]):
+                    sums[name]()
                 s1.record(side)
-            beside.append(_timed(gemms))
+        ms = _timed(gemms)
+        if s1 is not None:
             s1.synchronize()
-            sums_ms.append(s0.elapsed_time(s1) / reps)
+        return ms, None if s0 is None else s0.elapsed_time(s1) / reps[name]
+
+    # In turns (alone, beside each sum, alone, ...), so that clock and power drift fall on all alike.
+    runs = {name: [] for name in (None, *sums)}
+    for _ in range(a.runs):
+        for name in runs:
+            runs[name].append(gated(name))
+    gemm_alone = statistics.median(ms for ms, _ in runs[None])
+    rows = {"gemm_ms_per_loop": gemm_alone, "gemm_alone_spread_ms": [min(ms for ms, _ in runs[None]),
+                                                                      max(ms for ms, _ in runs[None])],
+            "gemms_per_loop": a.gemms, "gemm_mnk": a.gemm, "mib": a.mib, "operand_mib": n * 2 / 2**20,
+            "runs": a.runs, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "sums": {}}
+    print(f"{torch.cuda.get_device_name(0)}: {a.gemms} x bf16 GEMM {a.gemm}^3 alone {gemm_alone:.2f} ms")
+    for name in sums:
+        beside = [ms for ms, _ in runs[name]]
         gemm_beside = statistics.median(beside)
-        rows["sums"][name] = {"sum_alone_ms": alone, "sum_beside_ms": statistics.median(sums_ms),
-                              "gemm_beside_ms_per_loop": gemm_beside, "gemm_slowdown": gemm_beside / gemm_alone - 1,
-                              "gemm_spread_ms": [min(beside), max(beside)], "sum_GBps_alone": 3 * n * 2 / alone / 1e6}
-        r = rows["sums"][name]
+        r = rows["sums"][name] = {
+            "sum_alone_ms": alone_ms[name], "sum_beside_ms": statistics.median(t for _, t in runs[name]),
+            "gemm_beside_ms_per_loop": gemm_beside, "gemm_slowdown": gemm_beside / gemm_alone - 1,
+            "gemm_spread_ms": [min(beside), max(beside)], "sum_GBps_alone": 3 * n * 2 / alone_ms[name] / 1e6}
         print(f"  beside {name}: GEMMs {gemm_beside:.2f} ms ({100 * r['gemm_slowdown']:+.1f}%); the sum alone "
-              f"{alone:.3f} ms ({r['sum_GBps_alone']:.0f} GB/s), beside the GEMMs {r['sum_beside_ms']:.3f} ms")
+              f"{alone_ms[name]:.3f} ms ({r['sum_GBps_alone']:.0f} GB/s), beside the GEMMs {r['sum_beside_ms']:.3f} ms")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
