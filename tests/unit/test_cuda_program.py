@@ -170,3 +170,16 @@ def test_a_reduce_scatter_lowers_to_copies_signals_and_one_reduction_last():
     assert dst == bases[Buf.OUTPUT] + me and nbytes == 4096 and dtype == "bfloat16" and scale == 0.5
     assert srcs == tuple(bases[Buf.INPUT] + me + 4096 if r == 1 else bases[Buf.WORKSPACE] + me + r * 4096
                          for r in range(4))
+
+
+def test_reduce_grid_bound_from_the_environment(monkeypatch):
+    from conccl.executors import cuda_reduce
+
+    monkeypatch.delenv("CONCCL_REDUCE_CTAS", raising=False)
+    assert cuda_reduce._grid_bound() == cuda_reduce.MAX_CTAS
+    monkeypatch.setenv("CONCCL_REDUCE_CTAS", "132")
+    assert cuda_reduce._grid_bound() == 132
+    for bad in ("0", "-4", "many", "2000"):
+        monkeypatch.setenv("CONCCL_REDUCE_CTAS", bad)
+        with pytest.raises(ValueError, match="CONCCL_REDUCE_CTAS"):
+            cuda_reduce._grid_bound()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 from .._driver import check, driver
 
@@ -22,7 +23,22 @@ MAX_OPERANDS = 8  # world sizes up to 8, as an NVLink node has
 # SMs the reduction may occupy at once. Each CTA streams about 50-60 GB/s (bf16 on H200,
 # scripts/reduce_kernel.py): 16 CTAs reduce two 256 MiB operands in 0.76 ms, 32 in 0.40 ms,
 # for the same SM-time; 32 halves the time a reduce-scatter's last step adds to a step.
+# Beside a GEMM the bound does not spare it (benchmarks/2026-11-23-h200-reduce-beside-gemm: a
+# smaller grid runs longer and costs the GEMM as much or more per sum); CONCCL_REDUCE_CTAS sets
+# another grid for the 2-GPU comparison, copies included, that is to decide it.
 MAX_CTAS = 32
+
+
+def _grid_bound() -> int:
+    raw = os.environ.get("CONCCL_REDUCE_CTAS", "")
+    if not raw:
+        return MAX_CTAS
+    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+        raise ValueError(f"CONCCL_REDUCE_CTAS must be a whole number from 1 to 1024, got {raw!r}")
+    return int(raw)
+
+
+GRID_BOUND = _grid_bound()  # what ReduceLaunch uses: MAX_CTAS unless CONCCL_REDUCE_CTAS says otherwise
 THREADS = 512
 
 _SOURCE = r"""
@@ -240,7 +256,7 @@ class ReduceLaunch:
         # slots do); otherwise one element at a time, at a fraction of the bandwidth.
         self.vectorized = all(p % 16 == 0 for p in (dst, *srcs))
         self.function = (scalar if not self.vectorized else pair if len(srcs) == 2 else vector)[dtype]
-        self.grid = max(1, min(MAX_CTAS, -(-n // THREADS)))
+        self.grid = max(1, min(GRID_BOUND, -(-n // THREADS)))
         ptrs = list(srcs) + [srcs[0]] * (MAX_OPERANDS - len(srcs))  # unused operands are never read
         # The kernel's parameters, kept alive with the program: the driver copies them at launch.
         self._values = ([ctypes.c_void_p(dst)] + [ctypes.c_void_p(p) for p in ptrs]
