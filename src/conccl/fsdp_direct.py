@@ -25,7 +25,9 @@ hook only the packed input), so four FSDP2 functions are wrapped:
   the packed input; the hook hands FSDP a placeholder of that shape that owns no memory;
 - ``foreach_reduce_scatter_copy_in``, given that placeholder, keeps the gradients instead of
   copying them; the hook reduces from them and marks them used on the reduce-scatter stream
-  (FSDP drops its references right after the copy-in).
+  (FSDP drops its references right after the copy-in). An all-reduce after the reduce-scatter
+  (HSDP) or a user's all-reduce hook keeps FSDP's copy-in: they read the output's padding,
+  which the direct path leaves unspecified.
 
 Anything else takes FSDP's own path: another hook, a parameter sharded on another dim, an
 all-gather extension, mixed all-gather dtypes; gradients of another dtype than the reduction's
@@ -36,6 +38,7 @@ signatures and behaviour they were written against (:func:`supported`); elsewher
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -153,9 +156,19 @@ class _Parts:
 
 
 def _reduce(*args, **kwargs):
+    global declined_reduces
     comm = kwargs.get("reduce_scatter_comm", args[4] if len(args) > 4 else None)
-    group = kwargs.get("reduce_scatter_group", args[2] if len(args) > 2 else None)
-    if not isinstance(comm, DirectReduceScatter) or group is None or group.size() < 2:
+    if not isinstance(comm, DirectReduceScatter):
+        return _ORIGINAL["foreach_reduce"](*args, **kwargs)
+    call = _REDUCE_SIGNATURE().bind(*args, **kwargs).arguments
+    group = call.get("reduce_scatter_group")
+    # The padding rows of a direct reduction's output are not zeros (FSDP's copy-in zero-pads):
+    # only FSDP's own views of it are used, except by an all-reduce (HSDP) or a user's hook,
+    # which get the whole buffer. Those keep FSDP's copy-in.
+    if group is None or group.size() < 2:  # FSDP reduces nothing
+        return _ORIGINAL["foreach_reduce"](*args, **kwargs)
+    if call.get("all_reduce_group") is not None or call.get("all_reduce_hook") is not None:
+        declined_reduces += 1
         return _ORIGINAL["foreach_reduce"](*args, **kwargs)
     comm.expect_input = True  # foreach_reduce's first allocation is the packed input
     try:
@@ -188,6 +201,11 @@ def _copy_in(unsharded_grads, reduce_scatter_input, world_size):
     parts.flat = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     declined_reduces += 1
     return _ORIGINAL["foreach_reduce_scatter_copy_in"](unsharded_grads, parts.flat, world_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _REDUCE_SIGNATURE():  # noqa: N802 - a constant, made once FSDP2's function is known
+    return inspect.signature(_ORIGINAL["foreach_reduce"])
 
 
 _WRAPS = {"foreach_all_gather": _gather, "foreach_all_gather_copy_out": _copy_out, "foreach_reduce": _reduce,
@@ -280,8 +298,9 @@ class DirectReduceScatter:
     engines, ``Group.reduce_scatter_from_parts``); ``flat(output, input, group, op)`` the plain
     reduce-scatter where FSDP's copy-in ran (default: conccl's). The packed input FSDP asks
     for is a placeholder owning no memory (its one element repeated: ``expand``) wherever the
-    direct path can run, so the gradients, kept until the reduction is queued, take the
-    packed input's place in memory rather than adding to it."""
+    direct path can run: the gradients stand in for it. They are kept until the reduction is
+    queued and reused only once the reduce-scatter stream passes it (``record_stream``), where
+    FSDP frees them right after its copy-in: whether peak memory rises is for the benchmark."""
 
     def __init__(self, pool=None, reduce=None, flat=None):
         self.pool = pool  # unused: nothing here needs to be peer-mapped (the reduce-scatter pushes)
@@ -290,12 +309,14 @@ class DirectReduceScatter:
         self.expect_input = False  # set by the foreach_reduce wrap: the next allocation is the input
 
     def allocate(self, size, *, dtype, device):
+        global declined_reduces
         if self.expect_input:
             self.expect_input = False
             if dtype in _UNDIVIDED:
                 t = torch.empty(1, dtype=dtype, device=device).expand(*size)
                 setattr(t, _PARTS, _Parts())
                 return t
+            declined_reduces += 1  # FSDP divides this dtype's packed input before reducing it
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
@@ -307,11 +328,13 @@ class DirectReduceScatter:
             self.flat(output_tensor, parts.flat, group, op)
         else:
             grads, parts.grads = parts.grads, None
-            self.reduce(output_tensor, grads, parts.rows, group, op)
-            if output_tensor.is_cuda:  # read there until this stream passes the call; FSDP freed them
+            if output_tensor.is_cuda:
+                # Read there until this stream passes the call, and FSDP dropped them: marked
+                # before the call is queued, so that a call that raises midway leaves them marked.
                 stream = torch.cuda.current_stream(output_tensor.device)
                 for g in grads:
                     g.record_stream(stream)
+            self.reduce(output_tensor, grads, parts.rows, group, op)
         return None
 
 

@@ -155,6 +155,9 @@ class Schedule:
     stream_mode: StreamMode
     staged: bool
     workspace_bytes: int = 0
+    # The own input (reduce_scatter.from_parts) or output (all_gather.into_parts) is several
+    # tensors, named by byte offset from the lowest one: an executor reaches them by address.
+    parts: bool = False
 
     @property
     def transfers(self) -> tuple[Transfer, ...]:

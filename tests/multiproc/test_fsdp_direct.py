@@ -65,6 +65,9 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     for block in model:
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=schedule != "no_reshard")
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    if schedule == "hook":  # a user's hook on every reduced gradient: it sees the whole output
+        for block in model:
+            block.set_all_reduce_hook(lambda t: t.mul_(1.0))
     if schedule == "prefetch":  # explicit prefetching: each block's gather issued one block early
         blocks = list(model)
         for a, b in zip(blocks, blocks[1:]):
@@ -139,9 +142,11 @@ def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_
         assert counts == [3 * 3 * 2, 0, 0 if cast else 3 * 3, 3 * 3 if cast else 0], counts
 
 
-@pytest.mark.parametrize("schedule,gathers", [("no_reshard", 3 * 3), ("prefetch", 3 * 3 * 2)])
-def test_direct_under_other_fsdp_schedules(schedule, gathers):
-    """reshard_after_forward=False (no backward re-gather: the parameters filled in forward stay)
-    and explicit forward/backward prefetching (gathers issued a block early)."""
+@pytest.mark.parametrize("schedule,gathers,copy_ins", [("no_reshard", 3 * 3, 3 * 3), ("prefetch", 3 * 3 * 2, 3 * 3),
+                                                        ("hook", 3 * 3 * 2, 0)])
+def test_direct_under_other_fsdp_schedules(schedule, gathers, copy_ins):
+    """reshard_after_forward=False (no backward re-gather: the parameters filled in forward stay),
+    explicit forward/backward prefetching (gathers issued a block early), and an all-reduce
+    hook (it reads the whole reduced output, padding included: FSDP's copy-in is kept)."""
     for counts in _run(2, None, torch.float32, schedule):
-        assert counts == [gathers, 0, 3 * 3, 0], counts
+        assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins], counts

@@ -36,9 +36,12 @@ def _chunk_cat(grads, world):
     return torch.cat(rows, dim=1).reshape(-1)
 
 
-def _reduce_from_parts(comm, dtype):
+def _reduce_from_parts(comm, dtype, mode):
     import torch.distributed as dist
 
+    from conccl.schedule import StreamMode
+
+    comm.options.stream_mode = StreamMode(mode)
     w, r = comm.world, comm.rank
     grads = _grads(r, dtype)
     rows = [_padded_rows(s, w) for s in SHAPES]
@@ -61,8 +64,20 @@ def _reduce_from_parts(comm, dtype):
         real = torch.cat([torch.arange(n) < max(0, min(n, g.numel() - r * n)) for g, n in zip(grads, rows)])
         out.append(torch.equal(flat_out[real].view(torch.uint8), parts_out[real].view(torch.uint8))
                    and bool(real.any()) and not parts_out[real].isnan().any())
+    # an all-reduce (its peers read the own workspace slot after it), then a SUM call twice on
+    # one output: the second is remembered (no new local step or moved schedule)
+    comm.call(comm_coll("all_reduce"), flat_out, flat_out.clone(), (dist.ReduceOp.SUM,))
+    again = torch.full_like(parts_out, float("nan"))
+    comm.reduce_scatter_from_parts(again, parts, rows, dist.ReduceOp.SUM)
+    again.fill_(float("nan"))
+    cached = (len(comm._locals), len(comm._moved))
     seq = comm.seq
-    comm.reduce_scatter_from_parts(parts_out, parts, rows, dist.ReduceOp.SUM)  # remembered
+    comm.reduce_scatter_from_parts(again, parts, rows, dist.ReduceOp.SUM)
+    cached = cached == (len(comm._locals), len(comm._moved))
+    flat_out = torch.full_like(parts_out, float("nan"))
+    comm.call(comm_coll("reduce_scatter"), flat_out, _chunk_cat(grads, w), (dist.ReduceOp.SUM,))
+    out.append(torch.equal(flat_out[real].view(torch.uint8), again[real].view(torch.uint8)))
+    out.append(cached)
     bad = None
     try:
         comm.reduce_scatter_from_parts(parts_out, parts, [n + 1 for n in rows])
@@ -77,12 +92,12 @@ def comm_coll(name):
     return REGISTRY[name]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world,mode", [(2, "batch"), (3, "batch"), (3, "per_peer")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reduce_scatter_from_parts_equals_the_flat_call(world, dtype):
-    for out, seqs, bad in spawn(world, _reduce_from_parts, dtype):
-        assert out == [True, True, True], out
-        assert seqs == 1
+def test_reduce_scatter_from_parts_equals_the_flat_call(world, mode, dtype):
+    for out, seqs, bad in spawn(world, _reduce_from_parts, dtype, mode):
+        assert out == [True] * 5, out
+        assert seqs == 2
         assert bad and "rows of" in bad, bad
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from conccl.collectives.reduce_scatter import WORKSPACE_ALIGN, from_parts, plan_reduce_scatter
 from conccl.errors import InvalidArgument
-from conccl.schedule import Buf, Copy, Phase, Reduce, StreamMode
+from conccl.schedule import Buf, Copy, Phase, Reduce, SetSignal, Signal, StreamMode, WaitSignal
 
 ELEM = 2  # bytes per element (bf16)
 
@@ -60,7 +60,7 @@ def test_every_rank_reduces_the_flat_inputs_rows(world, mode):
                 if isinstance(op, Copy):
                     t = op.transfer
                     assert t.src is Buf.INPUT and t.src_rank == rank and t.dst is Buf.WORKSPACE, t
-                    assert (t.phase is Phase.LOCAL) == (t.dst_rank == rank)
+                    assert t.phase is (Phase.LOCAL if t.dst_rank == rank else Phase.PEER), t
                     src = arenas[rank][base + t.src_offset:base + t.src_offset + t.nbytes]
                     workspaces[t.dst_rank][t.dst_offset:t.dst_offset + t.nbytes] = src
     for d in range(world):
@@ -71,11 +71,18 @@ def test_every_rank_reduces_the_flat_inputs_rows(world, mode):
             real = want != 0xEE  # padding (0xEE) is never copied; the random bytes may be 0xEE too
             assert (got[real] == want[real]).all(), (d, r)
             assert (got == want).sum() >= real.sum()
-        # the own chunk's copies run before the reduction, on its slot
+        # the own chunk's copies run on the reduction's slot, before it, and only after the
+        # peers' DONE of the previous call (they may still read the own slot: an all-reduce's
+        # reduced chunk) and, in one stream, after this rank's DONE (never delaying a peer)
         k = next(k for k, ops in enumerate(moved[d].slots) if red in ops)
         ops = moved[d].slots[k]
         own = [i for i, op in enumerate(ops) if isinstance(op, Copy) and op.transfer.dst_rank == d]
         assert own and max(own) < ops.index(red)
+        previous = [i for i, op in enumerate(ops) if isinstance(op, WaitSignal) and op.seq_delta < 0]
+        assert not previous or min(own) > max(previous), ops
+        done = [i for i, op in enumerate(ops) if isinstance(op, SetSignal) and op.kind is Signal.DONE]
+        assert not done or min(own) > max(done), ops
+        assert moved[d].parts
 
 
 def test_padding_is_never_copied_and_a_pull_is_refused():

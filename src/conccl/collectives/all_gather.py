@@ -159,4 +159,4 @@ def into_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int]
         k, i = last if last is not None else (len(slots) - 1, len(slots[-1]))
         slots[k][i:i] = [Copy(Transfer(rank, Buf.INPUT, off, rank, Buf.OUTPUT, dst + rank * n, n, k, Phase.LOCAL))
                          for off, n, dst in parts if n]
-    return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots))
+    return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots), parts=True)

@@ -19,7 +19,7 @@ import dataclasses
 import zlib
 from functools import lru_cache
 
-from ..schedule import Algorithm, Buf, Copy, Phase, Reduce, Schedule, StreamMode, Transfer
+from ..schedule import Algorithm, Buf, Copy, Phase, Reduce, Schedule, Signal, StreamMode, Transfer, WaitSignal
 from ..validate import InvalidArgument, byte_range, check_pair, check_tensor, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule
@@ -174,11 +174,11 @@ def from_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int,
     parts instead of one flat tensor (FSDP's per-parameter gradients, with no copy-in before):
     part ``i`` = (``off``, ``n``, ``src``, ``valid``) is bytes [off, off + n) of every rank's
     chunk, rank d's at input offset ``src + d * n``; only its first ``valid`` bytes exist (the
-    rest is FSDP's padding, never copied: what it reduces to is never read). Peer copies keep
+    rest is FSDP's padding, never copied: what it reduces to is unspecified). Peer copies keep
     their slot and signals. The own chunk, which the reduction read from the input, is copied
-    into the own workspace slot (no peer writes it) beside the peer copies, on the reduction's
-    slot, and reduced from there: the same operands in the same order, so the same bits. A
-    pure function of plain data, as the plans are."""
+    into the own workspace slot (no peer writes it in this call) on the reduction's slot, after
+    the peers' DONE of the previous call, and reduced from there: the same operands in the same
+    order, so the same bits. A pure function of plain data, as the plans are."""
     if schedule.algorithm is not Algorithm.PUSH:
         raise InvalidArgument("from_parts retargets a push reduce-scatter")
     rank = schedule.rank
@@ -203,21 +203,29 @@ def from_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int,
                 own = (Buf.INPUT, rank * chunk)
                 if own not in op.srcs:
                     raise InvalidArgument("from_parts: the reduction does not read the own chunk from the input")
-                home = (k, op)
+                home = (k, len(out))
                 out.append(dataclasses.replace(op, srcs=tuple((Buf.WORKSPACE, rank * slot) if s == own else s
                                                               for s in op.srcs)))
             else:
                 out.append(op)
         slots.append(out)
     if home is None:
-        return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots))  # an empty chunk
+        return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots), parts=True)  # an empty chunk
     k = home[0]
     whole = Transfer(rank, Buf.INPUT, rank * chunk, rank, Buf.WORKSPACE, rank * slot, chunk, k, Phase.LOCAL)
     own = [Copy(p) for p in pieces(whole, rank, 0)]
-    copies = [i for i, op in enumerate(slots[k]) if isinstance(op, Copy)]
-    at = copies[-1] + 1 if copies else 0  # in the peer copies' batch, or first: nothing to wait for
-    slots[k][at:at] = own
-    return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots))
+    # The own slot may still be read by peers finishing the group's previous call (an all-reduce's
+    # reduced chunk, a staged all-gather's input): write it only after their DONE of that call.
+    # Before the waits for this call's DONE (so, in one stream, after this rank's DONE to its
+    # peers: the own copy never delays a peer's reduction), else just before the reduction.
+    ops = slots[k]
+    waits = [i for i, op in enumerate(ops) if isinstance(op, WaitSignal) and op.kind is Signal.DONE and op.seq_delta == 0]
+    at = waits[0] if waits else home[1]
+    after = [i for i, op in enumerate(ops) if isinstance(op, WaitSignal) and op.kind is Signal.DONE and op.seq_delta < 0]
+    if after and at <= after[-1]:
+        raise InvalidArgument("from_parts: the schedule waits for the previous call after its reduction's inputs")
+    ops[at:at] = own
+    return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots), parts=True)
 
 
 def reduce_chunks(chunks, scale: float = 1.0):
