@@ -228,12 +228,17 @@ def _fsdp(rank, world, cases, report, direct=False):
     before = counts()
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
     g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
-    for _ in range(3):
+    executors = [p.group.executor for p in comms.pools.values()]
+    compiled = []  # copy-engine programs compiled per step: buffers that move recompile
+    for _ in range(4):
         x = torch.randn(64, dim, device="cuda", generator=g)
+        before = sum(e.programs_compiled for e in executors)
         for m, opt in zip((model, ref), opts):
             m(x).square().mean().backward()
             opt.step()
             opt.zero_grad()
+        compiled.append(sum(e.programs_compiled for e in executors) - before)
+    report[name]["programs_compiled_per_step"] = compiled
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
 

@@ -13,7 +13,8 @@ def _rec(rank, config, times, direct=None):
     return {"tokens_per_rank": 2048, "config": config, "rank": rank, "times_ms": times, "peak_alloc_bytes": 2**30,
             "peak_reserved_bytes": 2**31, "conccl_workspace_bytes": 0, "loss": 1.5, "loss_deterministic": False,
             "loss_timed_run": 1.5,
-            "conccl": None if direct is None else {"modules": 9, "fallback": [], "memory": {}, "direct": direct}}
+            "conccl": None if direct is None else {"modules": 9, "fallback": [], "memory": {}, "direct": direct,
+                                                   "programs_compiled_timed": 3}}
 
 
 def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
@@ -28,4 +29,5 @@ def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
            "model": {"layers": 1, "dim": 64, "ffn": 128, "heads": 2, "parameters": 1e6}}
     md = markdown(doc)
     assert "| 2048 | conccl_direct | 20.00 | 12.00-30.00 | 1.667 |" in md
-    assert "180 copy-outs and 90 copy-ins skipped; 0 all-gathers and 1 reduce-scatters left to FSDP's copies" in md
+    assert ("conccl_direct, 2048 tokens (rank 0, timed run): 3 copy-engine programs compiled during the timed steps; "
+            "180 copy-outs and 90 copy-ins skipped; 0 all-gathers and 1 reduce-scatters left to FSDP's copies.") in md

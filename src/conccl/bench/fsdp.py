@@ -110,14 +110,24 @@ def build(config: str, shape: ModelShape, device):
     return model, comms
 
 
-def _train(model, x, cfg: FsdpConfig):
-    """(per-step fwd+bwd ms after warm-up, peak allocator bytes, loss after training)."""
+def _compiled(comms) -> int:
+    """Copy-engine programs conccl's groups have compiled (a call whose buffers moved compiles)."""
+    if comms is None:
+        return 0
+    return sum(getattr(p.group.executor, "programs_compiled", 0) for p in comms.pools.values())
+
+
+def _train(model, x, cfg: FsdpConfig, comms=None):
+    """(per-step fwd+bwd ms after warm-up, peak allocator bytes, loss after training, optimizer,
+    programs compiled during the timed steps)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     pairs = []
+    compiled = 0
     for step in range(cfg.train_steps):
         if step == cfg.warmup:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            compiled = _compiled(comms)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         loss = model(x).float().pow(2).mean()
@@ -132,9 +142,10 @@ def _train(model, x, cfg: FsdpConfig):
     # allocated and reserved: a block freed with record_stream (conccl_direct's parameters) leaves
     # the allocated count at once but is reused only once the other stream caught up
     peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+    compiled = _compiled(comms) - compiled
     with torch.no_grad():
         final = model(x).float().pow(2).mean().item()
-    return times, peak, final, opt
+    return times, peak, final, opt, compiled
 
 
 def _profile_step(model, x) -> dict:
@@ -189,7 +200,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             model, comms = build(config, cfg.shape, device)
             dist.barrier()
             before = _direct_counts()
-            times, peak, loss_timed, opt = _train(model, x, cfg)
+            times, peak, loss_timed, opt, compiled = _train(model, x, cfg, comms)
             direct = {k: v - before[k] for k, v in _direct_counts().items()}
             extra = 0
             if comms is not None:
@@ -199,7 +210,8 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                    "loss": loss_timed if loss is None else loss, "loss_deterministic": loss is not None,
                    "loss_timed_run": loss_timed,
                    "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
-                                                         "memory": comms.memory(), "direct": direct}}
+                                                         "memory": comms.memory(), "direct": direct,
+                                                         "programs_compiled_timed": compiled}}
             if cfg.profile and rank == 0:
                 rec["profile"] = _profile_step(model, x)
             elif cfg.profile:
@@ -227,7 +239,7 @@ def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
     try:
         model, comms = build(config, cfg.shape, device)
         dist.barrier()
-        _, _, loss, opt = _train(model, x, cfg)
+        _, _, loss, opt, _ = _train(model, x, cfg)
     finally:
         torch.use_deterministic_algorithms(False)
     del model, comms, opt
@@ -276,11 +288,17 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {r['tokens_per_rank']} | {r['config']} | {r['step_ms']:.2f} | {lo:.2f}-{hi:.2f} | {ratio} | "
                      f"{r['peak_mem_gib']:.2f} | {r.get('peak_reserved_gib', 0):.2f} | {r['loss']!r} |")
     for r in res:
-        d = (r.get("conccl") or {}).get("direct")
+        c = r.get("conccl") or {}
+        said = []
+        if "programs_compiled_timed" in c:  # buffers that move between steps compile on every call
+            said.append(f"{c['programs_compiled_timed']} copy-engine programs compiled during the timed steps")
+        d = c.get("direct")
         if r["config"] == "conccl_direct" and d:
-            lines += ["", f"conccl_direct, {r['tokens_per_rank']} tokens (rank 0, timed run): {d['skipped_copy_outs']} "
-                      f"copy-outs and {d['skipped_copy_ins']} copy-ins skipped; {d['declined_gathers']} all-gathers "
-                      f"and {d['declined_reduces']} reduce-scatters left to FSDP's copies."]
+            said.append(f"{d['skipped_copy_outs']} copy-outs and {d['skipped_copy_ins']} copy-ins skipped; "
+                        f"{d['declined_gathers']} all-gathers and {d['declined_reduces']} reduce-scatters left to "
+                        "FSDP's copies")
+        if said:
+            lines += ["", f"{r['config']}, {r['tokens_per_rank']} tokens (rank 0, timed run): " + "; ".join(said) + "."]
     for r in res:
         prof = r.get("profile_rank0")
         if not prof:

@@ -124,6 +124,7 @@ class CudaCopyEngineExecutor:
         self._ws_key = None
         self._ws_cap = 0
         self._programs: dict = {}
+        self.programs_compiled = 0  # since start: a loop whose buffers move compiles on every call
         self._graph_ws = self._graph_ws_handle = None  # reserve_graph_workspace()'s arena
         self._graph_ws_cap = self._graph_ws_used = 0
         self._graph_keep: list = []  # what captured calls refer to (programs, events)
@@ -185,6 +186,7 @@ class CudaCopyEngineExecutor:
             return hit[3]
         address = _addresses(self.rank, input, output, views, ws)
         program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver(), self._device_index)
+        self.programs_compiled += 1
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, views, ws, program)
