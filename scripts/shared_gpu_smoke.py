@@ -232,12 +232,12 @@ def _fsdp(rank, world, cases, report, direct=False):
     compiled = []  # copy-engine programs compiled per step: buffers that move recompile
     for _ in range(4):
         x = torch.randn(64, dim, device="cuda", generator=g)
-        before = sum(e.programs_compiled for e in executors)
+        start = sum(e.programs_compiled for e in executors)
         for m, opt in zip((model, ref), opts):
             m(x).square().mean().backward()
             opt.step()
             opt.zero_grad()
-        compiled.append(sum(e.programs_compiled for e in executors) - before)
+        compiled.append(sum(e.programs_compiled for e in executors) - start)
     report[name]["programs_compiled_per_step"] = compiled
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
