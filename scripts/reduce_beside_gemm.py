@@ -1,6 +1,6 @@
 """What conccl's reduction kernel costs a GEMM running beside it, on one GPU.
 
-A copy-engine reduce-scatter takes SMs only for its sum (one kernel of at most ``MAX_CTAS``
+A copy-engine reduce-scatter takes SMs only for its sum (one kernel of at most ``grid_bound``
 CTAs, ``executors/cuda_reduce.py``). This times a bf16 GEMM loop alone and with a reduction
 looping on another stream the whole time, for the sum a rank of a 2-rank reduce-scatter of
 ``--mib`` MiB does (two operands of half that size), and, for comparison, the same sum as a
@@ -21,7 +21,7 @@ import statistics
 import torch
 
 from conccl._driver import driver
-from conccl.executors.cuda_reduce import MAX_CTAS, ReduceLaunch
+from conccl.executors.cuda_reduce import ReduceLaunch, grid_bound
 
 
 def _timed(fn, stream=None) -> float:
@@ -40,7 +40,8 @@ def main() -> int:
     ap.add_argument("--gemm", type=int, default=8192, help="M = N = K of the bf16 GEMM")
     ap.add_argument("--gemms", type=int, default=20, help="GEMMs per timed loop")
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--ctas", type=int, nargs="+", default=[MAX_CTAS], help="grids of the reduction kernel to try")
+    ap.add_argument("--ctas", type=int, nargs="+", default=None,
+                    help="grids of the reduction kernel to try (default: conccl's, half the SMs)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -49,13 +50,14 @@ def main() -> int:
     n = (a.mib << 20) // 2 // 2  # bf16 elements of each operand: half the input, 2 ranks' chunks
     x, y, out = (torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(3))
     cu = driver()
+    default = grid_bound(torch.cuda.current_device())
     side = torch.cuda.Stream()
     sums = {}
-    for ctas in a.ctas:
+    for ctas in a.ctas or [default]:
         red = ReduceLaunch(torch.cuda.current_device(), out.data_ptr(), (x.data_ptr(), y.data_ptr()), n * 2,
                            "bfloat16", 1.0)
         red.grid = ctas  # the kernel is a grid-stride loop: any grid computes the same sum
-        name = f"conccl reduction ({ctas} CTAs{', the default' if ctas == MAX_CTAS else ''})"
+        name = f"conccl reduction ({ctas} CTAs{', the default' if ctas == default else ''})"
         sums[name] = lambda red=red: red.launch(cu, torch.cuda.current_stream().cuda_stream)
     sums["torch.add (full grid)"] = lambda: torch.add(x, y, out=out)
     A = torch.randn(a.gemm, a.gemm, device="cuda", dtype=torch.bfloat16)

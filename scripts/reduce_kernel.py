@@ -10,7 +10,7 @@ import torch
 
 from conccl._driver import driver
 from conccl.collectives.reduce_scatter import reduce_chunks
-from conccl.executors.cuda_reduce import MAX_CTAS, ReduceLaunch
+from conccl.executors.cuda_reduce import ReduceLaunch
 
 
 def launch(dst, srcs, dtype, scale):
@@ -59,7 +59,7 @@ def main():
                 med = statistics.median(ts)
                 gbs = (nsrc + 1) * mib * 2**20 / (med / 1e3) / 1e9
                 print(f"bf16 {nsrc} operands x {mib} MiB, {'vector' if r.vectorized else 'scalar'} kernel, "
-                      f"{MAX_CTAS} CTAs: {med:.3f} ms, {gbs:.0f} GB/s")
+                      f"{r.grid} CTAs: {med:.3f} ms, {gbs:.0f} GB/s")
 
 
 if __name__ == "__main__":

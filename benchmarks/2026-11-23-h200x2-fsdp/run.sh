@@ -3,8 +3,8 @@
 # the repository root, PYTHONPATH=src). OUT: where to write; PART picks a step (each < 10 min):
 #   1  GPU tests: all-reduce, reduce-scatter, captured graphs, the eager path's routing, FSDP
 #   2  `conccl bench` of reduce-scatter and all-reduce (nccl-tests columns, a GEMM beside each),
-#      then reduce-scatter again with the reduction's grid at 66 and 132 CTAs (CONCCL_REDUCE_CTAS;
-#      benchmarks/2026-11-23-h200-reduce-beside-gemm says the default 32 may cost a GEMM more)
+#      then reduce-scatter again with the reduction's grid at 32 and 132 CTAs (CONCCL_REDUCE_CTAS;
+#      the default is now half the SMs, 66: benchmarks/2026-11-23-h200-reduce-beside-gemm)
 #   3  `conccl bench fsdp`
 #   4  `conccl bench graphs` (issue 22's small-call benchmark: graphs.json, graphs.md, graphs.log)
 #   5  the GPU test of that benchmark (a tiny run) and the fault soak (now with reductions)
@@ -27,7 +27,7 @@ case "${PART:-1}" in
      timeout 250 python3 -m conccl bench -b 64M -e 1G --collective $c --impl conccl,conccl_symm_push,nccl \
        --json $OUT/bench_$c.json --markdown $OUT/bench_$c.md > $OUT/bench_$c.log 2>&1; tail -4 $OUT/bench_$c.log
    done
-   for g in 66 132; do
+   for g in 32 132; do
      CONCCL_REDUCE_CTAS=$g timeout 100 python3 -m conccl bench -b 256M -e 1G --collective reduce_scatter \
        --impl conccl --json $OUT/bench_rs_ctas$g.json > $OUT/bench_rs_ctas$g.log 2>&1; tail -3 $OUT/bench_rs_ctas$g.log
    done ;;

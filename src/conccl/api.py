@@ -188,7 +188,8 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, *,
     PREMUL_SUM multiply each operand first). Two ranks: NCCL's result bit for bit.
     Stream semantics and failures: as :func:`all_gather_into_tensor`.
 
-    SMs used: the reduction kernel, at most 32 CTAs, after the copies; copies use none.
+    SMs used: the reduction kernel, at most half the GPU's SMs' worth of CTAs (66 on H100/H200),
+    after the copies; copies use none.
     Workspace: ``input`` bytes of symmetric memory per rank (peers push their chunks there).
     In `conccl bench`; not yet in `conccl study` or the planner (no profile data).
     """
@@ -214,8 +215,8 @@ def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
     rounding of NCCL's ring order. Stream semantics and failures: as
     :func:`all_gather_into_tensor`.
 
-    SMs used: the reduction kernel, at most 32 CTAs, on one chunk (1/world of the tensor);
-    copies use none. Workspace: the tensor's bytes (rounded up to 256 per chunk) of symmetric
+    SMs used: the reduction kernel, at most half the GPU's SMs' worth of CTAs, on one chunk
+    (1/world of the tensor); copies use none. Workspace: the tensor's bytes (rounded up to 256 per chunk) of symmetric
     memory per rank. In `conccl bench`; not yet in `conccl study` or the planner.
     """
     return get_group(group).call(ALL_REDUCE, tensor, tensor, (op,), async_op, timeout=timeout,

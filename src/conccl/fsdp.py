@@ -9,7 +9,7 @@
 FSDP2's public hooks (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``,
 PyTorch >= 2.10). FSDP keeps its own copy-in and copy-out around the collectives; the
 collectives themselves move every byte on copy engines (no SM), and the reduce-scatter's
-reduction is one small kernel (at most 32 CTAs).
+reduction is one kernel (at most half the SMs' worth of CTAs).
 
 Buffers. FSDP asks the hook to allocate each collective's buffers. They come from PyTorch's
 symmetric-memory pool (``torch.distributed._symmetric_memory.get_mem_pool``): the caching
@@ -165,8 +165,8 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
     ``fully_shard`` (or PyTorch has no FSDP2 hooks). A group conccl cannot serve (several
     hosts, no peer access, no CUDA) keeps NCCL, with one warning naming why.
 
-    SMs used: none for the copies; the reduce-scatter's reduction one kernel of at most 32
-    CTAs. Memory: the group's workspace (the largest reduce-scatter input, staged all-gather
+    SMs used: none for the copies; the reduce-scatter's reduction one kernel of at most half
+    the GPU's SMs' worth of CTAs. Memory: the group's workspace (the largest reduce-scatter input, staged all-gather
     inputs) plus the pool's blocks (:meth:`FsdpComms.memory`).
     """
     if FSDPModule is None:

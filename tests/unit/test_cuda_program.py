@@ -176,10 +176,16 @@ def test_reduce_grid_bound_from_the_environment(monkeypatch):
     from conccl.executors import cuda_reduce
 
     monkeypatch.delenv("CONCCL_REDUCE_CTAS", raising=False)
-    assert cuda_reduce._grid_bound() == cuda_reduce.MAX_CTAS
+    assert cuda_reduce._grid_env() is None  # half the GPU's SMs (asked of the driver where one runs)
     monkeypatch.setenv("CONCCL_REDUCE_CTAS", "132")
-    assert cuda_reduce._grid_bound() == 132
+    assert cuda_reduce._grid_env() == 132
+    monkeypatch.setattr(cuda_reduce, "_GRID_ENV", 48)
+    cuda_reduce.grid_bound.cache_clear()
+    try:
+        assert cuda_reduce.grid_bound(0) == 48  # the override needs no GPU
+    finally:
+        cuda_reduce.grid_bound.cache_clear()
     for bad in ("0", "-4", "many", "2000"):
         monkeypatch.setenv("CONCCL_REDUCE_CTAS", bad)
         with pytest.raises(ValueError, match="CONCCL_REDUCE_CTAS"):
-            cuda_reduce._grid_bound()
+            cuda_reduce._grid_env()

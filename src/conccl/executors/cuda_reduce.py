@@ -2,8 +2,8 @@
 
 A reducing collective (reduce-scatter, all-reduce) moves every byte with copy engines and
 then needs ``dst = sum(scale * src_k)`` over the chunks that arrived. This kernel does that
-with a grid of at most :data:`MAX_CTAS` blocks (a grid-stride loop), so a GEMM running
-beside it keeps all but that many SMs. Compiled once per process with NVRTC (cuda-python),
+with a grid of at most half the GPU's SMs (:func:`grid_bound`; a grid-stride loop): the grid
+that costs a GEMM running beside it least per sum. Compiled once per process with NVRTC (cuda-python),
 without headers: bf16 and fp16 are converted with bit operations and PTX ``cvt``.
 
 Arithmetic (what the CPU reference executor does too, bit for bit): every operand is
@@ -20,25 +20,37 @@ import os
 from .._driver import check, driver
 
 MAX_OPERANDS = 8  # world sizes up to 8, as an NVLink node has
-# SMs the reduction may occupy at once. Each CTA streams about 50-60 GB/s (bf16 on H200,
-# scripts/reduce_kernel.py): 16 CTAs reduce two 256 MiB operands in 0.76 ms, 32 in 0.40 ms,
-# for the same SM-time; 32 halves the time a reduce-scatter's last step adds to a step.
-# Beside a GEMM the bound does not spare it (benchmarks/2026-11-23-h200-reduce-beside-gemm: a
-# smaller grid runs longer and costs the GEMM as much or more per sum); CONCCL_REDUCE_CTAS sets
-# another grid for the 2-GPU comparison, copies included, that is to decide it.
-MAX_CTAS = 32
-
-
-def _grid_bound() -> int:
+# The grid. Beside a GEMM, a sum costs it HBM bandwidth and SMs for as long as it runs, so a
+# grid too small to stream near HBM's rate costs the GEMM more per sum, not less. One H200,
+# a loop of bf16 8192^3 GEMMs beside the sum of a 1 GiB 2-rank reduce-scatter, GEMM time lost
+# per sum in three runs (benchmarks/2026-11-23-h200-reduce-beside-gemm): 32 CTAs 0.25-0.29 ms,
+# 48 0.14, 66 0.12, 96 and 132 0.13 (512 MiB: 0.08-0.10, 0.04, 0.033, 0.04); half the SMs it
+# is. CONCCL_REDUCE_CTAS overrides it (experiments: the 2-GPU benchmark compares grids with the
+# copies included).
+def _grid_env() -> int | None:
     raw = os.environ.get("CONCCL_REDUCE_CTAS", "")
     if not raw:
-        return MAX_CTAS
+        return None
     if not raw.isdigit() or not 1 <= int(raw) <= 1024:
         raise ValueError(f"CONCCL_REDUCE_CTAS must be a whole number from 1 to 1024, got {raw!r}")
     return int(raw)
 
 
-GRID_BOUND = _grid_bound()  # what ReduceLaunch uses: MAX_CTAS unless CONCCL_REDUCE_CTAS says otherwise
+_GRID_ENV = _grid_env()
+
+
+@functools.lru_cache(maxsize=None)
+def grid_bound(device_index: int) -> int:
+    """CTAs the reduction may take on this GPU: ``CONCCL_REDUCE_CTAS``, else half its SMs
+    (66 on H100 and H200)."""
+    if _GRID_ENV is not None:
+        return _GRID_ENV
+    cu = driver()
+    sms = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                        check(cu.cuDeviceGet(device_index))))
+    return max(1, int(sms) // 2)
+
+
 THREADS = 512
 
 _SOURCE = r"""
@@ -256,7 +268,7 @@ class ReduceLaunch:
         # slots do); otherwise one element at a time, at a fraction of the bandwidth.
         self.vectorized = all(p % 16 == 0 for p in (dst, *srcs))
         self.function = (scalar if not self.vectorized else pair if len(srcs) == 2 else vector)[dtype]
-        self.grid = max(1, min(GRID_BOUND, -(-n // THREADS)))
+        self.grid = max(1, min(grid_bound(device_index), -(-n // THREADS)))
         ptrs = list(srcs) + [srcs[0]] * (MAX_OPERANDS - len(srcs))  # unused operands are never read
         # The kernel's parameters, kept alive with the program: the driver copies them at launch.
         self._values = ([ctypes.c_void_p(dst)] + [ctypes.c_void_p(p) for p in ptrs]
