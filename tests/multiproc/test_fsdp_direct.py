@@ -83,6 +83,9 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     losses = []
     for _ in range(3):
         x = torch.randn(8, 13, generator=g)
+        if schedule == "unshard":  # the user gathers every block ahead, asynchronously, then waits
+            for handle in [block.unshard(async_op=True) for block in model]:
+                handle.wait()
         loss = model(x).float().square().mean()
         loss.backward()
         opt.step()
@@ -143,10 +146,11 @@ def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_
 
 
 @pytest.mark.parametrize("schedule,gathers,copy_ins", [("no_reshard", 3 * 3, 3 * 3), ("prefetch", 3 * 3 * 2, 3 * 3),
-                                                        ("hook", 3 * 3 * 2, 0)])
+                                                        ("hook", 3 * 3 * 2, 0), ("unshard", 3 * 3 * 2, 3 * 3)])
 def test_direct_under_other_fsdp_schedules(schedule, gathers, copy_ins):
     """reshard_after_forward=False (no backward re-gather: the parameters filled in forward stay),
-    explicit forward/backward prefetching (gathers issued a block early), and an all-reduce
-    hook (it reads the whole reduced output, padding included: FSDP's copy-in is kept)."""
+    explicit forward/backward prefetching (gathers issued a block early), an all-reduce hook
+    (it reads the whole reduced output, padding included: FSDP's copy-in is kept), and the
+    user's own asynchronous unshard of every block before forward."""
     for counts in _run(2, None, torch.float32, schedule):
         assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins], counts
