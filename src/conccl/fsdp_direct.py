@@ -58,7 +58,8 @@ _GATHER_ARGS = ("fsdp_params", "group", "async_op", "all_gather_copy_in_stream",
                 "all_gather_comm")
 _COPY_OUT_ARGS = ("all_gather_result", "fsdp_params", "group")
 _REDUCE_ARGS = ("fsdp_params", "unsharded_grads", "reduce_scatter_group", "reduce_scatter_stream",
-                "reduce_scatter_comm")  # the first five of foreach_reduce's; more follow
+                "reduce_scatter_comm")  # the first five of foreach_reduce's; more follow, among them
+# all_reduce_group and all_reduce_hook, which the wrap reads by name (they keep FSDP's copy-in)
 _COPY_IN_ARGS = ("unsharded_grads", "reduce_scatter_input", "world_size")
 _DIRECT = "_conccl_direct"  # set on a flat all-gather output whose gather filled the parameters
 _PARTS = "_conccl_parts"  # set on a reduce-scatter input placeholder: its _Parts
@@ -83,7 +84,8 @@ def supported() -> str | None:
                             (_fsdp_collectives, "foreach_reduce_scatter_copy_in", _COPY_IN_ARGS)):
         fn = _ORIGINAL.get(name) or getattr(mod, name, None)
         have = () if fn is None else tuple(inspect.signature(fn).parameters)
-        if fn is None or (have != args if args else have[:len(_REDUCE_ARGS)] != _REDUCE_ARGS):
+        if fn is None or (have != args if args else have[:len(_REDUCE_ARGS)] != _REDUCE_ARGS
+                                                     or not {"all_reduce_group", "all_reduce_hook"} <= set(have)):
             return f"PyTorch {torch.__version__}'s FSDP2 {name} is not the one conccl's direct path wraps"
     for name in ("foreach_all_gather", "foreach_all_gather_copy_out", "foreach_reduce"):
         if getattr(_fsdp_param_group, name, None) not in (_ORIGINAL.get(name, getattr(_fsdp_collectives, name)),

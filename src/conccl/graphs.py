@@ -38,6 +38,8 @@ def graph_schedule(schedule: Schedule) -> Schedule:
     """``schedule`` as a captured call runs it (see the module doc): waits for the previous
     call dropped, a reset after every wait, DONE from every peer awaited at the end."""
     world, rank = schedule.world, schedule.rank
+    if schedule.parts:  # its buffers are many tensors by offset: conccl.group.parts refuses capture
+        raise ValueError("a parts call (all_gather_into_parts, reduce_scatter_from_parts) cannot be captured")
     slots = []
     for ops in schedule.slots:
         out = []

@@ -135,3 +135,44 @@ def test_group_gathers_into_parts_through_its_protocol(world):
     for right, gaps, seqs, plans, bad in spawn(world, _gather_into_parts):
         assert right and gaps and seqs == [1, 1] and plans == 1, (right, gaps, seqs, plans)
         assert bad and "do not split a chunk" in bad, bad
+
+
+def _parts_right_after_an_all_reduce(comm):
+    """Rank 1 reads rank 0's workspace slowly, so it is still to pull rank 0's reduced chunk out of
+    rank 0's workspace when rank 0, done with the all-reduce, starts a reduce-scatter from parts
+    and stages its own row in that very slot. The all-reduce is async on every rank, so that
+    the reference executor runs it only after the next call was agreed (as a GPU would queue
+    both). The own row must wait for rank 1's DONE of the all-reduce (one stream per peer:
+    the mode where that wait and the own copy share a slot)."""
+    import time
+
+    import torch.distributed as dist
+
+    from conccl.schedule import Buf, StreamMode
+
+    comm.options.stream_mode = StreamMode.PER_PEER
+    w, r = comm.world, comm.rank
+    n = 4096
+    if r == 1:
+        reach = comm.executor._bytes
+
+        def slow(rank, buf, *rest):
+            if rank == 0 and buf is Buf.WORKSPACE:
+                time.sleep(0.2)
+            return reach(rank, buf, *rest)
+
+        comm.executor._bytes = slow
+    t = torch.arange(n, dtype=torch.float32) + 1000.0 * r
+    want = sum(torch.arange(n, dtype=torch.float32) + 1000.0 * p for p in range(w))
+    work = comm.call(comm_coll("all_reduce"), t, t, (dist.ReduceOp.SUM,), async_op=True)
+    grads = [torch.full((n // w,), 7.0 + r) for _ in range(w)]  # rows unlike the reduced chunk
+    out = torch.empty(n // w)
+    comm.reduce_scatter_from_parts(out, grads, [n // w // w] * w)
+    work.wait()
+    return torch.equal(t, want), torch.equal(out, torch.full_like(out, sum(7.0 + p for p in range(w))))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_own_row_waits_for_the_previous_calls_readers(world):
+    for all_reduce_right, reduce_right in spawn(world, _parts_right_after_an_all_reduce):
+        assert all_reduce_right and reduce_right, (all_reduce_right, reduce_right)

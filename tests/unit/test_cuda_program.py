@@ -117,6 +117,32 @@ def test_hoisting_moves_only_small_own_shard_copies_over_signal_writes(world):
                     assert prev.src_rank != prev.dst_rank
 
 
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("row", [64, 3 << 20])  # bytes of each part's row: small, then past the hoisting limit
+def test_a_reduce_scatter_from_parts_is_one_batch_of_copies_per_run(world, row):
+    """One copy per parameter and peer, and one per parameter for the own row: in BATCH they go
+    to the driver as batches (the small own copies join the peer batch; large ones form their
+    own batch after this rank's DONE), never one call per parameter, and the own row's copies
+    only after the DONE(-1) waits."""
+    from conccl.collectives.reduce_scatter import from_parts, plan_reduce_scatter
+
+    parts = tuple((i * row, row, 5 * i * world * row, world * row) for i in range(3))
+    for rank in range(world):
+        s = from_parts(plan_reduce_scatter(world, rank, 3 * row, "bfloat16", stream_mode=StreamMode.BATCH),
+                       3 * row, parts)
+        (steps,) = lower(s, _address, _pads(world))
+        kinds = [k for k, _ in steps]
+        assert "copy" not in kinds, kinds
+        n = [len(p) for k, p in steps if k == "copies"]
+        if row <= cuda_program.HOIST_LOCAL_MAX_BYTES:
+            assert kinds == ["signals", "copies", "signals", "reduce"] and n == [3 * world], kinds
+        else:
+            assert kinds == ["signals", "copies", "signals", "copies", "signals", "reduce"], kinds
+            assert n == [3 * (world - 1), 3]
+        first = steps[0][1]  # the DONE(-1) waits come before every copy
+        assert sum(1 for w, _, d in first if w and d == -1) == world - 1
+
+
 def test_push_all_gather_of_1mib_is_three_driver_calls_on_four_ranks():
     s = plan_all_gather(4, 1, 1 << 18, algorithm=Algorithm.PUSH, stream_mode=StreamMode.BATCH,
                         input_symmetric=True, output_symmetric=True)
@@ -172,20 +198,37 @@ def test_a_reduce_scatter_lowers_to_copies_signals_and_one_reduction_last():
                          for r in range(4))
 
 
-def test_reduce_grid_bound_from_the_environment(monkeypatch):
+def test_reduce_grid_bound_half_the_sms_or_the_environment(monkeypatch):
     from conccl.executors import cuda_reduce
 
+    class FakeDriver:  # what grid_bound asks of the driver: the device's SM count
+        class CUdevice_attribute:  # noqa: N801 - cuda-python's name
+            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = "sms"
+
+        class CUresult:  # noqa: N801
+            CUDA_SUCCESS = 0
+
+        sms = {0: 132, 1: 1}
+
+        def cuDeviceGet(self, index):  # noqa: N802
+            return 0, index
+
+        def cuDeviceGetAttribute(self, attr, dev):  # noqa: N802
+            return 0, self.sms[dev]
+
+    monkeypatch.setattr(cuda_reduce, "driver", FakeDriver)
+    monkeypatch.setattr("conccl._driver.driver", FakeDriver)
     monkeypatch.delenv("CONCCL_REDUCE_CTAS", raising=False)
-    assert cuda_reduce._grid_env() is None  # half the GPU's SMs (asked of the driver where one runs)
-    monkeypatch.setenv("CONCCL_REDUCE_CTAS", "132")
-    assert cuda_reduce._grid_env() == 132
-    monkeypatch.setattr(cuda_reduce, "_GRID_ENV", 48)
     cuda_reduce.grid_bound.cache_clear()
     try:
-        assert cuda_reduce.grid_bound(0) == 48  # the override needs no GPU
+        assert cuda_reduce.grid_bound(0) == 66 and cuda_reduce.grid_bound(1) == 1  # half, at least one
+        cuda_reduce.grid_bound.cache_clear()
+        monkeypatch.setenv("CONCCL_REDUCE_CTAS", "48")
+        assert cuda_reduce.grid_bound(0) == 48
+        for bad in ("0", "-4", "many", "2000"):  # raised where a reduction is built, not at import
+            cuda_reduce.grid_bound.cache_clear()
+            monkeypatch.setenv("CONCCL_REDUCE_CTAS", bad)
+            with pytest.raises(ValueError, match="CONCCL_REDUCE_CTAS"):
+                cuda_reduce.grid_bound(0)
     finally:
         cuda_reduce.grid_bound.cache_clear()
-    for bad in ("0", "-4", "many", "2000"):
-        monkeypatch.setenv("CONCCL_REDUCE_CTAS", bad)
-        with pytest.raises(ValueError, match="CONCCL_REDUCE_CTAS"):
-            cuda_reduce._grid_env()

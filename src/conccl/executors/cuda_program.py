@@ -53,6 +53,7 @@ def hoist_small_local(ops) -> list:
     which no peer reads or writes, so moving it before them changes nothing but timing.
     """
     out = list(ops)
+    joined = set()  # own copies now in the peer-copy batch: the next one may join behind them
     for i, op in enumerate(out):
         if not _is_small_local(op):
             continue
@@ -60,8 +61,10 @@ def hoist_small_local(ops) -> list:
         while j > 0 and isinstance(out[j - 1], SetSignal):
             j -= 1
         prev = out[j - 1] if j > 0 else None
-        if j < i and isinstance(prev, Copy) and prev.transfer.src_rank != prev.transfer.dst_rank:
+        behind_batch = isinstance(prev, Copy) and (prev.transfer.src_rank != prev.transfer.dst_rank or id(prev) in joined)
+        if behind_batch and (j < i or id(prev) in joined):
             out.insert(j, out.pop(i))
+            joined.add(id(op))
     return out
 
 
@@ -74,6 +77,7 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
     steps: list = []
     signals: list = []
     copies: list = []
+    with_peers = [False]  # the copy batch under way holds peer copies
     if batch_copies:
         ops = hoist_small_local(ops)
 
@@ -84,19 +88,27 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
 
     def flush_copies():
         if copies:
-            steps.append(("copies", tuple(copies)))
+            # own copies alone: a batch of one is a plain copy
+            steps.append(("copy", copies[0]) if len(copies) == 1 and not with_peers[0] else ("copies", tuple(copies)))
             copies.clear()
+        with_peers[0] = False
 
     for op in ops:
         if isinstance(op, Copy):
             flush_signals()
             t = op.transfer
             triple = (address(t.dst_rank, t.dst) + t.dst_offset, address(t.src_rank, t.src) + t.src_offset, t.nbytes)
-            if batch_copies and (t.src_rank != t.dst_rank or (copies and _is_small_local(op))):
-                copies.append(triple)
-            else:
-                flush_copies()
+            if not batch_copies:
                 steps.append(("copy", triple))
+                continue
+            peer = t.src_rank != t.dst_rank
+            # A peer copy does not join a batch of own copies; a large own copy does not join the
+            # peer copies' batch (it would hold back what waits for that batch); a run of own
+            # copies (a reduce-scatter from parts: one per parameter) is one batch of its own.
+            if copies and (with_peers[0] != peer) and (peer or not _is_small_local(op)):
+                flush_copies()
+            with_peers[0] |= peer
+            copies.append(triple)
             continue
         flush_copies()
         if isinstance(op, Reduce):

@@ -28,6 +28,8 @@ MAX_OPERANDS = 8  # world sizes up to 8, as an NVLink node has
 # is. CONCCL_REDUCE_CTAS overrides it (experiments: the 2-GPU benchmark compares grids with the
 # copies included).
 def _grid_env() -> int | None:
+    """``CONCCL_REDUCE_CTAS`` as a number (None: unset). Read where a reduction is first built,
+    not at import: a bad value must not break what runs without a GPU."""
     raw = os.environ.get("CONCCL_REDUCE_CTAS", "")
     if not raw:
         return None
@@ -36,15 +38,13 @@ def _grid_env() -> int | None:
     return int(raw)
 
 
-_GRID_ENV = _grid_env()
-
-
 @functools.lru_cache(maxsize=None)
 def grid_bound(device_index: int) -> int:
-    """CTAs the reduction may take on this GPU: ``CONCCL_REDUCE_CTAS``, else half its SMs
-    (66 on H100 and H200)."""
-    if _GRID_ENV is not None:
-        return _GRID_ENV
+    """CTAs the reduction may take on this GPU: ``CONCCL_REDUCE_CTAS``, else half its SMs (66 on
+    the 132-SM H100 SXM and H200)."""
+    override = _grid_env()
+    if override is not None:
+        return override
     cu = driver()
     sms = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                                         check(cu.cuDeviceGet(device_index))))
