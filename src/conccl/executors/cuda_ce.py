@@ -124,7 +124,9 @@ class CudaCopyEngineExecutor:
         self._ws_key = None
         self._ws_cap = 0
         self._programs: dict = {}
-        self.programs_compiled = 0  # eager and persistent calls since start (not captured ones): a loop whose buffers move compiles on every call
+        # Programs compiled for eager and persistent calls since start (not captured ones): a
+        # loop whose buffers move compiles on every call.
+        self.programs_compiled = 0
         self._graph_ws = self._graph_ws_handle = None  # reserve_graph_workspace()'s arena
         self._graph_ws_cap = self._graph_ws_used = 0
         self._graph_keep: list = []  # what captured calls refer to (programs, events)
