@@ -195,6 +195,13 @@ def _graph(rank, world, cases, report):
 _SHARDS: dict = {}  # direct -> the final shards of that run, to compare the two
 
 
+def _fsdp_copy_kernel(name: str) -> bool:
+    """FSDP's copies around its collectives: the all-gather copy-in (``_foreach_copy_``), the
+    copy-out (``split_with_sizes_copy``), the reduce-scatter copy-in (``chunk_cat``)."""
+    return ("chunk_cat" in name or "split_with_sizes" in name
+            or ("multi_tensor_apply" in name and "Copy<" in name))
+
+
 def _fsdp(rank, world, cases, report, direct=False):
     """FSDP2 with conccl's hooks against the same model trained unsharded in this process
     (``direct``: ``conccl.fsdp.enable(direct=True)``, no copy-out or copy-in).
@@ -224,7 +231,7 @@ def _fsdp(rank, world, cases, report, direct=False):
     name = "fsdp2 + conccl" + (" direct" if direct else "")
     report[name] = {"modules": len(comms.modules), "fallback": comms.fallback}
     counts = lambda: (fsdp_direct.skipped_copy_outs, fsdp_direct.declined_gathers,  # noqa: E731
-                      fsdp_direct.skipped_copy_ins, fsdp_direct.declined_reduces)
+                      fsdp_direct.skipped_copy_ins, fsdp_direct.declined_reduces, fsdp_direct.skipped_gather_copy_ins)
     before = counts()
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
     g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
@@ -246,7 +253,7 @@ def _fsdp(rank, world, cases, report, direct=False):
         model(x).square().mean().backward()
         torch.cuda.synchronize()
     report[name]["kernels"] = _kernels(prof)
-    report[name]["copy_kernels"] = [k for k in report[name]["kernels"] if "chunk_cat" in k or "split_with_sizes" in k]
+    report[name]["copy_kernels"] = [k for k in report[name]["kernels"] if _fsdp_copy_kernel(k)]
     model.zero_grad()
     same, close = [], []
     for p, q in zip(model.parameters(), ref.parameters()):
@@ -263,12 +270,12 @@ def _fsdp(rank, world, cases, report, direct=False):
         cases.append((f"{name}: every shard equals unsharded training's, bit for bit", all(same)))
     cases.append((f"{name}: every shard within 1e-5 of unsharded training's", all(close)))
     cases.append((f"{name}: every FSDP module with parameters on conccl", not comms.fallback and len(comms.modules) == 3))
-    report[name].update(zip(("skipped_copy_outs", "declined_gathers", "skipped_copy_ins", "declined_reduces"),
-                            (b - a for a, b in zip(before, counts()))))
+    report[name].update(zip(("skipped_copy_outs", "declined_gathers", "skipped_copy_ins", "declined_reduces",
+                             "skipped_gather_copy_ins"), (b - a for a, b in zip(before, counts()))))
     r = report[name]
     if direct:  # every gather and reduce of these plain Linear shards uses the parameters and gradients in place
-        cases.append((f"{name}: copy-outs and copy-ins skipped, none declined",
-                      r["skipped_copy_outs"] > 0 and r["skipped_copy_ins"] > 0
+        cases.append((f"{name}: copy-outs and both copy-ins skipped, none declined",
+                      r["skipped_copy_outs"] > 0 and r["skipped_copy_ins"] > 0 and r["skipped_gather_copy_ins"] > 0
                       and r["declined_gathers"] == r["declined_reduces"] == 0))
         plain = report.get("fsdp2 + conccl", {}).get("copy_kernels")
         cases.append((f"{name}: none of FSDP's copy kernels the plain hooks ran ({plain})",

@@ -72,6 +72,7 @@ skipped_copy_outs = 0
 declined_gathers = 0
 skipped_copy_ins = 0
 declined_reduces = 0
+skipped_gather_copy_ins = 0  # all-gathers that read the shards in their home (no copy-in)
 
 
 def supported() -> str | None:
@@ -124,11 +125,39 @@ def _gather(*args, **kwargs):
     comm = kwargs.get("all_gather_comm", args[6] if len(args) > 6 else None)
     if not isinstance(comm, DirectAllGather):
         return _fsdp_collectives.foreach_all_gather(*args, **kwargs)
-    comm.pending = kwargs.get("fsdp_params", args[0] if args else None)
+    call = dict(zip(_GATHER_ARGS, args), **kwargs)
+    if comm.homes:
+        home = comm.home_for(call["fsdp_params"], call["group"].size())
+        if home is not None:
+            return _gather_from_home(comm, home, call)
+    comm.pending = call["fsdp_params"]
     try:
         return _fsdp_collectives.foreach_all_gather(*args, **kwargs)
     finally:
         comm.pending = None
+
+
+def _gather_from_home(comm, home, call):
+    """FSDP's ``foreach_all_gather`` without its copy-in or flat output: the peers read this
+    rank's shards in its home, each parameter's unsharded tensor is filled from every rank's,
+    on FSDP's streams in FSDP's order (copy-in stream, then the all-gather stream)."""
+    global skipped_gather_copy_ins
+    fsdp_params, group, device = call["fsdp_params"], call["group"], call["device"]
+    copy_in, gather_stream = call["all_gather_copy_in_stream"], call["all_gather_stream"]
+    handle = _fsdp_collectives._get_device_handle(device.type)
+    with handle.stream(copy_in):
+        home.take(fsdp_params, copy_in)  # a parameter moved out since (or never in): moved back
+    gather_stream.wait_stream(copy_in)
+    world = group.size()
+    with handle.stream(gather_stream):
+        parts = _make_parts(fsdp_params, home.sizes, home.buf.dtype, device, world)
+        comm.gather(None, home.buf, group, parts)
+        event = gather_stream.record_event()
+    out = torch.empty(1, dtype=home.buf.dtype, device=device).expand(world * home.buf.numel())
+    setattr(out, _DIRECT, True)
+    skipped_gather_copy_ins += 1
+    return _fsdp_collectives.AllGatherResult(out, event, None, [[home.buf.dtype] for _ in fsdp_params],
+                                             [[n] for n in home.sizes], list(home.sizes))
 
 
 def _copy_out(all_gather_result, fsdp_params, group):
@@ -228,11 +257,10 @@ def install() -> str | None:
     return why
 
 
-def parameter_outputs(fsdp_params, input, world: int):
-    """Each parameter's unsharded tensor, made (or re-sized) now on the current stream, as
-    FSDP's copy-out would; None where the parameters are not plain dim-0 shards of one dtype
-    whose sizes add up to ``input`` (FSDP's own path then runs)."""
-    if fsdp_params is None or input.dtype == torch.uint8:  # uint8: FSDP's view for mixed dtypes
+def _part_sizes(fsdp_params, dtype, numel: int, world: int):
+    """Each parameter's shard size where every parameter is a plain dim-0 shard of ``dtype``
+    whose sizes add up to ``numel`` and whose unsharded tensor (if any) fits; else None."""
+    if fsdp_params is None or dtype == torch.uint8:  # uint8: FSDP's view for mixed dtypes
         return None
     sizes = []
     for p in fsdp_params:
@@ -241,18 +269,64 @@ def parameter_outputs(fsdp_params, input, world: int):
             return None
         shard = p._sharded_param_data if p.sharded_state == ShardedState.SHARDED else p._sharded_post_forward_param_data
         sizes.append(shard.numel())
-    if sum(sizes) != input.numel():
+    if sum(sizes) != numel:
         return None
-    for p, n in zip(fsdp_params, sizes):  # every check before anything is allocated here
+    for p, n in zip(fsdp_params, sizes):
         have = p.all_gather_outputs
-        if have and (len(have) != 1 or have[0].dtype != input.dtype or have[0].numel() != world * n):
+        if have and (len(have) != 1 or have[0].dtype != dtype or have[0].numel() != world * n):
             return None
+    return sizes
+
+
+def _make_parts(fsdp_params, sizes, dtype, device, world: int):
+    """Each parameter's unsharded tensor, made (or re-sized) now on the current stream, as
+    FSDP's copy-out would."""
     outs = []
     for p, n in zip(fsdp_params, sizes):
-        p.init_all_gather_outputs([n], [input.dtype], world, input.device)
+        p.init_all_gather_outputs([n], [dtype], world, device)
         p.alloc_all_gather_outputs()
         outs.append(p.all_gather_outputs[0])
     return outs
+
+
+def parameter_outputs(fsdp_params, input, world: int):
+    """Each parameter's unsharded tensor, made (or re-sized) now on the current stream, as
+    FSDP's copy-out would; None where the parameters are not plain dim-0 shards of one dtype
+    whose sizes add up to ``input`` (FSDP's own path then runs). Every check comes before
+    anything is allocated."""
+    sizes = _part_sizes(fsdp_params, input.dtype, input.numel(), world)
+    return None if sizes is None else _make_parts(fsdp_params, sizes, input.dtype, input.device, world)
+
+
+class _Home:
+    """One FSDP module's sharded parameters in one buffer the peers can read, laid out as FSDP's
+    copy-in lays out its all-gather input (each parameter's padded shard, in order), so that
+    no copy-in runs: the peers read the shards where the optimizer updates them. A parameter
+    is moved in (its padded shard and its local tensor re-pointed with ``Tensor.set_``) at its
+    module's first gather, and again wherever something moved it out (``load_state_dict`` with
+    ``assign=True``, ``Module._apply``): FSDP finds the same storage under both and keeps it."""
+
+    def __init__(self, buf, sizes):
+        self.buf, self.sizes = buf, tuple(sizes)
+        self.offsets = tuple(sum(sizes[:i]) for i in range(len(sizes)))
+
+    def take(self, fsdp_params, stream) -> int:
+        """Move every parameter not in its place yet into it (the copies on the current stream,
+        ``stream``: the old storage is freed only once that stream passes them). How many moved."""
+        moved = 0
+        storage, base = self.buf.untyped_storage(), self.buf.storage_offset()
+        for p, off, n in zip(fsdp_params, self.offsets, self.sizes):
+            data, local = p._sharded_param_data, p.sharded_param._local_tensor
+            if data.data_ptr() == self.buf.data_ptr() + off * data.element_size():
+                continue
+            with torch.no_grad():
+                self.buf[off:off + n].copy_(data)
+                if data.is_cuda:
+                    data.record_stream(stream)
+                local.set_(storage, base + off, local.size(), local.stride())  # it views the shard's start
+                data.set_(storage, base + off, data.size(), data.stride())
+            moved += 1
+        return moved
 
 
 class DirectAllGather:
@@ -263,10 +337,40 @@ class DirectAllGather:
     mapped: the peers pull from it). Where :func:`parameter_outputs` declines, a plain conccl
     all-gather into the flat buffer runs and FSDP copies out as usual."""
 
-    def __init__(self, pool=None, gather=None):
+    def __init__(self, pool=None, gather=None, homes=True):
         self.pool = pool
         self.gather = gather or _copy_engine_gather
         self.pending = None  # the parameters of the all-gather under way (set by the wrap)
+        self.homes = homes  # move the shards into one peer-readable buffer: no copy-in (_Home)
+        self.home = None
+
+    def home_for(self, fsdp_params, world: int):
+        """This module's :class:`_Home`, made at its first gather (a collective allocation: every
+        rank's first gather of a module comes in the same order); None where the shards cannot
+        live in one (another state than SHARDED, mixed dtypes, a dtype cast before the gather,
+        what :func:`_part_sizes` declines): FSDP's copy-in then runs as usual."""
+        if not fsdp_params or any(p.sharded_state != ShardedState.SHARDED for p in fsdp_params):
+            return None
+        datas = [p._sharded_param_data for p in fsdp_params]
+        dtype = datas[0].dtype
+        if any(type(d) is not torch.Tensor or d.dtype != dtype or not d.is_contiguous() or d.dim() != 1 for d in datas):
+            return None
+        if any(p.param_dtype not in (None, dtype) for p in fsdp_params):  # FSDP's copy-in casts
+            return None
+        for p, d in zip(fsdp_params, datas):  # the local tensor views its padded shard's start
+            local = p.sharded_param._local_tensor
+            if (type(local) is not torch.Tensor or local.untyped_storage().data_ptr() != d.untyped_storage().data_ptr()
+                    or local.data_ptr() != d.data_ptr() or local.numel() > d.numel() or not local.is_contiguous()):
+                return None
+        sizes = _part_sizes(fsdp_params, dtype, sum(d.numel() for d in datas), world)
+        if sizes is None:
+            return None
+        if self.home is None or self.home.sizes != tuple(sizes) or self.home.buf.dtype != dtype:
+            if self.home is not None:
+                return None  # another shape than the home's: not this module's parameters
+            buf = self.allocate((sum(sizes),), dtype=dtype, device=datas[0].device)
+            self.home = _Home(buf, sizes)
+        return self.home
 
     def allocate(self, size, *, dtype, device):
         if self.pool is None:

@@ -46,11 +46,12 @@ def _train(rank, world, mode):
     kernels = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
     params = [p.to_local().detach().float().cpu() for p in model.parameters()]
     report = {"losses": losses, "params": params, "kernels": kernels, "mapped": mapped, "checks": checks}
-    if mode == "direct":  # FSDP's copy-out (split copy) and copy-in (chunk_cat) no longer run
+    if mode == "direct":  # FSDP's copy-out (split copy) and both copy-ins (chunk_cat, foreach copy) no longer run
         from conccl import fsdp_direct
 
         report.update(skipped_copy_outs=fsdp_direct.skipped_copy_outs, declined_gathers=fsdp_direct.declined_gathers,
-                      skipped_copy_ins=fsdp_direct.skipped_copy_ins, declined_reduces=fsdp_direct.declined_reduces)
+                      skipped_copy_ins=fsdp_direct.skipped_copy_ins, declined_reduces=fsdp_direct.declined_reduces,
+                      skipped_gather_copy_ins=fsdp_direct.skipped_gather_copy_ins)
     if comms is not None:
         report["memory"] = comms.memory()
         report["modules"], report["fallback"] = comms.modules, comms.fallback
@@ -123,12 +124,15 @@ def test_fsdp_enable_trains_like_stock_fsdp_on_copy_engines():
         assert any(k.startswith("reduce_") for k in mine["kernels"]), mine["kernels"]
         assert any("nccl" in k.lower() for k in stock["kernels"]), stock["kernels"]
         assert mine["unwrapped"].startswith("InvalidArgument") and "fully_shard" in mine["unwrapped"]
-        # direct=True: the gather fills the parameters and the reduce-scatter reads the
-        # gradients: FSDP's copy-out and copy-in are skipped (their kernels gone), same bits
+        # direct=True: the gather reads the shards where they live and fills the parameters, and
+        # the reduce-scatter reads the gradients: FSDP's three copies are skipped (their kernels
+        # gone), same bits
         print("direct", direct["losses"], {k: v for k, v in direct.items() if k.startswith(("skipped", "declined"))})
         assert direct["skipped_copy_outs"] >= 6 * 3 and direct["declined_gathers"] == 0 and not direct["fallback"], direct
         assert direct["skipped_copy_ins"] >= 6 * 3 and direct["declined_reduces"] == 0, direct
-        copies = {k for k in mine["kernels"] if "chunk_cat" in k or "split_with_sizes" in k}
+        assert direct["skipped_gather_copy_ins"] >= 6 * 3, direct  # the shards live where the peers read them
+        copies = {k for k in mine["kernels"] if "chunk_cat" in k or "split_with_sizes" in k
+                  or ("multi_tensor_apply" in k and "Copy<" in k)}  # copy-out, copy-in, the gather's copy-in
         print("FSDP's copy kernels under the plain hooks", copies)
         assert copies and not copies & set(direct["kernels"]), (copies, direct["kernels"])
         assert direct["losses"] == mine["losses"], (direct["losses"], mine["losses"])

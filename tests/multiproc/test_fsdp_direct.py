@@ -21,7 +21,10 @@ pytestmark = pytest.mark.skipif(fsdp_direct.supported() is not None, reason=str(
 
 
 def _gloo_gather(output, input, group, parts):
-    """The reference filling: the flat all-gather, then every part's rows."""
+    """The reference filling: the flat all-gather, then every part's rows (output None: the
+    input is the module's home, no flat output was made)."""
+    if output is None:
+        output = torch.empty(group.size() * input.numel(), dtype=input.dtype)
     dist.all_gather_into_tensor(output, input, group=group)
     if parts is None:
         return
@@ -73,10 +76,12 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         for a, b in zip(blocks, blocks[1:]):
             a.set_modules_to_forward_prefetch([b])
             b.set_modules_to_backward_prefetch([a])
+    comms = []
     if direct:
         for m in model.modules():
             if hasattr(m, "set_custom_all_gather") and m._get_fsdp_state()._fsdp_param_group is not None:
-                m.set_custom_all_gather(fsdp_direct.DirectAllGather(gather=_gloo_gather))
+                comms.append((m, fsdp_direct.DirectAllGather(gather=_gloo_gather)))
+                m.set_custom_all_gather(comms[-1][1])
                 m.set_custom_reduce_scatter(fsdp_direct.DirectReduceScatter(reduce=_gloo_reduce, flat=_gloo_flat))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
@@ -91,12 +96,17 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses, [p.to_local().detach().clone() for p in model.parameters()]
+    # where every parameter's shard lives after training: in its module's home, or not
+    homed = [c.home is not None and all(
+        c.home.buf.data_ptr() <= p._sharded_param_data.data_ptr() < c.home.buf.data_ptr() + c.home.buf.nbytes
+        and p.sharded_param._local_tensor.data_ptr() == p._sharded_param_data.data_ptr()
+        for p in m._get_fsdp_state()._fsdp_param_group.fsdp_params) for m, c in comms]
+    return losses, [p.to_local().detach().clone() for p in model.parameters()], homed
 
 
 def _counts():
     return (fsdp_direct.skipped_copy_outs, fsdp_direct.declined_gathers, fsdp_direct.skipped_copy_ins,
-            fsdp_direct.declined_reduces)
+            fsdp_direct.declined_reduces, fsdp_direct.skipped_gather_copy_ins)
 
 
 def _worker(rank, world, port, param_dtype, reduce_dtype, schedule, queue):
@@ -109,7 +119,8 @@ def _worker(rank, world, port, param_dtype, reduce_dtype, schedule, queue):
         direct = _train(rank, world, True, param_dtype, reduce_dtype, schedule)
         c2 = _counts()
         same = [torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(stock[1], direct[1])]
-        queue.put((rank, stock[0], direct[0], same, [b - a for a, b in zip(c0, c1)], [b - a for a, b in zip(c1, c2)]))
+        queue.put((rank, stock[0], direct[0], same, [b - a for a, b in zip(c0, c1)], [b - a for a, b in zip(c1, c2)],
+                   direct[2]))
     finally:
         dist.destroy_process_group()
 
@@ -127,11 +138,13 @@ def _run(world, param_dtype, reduce_dtype, schedule="default"):
     results = [queue.get(timeout=240) for _ in procs]
     for p in procs:
         p.join(timeout=30)
-    for rank, stock_losses, direct_losses, same, stock_counts, counts in results:
+    for rank, stock_losses, direct_losses, same, stock_counts, counts, homed in results:
         assert direct_losses == stock_losses, (rank, stock_losses, direct_losses)
         assert all(same), (rank, same)
-        assert stock_counts == [0, 0, 0, 0]  # stock FSDP's collectives are left alone
-    return [r[-1] for r in results]
+        assert stock_counts == [0, 0, 0, 0, 0]  # stock FSDP's collectives are left alone
+        # without a dtype cast before the gather, every module's shards live in its home
+        assert homed == [param_dtype is None] * 3, homed
+    return [r[-2] for r in results]
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -141,8 +154,9 @@ def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_
     # forward and backward unshard each of the 3 blocks once a step, and backward reduces each
     # once a step (the root has no parameters): 3 steps
     cast = (param_dtype or torch.float32) != reduce_dtype  # FSDP's copy-in casts: it must run
+    home = 3 * 3 * 2 if param_dtype is None else 0  # no gather copy-in where no dtype cast comes first
     for counts in _run(world, param_dtype, reduce_dtype):
-        assert counts == [3 * 3 * 2, 0, 0 if cast else 3 * 3, 3 * 3 if cast else 0], counts
+        assert counts == [3 * 3 * 2, 0, 0 if cast else 3 * 3, 3 * 3 if cast else 0, home], counts
 
 
 @pytest.mark.parametrize("schedule,gathers,copy_ins", [("no_reshard", 3 * 3, 3 * 3), ("prefetch", 3 * 3 * 2, 3 * 3),
@@ -153,4 +167,4 @@ def test_direct_under_other_fsdp_schedules(schedule, gathers, copy_ins):
     (it reads the whole reduced output, padding included: FSDP's copy-in is kept), and the
     user's own asynchronous unshard of every block before forward."""
     for counts in _run(2, None, torch.float32, schedule):
-        assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins], counts
+        assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins, gathers], counts

@@ -122,12 +122,20 @@ def _gather_into_parts(comm):
     right = all(torch.equal(parts[i].view(w, rows[i]), every[:, offs[i]:offs[i] + rows[i]]) for i in range(len(rows)))
     gaps = arena[[i for i in range(len(arena)) if not any(
         0 <= i - (p.data_ptr() - arena.data_ptr()) // 4 < p.numel() for p in parts)]]
+    plans = len(comm._moved)
+    # no flat output at all: the peers read the input itself (FSDP's sharded parameters, moved
+    # into one buffer); here a plain tensor, which the group stages through its workspace
+    shard = torch.arange(n, dtype=torch.float32) + 1000.0 * r
+    arena.fill_(-2.0)
+    comm.all_gather_into_parts(None, shard, parts)
+    right_no_output = all(torch.equal(parts[i].view(w, rows[i]), every[:, offs[i]:offs[i] + rows[i]])
+                          for i in range(len(rows)))
     bad = None
     try:
         comm.all_gather_into_parts(flat, flat[r * n:(r + 1) * n], [torch.empty(w * n + 1)])
     except Exception as e:  # noqa: BLE001 - the test reads the message
         bad = f"{type(e).__name__}: {e}"
-    return right, bool((gaps == -2.0).all()), seqs, len(comm._moved), bad
+    return right and right_no_output, bool((gaps == -2.0).all()), seqs, plans, bad
 
 
 @pytest.mark.parametrize("world", [2, 3])

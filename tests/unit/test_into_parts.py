@@ -30,7 +30,8 @@ def _apply(schedule, world, chunk, flats, arena, base):
 
 @pytest.mark.parametrize("world", [2, 3, 5])
 @pytest.mark.parametrize("mode", [StreamMode.BATCH, StreamMode.PER_PEER])
-def test_every_part_gets_every_ranks_bytes_and_nothing_else(world, mode):
+@pytest.mark.parametrize("in_place", [True, False])  # False: the peers read the input (no flat output at all)
+def test_every_part_gets_every_ranks_bytes_and_nothing_else(world, mode, in_place):
     sizes = [7, 1, 40, 16, 3]  # bytes of each part per rank, odd on purpose
     chunk = sum(sizes)
     rng = np.random.default_rng(world)
@@ -46,7 +47,7 @@ def test_every_part_gets_every_ranks_bytes_and_nothing_else(world, mode):
         offs = np.cumsum([0] + sizes[:-1])
         parts = tuple((int(offs[i]), sizes[i], dst[i] - base) for i in range(len(sizes)))
         sched = plan_all_gather(world, rank, chunk, algorithm=Algorithm.PULL, stream_mode=mode, input_symmetric=True,
-                                output_symmetric=True, in_place=True, peers_in_place=True)
+                                output_symmetric=in_place, in_place=in_place, peers_in_place=in_place)
         moved = into_parts(sched, chunk, parts)
         _apply(moved, world, chunk, flats, arena, base)
         for i, n in enumerate(sizes):
@@ -57,7 +58,8 @@ def test_every_part_gets_every_ranks_bytes_and_nothing_else(world, mode):
         # the signals are the all-gather's, untouched; the own chunk comes from the input, locally
         signals = lambda s: [op for ops in s.slots for op in ops if not isinstance(op, Copy)]  # noqa: E731
         assert signals(moved) == signals(sched)
-        own = [op.transfer for ops in moved.slots for op in ops if isinstance(op, Copy) and op.transfer.src is Buf.INPUT]
+        own = [op.transfer for ops in moved.slots for op in ops
+               if isinstance(op, Copy) and op.transfer.src is Buf.INPUT and op.transfer.src_rank == rank]
         assert len(own) == len(sizes) and all(t.phase is Phase.LOCAL for t in own)
 
 

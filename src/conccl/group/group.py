@@ -244,7 +244,9 @@ class Group:
         in ``parts`` instead of ``output``: ``parts[i]`` is a tensor of ``world * n_i`` bytes'
         worth that takes the i-th ``n_i`` bytes of every rank's chunk, rank r's at row r.
         ``output`` is only read by the peers (it should be peer-reachable: a pool block); the
-        parts are this rank's alone. Blocking, on the caller's stream, never captured. For FSDP
+        parts are this rank's alone. ``output`` None: no flat output at all, the peers read
+        ``input`` itself (it should be peer-reachable: FSDP's sharded parameters moved into a
+        pool block, ``conccl.fsdp_direct``). Blocking, on the caller's stream, never captured. For FSDP
         (``conccl.fsdp``, ``direct=True``): each parameter's unsharded tensor filled straight from
         the peers, with no copy-out (:mod:`conccl.group.parts`)."""
         return parts_mod.all_gather_into_parts(self, output, input, parts, timeout)

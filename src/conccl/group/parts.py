@@ -17,9 +17,11 @@ peer reaches only the all-gather's flat input (peer-mapped) and the group's work
 from __future__ import annotations
 
 from ..collectives.all_gather import ALL_GATHER, into_parts
+from ..collectives.base import LocalCall
 from ..collectives.reduce_scatter import REDUCE_SCATTER, from_parts
 from ..errors import InvalidArgument
 from ..schedule import Algorithm
+from ..validate import check_tensor
 
 # moved schedules kept per group: one per FSDP collective of a step (three per layer)
 MAX_MOVED = 1024
@@ -53,7 +55,10 @@ def _moved(group, schedule, kind: str, layout, transform):
 
 def all_gather_into_parts(group, output, input, parts, timeout=None):
     """See :meth:`conccl.group.Group.all_gather_into_parts`."""
-    local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, None)
+    if output is not None:
+        local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, None)
+    else:
+        local = _flat_gather_of(group, input)
     group._check_usable()
     timeout_s = group._timeout_s(timeout)
     if group.executor.capturing():
@@ -70,6 +75,22 @@ def all_gather_into_parts(group, output, input, parts, timeout=None):
     schedule, views = group._agree(local, timeout_s)
     moved = _moved(group, schedule, "into_parts", layout, lambda s: into_parts(s, chunk, layout))
     return group._execute(moved, input, base, False, timeout_s, views)
+
+
+def _flat_gather_of(group, input):
+    """The local step of an all-gather of ``input`` into an output no tensor holds (the parts
+    take every byte): what the peers see is a flat all-gather whose output nobody reaches."""
+    ex = group.executor
+    check_tensor("input", input, ex.device_type)
+    nbytes = input.numel() * input.element_size()
+    key = ("into_parts", input.data_ptr(), input.numel(), input.dtype, input.device, ex.views_generation,
+           group.options.stream_mode, group.options.checks)
+    local = group._locals.get(key)
+    if local is None:
+        call = LocalCall((nbytes,) * group.world, (nbytes,) * group.world, False, (nbytes, False))
+        local = group._remember(key, group._local_row(ALL_GATHER, call, input.dtype, nbytes, group.world * nbytes,
+                                                      (ex.peer_view(input), None), Algorithm.PULL, None))
+    return local
 
 
 def reduce_scatter_from_parts(group, output, parts, rows, op=None, timeout=None):
