@@ -151,8 +151,9 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
         module: a module tree already wrapped by ``torch.distributed.fsdp.fully_shard`` (the
             root or any FSDP module; every FSDP module below it is served).
         all_gather, reduce_scatter: which of the two to move (default both).
-        direct: FSDP's copies around the collectives are skipped: the all-gather fills each
-            parameter's unsharded tensor straight from the peers (no copy-out), the
+        direct: FSDP's copies around the collectives are skipped: each module's shards live
+            in one peer-readable buffer the peers gather from (no copy-in), the all-gather
+            fills each parameter's unsharded tensor straight from the peers (no copy-out), the
             reduce-scatter reads each gradient where autograd left it (no copy-in). See
             :mod:`conccl.fsdp_direct`: it wraps four FSDP2 internals where this PyTorch has
             the versions it was written against; elsewhere one warning, and the plain hooks.

@@ -1,23 +1,31 @@
 """FSDP2's collectives without its copies: ``conccl.fsdp.enable(model, direct=True)``.
 
 FSDP packs every parameter of a module into one flat buffer around each collective, with an
-SM kernel on the critical path each time:
+SM kernel each time:
 
+- before the all-gather, on the copy-in stream, it copies every shard into the gathered
+  buffer's own chunk (``_foreach_copy_``);
 - after the all-gather, on the compute stream, it copies each parameter's rows out of the
   gathered buffer into that parameter's unsharded tensor (``split_with_sizes_copy``);
 - before the reduce-scatter, on the compute stream, it copies every gradient, padded, into
   the reduce-scatter's input (``chunk_cat``).
 
-Here neither copy runs. The all-gather pulls each peer's shard straight into this rank's
-per-parameter tensors (:meth:`conccl.group.Group.all_gather_into_parts`); the reduce-scatter
+Here none of them runs. Each module's sharded parameters live in one peer-readable *home*
+(:class:`_Home`) laid out as FSDP's all-gather input; the all-gather pulls each peer's shards
+from its home straight into this rank's per-parameter tensors
+(:meth:`conccl.group.Group.all_gather_into_parts`, no flat output at all); the reduce-scatter
 pushes each gradient's rows straight from where autograd left them into the peers' workspaces
 (:meth:`conccl.group.Group.reduce_scatter_from_parts`). FSDP2's public hooks do not reach the
-per-parameter tensors (FSDP makes them in the copy-out, after the hook ran, and passes the
-hook only the packed input), so four FSDP2 functions are wrapped:
+shards or the per-parameter tensors (FSDP copies in before the hook, makes the tensors in the
+copy-out after it, and passes the reduce-scatter hook only the packed input), so four FSDP2
+functions are wrapped:
 
-- ``foreach_all_gather`` tells a :class:`DirectAllGather` hook which parameters it gathers; the
-  hook makes their unsharded tensors on the all-gather stream (as FSDP would in the copy-out)
-  and fills them;
+- ``foreach_all_gather``: for a :class:`DirectAllGather` hook whose module's shards can live in
+  a home, the wrap itself gathers on FSDP's streams (:func:`_gather_from_home`): it moves any
+  shard not at home yet into it, makes the unsharded tensors on the all-gather stream (as FSDP
+  would in the copy-out) and fills them. Elsewhere (a dtype cast before the gather, a resharded
+  post-forward state) it tells the hook which parameters it gathers and FSDP's own function
+  runs, copy-in included; the hook still fills the tensors from the flat buffer;
 - ``foreach_all_gather_copy_out``, for a gather so done, only orders the current stream after
   it and tells the caching allocator the tensors are used there (``record_stream``: FSDP frees
   them on that stream);
@@ -61,6 +69,8 @@ _REDUCE_ARGS = ("fsdp_params", "unsharded_grads", "reduce_scatter_group", "reduc
                 "reduce_scatter_comm")  # the first five of foreach_reduce's; more follow, among them
 # all_reduce_group and all_reduce_hook, which the wrap reads by name (they keep FSDP's copy-in)
 _COPY_IN_ARGS = ("unsharded_grads", "reduce_scatter_input", "world_size")
+_RESULT_FIELDS = ("all_gather_output", "all_gather_event", "all_gather_work", "param_all_gather_input_dtypes",
+                  "param_all_gather_input_numels", "all_gather_input_split_sizes")
 _DIRECT = "_conccl_direct"  # set on a flat all-gather output whose gather filled the parameters
 _PARTS = "_conccl_parts"  # set on a reduce-scatter input placeholder: its _Parts
 # Reduction dtypes FSDP2 divides no reduce-scatter input of (it passes AVG or PREMUL_SUM)
@@ -92,6 +102,9 @@ def supported() -> str | None:
         if getattr(_fsdp_param_group, name, None) not in (_ORIGINAL.get(name, getattr(_fsdp_collectives, name)),
                                                            _WRAPS[name]):
             return f"PyTorch {torch.__version__}'s FSDP2 param group does not call {name} as expected"
+    result = getattr(_fsdp_collectives, "AllGatherResult", None)
+    if getattr(result, "_fields", None) != _RESULT_FIELDS or not hasattr(_fsdp_collectives, "_get_device_handle"):
+        return f"PyTorch {torch.__version__}'s FSDP2 all-gather result is not the one conccl's direct gather makes"
     reduce = inspect.unwrap(_ORIGINAL.get("foreach_reduce", _fsdp_collectives.foreach_reduce))
     if ("foreach_reduce_scatter_copy_in" not in reduce.__code__.co_names
             or reduce.__globals__ is not vars(_fsdp_collectives)):

@@ -8,7 +8,7 @@ parameters. Four configurations run in one process per GPU, one after the other:
   any communication, the floor the other two are judged against;
 - ``stock``: every block and the root wrapped by ``fully_shard`` (NCCL);
 - ``conccl``: the same, then ``conccl.fsdp.enable``;
-- ``conccl_direct``: the same with ``direct=True`` (no copy-out, no copy-in: :mod:`conccl.fsdp_direct`;
+- ``conccl_direct``: the same with ``direct=True`` (none of FSDP's copies: :mod:`conccl.fsdp_direct`;
   the record counts the copies skipped and the collectives left to FSDP's copies).
 
 Each trains ``train_steps`` AdamW steps from the same seed and data. Forward + backward of
