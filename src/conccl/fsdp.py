@@ -144,7 +144,7 @@ def _shard_group(module):
 
 
 def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: bool = True,
-           direct: bool = False) -> FsdpComms:
+           direct: bool = False, shard_home: bool = True) -> FsdpComms:
     """Run the all-gathers and reduce-scatters of every FSDP2 module in ``module`` on copy engines.
 
     Args:
@@ -158,6 +158,11 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             :mod:`conccl.fsdp_direct`: it wraps four FSDP2 internals where this PyTorch has
             the versions it was written against; elsewhere one warning, and the plain hooks.
             Checked bit for bit on one shared GPU; not yet measured on two.
+        shard_home: with ``direct``, each module's sharded parameters move now into one
+            peer-readable buffer (FSDP's all-gather input, so no copy-in runs). Tensors taken
+            from the parameters before (a state dict) keep the old memory and go stale; a
+            ``torch.compile``'d optimizer step fails on parameters that share one buffer
+            (PyTorch 2.13): pass False to keep FSDP's all-gather copy-in instead.
 
     Returns an :class:`FsdpComms` naming the modules served and those left on NCCL.
     A collective call: every rank of the FSDP groups calls it, on the same modules.
@@ -205,8 +210,12 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
                 warnings.warn(f"conccl.fsdp: FSDP group {key!r} keeps its {backend} collectives: {e}", stacklevel=2)
                 continue
             pool = comms.pools[key] = SymmetricPool(g, g.executor.device)
-        if all_gather:
-            m.set_custom_all_gather(fsdp_direct.DirectAllGather(pool) if direct else CopyEngineAllGather(pool))
+        if all_gather and direct:
+            gather = fsdp_direct.DirectAllGather(pool, homes=shard_home)
+            m.set_custom_all_gather(gather)
+            fsdp_direct.move_home(gather, m._get_fsdp_state()._fsdp_param_group.fsdp_params, pg.size())
+        elif all_gather:
+            m.set_custom_all_gather(CopyEngineAllGather(pool))
         if reduce_scatter:
             m.set_custom_reduce_scatter(fsdp_direct.DirectReduceScatter(pool) if direct else CopyEngineReduceScatter(pool))
         comms.modules.append(name or "<root>")

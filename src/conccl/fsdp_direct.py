@@ -140,7 +140,8 @@ def _gather(*args, **kwargs):
         return _fsdp_collectives.foreach_all_gather(*args, **kwargs)
     call = dict(zip(_GATHER_ARGS, args), **kwargs)
     if comm.homes:
-        home = comm.home_for(call["fsdp_params"], call["group"].size())
+        with _fsdp_collectives._get_device_handle(call["device"].type).stream(call["all_gather_copy_in_stream"]):
+            home = comm.home_for(call["fsdp_params"], call["group"].size())  # allocated where first written
         if home is not None:
             return _gather_from_home(comm, home, call)
     comm.pending = call["fsdp_params"]
@@ -270,6 +271,22 @@ def install() -> str | None:
     return why
 
 
+def _cast_before_gather(p, dtype) -> bool:
+    """Whether FSDP casts this parameter's shard before gathering it (mixed precision): its
+    ``param_dtype`` once FSDP's lazy init set it, the policy's before (as that init derives it)."""
+    if hasattr(p, "param_dtype"):
+        return p.param_dtype not in (None, dtype)
+    want = getattr(getattr(p, "mp_policy", None), "param_dtype", None)
+    return want is not None and want != dtype and dtype.is_floating_point
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def _part_sizes(fsdp_params, dtype, numel: int, world: int):
     """Each parameter's shard size where every parameter is a plain dim-0 shard of ``dtype``
     whose sizes add up to ``numel`` and whose unsharded tensor (if any) fits; else None."""
@@ -314,32 +331,53 @@ def parameter_outputs(fsdp_params, input, world: int):
 class _Home:
     """One FSDP module's sharded parameters in one buffer the peers can read, laid out as FSDP's
     copy-in lays out its all-gather input (each parameter's padded shard, in order), so that
-    no copy-in runs: the peers read the shards where the optimizer updates them. A parameter
-    is moved in (its padded shard and its local tensor re-pointed with ``Tensor.set_``) at its
-    module's first gather, and again wherever something moved it out (``load_state_dict`` with
-    ``assign=True``, ``Module._apply``): FSDP finds the same storage under both and keeps it."""
+    no copy-in runs: the peers read the shards where the optimizer updates them.
+
+    A parameter is moved in by copying its padded shard there and re-pointing FSDP's two views of
+    it (``_sharded_param_data``, the padded shard; the DTensor's local tensor, its first rows) at
+    the home, as FSDP's own ``reset_sharded_param`` re-points them; the parameter objects (the
+    optimizer's) stay the same, and the old storage is freed. :func:`enable` moves every
+    parameter at once; a gather moves back whatever something moved out since
+    (``load_state_dict(assign=True)``, ``Module._apply``). A tensor taken from a parameter
+    before it moved (a state dict made before ``enable``) keeps the old storage, and goes stale."""
 
     def __init__(self, buf, sizes):
         self.buf, self.sizes = buf, tuple(sizes)
         self.offsets = tuple(sum(sizes[:i]) for i in range(len(sizes)))
 
+    def holds(self, p, off: int) -> bool:
+        data = p._sharded_param_data  # by storage and offset: an empty view's data_ptr() is 0
+        return (data.untyped_storage().data_ptr() == self.buf.untyped_storage().data_ptr()
+                and data.storage_offset() == self.buf.storage_offset() + off)
+
     def take(self, fsdp_params, stream) -> int:
-        """Move every parameter not in its place yet into it (the copies on the current stream,
-        ``stream``: the old storage is freed only once that stream passes them). How many moved."""
+        """Move every parameter not at home yet into it (the copies on the current stream,
+        ``stream``: the old storage is reused only once that stream passes them). How many moved."""
         moved = 0
-        storage, base = self.buf.untyped_storage(), self.buf.storage_offset()
         for p, off, n in zip(fsdp_params, self.offsets, self.sizes):
-            data, local = p._sharded_param_data, p.sharded_param._local_tensor
-            if data.data_ptr() == self.buf.data_ptr() + off * data.element_size():
+            if self.holds(p, off):
                 continue
+            data, local = p._sharded_param_data, p.sharded_param._local_tensor
             with torch.no_grad():
-                self.buf[off:off + n].copy_(data)
+                padded = self.buf[off:off + n]
+                padded.copy_(data)
                 if data.is_cuda:
                     data.record_stream(stream)
-                local.set_(storage, base + off, local.size(), local.stride())  # it views the shard's start
-                data.set_(storage, base + off, data.size(), data.stride())
+                p._sharded_param_data = padded
+                p.sharded_param._local_tensor = padded.view(p.padded_sharded_param_size).narrow(0, 0, local.size(0))
             moved += 1
         return moved
+
+
+def move_home(comm, fsdp_params, world: int) -> bool:
+    """Move one FSDP module's shards into its home now, on the current stream (``enable``'s
+    collective call: every rank moves the same modules in the same order). False where they
+    cannot live in one, or are not materialized yet (the first gather then moves them)."""
+    home = comm.home_for(fsdp_params, world)
+    if home is None:
+        return False
+    home.take(fsdp_params, torch.cuda.current_stream(home.buf.device) if home.buf.is_cuda else None)
+    return True
 
 
 class DirectAllGather:
@@ -358,31 +396,26 @@ class DirectAllGather:
         self.home = None
 
     def home_for(self, fsdp_params, world: int):
-        """This module's :class:`_Home`, made at its first gather (a collective allocation: every
-        rank's first gather of a module comes in the same order); None where the shards cannot
-        live in one (another state than SHARDED, mixed dtypes, a dtype cast before the gather,
-        what :func:`_part_sizes` declines): FSDP's copy-in then runs as usual."""
-        if not fsdp_params or any(p.sharded_state != ShardedState.SHARDED for p in fsdp_params):
+        """This module's :class:`_Home`, made the first time (a collective allocation: every rank
+        decides alike, from shapes, dtypes and FSDP's settings only); None where the shards
+        cannot live in one (another state than SHARDED, mixed dtypes, a dtype cast before the
+        gather, a tensor subclass, what :func:`_part_sizes` declines): FSDP's copy-in then runs."""
+        if not self.homes or not fsdp_params or any(p.sharded_state != ShardedState.SHARDED for p in fsdp_params):
             return None
         datas = [p._sharded_param_data for p in fsdp_params]
         dtype = datas[0].dtype
-        if any(type(d) is not torch.Tensor or d.dtype != dtype or not d.is_contiguous() or d.dim() != 1 for d in datas):
+        if any(type(d) is not torch.Tensor or d.dtype != dtype or d.dim() != 1 or d.is_meta for d in datas):
             return None
-        if any(p.param_dtype not in (None, dtype) for p in fsdp_params):  # FSDP's copy-in casts
+        if any(_cast_before_gather(p, dtype) or type(p.sharded_param._local_tensor) is not torch.Tensor
+               for p in fsdp_params):  # FSDP's copy-in casts; a subclass has its own layout
             return None
-        for p, d in zip(fsdp_params, datas):  # the local tensor views its padded shard's start
-            local = p.sharded_param._local_tensor
-            if (type(local) is not torch.Tensor or local.untyped_storage().data_ptr() != d.untyped_storage().data_ptr()
-                    or local.data_ptr() != d.data_ptr() or local.numel() > d.numel() or not local.is_contiguous()):
-                return None
         sizes = _part_sizes(fsdp_params, dtype, sum(d.numel() for d in datas), world)
-        if sizes is None:
+        if sizes is None or any(n != _numel(p.padded_sharded_param_size) for p, n in zip(fsdp_params, sizes)):
             return None
-        if self.home is None or self.home.sizes != tuple(sizes) or self.home.buf.dtype != dtype:
-            if self.home is not None:
-                return None  # another shape than the home's: not this module's parameters
-            buf = self.allocate((sum(sizes),), dtype=dtype, device=datas[0].device)
-            self.home = _Home(buf, sizes)
+        if self.home is None:
+            self.home = _Home(self.allocate((sum(sizes),), dtype=dtype, device=datas[0].device), sizes)
+        elif self.home.sizes != tuple(sizes) or self.home.buf.dtype != dtype:
+            return None  # not the parameters the home was made for (a dtype changed since)
         return self.home
 
     def allocate(self, size, *, dtype, device):

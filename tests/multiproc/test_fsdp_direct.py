@@ -63,6 +63,8 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
     dims = [(13, 37), (37, 21), (21, 7)]  # sizes no world divides: FSDP pads the shards
+    if schedule == "empty":  # a weight of one row: every rank but the first holds an empty shard
+        dims = [(13, 1), (1, 21), (21, 7)]
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh()) for a, b in dims])
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model:
@@ -83,6 +85,9 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
                 comms.append((m, fsdp_direct.DirectAllGather(gather=_gloo_gather)))
                 m.set_custom_all_gather(comms[-1][1])
                 m.set_custom_reduce_scatter(fsdp_direct.DirectReduceScatter(reduce=_gloo_reduce, flat=_gloo_flat))
+                # as conccl.fsdp.enable does: the shards move home now, before any state is taken
+                fsdp_direct.move_home(comms[-1][1], m._get_fsdp_state()._fsdp_param_group.fsdp_params, world)
+    saved = model.state_dict()  # views of the parameters: they must stay the live ones
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
     losses = []
@@ -97,11 +102,14 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         opt.zero_grad()
         losses.append(loss.item())
     # where every parameter's shard lives after training: in its module's home, or not
+    # where every parameter's shard lives after training: in its module's home (nothing else
+    # holding the old storage: FSDP's padded shard a view of the home itself), or not
     homed = [c.home is not None and all(
-        c.home.buf.data_ptr() <= p._sharded_param_data.data_ptr() < c.home.buf.data_ptr() + c.home.buf.nbytes
-        and p.sharded_param._local_tensor.data_ptr() == p._sharded_param_data.data_ptr()
-        for p in m._get_fsdp_state()._fsdp_param_group.fsdp_params) for m, c in comms]
-    return losses, [p.to_local().detach().clone() for p in model.parameters()], homed
+        c.home.holds(p, off) and p._sharded_param_data._base is c.home.buf
+        and p.sharded_param._local_tensor.untyped_storage().data_ptr() == c.home.buf.untyped_storage().data_ptr()
+        for p, off in zip(m._get_fsdp_state()._fsdp_param_group.fsdp_params, c.home.offsets)) for m, c in comms]
+    current = all(torch.equal(saved[k].to_local(), v.to_local()) for k, v in model.state_dict().items())
+    return losses, [p.to_local().detach().clone() for p in model.parameters()], homed if current else ["stale state dict"]
 
 
 def _counts():
@@ -144,7 +152,9 @@ def _run(world, param_dtype, reduce_dtype, schedule="default"):
         assert stock_counts == [0, 0, 0, 0, 0]  # stock FSDP's collectives are left alone
         # without a dtype cast before the gather, every module's shards live in its home
         assert homed == [param_dtype is None] * 3, homed
-    return [r[-2] for r in results]
+    counts = [r[-2] for r in results]
+    assert all(c == counts[0] for c in counts), counts  # every rank took the same paths
+    return counts
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -160,7 +170,8 @@ def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_
 
 
 @pytest.mark.parametrize("schedule,gathers,copy_ins", [("no_reshard", 3 * 3, 3 * 3), ("prefetch", 3 * 3 * 2, 3 * 3),
-                                                        ("hook", 3 * 3 * 2, 0), ("unshard", 3 * 3 * 2, 3 * 3)])
+                                                        ("hook", 3 * 3 * 2, 0), ("unshard", 3 * 3 * 2, 3 * 3),
+                                                        ("empty", 3 * 3 * 2, 3 * 3)])
 def test_direct_under_other_fsdp_schedules(schedule, gathers, copy_ins):
     """reshard_after_forward=False (no backward re-gather: the parameters filled in forward stay),
     explicit forward/backward prefetching (gathers issued a block early), an all-reduce hook
