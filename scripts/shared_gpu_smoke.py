@@ -219,7 +219,7 @@ def _fsdp(rank, world, cases, report, direct=False):
     from conccl import fsdp_direct
 
     torch.manual_seed(0)
-    dim = 256
+    dim = int(os.environ.get("CONCCL_SMOKE_FSDP_DIM", "256"))
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
                                                       torch.nn.Linear(4 * dim, dim)) for _ in range(3)]).cuda()
     ref = copy.deepcopy(model)
@@ -237,15 +237,24 @@ def _fsdp(rank, world, cases, report, direct=False):
     g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
     executors = [p.group.executor for p in comms.pools.values()]
     compiled = []  # copy-engine programs compiled per step: buffers that move recompile
+    peaks = []  # bytes the sharded model's forward + backward allocated above its start, per step
     for _ in range(4):
         x = torch.randn(64, dim, device="cuda", generator=g)
         start = sum(e.programs_compiled for e in executors)
         for m, opt in zip((model, ref), opts):
+            if m is model:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
             m(x).square().mean().backward()
+            if m is model:
+                torch.cuda.synchronize()
+                peaks.append(torch.cuda.max_memory_allocated() - base)
             opt.step()
             opt.zero_grad()
         compiled.append(sum(e.programs_compiled for e in executors) - start)
     report[name]["programs_compiled_per_step"] = compiled
+    report[name]["step_peak_bytes"] = peaks
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
 
@@ -348,6 +357,7 @@ def main() -> int:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--fsdp", action="store_true", help="also FSDP2 with conccl.fsdp.enable, plain and direct=True (4 steps, 3 blocks)")
+    ap.add_argument("--fsdp-dim", type=int, default=256, help="the FSDP blocks' width (default 256)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU visible", file=sys.stderr)
@@ -356,6 +366,7 @@ def main() -> int:
 
     if a.fsdp:
         os.environ["CONCCL_SMOKE_FSDP"] = "1"  # spawned ranks re-import this module and read it
+        os.environ["CONCCL_SMOKE_FSDP_DIM"] = str(a.fsdp_dim)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
