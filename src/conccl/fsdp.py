@@ -185,7 +185,7 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
         raise InvalidArgument(
             f"{type(module).__name__} has no module wrapped by torch.distributed.fsdp.fully_shard; call "
             "fully_shard on its blocks and on the root first, then conccl.fsdp.enable")
-    comms, refused = FsdpComms(), {}
+    comms, refused, shared = FsdpComms(), {}, {}
     if direct and (all_gather or reduce_scatter):
         why = fsdp_direct.install()
         if why is not None:
@@ -211,9 +211,13 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
                 continue
             pool = comms.pools[key] = SymmetricPool(g, g.executor.device)
         if all_gather and direct:
-            gather = fsdp_direct.DirectAllGather(pool, homes=shard_home)
+            # fully_shard([a, b]) gives a and b one parameter group: one hook, one home for it
+            param_group = m._get_fsdp_state()._fsdp_param_group
+            gather = shared.get(id(param_group))
+            if gather is None:
+                gather = shared[id(param_group)] = fsdp_direct.DirectAllGather(pool, homes=shard_home)
+                fsdp_direct.move_home(gather, param_group.fsdp_params, pg.size())
             m.set_custom_all_gather(gather)
-            fsdp_direct.move_home(gather, m._get_fsdp_state()._fsdp_param_group.fsdp_params, pg.size())
         elif all_gather:
             m.set_custom_all_gather(CopyEngineAllGather(pool))
         if reduce_scatter:

@@ -355,7 +355,7 @@ class _Home:
         ``stream``: the old storage is reused only once that stream passes them). How many moved."""
         moved = 0
         for p, off, n in zip(fsdp_params, self.offsets, self.sizes):
-            if self.holds(p, off):
+            if self.holds(p, off) or p._sharded_param_data.is_meta:  # meta: moved once materialized
                 continue
             data, local = p._sharded_param_data, p.sharded_param._local_tensor
             with torch.no_grad():
@@ -371,8 +371,8 @@ class _Home:
 
 def move_home(comm, fsdp_params, world: int) -> bool:
     """Move one FSDP module's shards into its home now, on the current stream (``enable``'s
-    collective call: every rank moves the same modules in the same order). False where they
-    cannot live in one, or are not materialized yet (the first gather then moves them)."""
+    collective call: every rank makes the same homes in the same order). False where they
+    cannot live in one. Shards still on meta stay there; the first gather moves them in."""
     home = comm.home_for(fsdp_params, world)
     if home is None:
         return False
@@ -404,7 +404,7 @@ class DirectAllGather:
             return None
         datas = [p._sharded_param_data for p in fsdp_params]
         dtype = datas[0].dtype
-        if any(type(d) is not torch.Tensor or d.dtype != dtype or d.dim() != 1 or d.is_meta for d in datas):
+        if any(type(d) is not torch.Tensor or d.dtype != dtype or d.dim() != 1 for d in datas):
             return None
         if any(_cast_before_gather(p, dtype) or type(p.sharded_param._local_tensor) is not torch.Tensor
                for p in fsdp_params):  # FSDP's copy-in casts; a subclass has its own layout
@@ -412,10 +412,11 @@ class DirectAllGather:
         sizes = _part_sizes(fsdp_params, dtype, sum(d.numel() for d in datas), world)
         if sizes is None or any(n != _numel(p.padded_sharded_param_size) for p, n in zip(fsdp_params, sizes)):
             return None
-        if self.home is None:
-            self.home = _Home(self.allocate((sum(sizes),), dtype=dtype, device=datas[0].device), sizes)
-        elif self.home.sizes != tuple(sizes) or self.home.buf.dtype != dtype:
-            return None  # not the parameters the home was made for (a dtype changed since)
+        if self.home is None or self.home.sizes != tuple(sizes) or self.home.buf.dtype != dtype:
+            # Made on the parameters' device even where they are still on meta (a rank that
+            # loads them later): the shapes decide, alike on every rank. A home of another dtype
+            # (the model cast since) is replaced, on every rank alike.
+            self.home = _Home(self.allocate((sum(sizes),), dtype=dtype, device=fsdp_params[0].device), sizes)
         return self.home
 
     def allocate(self, size, *, dtype, device):

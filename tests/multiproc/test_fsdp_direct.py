@@ -65,7 +65,10 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     dims = [(13, 37), (37, 21), (21, 7)]  # sizes no world divides: FSDP pads the shards
     if schedule == "empty":  # a weight of one row: every rank but the first holds an empty shard
         dims = [(13, 1), (1, 21), (21, 7)]
-    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh()) for a, b in dims])
+    meta = schedule == "meta" and rank > 0  # rank 0 builds the model; the others load it from rank 0
+    with torch.device("meta" if meta else "cpu"):
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh()) for a, b in dims])
+    full = {k: v.detach().clone() for k, v in model.state_dict().items()} if rank == 0 else {}
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model:
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=schedule != "no_reshard")
@@ -87,7 +90,16 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
                 m.set_custom_reduce_scatter(fsdp_direct.DirectReduceScatter(reduce=_gloo_reduce, flat=_gloo_flat))
                 # as conccl.fsdp.enable does: the shards move home now, before any state is taken
                 fsdp_direct.move_home(comms[-1][1], m._get_fsdp_state()._fsdp_param_group.fsdp_params, world)
-    saved = model.state_dict()  # views of the parameters: they must stay the live ones
+    made = [c.home is not None for _, c in comms]  # homes made at enable: alike on every rank
+    if schedule == "meta":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if meta:
+            model.to_empty(device="cpu")
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    # views of the parameters: they must stay the live ones (on a rank that loaded into meta
+    # parameters, the shards move home at the first gather: taken after it)
+    saved = model.state_dict() if schedule != "meta" else None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
     losses = []
@@ -101,6 +113,7 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
+        saved = saved if saved is not None else model.state_dict()
     # where every parameter's shard lives after training: in its module's home, or not
     # where every parameter's shard lives after training: in its module's home (nothing else
     # holding the old storage: FSDP's padded shard a view of the home itself), or not
@@ -109,7 +122,8 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         and p.sharded_param._local_tensor.untyped_storage().data_ptr() == c.home.buf.untyped_storage().data_ptr()
         for p, off in zip(m._get_fsdp_state()._fsdp_param_group.fsdp_params, c.home.offsets)) for m, c in comms]
     current = all(torch.equal(saved[k].to_local(), v.to_local()) for k, v in model.state_dict().items())
-    return losses, [p.to_local().detach().clone() for p in model.parameters()], homed if current else ["stale state dict"]
+    return (losses, [p.to_local().detach().clone() for p in model.parameters()],
+            (homed if current else ["stale state dict"]) + made)
 
 
 def _counts():
@@ -151,7 +165,7 @@ def _run(world, param_dtype, reduce_dtype, schedule="default"):
         assert all(same), (rank, same)
         assert stock_counts == [0, 0, 0, 0, 0]  # stock FSDP's collectives are left alone
         # without a dtype cast before the gather, every module's shards live in its home
-        assert homed == [param_dtype is None] * 3, homed
+        assert homed == [param_dtype is None] * 6, homed  # homed after training; made at enable
     counts = [r[-2] for r in results]
     assert all(c == counts[0] for c in counts), counts  # every rank took the same paths
     return counts
@@ -171,11 +185,12 @@ def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_
 
 @pytest.mark.parametrize("schedule,gathers,copy_ins", [("no_reshard", 3 * 3, 3 * 3), ("prefetch", 3 * 3 * 2, 3 * 3),
                                                         ("hook", 3 * 3 * 2, 0), ("unshard", 3 * 3 * 2, 3 * 3),
-                                                        ("empty", 3 * 3 * 2, 3 * 3)])
+                                                        ("empty", 3 * 3 * 2, 3 * 3), ("meta", 3 * 3 * 2, 3 * 3)])
 def test_direct_under_other_fsdp_schedules(schedule, gathers, copy_ins):
     """reshard_after_forward=False (no backward re-gather: the parameters filled in forward stay),
     explicit forward/backward prefetching (gathers issued a block early), an all-reduce hook
-    (it reads the whole reduced output, padding included: FSDP's copy-in is kept), and the
-    user's own asynchronous unshard of every block before forward."""
+    (it reads the whole reduced output, padding included: FSDP's copy-in is kept), the user's
+    own asynchronous unshard of every block before forward, empty shards, and a model built on
+    meta on every rank but rank 0 and loaded from it after ``enable``."""
     for counts in _run(2, None, torch.float32, schedule):
         assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins, gathers], counts
