@@ -200,19 +200,29 @@ class _Parts:
         self.grads = self.rows = self.flat = None
 
 
+def _reduce_arg(name: str, args, kwargs):
+    """One argument of a ``foreach_reduce`` call, by name, positional or keyword (FSDP passes
+    them positionally); its default where not passed. No signature binding: once per layer."""
+    if name in kwargs:
+        return kwargs[name]
+    at, default = _REDUCE_PARAMETERS()[name]
+    return args[at] if at < len(args) else default
+
+
 def _reduce(*args, **kwargs):
     global declined_reduces
-    comm = kwargs.get("reduce_scatter_comm", args[4] if len(args) > 4 else None)
+    comm = _reduce_arg("reduce_scatter_comm", args, kwargs)
     if not isinstance(comm, DirectReduceScatter):
         return _ORIGINAL["foreach_reduce"](*args, **kwargs)
-    call = _REDUCE_SIGNATURE().bind(*args, **kwargs).arguments
-    group = call.get("reduce_scatter_group")
+    call = {name: _reduce_arg(name, args, kwargs) for name in ("reduce_scatter_group", "all_reduce_group",
+                                                                 "all_reduce_hook")}
+    group = call["reduce_scatter_group"]
     # The padding rows of a direct reduction's output are not zeros (FSDP's copy-in zero-pads):
     # only FSDP's own views of it are used, except by an all-reduce (HSDP) or a user's hook,
     # which get the whole buffer. Those keep FSDP's copy-in.
     if group is None or group.size() < 2:  # FSDP reduces nothing
         return _ORIGINAL["foreach_reduce"](*args, **kwargs)
-    if call.get("all_reduce_group") is not None or call.get("all_reduce_hook") is not None:
+    if call["all_reduce_group"] is not None or call["all_reduce_hook"] is not None:
         declined_reduces += 1
         return _ORIGINAL["foreach_reduce"](*args, **kwargs)
     comm.expect_input = True  # foreach_reduce's first allocation is the packed input
@@ -224,10 +234,7 @@ def _reduce(*args, **kwargs):
 
 def _padded_rows(shape, world: int) -> int:
     """Elements per rank of a gradient FSDP pads on dim 0 (its ``_get_dim0_padded_size``)."""
-    rest = 1
-    for d in shape[1:]:
-        rest *= d
-    return -(-shape[0] // world) * rest if len(shape) else 1
+    return -(-shape[0] // world) * _numel(shape[1:]) if len(shape) else 1
 
 
 def _copy_in(unsharded_grads, reduce_scatter_input, world_size):
@@ -249,8 +256,10 @@ def _copy_in(unsharded_grads, reduce_scatter_input, world_size):
 
 
 @functools.lru_cache(maxsize=1)
-def _REDUCE_SIGNATURE():  # noqa: N802 - a constant, made once FSDP2's function is known
-    return inspect.signature(_ORIGINAL["foreach_reduce"])
+def _REDUCE_PARAMETERS():  # noqa: N802 - a constant, made once FSDP2's function is known
+    """name -> (position, default) of ``foreach_reduce``'s parameters."""
+    return {name: (i, None if p.default is inspect.Parameter.empty else p.default)
+            for i, (name, p) in enumerate(inspect.signature(_ORIGINAL["foreach_reduce"]).parameters.items())}
 
 
 _WRAPS = {"foreach_all_gather": _gather, "foreach_all_gather_copy_out": _copy_out, "foreach_reduce": _reduce,

@@ -51,7 +51,7 @@ def test_which_reductions_take_the_direct_path(monkeypatch, case, direct, declin
 
     fake.__signature__ = inspect.signature(real)
     monkeypatch.setitem(fsdp_direct._ORIGINAL, "foreach_reduce", fake)
-    fsdp_direct._REDUCE_SIGNATURE.cache_clear()
+    fsdp_direct._REDUCE_PARAMETERS.cache_clear()
     try:
         comm = fsdp_direct.DirectReduceScatter() if case != "other comm" else object()
         names = list(inspect.signature(real).parameters)
@@ -67,4 +67,4 @@ def test_which_reductions_take_the_direct_path(monkeypatch, case, direct, declin
         if case != "other comm":
             assert comm.expect_input is False  # never left set for a later allocation
     finally:
-        fsdp_direct._REDUCE_SIGNATURE.cache_clear()
+        fsdp_direct._REDUCE_PARAMETERS.cache_clear()

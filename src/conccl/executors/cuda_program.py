@@ -77,7 +77,7 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
     steps: list = []
     signals: list = []
     copies: list = []
-    with_peers = [False]  # the copy batch under way holds peer copies
+    with_peers = False  # the copy batch under way holds peer copies
     if batch_copies:
         ops = hoist_small_local(ops)
 
@@ -87,11 +87,12 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
         signals.clear()
 
     def flush_copies():
+        nonlocal with_peers
         if copies:
             # own copies alone: a batch of one is a plain copy
-            steps.append(("copy", copies[0]) if len(copies) == 1 and not with_peers[0] else ("copies", tuple(copies)))
+            steps.append(("copy", copies[0]) if len(copies) == 1 and not with_peers else ("copies", tuple(copies)))
             copies.clear()
-        with_peers[0] = False
+        with_peers = False
 
     for op in ops:
         if isinstance(op, Copy):
@@ -105,9 +106,9 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             # A peer copy does not join a batch of own copies; a large own copy does not join the
             # peer copies' batch (it would hold back what waits for that batch); a run of own
             # copies (a reduce-scatter from parts: one per parameter) is one batch of its own.
-            if copies and (with_peers[0] != peer) and (peer or not _is_small_local(op)):
+            if copies and (with_peers != peer) and (peer or not _is_small_local(op)):
                 flush_copies()
-            with_peers[0] |= peer
+            with_peers |= peer
             copies.append(triple)
             continue
         flush_copies()
