@@ -51,7 +51,6 @@ def main() -> int:
     x, y, out = (torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(3))
     cu = driver()
     default = grid_bound(torch.cuda.current_device())
-    side = torch.cuda.Stream()
     sums = {}
     for ctas in a.ctas or [default]:
         red = ReduceLaunch(torch.cuda.current_device(), out.data_ptr(), (x.data_ptr(), y.data_ptr()), n * 2,
@@ -60,19 +59,32 @@ def main() -> int:
         name = f"conccl reduction ({ctas} CTAs{', the default' if ctas == default else ''})"
         sums[name] = lambda red=red: red.launch(cu, torch.cuda.current_stream().cuda_stream)
     sums["torch.add (full grid)"] = lambda: torch.add(x, y, out=out)
-    A = torch.randn(a.gemm, a.gemm, device="cuda", dtype=torch.bfloat16)
-    B = torch.randn(a.gemm, a.gemm, device="cuda", dtype=torch.bfloat16)
+    rows = beside_gemm(sums, n, a.gemm, a.gemms, a.runs)
+    rows["mib"] = a.mib
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def beside_gemm(sums: dict, n: int, gemm: int, gemms_per_loop: int, runs_wanted: int) -> dict:
+    """Each of ``sums`` (name -> a launch of a sum over ``n``-element bf16 operands; 3 n
+    elements of traffic) alone and looping beside a loop of bf16 GEMMs, in turns; prints and
+    returns the rows."""
+    side = torch.cuda.Stream()
+    A = torch.randn(gemm, gemm, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(gemm, gemm, device="cuda", dtype=torch.bfloat16)
     C = torch.empty_like(A)
 
     def gemms():
-        for _ in range(a.gemms):
+        for _ in range(gemms_per_loop):
             torch.mm(A, B, out=C)
 
     gemms()
     for fn in sums.values():
         fn()
     torch.cuda.synchronize()
-    alone_ms = {name: statistics.median(_timed(fn) for _ in range(a.runs)) for name, fn in sums.items()}
+    alone_ms = {name: statistics.median(_timed(fn) for _ in range(runs_wanted)) for name, fn in sums.items()}
     reps = {name: int(2 * _timed(gemms) / t) + 2 for name, t in alone_ms.items()}  # the sum outlasts the GEMMs
 
     def gated(name):
@@ -96,15 +108,15 @@ def main() -> int:
 
     # In turns (alone, beside each sum, alone, ...), so that clock and power drift fall on all alike.
     runs = {name: [] for name in (None, *sums)}
-    for _ in range(a.runs):
+    for _ in range(runs_wanted):
         for name in runs:
             runs[name].append(gated(name))
     gemm_alone = statistics.median(ms for ms, _ in runs[None])
     rows = {"gemm_ms_per_loop": gemm_alone, "gemm_alone_spread_ms": [min(ms for ms, _ in runs[None]),
                                                                       max(ms for ms, _ in runs[None])],
-            "gemms_per_loop": a.gemms, "gemm_mnk": a.gemm, "mib": a.mib, "operand_mib": n * 2 / 2**20,
-            "runs": a.runs, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "sums": {}}
-    print(f"{torch.cuda.get_device_name(0)}: {a.gemms} x bf16 GEMM {a.gemm}^3 alone {gemm_alone:.2f} ms")
+            "gemms_per_loop": gemms_per_loop, "gemm_mnk": gemm, "operand_mib": n * 2 / 2**20,
+            "runs": runs_wanted, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "sums": {}}
+    print(f"{torch.cuda.get_device_name(0)}: {gemms_per_loop} x bf16 GEMM {gemm}^3 alone {gemm_alone:.2f} ms")
     for name in sums:
         beside = [ms for ms, _ in runs[name]]
         gemm_beside = statistics.median(beside)
@@ -117,10 +129,7 @@ def main() -> int:
         print(f"  beside {name}: GEMMs {gemm_beside:.2f} ms ({100 * r['gemm_slowdown']:+.1f}%); the sum alone "
               f"{alone_ms[name]:.3f} ms ({r['sum_GBps_alone']:.0f} GB/s), beside the GEMMs {r['sum_beside_ms']:.3f} ms; "
               f"GEMM time lost per sum {r['gemm_ms_lost_per_sum']:.3f} ms")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -51,12 +51,27 @@ def grid_bound(device_index: int) -> int:
     return max(1, int(sms) // 2)
 
 
-THREADS = 512
+# Bytes in flight per CTA (THREADS x UNROLL vectors per operand) set the sum's speed and what it
+# takes from a GEMM beside it. One H200, the sum of a 1 GiB 2-rank bf16 reduce-scatter at 66
+# CTAs beside a GEMM loop, three runs in turns (benchmarks/2026-11-23-h200-reduce-variants):
+# 512 threads x UNROLL 8 cost the GEMMs 0.16-0.17 ms per sum (sum alone 0.44-0.48 ms), 512 x 4
+# 0.10-0.11 (0.50), 1024 x 2 0.10-0.11 (0.47), a full-grid torch.add 0.094 (0.37). Streaming
+# or L2 evict-first loads and stores gained less than fewer bytes in flight did.
+THREADS = 1024
 
 _SOURCE = r"""
 typedef unsigned short u16;
 typedef unsigned int u32;
-#define UNROLL 8  // 16-byte vectors in flight per thread and operand: HBM wants bytes in flight
+#ifndef UNROLL
+#define UNROLL 2  // 16-byte vectors in flight per thread and operand (see THREADS)
+#endif
+// The vector kernels' loads and stores (scripts/reduce_variants.py tries others in their place).
+#ifndef LDV
+#define LDV(p) (*(p))
+#endif
+#ifndef STV
+#define STV(p, v) (*(p) = (v))
+#endif
 
 __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
 __device__ __forceinline__ float half_to_float(u16 h, int bf16) {
@@ -99,8 +114,8 @@ template <int KIND> __device__ __forceinline__ uint4 pack(const float* f) {
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The two-operand kernels carry __launch_bounds__ (without it their registers would not fit
-// 512 threads); the general ones do not: bounded, they spill and run at a third of the speed.
+// Every kernel carries __launch_bounds__: a 1024-thread CTA must fit in 64 registers a thread,
+// which UNROLL 2 does without spilling (UNROLL 8 spilled in the general kernels at 512 threads).
 // Every pointer 16-byte aligned: the n / EPV whole vectors, UNROLL of them per thread at once;
 // the remaining (< EPV) elements one by one. The arithmetic is the scalar kernels' exactly.
 template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* dst, OPERANDS, int nsrc, long long n, float scale) {
@@ -113,8 +128,8 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
             #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 long long i = base + u * stride;
-                a[u] = i < nvec ? ((const uint4*)s0)[i] : make_uint4(0, 0, 0, 0);
-                b[u] = i < nvec ? ((const uint4*)s1)[i] : make_uint4(0, 0, 0, 0);
+                a[u] = i < nvec ? LDV((const uint4*)s0 + i) : make_uint4(0, 0, 0, 0);
+                b[u] = i < nvec ? LDV((const uint4*)s1 + i) : make_uint4(0, 0, 0, 0);
             }
             #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
@@ -123,7 +138,7 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
                 #pragma unroll
                 for (int e = 0; e < EPV; ++e) fa[e] = __fadd_rn(__fmul_rn(fa[e], scale), __fmul_rn(fb[e], scale));
                 long long i = base + u * stride;
-                if (i < nvec) ((uint4*)dst)[i] = pack<KIND>(fa);
+                if (i < nvec) STV((uint4*)dst + i, pack<KIND>(fa));
             }
         }
     } else
@@ -133,7 +148,7 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             long long i = base + u * stride;
-            v[u] = i < nvec ? ((const uint4*)s0)[i] : make_uint4(0, 0, 0, 0);
+            v[u] = i < nvec ? LDV((const uint4*)s0 + i) : make_uint4(0, 0, 0, 0);
         }
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -146,7 +161,7 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
             #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 long long i = base + u * stride;
-                v[u] = i < nvec ? p[i] : make_uint4(0, 0, 0, 0);
+                v[u] = i < nvec ? LDV(p + i) : make_uint4(0, 0, 0, 0);
             }
             #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
@@ -158,7 +173,7 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             long long i = base + u * stride;
-            if (i < nvec) ((uint4*)dst)[i] = pack<KIND>(acc[u]);
+            if (i < nvec) STV((uint4*)dst + i, pack<KIND>(acc[u]));
         }
     }
     for (long long i = nvec * EPV + tid; i < n; i += stride) {  // the tail
@@ -173,19 +188,19 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
         }
     }
 }
-extern "C" __global__ void reduce_vec_f32(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec_f32(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<0, 0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_f32(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<0, 1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
-extern "C" __global__ void reduce_vec_bf16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec_bf16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<1, 0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_bf16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<1, 1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
-extern "C" __global__ void reduce_vec_f16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec_f16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<2, 0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_f16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
@@ -193,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_f16(vo
 }
 
 // Any alignment: one element per thread and step.
-extern "C" __global__ void reduce_f32(float* dst, OPERANDS, int nsrc, long long n, float scale) {
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_f32(float* dst, OPERANDS, int nsrc, long long n, float scale) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         float acc = __fmul_rn(load((const float*)s0, i), scale);
         for (int k = 1; k < nsrc; ++k) acc = __fadd_rn(acc, __fmul_rn(load((const float*)PICK(k), i), scale));
@@ -208,10 +223,10 @@ __device__ __forceinline__ void reduce_half(u16* dst, OPERANDS, int nsrc, long l
         dst[i] = to_half(acc, bf16);
     }
 }
-extern "C" __global__ void reduce_bf16(u16* dst, OPERANDS, int nsrc, long long n, float scale) {
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_bf16(u16* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_half(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale, 1);
 }
-extern "C" __global__ void reduce_f16(u16* dst, OPERANDS, int nsrc, long long n, float scale) {
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_f16(u16* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_half(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale, 0);
 }
 """

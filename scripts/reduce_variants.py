@@ -1,0 +1,127 @@
+"""Variants of the reduction kernel's vector loads and stores, side by side on one GPU.
+
+A copy-engine reduce-scatter's only SM work is its sum (``executors/cuda_reduce.py``), and what
+that sum costs a GEMM beside it is the figure issue 20 sets a goal on. The kernel reads its
+operands once and writes the result once, so caching them in L2 only evicts what a GEMM beside
+it keeps there. Each variant here recompiles the kernel with other ``LDV``/``STV`` macros (and
+optionally other ``UNROLL``/``THREADS``), checks its bits against the stated arithmetic (the
+reference executor's ``reduce_chunks``), then times it alone and beside a bf16 GEMM loop
+(``reduce_beside_gemm.beside_gemm``: in turns, CUDA events, median of ``--runs``), with
+``torch.add`` as the full-grid yardstick.
+
+    PYTHONPATH=src python scripts/reduce_variants.py [--mib 1024] [--runs 15] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reduce_beside_gemm import beside_gemm  # noqa: E402
+
+from conccl._driver import driver  # noqa: E402
+from conccl.collectives.reduce_scatter import reduce_chunks  # noqa: E402
+from conccl.executors import cuda_reduce  # noqa: E402
+
+_ASM = r"""
+__device__ __forceinline__ uint4 ld_cs(const uint4* p) {
+    uint4 v; asm("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void st_cs(uint4* p, uint4 v) {
+    asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ unsigned long long evict_first() {
+    unsigned long long pol; asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol)); return pol;
+}
+__device__ __forceinline__ uint4 ld_ef(const uint4* p) {
+    uint4 v; asm("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(evict_first()));
+    return v;
+}
+__device__ __forceinline__ void st_ef(uint4* p, uint4 v) {
+    asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1,%2,%3,%4}, %5;"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(evict_first()) : "memory");
+}
+"""
+
+# name -> (macros put before the kernel source, THREADS per CTA)
+VARIANTS = {
+    "current": ("", 1024),
+    "UNROLL 8, 512 threads (before)": ("#define UNROLL 8\n", 512),
+    "UNROLL 4, 512 threads": ("#define UNROLL 4\n", 512),
+    "st.cs": ("#define STV(p, v) st_cs(p, v)\n", 1024),
+    "L2 evict_first ld+st": ("#define LDV(p) ld_ef(p)\n#define STV(p, v) st_ef(p, v)\n", 1024),
+}
+
+
+def build(source: str, prefix: str, threads: int):
+    """The kernel module recompiled with ``prefix`` (``cuda_reduce``'s cache cleared)."""
+    cuda_reduce._SOURCE = _ASM + prefix + source if prefix else source  # the helpers before the macros
+    cuda_reduce.THREADS = threads
+    cuda_reduce._module.cache_clear()
+
+
+def bits_right(device: int) -> bool:
+    ok = True
+    for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"), (torch.float32, "float32")):
+        for n in (7, 4099, (1 << 20) + 13):
+            for nsrc in (2, 3, 8):
+                srcs = [torch.randn(n, device="cuda").to(dtype) for _ in range(nsrc)]
+                dst = torch.empty(n, dtype=dtype, device="cuda")
+                r = cuda_reduce.ReduceLaunch(device, dst.data_ptr(), tuple(s.data_ptr() for s in srcs),
+                                             n * dst.element_size(), name, 0.37)
+                assert not r.launch(driver(), torch.cuda.current_stream().cuda_stream)[0]
+                want = reduce_chunks(srcs, 0.37).to(dtype)
+                torch.cuda.synchronize()
+                view = torch.int32 if dtype == torch.float32 else torch.int16
+                ok &= torch.equal(dst.view(view), want.view(view))
+    return ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=1024, help="reduce-scatter size (input bytes per rank)")
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--gemm", type=int, default=8192)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA GPU visible")
+        return 2
+    device = torch.cuda.current_device()
+    source, threads0 = cuda_reduce._SOURCE, cuda_reduce.THREADS
+    VARIANTS["current"] = ("", threads0)
+    n = (a.mib << 20) // 2 // 2  # bf16 elements of each operand: half the input, 2 ranks' chunks
+    x, y, out = (torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(3))
+    cu = driver()
+    sums, checks = {}, {}
+    for name, (prefix, threads) in VARIANTS.items():
+        try:
+            build(source, prefix, threads)
+            checks[name] = bits_right(device)
+        except Exception as e:  # a variant the compiler refuses is a result, not the end of the run
+            checks[name] = f"failed: {e}"
+            print(f"{name}: {checks[name]}")
+            continue
+        red = cuda_reduce.ReduceLaunch(device, out.data_ptr(), (x.data_ptr(), y.data_ptr()), n * 2, "bfloat16", 1.0)
+        print(f"{name}: bits right {checks[name]}, {red.grid} CTAs x {threads} threads")
+        sums[name] = lambda red=red, t=threads: cu.cuLaunchKernel(red.function, red.grid, 1, 1, t, 1, 1, 0,
+                                                                   torch.cuda.current_stream().cuda_stream,
+                                                                   red.params, 0)
+    build(source, "", threads0)
+    sums["torch.add (full grid)"] = lambda: torch.add(x, y, out=out)
+    rows = beside_gemm(sums, n, a.gemm, 20, a.runs)
+    rows.update(mib=a.mib, bits_right=checks, grid=cuda_reduce.grid_bound(device))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all(v is True for v in checks.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
