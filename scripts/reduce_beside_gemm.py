@@ -106,10 +106,14 @@ def beside_gemm(sums: dict, n: int, gemm: int, gemms_per_loop: int, runs_wanted:
             s1.synchronize()
         return ms, None if s0 is None else s0.elapsed_time(s1) / reps[name]
 
-    # In turns (alone, beside each sum, alone, ...), so that clock and power drift fall on all alike.
+    # In turns (alone, beside each sum, alone, ...), so that clock and power drift fall on all
+    # alike, and the order rotated each turn: with a fixed order the first sum read slowest
+    # whichever it was (first runs of scripts/reduce_variants.py).
     runs = {name: [] for name in (None, *sums)}
-    for _ in range(runs_wanted):
-        for name in runs:
+    names = list(sums)
+    for turn in range(runs_wanted):
+        k = turn % len(names)
+        for name in [None, *names[k:], *names[:k]]:
             runs[name].append(gated(name))
     gemm_alone = statistics.median(ms for ms, _ in runs[None])
     rows = {"gemm_ms_per_loop": gemm_alone, "gemm_alone_spread_ms": [min(ms for ms, _ in runs[None]),
