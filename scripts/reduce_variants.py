@@ -35,27 +35,16 @@ __device__ __forceinline__ uint4 ld_cs(const uint4* p) {
 __device__ __forceinline__ void st_cs(uint4* p, uint4 v) {
     asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
-__device__ __forceinline__ unsigned long long evict_first() {
-    unsigned long long pol; asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol)); return pol;
-}
-__device__ __forceinline__ uint4 ld_ef(const uint4* p) {
-    uint4 v; asm("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(evict_first()));
-    return v;
-}
-__device__ __forceinline__ void st_ef(uint4* p, uint4 v) {
-    asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1,%2,%3,%4}, %5;"
-                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(evict_first()) : "memory");
-}
 """
 
 # name -> (macros put before the kernel source, THREADS per CTA)
+PLAIN = "#define LDV(p) (*(p))\n#define STV(p, v) (*(p) = (v))\n"
 VARIANTS = {
     "current": ("", 1024),
-    "UNROLL 8, 512 threads (before)": ("#define UNROLL 8\n", 512),
-    "UNROLL 4, 512 threads": ("#define UNROLL 4\n", 512),
-    "st.cs": ("#define STV(p, v) st_cs(p, v)\n", 1024),
-    "L2 evict_first ld+st": ("#define LDV(p) ld_ef(p)\n#define STV(p, v) st_ef(p, v)\n", 1024),
+    "plain ld/st": (PLAIN, 1024),
+    "plain ld/st, UNROLL 8, 512 threads (the session's start)": (PLAIN + "#define UNROLL 8\n", 512),
+    "st.cs, ld evict_first": ("#define STV(p, v) st_cs(p, v)\n", 1024),
+    "ld/st.cs": ("#define LDV(p) ld_cs(p)\n#define STV(p, v) st_cs(p, v)\n", 1024),
 }
 
 

@@ -53,10 +53,10 @@ def grid_bound(device_index: int) -> int:
 
 # Bytes in flight per CTA (THREADS x UNROLL vectors per operand) set the sum's speed and what it
 # takes from a GEMM beside it. One H200, the sum of a 1 GiB 2-rank bf16 reduce-scatter at 66
-# CTAs beside a GEMM loop, three runs in turns (benchmarks/2026-11-23-h200-reduce-variants):
-# 512 threads x UNROLL 8 cost the GEMMs 0.16-0.17 ms per sum (sum alone 0.44-0.48 ms), 512 x 4
-# 0.10-0.11 (0.50), 1024 x 2 0.10-0.11 (0.47), a full-grid torch.add 0.094 (0.37). Streaming
-# or L2 evict-first loads and stores gained less than fewer bytes in flight did.
+# CTAs beside a GEMM loop, three runs, the order rotated (benchmarks/2026-11-23-h200-reduce-
+# variants), GEMM time lost per sum: 512 threads x UNROLL 8 with plain loads and stores
+# 0.13-0.14 ms, 1024 x 2 plain 0.12-0.13, 1024 x 2 evict-first 0.10 (what conccl runs; sum
+# alone 0.46-0.47 ms, 3% slower), a full-grid torch.add 0.09-0.10 (0.37-0.38 ms).
 THREADS = 1024
 
 _SOURCE = r"""
@@ -65,12 +65,32 @@ typedef unsigned int u32;
 #ifndef UNROLL
 #define UNROLL 2  // 16-byte vectors in flight per thread and operand (see THREADS)
 #endif
-// The vector kernels' loads and stores (scripts/reduce_variants.py tries others in their place).
+// The vector kernels' loads and stores: every operand is read once and the result written
+// once, so they go through L2 marked evict-first and leave what a GEMM beside them keeps
+// there (the GEMMs lost a quarter less time per sum than with plain loads and stores; see
+// THREADS in cuda_reduce.py). scripts/reduce_variants.py puts others in their place.
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned long long evict_first() {
+    unsigned long long pol; asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol)); return pol;
+}
+__device__ __forceinline__ uint4 ld_evict_first(const uint4* p) {
+    uint4 v; asm("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(evict_first()));
+    return v;
+}
+__device__ __forceinline__ void st_evict_first(uint4* p, uint4 v) {
+    asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1,%2,%3,%4}, %5;"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(evict_first()) : "memory");
+}
+#else  // cache policies need sm_80
+__device__ __forceinline__ uint4 ld_evict_first(const uint4* p) { return *p; }
+__device__ __forceinline__ void st_evict_first(uint4* p, uint4 v) { *p = v; }
+#endif
 #ifndef LDV
-#define LDV(p) (*(p))
+#define LDV(p) ld_evict_first(p)
 #endif
 #ifndef STV
-#define STV(p, v) (*(p) = (v))
+#define STV(p, v) st_evict_first(p, v)
 #endif
 
 __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
