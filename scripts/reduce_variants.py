@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -43,8 +44,11 @@ VARIANTS = {
     "current": ("", 1024),
     "plain ld/st": (PLAIN, 1024),
     "plain ld/st, UNROLL 8, 512 threads (the session's start)": (PLAIN + "#define UNROLL 8\n", 512),
-    "st.cs, ld evict_first": ("#define STV(p, v) st_cs(p, v)\n", 1024),
     "ld/st.cs": ("#define LDV(p) ld_cs(p)\n#define STV(p, v) st_cs(p, v)\n", 1024),
+    "UNROLL_MANY 4": ("#define UNROLL_MANY 4\n", 1024),
+    "UNROLL_MANY 8": ("#define UNROLL_MANY 8\n", 1024),
+    "UNROLL_MANY 4, 512 threads": ("#define UNROLL 4\n#define UNROLL_MANY 4\n", 512),
+    "UNROLL_MANY 8, 512 threads": ("#define UNROLL 4\n#define UNROLL_MANY 8\n", 512),
 }
 
 
@@ -72,12 +76,32 @@ def bits_right(device: int) -> bool:
     return ok
 
 
+def alone_ms(device: int, nsrc: int, mib: int, threads: int) -> float:
+    """Median ms of one bf16 sum of ``nsrc`` operands of ``mib`` MiB each, alone (10 after 3)."""
+    n = (mib << 20) // 2
+    srcs = [torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(nsrc)]
+    dst = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    r = cuda_reduce.ReduceLaunch(device, dst.data_ptr(), tuple(x.data_ptr() for x in srcs), n * 2, "bfloat16", 1.0)
+    ts = []
+    for i in range(13):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        assert not driver().cuLaunchKernel(r.function, r.grid, 1, 1, threads, 1, 1, 0,
+                                           torch.cuda.current_stream().cuda_stream, r.params, 0)[0]
+        b.record()
+        b.synchronize()
+        if i >= 3:
+            ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024, help="reduce-scatter size (input bytes per rank)")
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--gemm", type=int, default=8192)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-gemm", action="store_true", help="only the sums alone (2, 4 and 8 operands)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU visible")
@@ -88,7 +112,7 @@ def main() -> int:
     n = (a.mib << 20) // 2 // 2  # bf16 elements of each operand: half the input, 2 ranks' chunks
     x, y, out = (torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(3))
     cu = driver()
-    sums, checks = {}, {}
+    sums, checks, alone = {}, {}, {}
     for name, (prefix, threads) in VARIANTS.items():
         try:
             build(source, prefix, threads)
@@ -98,14 +122,17 @@ def main() -> int:
             print(f"{name}: {checks[name]}")
             continue
         red = cuda_reduce.ReduceLaunch(device, out.data_ptr(), (x.data_ptr(), y.data_ptr()), n * 2, "bfloat16", 1.0)
-        print(f"{name}: bits right {checks[name]}, {red.grid} CTAs x {threads} threads")
+        alone[name] = {k: alone_ms(device, k, 256, threads) for k in (2, 4, 8)}
+        print(f"{name}: bits right {checks[name]}, {red.grid} CTAs x {threads} threads; alone, 256 MiB operands: "
+              + ", ".join(f"{k} operands {t:.3f} ms ({(k + 1) * 256 * 2**20 / t / 1e6:.0f} GB/s)"
+                          for k, t in alone[name].items()))
         sums[name] = lambda red=red, t=threads: cu.cuLaunchKernel(red.function, red.grid, 1, 1, t, 1, 1, 0,
                                                                    torch.cuda.current_stream().cuda_stream,
                                                                    red.params, 0)
     build(source, "", threads0)
     sums["torch.add (full grid)"] = lambda: torch.add(x, y, out=out)
-    rows = beside_gemm(sums, n, a.gemm, 20, a.runs)
-    rows.update(mib=a.mib, bits_right=checks, grid=cuda_reduce.grid_bound(device))
+    rows = {} if a.no_gemm else beside_gemm(sums, n, a.gemm, 20, a.runs)
+    rows.update(mib=a.mib, bits_right=checks, grid=cuda_reduce.grid_bound(device), alone_256mib_ms=alone)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -63,7 +63,10 @@ _SOURCE = r"""
 typedef unsigned short u16;
 typedef unsigned int u32;
 #ifndef UNROLL
-#define UNROLL 2  // 16-byte vectors in flight per thread and operand (see THREADS)
+#define UNROLL 2  // 16-byte vectors in flight per thread and operand, two operands (see THREADS)
+#endif
+#ifndef UNROLL_MANY
+#define UNROLL_MANY UNROLL  // the same for three or more operands, read one after the other
 #endif
 // The vector kernels' loads and stores: every operand is read once and the result written
 // once, so they go through L2 marked evict-first and leave what a GEMM beside them keeps
@@ -162,16 +165,16 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
             }
         }
     } else
-    for (long long base = tid; base < nvec; base += stride * UNROLL) {
-        float acc[UNROLL][EPV];
-        uint4 v[UNROLL];
+    for (long long base = tid; base < nvec; base += stride * UNROLL_MANY) {
+        float acc[UNROLL_MANY][EPV];
+        uint4 v[UNROLL_MANY];
         #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < UNROLL_MANY; ++u) {
             long long i = base + u * stride;
             v[u] = i < nvec ? LDV((const uint4*)s0 + i) : make_uint4(0, 0, 0, 0);
         }
         #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < UNROLL_MANY; ++u) {
             float f[EPV]; unpack<KIND>(v[u], f);
             #pragma unroll
             for (int e = 0; e < EPV; ++e) acc[u][e] = __fmul_rn(f[e], scale);
@@ -179,19 +182,19 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
         for (int k = 1; k < nsrc; ++k) {
             const uint4* p = (const uint4*)PICK(k);
             #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
+            for (int u = 0; u < UNROLL_MANY; ++u) {
                 long long i = base + u * stride;
                 v[u] = i < nvec ? LDV(p + i) : make_uint4(0, 0, 0, 0);
             }
             #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
+            for (int u = 0; u < UNROLL_MANY; ++u) {
                 float f[EPV]; unpack<KIND>(v[u], f);
                 #pragma unroll
                 for (int e = 0; e < EPV; ++e) acc[u][e] = __fadd_rn(acc[u][e], __fmul_rn(f[e], scale));
             }
         }
         #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < UNROLL_MANY; ++u) {
             long long i = base + u * stride;
             if (i < nvec) STV((uint4*)dst + i, pack<KIND>(acc[u]));
         }
