@@ -4,7 +4,7 @@ A copy-engine reduce-scatter's only SM work is its sum (``executors/cuda_reduce.
 that sum costs a GEMM beside it is the figure issue 20 sets a goal on. The kernel reads its
 operands once and writes the result once, so caching them in L2 only evicts what a GEMM beside
 it keeps there. Each variant here recompiles the kernel with other ``LDV``/``STV`` macros (and
-optionally other ``UNROLL``/``THREADS``), checks its bits against the stated arithmetic (the
+optionally other ``UNROLL``/``UNROLL_MANY`` and CTA sizes), checks its bits against the stated arithmetic (the
 reference executor's ``reduce_chunks``), then times it alone and beside a bf16 GEMM loop
 (``reduce_beside_gemm.beside_gemm``: in turns, CUDA events, median of ``--runs``), with
 ``torch.add`` as the full-grid yardstick.
@@ -38,24 +38,22 @@ __device__ __forceinline__ void st_cs(uint4* p, uint4 v) {
 }
 """
 
-# name -> (macros put before the kernel source, THREADS per CTA)
+# name -> (macros put before the kernel source, threads of the pair kernels, of the general ones)
 PLAIN = "#define LDV(p) (*(p))\n#define STV(p, v) (*(p) = (v))\n"
 VARIANTS = {
-    "current": ("", 1024),
-    "plain ld/st": (PLAIN, 1024),
-    "plain ld/st, UNROLL 8, 512 threads (the session's start)": (PLAIN + "#define UNROLL 8\n", 512),
-    "ld/st.cs": ("#define LDV(p) ld_cs(p)\n#define STV(p, v) st_cs(p, v)\n", 1024),
-    "UNROLL_MANY 4": ("#define UNROLL_MANY 4\n", 1024),
-    "UNROLL_MANY 8": ("#define UNROLL_MANY 8\n", 1024),
-    "UNROLL_MANY 4, 512 threads": ("#define UNROLL 4\n#define UNROLL_MANY 4\n", 512),
-    "UNROLL_MANY 8, 512 threads": ("#define UNROLL 4\n#define UNROLL_MANY 8\n", 512),
+    "current": ("", None, None),
+    "plain ld/st": (PLAIN, None, None),
+    "plain ld/st, UNROLL 8, 512 threads (the session's start)": (PLAIN + "#define UNROLL 8\n", 512, 512),
+    "ld/st.cs": ("#define LDV(p) ld_cs(p)\n#define STV(p, v) st_cs(p, v)\n", None, None),
+    "all at 1024 threads x 2": ("#define UNROLL_MANY 2\n", 1024, 1024),
 }
 
 
-def build(source: str, prefix: str, threads: int):
-    """The kernel module recompiled with ``prefix`` (``cuda_reduce``'s cache cleared)."""
+def build(source: str, prefix: str, threads: int, threads_many: int):
+    """The kernel module recompiled with ``prefix`` and these CTA sizes (``cuda_reduce``'s
+    cache cleared; a ReduceLaunch made after it launches the new kernels)."""
     cuda_reduce._SOURCE = _ASM + prefix + source if prefix else source  # the helpers before the macros
-    cuda_reduce.THREADS = threads
+    cuda_reduce.THREADS, cuda_reduce.THREADS_MANY = threads, threads_many
     cuda_reduce._module.cache_clear()
 
 
@@ -76,7 +74,7 @@ def bits_right(device: int) -> bool:
     return ok
 
 
-def alone_ms(device: int, nsrc: int, mib: int, threads: int) -> float:
+def alone_ms(device: int, nsrc: int, mib: int) -> float:
     """Median ms of one bf16 sum of ``nsrc`` operands of ``mib`` MiB each, alone (10 after 3)."""
     n = (mib << 20) // 2
     srcs = [torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(nsrc)]
@@ -86,8 +84,7 @@ def alone_ms(device: int, nsrc: int, mib: int, threads: int) -> float:
     for i in range(13):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        assert not driver().cuLaunchKernel(r.function, r.grid, 1, 1, threads, 1, 1, 0,
-                                           torch.cuda.current_stream().cuda_stream, r.params, 0)[0]
+        assert not r.launch(driver(), torch.cuda.current_stream().cuda_stream)[0]
         b.record()
         b.synchronize()
         if i >= 3:
@@ -107,29 +104,26 @@ def main() -> int:
         print("no CUDA GPU visible")
         return 2
     device = torch.cuda.current_device()
-    source, threads0 = cuda_reduce._SOURCE, cuda_reduce.THREADS
-    VARIANTS["current"] = ("", threads0)
+    source, threads0 = cuda_reduce._SOURCE, (cuda_reduce.THREADS, cuda_reduce.THREADS_MANY)
     n = (a.mib << 20) // 2 // 2  # bf16 elements of each operand: half the input, 2 ranks' chunks
     x, y, out = (torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(3))
     cu = driver()
     sums, checks, alone = {}, {}, {}
-    for name, (prefix, threads) in VARIANTS.items():
+    for name, (prefix, threads, threads_many) in VARIANTS.items():
         try:
-            build(source, prefix, threads)
+            build(source, prefix, threads or threads0[0], threads_many or threads0[1])
             checks[name] = bits_right(device)
         except Exception as e:  # a variant the compiler refuses is a result, not the end of the run
             checks[name] = f"failed: {e}"
             print(f"{name}: {checks[name]}")
             continue
         red = cuda_reduce.ReduceLaunch(device, out.data_ptr(), (x.data_ptr(), y.data_ptr()), n * 2, "bfloat16", 1.0)
-        alone[name] = {k: alone_ms(device, k, 256, threads) for k in (2, 4, 8)}
-        print(f"{name}: bits right {checks[name]}, {red.grid} CTAs x {threads} threads; alone, 256 MiB operands: "
+        alone[name] = {k: alone_ms(device, k, 256) for k in (2, 4, 8)}
+        print(f"{name}: bits right {checks[name]}, {red.grid} CTAs x {red.threads} threads; alone, 256 MiB operands: "
               + ", ".join(f"{k} operands {t:.3f} ms ({(k + 1) * 256 * 2**20 / t / 1e6:.0f} GB/s)"
                           for k, t in alone[name].items()))
-        sums[name] = lambda red=red, t=threads: cu.cuLaunchKernel(red.function, red.grid, 1, 1, t, 1, 1, 0,
-                                                                   torch.cuda.current_stream().cuda_stream,
-                                                                   red.params, 0)
-    build(source, "", threads0)
+        sums[name] = lambda red=red: red.launch(cu, torch.cuda.current_stream().cuda_stream)
+    build(source, "", *threads0)
     sums["torch.add (full grid)"] = lambda: torch.add(x, y, out=out)
     rows = {} if a.no_gemm else beside_gemm(sums, n, a.gemm, 20, a.runs)
     rows.update(mib=a.mib, bits_right=checks, grid=cuda_reduce.grid_bound(device), alone_256mib_ms=alone)

@@ -51,13 +51,18 @@ def grid_bound(device_index: int) -> int:
     return max(1, int(sms) // 2)
 
 
-# Bytes in flight per CTA (THREADS x UNROLL vectors per operand) set the sum's speed and what it
-# takes from a GEMM beside it. One H200, the sum of a 1 GiB 2-rank bf16 reduce-scatter at 66
-# CTAs beside a GEMM loop, three runs, the order rotated (benchmarks/2026-11-23-h200-reduce-
-# variants), GEMM time lost per sum: 512 threads x UNROLL 8 with plain loads and stores
-# 0.13-0.14 ms, 1024 x 2 plain 0.12-0.13, 1024 x 2 evict-first 0.10 (what conccl runs; sum
-# alone 0.46-0.47 ms, 3% slower), a full-grid torch.add 0.09-0.10 (0.37-0.38 ms).
-THREADS = 1024
+# Bytes in flight per CTA (threads x UNROLL vectors per operand) set the sum's speed and what it
+# takes from a GEMM beside it; the register budget of a thread sets what fits. One H200, 66 CTAs
+# (benchmarks/2026-11-23-h200-reduce-variants, scripts/reduce_variants.py):
+# * two operands (the pair kernels): the sum of a 1 GiB 2-rank bf16 reduce-scatter beside a GEMM
+#   loop, the order rotated, cost the GEMMs 0.13-0.14 ms per sum at 512 threads x UNROLL 8 with
+#   plain loads and stores, 0.11-0.12 at 1024 x 2 evict-first (this; sum alone 0.46-0.48 ms,
+#   3% slower), 0.09-0.10 for a full-grid torch.add (0.37-0.38 ms);
+# * three or more operands, read one after another (the general kernels): 8 operands of 256 MiB
+#   alone took 0.71 ms at 512 x 8 evict-first (this), 0.80 at 1024 x 2, 1.0-1.9 at 1024 x 4 or 8
+#   (registers spill under 64 a thread).
+THREADS = 1024  # the pair and the scalar kernels
+THREADS_MANY = 512  # the general vector kernels
 
 _SOURCE = r"""
 typedef unsigned short u16;
@@ -66,12 +71,12 @@ typedef unsigned int u32;
 #define UNROLL 2  // 16-byte vectors in flight per thread and operand, two operands (see THREADS)
 #endif
 #ifndef UNROLL_MANY
-#define UNROLL_MANY UNROLL  // the same for three or more operands, read one after the other
+#define UNROLL_MANY 8  // the same for three or more operands, read one after the other
 #endif
 // The vector kernels' loads and stores: every operand is read once and the result written
 // once, so they go through L2 marked evict-first and leave what a GEMM beside them keeps
 // there (the GEMMs lost a quarter less time per sum than with plain loads and stores; see
-// THREADS in cuda_reduce.py). scripts/reduce_variants.py puts others in their place.
+// THREADS). scripts/reduce_variants.py puts others in their place.
 #if __CUDA_ARCH__ >= 800
 __device__ __forceinline__ unsigned long long evict_first() {
     unsigned long long pol; asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol)); return pol;
@@ -137,8 +142,8 @@ template <int KIND> __device__ __forceinline__ uint4 pack(const float* f) {
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Every kernel carries __launch_bounds__: a 1024-thread CTA must fit in 64 registers a thread,
-// which UNROLL 2 does without spilling (UNROLL 8 spilled in the general kernels at 512 threads).
+// Every kernel carries __launch_bounds__ of the CTA it is launched with (THREADS_PER_CTA, or
+// THREADS_MANY_PER_CTA for the general vector kernels): at 1024 threads a thread has 64 registers.
 // Every pointer 16-byte aligned: the n / EPV whole vectors, UNROLL of them per thread at once;
 // the remaining (< EPV) elements one by one. The arithmetic is the scalar kernels' exactly.
 template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* dst, OPERANDS, int nsrc, long long n, float scale) {
@@ -211,19 +216,19 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
         }
     }
 }
-extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec_f32(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+extern "C" __global__ void __launch_bounds__(THREADS_MANY_PER_CTA) reduce_vec_f32(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<0, 0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_f32(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<0, 1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
-extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec_bf16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+extern "C" __global__ void __launch_bounds__(THREADS_MANY_PER_CTA) reduce_vec_bf16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<1, 0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_bf16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<1, 1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
-extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec_f16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
+extern "C" __global__ void __launch_bounds__(THREADS_MANY_PER_CTA) reduce_vec_f16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
     reduce_vec<2, 0>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_f16(void* dst, OPERANDS, int nsrc, long long n, float scale) {
@@ -268,7 +273,7 @@ def _module(device_index: int):
     _, dev = cu.cuDeviceGet(device_index)
     major = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
     minor = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    err, prog = nvrtc.nvrtcCreateProgram(f"#define THREADS_PER_CTA {THREADS}\n{_SOURCE}".encode(), b"conccl_reduce.cu", 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(f"#define THREADS_PER_CTA {THREADS}\n#define THREADS_MANY_PER_CTA {THREADS_MANY}\n{_SOURCE}".encode(), b"conccl_reduce.cu", 0, [], [])
     _nvrtc_check(nvrtc, err)
     opts = [f"--gpu-architecture=compute_{major}{minor}".encode(), b"--std=c++17"]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
@@ -306,7 +311,8 @@ class ReduceLaunch:
         # slots do); otherwise one element at a time, at a fraction of the bandwidth.
         self.vectorized = all(p % 16 == 0 for p in (dst, *srcs))
         self.function = (scalar if not self.vectorized else pair if len(srcs) == 2 else vector)[dtype]
-        self.grid = max(1, min(grid_bound(device_index), -(-n // THREADS)))
+        self.threads = THREADS_MANY if self.vectorized and len(srcs) > 2 else THREADS
+        self.grid = max(1, min(grid_bound(device_index), -(-n // self.threads)))
         ptrs = list(srcs) + [srcs[0]] * (MAX_OPERANDS - len(srcs))  # unused operands are never read
         # The kernel's parameters, kept alive with the program: the driver copies them at launch.
         self._values = ([ctypes.c_void_p(dst)] + [ctypes.c_void_p(p) for p in ptrs]
@@ -315,4 +321,4 @@ class ReduceLaunch:
         self.params = ctypes.addressof(self._params)
 
     def launch(self, cu, stream):
-        return cu.cuLaunchKernel(self.function, self.grid, 1, 1, THREADS, 1, 1, 0, stream, self.params, 0)
+        return cu.cuLaunchKernel(self.function, self.grid, 1, 1, self.threads, 1, 1, 0, stream, self.params, 0)
