@@ -230,8 +230,9 @@ def _fsdp(rank, world, cases, report, direct=False):
     comms = conccl.fsdp.enable(model, direct=direct)
     name = "fsdp2 + conccl" + (" direct" if direct else "")
     report[name] = {"modules": len(comms.modules), "fallback": comms.fallback}
-    counts = lambda: (fsdp_direct.skipped_copy_outs, fsdp_direct.declined_gathers,  # noqa: E731
-                      fsdp_direct.skipped_copy_ins, fsdp_direct.declined_reduces, fsdp_direct.skipped_gather_copy_ins)
+    c = fsdp_direct.COUNTS
+    counts = lambda: (c.skipped_copy_outs, c.declined_gathers,  # noqa: E731
+                      c.skipped_copy_ins, c.declined_reduces, c.skipped_gather_copy_ins)
     before = counts()
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
     g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank

@@ -49,9 +49,7 @@ def _train(rank, world, mode):
     if mode == "direct":  # FSDP's copy-out (split copy) and both copy-ins (chunk_cat, foreach copy) no longer run
         from conccl import fsdp_direct
 
-        report.update(skipped_copy_outs=fsdp_direct.skipped_copy_outs, declined_gathers=fsdp_direct.declined_gathers,
-                      skipped_copy_ins=fsdp_direct.skipped_copy_ins, declined_reduces=fsdp_direct.declined_reduces,
-                      skipped_gather_copy_ins=fsdp_direct.skipped_gather_copy_ins)
+        report.update(fsdp_direct.counters())
     if comms is not None:
         report["memory"] = comms.memory()
         report["modules"], report["fallback"] = comms.modules, comms.fallback

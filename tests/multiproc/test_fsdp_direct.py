@@ -127,8 +127,8 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
 
 
 def _counts():
-    return (fsdp_direct.skipped_copy_outs, fsdp_direct.declined_gathers, fsdp_direct.skipped_copy_ins,
-            fsdp_direct.declined_reduces, fsdp_direct.skipped_gather_copy_ins)
+    c = fsdp_direct.COUNTS
+    return c.skipped_copy_outs, c.declined_gathers, c.skipped_copy_ins, c.declined_reduces, c.skipped_gather_copy_ins
 
 
 def _worker(rank, world, port, param_dtype, reduce_dtype, schedule, queue):

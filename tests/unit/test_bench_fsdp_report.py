@@ -18,7 +18,8 @@ def _rec(rank, config, times, direct=None):
 
 
 def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
-    direct = {"skipped_copy_outs": 180, "declined_gathers": 0, "skipped_copy_ins": 90, "declined_reduces": 1}
+    direct = {"skipped_copy_outs": 180, "declined_gathers": 0, "skipped_copy_ins": 90, "declined_reduces": 1,
+              "skipped_gather_copy_ins": 170}
     per_rank = [[_rec(0, "no_comm", [10, 12, 11]), _rec(0, "conccl_direct", [11, 30, 12], direct)],
                 [_rec(1, "no_comm", [13, 9, 11]), _rec(1, "conccl_direct", [20, 12, 12], direct)]]
     res = combine(per_rank)
@@ -30,4 +31,5 @@ def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
     md = markdown(doc)
     assert "| 2048 | conccl_direct | 20.00 | 12.00-30.00 | 1.667 |" in md
     assert ("conccl_direct, 2048 tokens (rank 0, timed run): 3 copy-engine programs compiled during the timed steps; "
-            "180 copy-outs and 90 copy-ins skipped; 0 all-gathers and 1 reduce-scatters left to FSDP's copies.") in md
+            "180 all-gather copy-outs, 170 all-gather copy-ins and 90 reduce-scatter copy-ins skipped; "
+            "0 all-gathers and 1 reduce-scatters left to FSDP's copies.") in md

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conccl import fsdp_direct  # noqa: E402
+from conccl.fsdp_direct import reduce_scatter as rs  # noqa: E402
 
 pytestmark = pytest.mark.skipif(fsdp_direct.supported() is not None, reason=str(fsdp_direct.supported()))
 
@@ -19,14 +20,14 @@ def test_the_packed_input_is_a_placeholder_only_where_fsdp_divides_nothing():
         comm.expect_input = True
         t = comm.allocate((1000,), dtype=dtype, device=torch.device("cpu"))
         assert t.shape == (1000,) and t.stride() == (0,) and t.untyped_storage().nbytes() == t.element_size()
-        assert isinstance(getattr(t, fsdp_direct._PARTS), fsdp_direct._Parts) and not comm.expect_input
+        assert isinstance(getattr(t, rs._PARTS), rs._Parts) and not comm.expect_input
         out = comm.allocate((500,), dtype=dtype, device=torch.device("cpu"))  # the output: real memory
-        assert out.is_contiguous() and not hasattr(out, fsdp_direct._PARTS)
-    before = fsdp_direct.declined_reduces
+        assert out.is_contiguous() and not hasattr(out, rs._PARTS)
+    before = fsdp_direct.COUNTS.declined_reduces
     comm.expect_input = True  # fp16: FSDP divides the packed input before reducing it
     t = comm.allocate((1000,), dtype=torch.float16, device=torch.device("cpu"))
-    assert t.is_contiguous() and not hasattr(t, fsdp_direct._PARTS)
-    assert fsdp_direct.declined_reduces == before + 1
+    assert t.is_contiguous() and not hasattr(t, rs._PARTS)
+    assert fsdp_direct.COUNTS.declined_reduces == before + 1
 
 
 class _Group:
@@ -43,15 +44,15 @@ def test_which_reductions_take_the_direct_path(monkeypatch, case, direct, declin
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 
     seen = []
-    real = fsdp_direct._ORIGINAL.get("foreach_reduce", _fsdp_collectives.foreach_reduce)
+    real = fsdp_direct.ORIGINAL.get("foreach_reduce", _fsdp_collectives.foreach_reduce)
 
     def fake(*args, **kwargs):
         comm = args[4]
         seen.append(getattr(comm, "expect_input", None))
 
     fake.__signature__ = inspect.signature(real)
-    monkeypatch.setitem(fsdp_direct._ORIGINAL, "foreach_reduce", fake)
-    fsdp_direct._REDUCE_PARAMETERS.cache_clear()
+    monkeypatch.setitem(fsdp_direct.ORIGINAL, "foreach_reduce", fake)
+    rs._REDUCE_PARAMETERS.cache_clear()
     try:
         comm = fsdp_direct.DirectReduceScatter() if case != "other comm" else object()
         names = list(inspect.signature(real).parameters)
@@ -60,11 +61,11 @@ def test_which_reductions_take_the_direct_path(monkeypatch, case, direct, declin
                     all_reduce_group=_Group(2) if case == "hsdp" else None,
                     all_reduce_hook=(lambda t: None) if case == "hook" else None)
         positional = [args[n] for n in names if inspect.signature(real).parameters[n].default is inspect._empty]
-        before = fsdp_direct.declined_reduces
-        fsdp_direct._reduce(*positional)  # positionally, as FSDP's param group calls it
+        before = fsdp_direct.COUNTS.declined_reduces
+        rs._reduce(*positional)  # positionally, as FSDP's param group calls it
         assert seen == [direct if case != "other comm" else None]
-        assert fsdp_direct.declined_reduces - before == declined
+        assert fsdp_direct.COUNTS.declined_reduces - before == declined
         if case != "other comm":
             assert comm.expect_input is False  # never left set for a later allocation
     finally:
-        fsdp_direct._REDUCE_PARAMETERS.cache_clear()
+        rs._REDUCE_PARAMETERS.cache_clear()

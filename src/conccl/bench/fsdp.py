@@ -229,8 +229,7 @@ def _direct_counts() -> dict:
     """conccl.fsdp_direct's counters: FSDP copies skipped, collectives left to FSDP's copies."""
     from .. import fsdp_direct
 
-    return {k: getattr(fsdp_direct, k) for k in ("skipped_copy_outs", "declined_gathers", "skipped_copy_ins",
-                                                   "declined_reduces")}
+    return fsdp_direct.counters()
 
 
 def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
@@ -294,7 +293,8 @@ def markdown(doc: dict) -> str:
             said.append(f"{c['programs_compiled_timed']} copy-engine programs compiled during the timed steps")
         d = c.get("direct")
         if r["config"] == "conccl_direct" and d:
-            said.append(f"{d['skipped_copy_outs']} copy-outs and {d['skipped_copy_ins']} copy-ins skipped; "
+            said.append(f"{d['skipped_copy_outs']} all-gather copy-outs, {d.get('skipped_gather_copy_ins', 0)} "
+                        f"all-gather copy-ins and {d['skipped_copy_ins']} reduce-scatter copy-ins skipped; "
                         f"{d['declined_gathers']} all-gathers and {d['declined_reduces']} reduce-scatters left to "
                         "FSDP's copies")
         if said:

@@ -1,0 +1,141 @@
+"""The reduce-scatter half of FSDP2 without its copies (see :mod:`conccl.fsdp_direct`): FSDP
+gets a placeholder packed input that owns no memory, and each gradient's rows are pushed from
+where autograd left them into the peers' workspaces (no ``chunk_cat`` copy-in)."""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from .. import api
+from ..collectives.reduce_scatter import REDUCE_SCATTER
+from ._state import COUNTS, ORIGINAL
+from .gather import _numel
+
+COPY_IN_ARGS = ("unsharded_grads", "reduce_scatter_input", "world_size")
+_PARTS = "_conccl_parts"  # set on a reduce-scatter input placeholder: its _Parts
+# Reduction dtypes FSDP2 divides no reduce-scatter input of (it passes AVG or PREMUL_SUM)
+_UNDIVIDED = (torch.float32, torch.bfloat16)
+
+
+class _Parts:
+    """What a reduce-scatter input placeholder stands for: the gradients and their rows (the
+    direct path), or, where the copy-in had to run, the real packed input."""
+
+    def __init__(self):
+        self.grads = self.rows = self.flat = None
+
+
+def _reduce_arg(name: str, args, kwargs):
+    """One argument of a ``foreach_reduce`` call, by name, positional or keyword (FSDP passes
+    them positionally); its default where not passed. No signature binding: once per layer."""
+    if name in kwargs:
+        return kwargs[name]
+    at, default = _REDUCE_PARAMETERS()[name]
+    return args[at] if at < len(args) else default
+
+
+def _reduce(*args, **kwargs):
+    comm = _reduce_arg("reduce_scatter_comm", args, kwargs)
+    if not isinstance(comm, DirectReduceScatter):
+        return ORIGINAL["foreach_reduce"](*args, **kwargs)
+    call = {name: _reduce_arg(name, args, kwargs) for name in ("reduce_scatter_group", "all_reduce_group",
+                                                                 "all_reduce_hook")}
+    group = call["reduce_scatter_group"]
+    # The padding rows of a direct reduction's output are not zeros (FSDP's copy-in zero-pads):
+    # only FSDP's own views of it are used, except by an all-reduce (HSDP) or a user's hook,
+    # which get the whole buffer. Those keep FSDP's copy-in.
+    if group is None or group.size() < 2:  # FSDP reduces nothing
+        return ORIGINAL["foreach_reduce"](*args, **kwargs)
+    if call["all_reduce_group"] is not None or call["all_reduce_hook"] is not None:
+        COUNTS.declined_reduces += 1
+        return ORIGINAL["foreach_reduce"](*args, **kwargs)
+    comm.expect_input = True  # foreach_reduce's first allocation is the packed input
+    try:
+        return ORIGINAL["foreach_reduce"](*args, **kwargs)
+    finally:
+        comm.expect_input = False
+
+
+def _padded_rows(shape, world: int) -> int:
+    """Elements per rank of a gradient FSDP pads on dim 0 (its ``_get_dim0_padded_size``)."""
+    return -(-shape[0] // world) * _numel(shape[1:]) if len(shape) else 1
+
+
+def _copy_in(unsharded_grads, reduce_scatter_input, world_size):
+    parts = getattr(reduce_scatter_input, _PARTS, None)
+    if parts is None:
+        return ORIGINAL["foreach_reduce_scatter_copy_in"](unsharded_grads, reduce_scatter_input, world_size)
+    x = reduce_scatter_input
+    if world_size > 1 and all(g.dtype == x.dtype and g.device == x.device and g.is_contiguous() and g.dim() >= 1
+                              for g in unsharded_grads):
+        parts.grads = list(unsharded_grads)  # FSDP clears its list next: these keep them
+        parts.rows = [_padded_rows(g.shape, world_size) for g in unsharded_grads]
+        COUNTS.skipped_copy_ins += 1
+        return None
+    # FSDP's own copy-in into a real packed input, as FSDP would allocate it (current stream)
+    parts.flat = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    COUNTS.declined_reduces += 1
+    return ORIGINAL["foreach_reduce_scatter_copy_in"](unsharded_grads, parts.flat, world_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _REDUCE_PARAMETERS():  # noqa: N802 - a constant, made once FSDP2's function is known
+    """name -> (position, default) of ``foreach_reduce``'s parameters."""
+    return {name: (i, None if p.default is inspect.Parameter.empty else p.default)
+            for i, (name, p) in enumerate(inspect.signature(ORIGINAL["foreach_reduce"]).parameters.items())}
+
+
+class DirectReduceScatter:
+    """FSDP2's reduce-scatter hook that reduces the gradients where autograd left them.
+
+    ``reduce(output, grads, rows, group, op)`` does the reducing (default: conccl's copy
+    engines, ``Group.reduce_scatter_from_parts``); ``flat(output, input, group, op)`` the plain
+    reduce-scatter where FSDP's copy-in ran (default: conccl's). The packed input FSDP asks
+    for is a placeholder owning no memory (its one element repeated: ``expand``) wherever the
+    direct path can run: the gradients stand in for it. They are kept until the reduction is
+    queued and reused only once the reduce-scatter stream passes it (``record_stream``), where
+    FSDP frees them right after its copy-in: whether peak memory rises is for the benchmark."""
+
+    def __init__(self, pool=None, reduce=None, flat=None):
+        self.pool = pool  # unused: nothing here needs to be peer-mapped (the reduce-scatter pushes)
+        self.reduce = reduce or _copy_engine_reduce
+        self.flat = flat or _copy_engine_flat
+        self.expect_input = False  # set by the foreach_reduce wrap: the next allocation is the input
+
+    def allocate(self, size, *, dtype, device):
+        if self.expect_input:
+            self.expect_input = False
+            if dtype in _UNDIVIDED:
+                t = torch.empty(1, dtype=dtype, device=device).expand(*size)
+                setattr(t, _PARTS, _Parts())
+                return t
+            COUNTS.declined_reduces += 1  # FSDP divides this dtype's packed input before reducing it
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        # Ordered on FSDP's reduce-scatter stream, returning None (see conccl.fsdp's hooks).
+        parts = getattr(input_tensor, _PARTS, None)
+        if parts is None:
+            self.flat(output_tensor, input_tensor, group, op)
+        elif parts.grads is None:
+            self.flat(output_tensor, parts.flat, group, op)
+        else:
+            grads, parts.grads = parts.grads, None
+            if output_tensor.is_cuda:
+                # Read there until this stream passes the call, and FSDP dropped them: marked
+                # before the call is queued, so that a call that raises midway leaves them marked.
+                stream = torch.cuda.current_stream(output_tensor.device)
+                for g in grads:
+                    g.record_stream(stream)
+            self.reduce(output_tensor, grads, parts.rows, group, op)
+        return None
+
+
+def _copy_engine_reduce(output, grads, rows, group, op) -> None:
+    api.get_group(group).reduce_scatter_from_parts(output, grads, rows, op)
+
+
+def _copy_engine_flat(output, input, group, op) -> None:
+    api.get_group(group).call(REDUCE_SCATTER, output, input, (op,))
