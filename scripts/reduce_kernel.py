@@ -26,7 +26,7 @@ def main():
     ok = True
     for dtype, name in names.items():
         for n in (1, 7, 4099, 1 << 20, (1 << 22) + 13):
-            for nsrc in (2, 3, 8):
+            for nsrc in (1, 2, 3, 8):  # 1: a group of one rank
                 for shift in (0, 1):  # 1: every pointer one element off 16-byte alignment
                     srcs = [torch.randn(n + shift, device="cuda").to(dtype)[shift:] for _ in range(nsrc)]
                     dst = torch.empty(n + shift, dtype=dtype, device="cuda")[shift:]

@@ -61,7 +61,7 @@ def bits_right(device: int) -> bool:
     ok = True
     for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"), (torch.float32, "float32")):
         for n in (7, 4099, (1 << 20) + 13):
-            for nsrc in (2, 3, 8):
+            for nsrc in (1, 2, 3, 8):
                 srcs = [torch.randn(n, device="cuda").to(dtype) for _ in range(nsrc)]
                 dst = torch.empty(n, dtype=dtype, device="cuda")
                 r = cuda_reduce.ReduceLaunch(device, dst.data_ptr(), tuple(s.data_ptr() for s in srcs),

@@ -232,3 +232,31 @@ def test_reduce_grid_bound_half_the_sms_or_the_environment(monkeypatch):
                 cuda_reduce.grid_bound(0)
     finally:
         cuda_reduce.grid_bound.cache_clear()
+
+
+def test_each_reduction_kernel_launches_with_the_cta_size_of_its_launch_bounds(monkeypatch):
+    """A launch larger than a kernel's __launch_bounds__ is refused by the driver: the kernel and
+    its CTA size are chosen together, for every operand count and alignment (one operand, a
+    group of one rank, takes the general kernel)."""
+    import re
+
+    from conccl.executors import cuda_reduce
+
+    bounds = {name: bound for bound, name in re.findall(r"__launch_bounds__\((\w+)\) (\w+)\(", cuda_reduce._SOURCE)}
+    assert len(bounds) == 9  # three families x three dtypes, every one bounded
+    sizes = {"THREADS_PER_CTA": cuda_reduce.THREADS, "THREADS_MANY_PER_CTA": cuda_reduce.THREADS_MANY}
+    names = lambda family: {dtype: family.format(k) for dtype, k in (("float32", "f32"), ("bfloat16", "bf16"),  # noqa: E731
+                                                                     ("float16", "f16"))}
+    monkeypatch.setattr(cuda_reduce, "_module", lambda device: (None, names("reduce_{}"), names("reduce_vec_{}"),
+                                                                names("reduce_vec2_{}")))
+    monkeypatch.setattr(cuda_reduce, "grid_bound", lambda device: 66)
+    seen = set()
+    for nsrc in range(1, cuda_reduce.MAX_OPERANDS + 1):
+        for shift in (0, 2):  # 2: every pointer off 16-byte alignment (the scalar kernels)
+            for dtype in ("float32", "bfloat16", "float16"):
+                srcs = tuple(4096 * (k + 1) + shift for k in range(nsrc))
+                r = cuda_reduce.ReduceLaunch(0, 1 << 20, srcs, 1 << 20, dtype, 1.0)
+                assert r.threads == sizes[bounds[r.function]], (nsrc, shift, dtype, r.function, r.threads)
+                assert r.grid <= 66
+                seen.add(r.function)
+    assert seen == set(bounds)  # every kernel was chosen somewhere

@@ -293,7 +293,7 @@ def markdown(doc: dict) -> str:
             said.append(f"{c['programs_compiled_timed']} copy-engine programs compiled during the timed steps")
         d = c.get("direct")
         if r["config"] == "conccl_direct" and d:
-            said.append(f"{d['skipped_copy_outs']} all-gather copy-outs, {d.get('skipped_gather_copy_ins', 0)} "
+            said.append(f"{d['skipped_copy_outs']} all-gather copy-outs, {d.get('skipped_gather_copy_ins', 'n/a')} "
                         f"all-gather copy-ins and {d['skipped_copy_ins']} reduce-scatter copy-ins skipped; "
                         f"{d['declined_gathers']} all-gathers and {d['declined_reduces']} reduce-scatters left to "
                         "FSDP's copies")

@@ -55,12 +55,12 @@ def grid_bound(device_index: int) -> int:
 # takes from a GEMM beside it; the register budget of a thread sets what fits. One H200, 66 CTAs
 # (benchmarks/2026-11-23-h200-reduce-variants, scripts/reduce_variants.py):
 # * two operands (the pair kernels): the sum of a 1 GiB 2-rank bf16 reduce-scatter beside a GEMM
-#   loop, the order rotated, cost the GEMMs 0.13-0.14 ms per sum at 512 threads x UNROLL 8 with
-#   plain loads and stores, 0.11-0.12 at 1024 x 2 evict-first (this; sum alone 0.46-0.48 ms,
-#   3% slower), 0.09-0.10 for a full-grid torch.add (0.37-0.38 ms);
-# * three or more operands, read one after another (the general kernels): 8 operands of 256 MiB
-#   alone took 0.71 ms at 512 x 8 evict-first (this), 0.80 at 1024 x 2, 1.0-1.9 at 1024 x 4 or 8
-#   (registers spill under 64 a thread).
+#   loop, the order rotated, cost the GEMMs 0.120-0.136 ms per sum at 512 threads x UNROLL 8 with
+#   plain loads and stores, 0.099-0.120 at 1024 x 2 evict-first (this; the sum alone 0.46-0.52
+#   ms, 0-9% slower run by run), 0.09-0.10 for a full-grid torch.add (0.37-0.38 ms alone);
+# * one, or three or more operands, read one after another (the general kernels): 8 operands of
+#   256 MiB alone took 0.71 ms at 512 x 8 evict-first (this), 0.80 at 1024 x 2, 1.0-1.9 at 1024
+#   x 4 or 8; with plain loads under the 512-thread bound, 1.8 ms.
 THREADS = 1024  # the pair and the scalar kernels
 THREADS_MANY = 512  # the general vector kernels
 
@@ -74,9 +74,12 @@ typedef unsigned int u32;
 #define UNROLL_MANY 8  // the same for three or more operands, read one after the other
 #endif
 // The vector kernels' loads and stores: every operand is read once and the result written
-// once, so they go through L2 marked evict-first and leave what a GEMM beside them keeps
-// there (the GEMMs lost a quarter less time per sum than with plain loads and stores; see
-// THREADS). scripts/reduce_variants.py puts others in their place.
+// once, so they go through L2 marked evict-first and leave what a GEMM beside them keeps there
+// (beside a GEMM about as good as plain ones at 1024 x 2, within the noise; under the general
+// kernels' 512-thread bound 2.5x faster than plain loads: see THREADS). The load's asm is not
+// volatile and touches memory the compiler does not see: correct because every element is read
+// and written by one thread, each store after the loads it depends on, dst never re-read (an
+// in-place sum has dst == s0). scripts/reduce_variants.py puts others in their place.
 #if __CUDA_ARCH__ >= 800
 __device__ __forceinline__ unsigned long long evict_first() {
     unsigned long long pol; asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol)); return pol;
@@ -310,8 +313,11 @@ class ReduceLaunch:
         # 16-byte vectors where every operand allows them (FSDP's buffers and the workspace's
         # slots do); otherwise one element at a time, at a fraction of the bandwidth.
         self.vectorized = all(p % 16 == 0 for p in (dst, *srcs))
-        self.function = (scalar if not self.vectorized else pair if len(srcs) == 2 else vector)[dtype]
-        self.threads = THREADS_MANY if self.vectorized and len(srcs) > 2 else THREADS
+        # The kernel and its CTA size chosen together: a launch larger than the kernel's
+        # __launch_bounds__ is refused (one operand, a group of one, takes the general kernel).
+        family, self.threads = ((scalar, THREADS) if not self.vectorized else (pair, THREADS) if len(srcs) == 2
+                                else (vector, THREADS_MANY))
+        self.function = family[dtype]
         self.grid = max(1, min(grid_bound(device_index), -(-n // self.threads)))
         ptrs = list(srcs) + [srcs[0]] * (MAX_OPERANDS - len(srcs))  # unused operands are never read
         # The kernel's parameters, kept alive with the program: the driver copies them at launch.

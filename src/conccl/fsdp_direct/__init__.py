@@ -11,7 +11,7 @@ SM kernel each time:
   the reduce-scatter's input (``chunk_cat``).
 
 Here none of them runs. Each module's sharded parameters live in one peer-readable *home*
-(:class:`_Home`) laid out as FSDP's all-gather input; the all-gather pulls each peer's shards
+(:class:`.gather._Home`) laid out as FSDP's all-gather input; the all-gather pulls each peer's shards
 from its home straight into this rank's per-parameter tensors
 (:meth:`conccl.group.Group.all_gather_into_parts`, no flat output at all); the reduce-scatter
 pushes each gradient's rows straight from where autograd left them into the peers' workspaces
@@ -21,7 +21,7 @@ copy-out after it, and passes the reduce-scatter hook only the packed input), so
 functions are wrapped:
 
 - ``foreach_all_gather``: for a :class:`DirectAllGather` hook whose module's shards can live in
-  a home, the wrap itself gathers on FSDP's streams (:func:`_gather_from_home`): it moves any
+  a home, the wrap itself gathers on FSDP's streams (:func:`.gather._gather_from_home`): it moves any
   shard not at home yet into it, makes the unsharded tensors on the all-gather stream (as FSDP
   would in the copy-out) and fills them. Elsewhere (a dtype cast before the gather, a resharded
   post-forward state) it tells the hook which parameters it gathers and FSDP's own function
