@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reduce_beside_gemm import beside_gemm  # noqa: E402
+from reduce_kernel import bits_right, sum_ms  # noqa: E402
 
 from conccl._driver import driver  # noqa: E402
-from conccl.collectives.reduce_scatter import reduce_chunks  # noqa: E402
 from conccl.executors import cuda_reduce  # noqa: E402
 
 _ASM = r"""
@@ -57,41 +56,6 @@ def build(source: str, prefix: str, threads: int, threads_many: int):
     cuda_reduce._module.cache_clear()
 
 
-def bits_right(device: int) -> bool:
-    ok = True
-    for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"), (torch.float32, "float32")):
-        for n in (7, 4099, (1 << 20) + 13):
-            for nsrc in (1, 2, 3, 8):
-                srcs = [torch.randn(n, device="cuda").to(dtype) for _ in range(nsrc)]
-                dst = torch.empty(n, dtype=dtype, device="cuda")
-                r = cuda_reduce.ReduceLaunch(device, dst.data_ptr(), tuple(s.data_ptr() for s in srcs),
-                                             n * dst.element_size(), name, 0.37)
-                assert not r.launch(driver(), torch.cuda.current_stream().cuda_stream)[0]
-                want = reduce_chunks(srcs, 0.37).to(dtype)
-                torch.cuda.synchronize()
-                view = torch.int32 if dtype == torch.float32 else torch.int16
-                ok &= torch.equal(dst.view(view), want.view(view))
-    return ok
-
-
-def alone_ms(device: int, nsrc: int, mib: int) -> float:
-    """Median ms of one bf16 sum of ``nsrc`` operands of ``mib`` MiB each, alone (10 after 3)."""
-    n = (mib << 20) // 2
-    srcs = [torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(nsrc)]
-    dst = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    r = cuda_reduce.ReduceLaunch(device, dst.data_ptr(), tuple(x.data_ptr() for x in srcs), n * 2, "bfloat16", 1.0)
-    ts = []
-    for i in range(13):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        assert not r.launch(driver(), torch.cuda.current_stream().cuda_stream)[0]
-        b.record()
-        b.synchronize()
-        if i >= 3:
-            ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024, help="reduce-scatter size (input bytes per rank)")
@@ -112,13 +76,13 @@ def main() -> int:
     for name, (prefix, threads, threads_many) in VARIANTS.items():
         try:
             build(source, prefix, threads or threads0[0], threads_many or threads0[1])
-            checks[name] = bits_right(device)
+            checks[name] = bits_right(sizes=(7, 4099, (1 << 20) + 13), shifts=(0,), scales=(0.37,))
         except Exception as e:  # a variant the compiler refuses is a result, not the end of the run
             checks[name] = f"failed: {e}"
             print(f"{name}: {checks[name]}")
             continue
         red = cuda_reduce.ReduceLaunch(device, out.data_ptr(), (x.data_ptr(), y.data_ptr()), n * 2, "bfloat16", 1.0)
-        alone[name] = {k: alone_ms(device, k, 256) for k in (2, 4, 8)}
+        alone[name] = {k: sum_ms(k, 256)[0] for k in (2, 4, 8)}
         print(f"{name}: bits right {checks[name]}, {red.grid} CTAs x {red.threads} threads; alone, 256 MiB operands: "
               + ", ".join(f"{k} operands {t:.3f} ms ({(k + 1) * 256 * 2**20 / t / 1e6:.0f} GB/s)"
                           for k, t in alone[name].items()))

@@ -35,7 +35,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.profiler import ProfilerActivity, profile
 
-from .. import fsdp
+from .. import fsdp, fsdp_direct
 
 CONFIGS = ("no_comm", "stock", "conccl", "conccl_direct")
 
@@ -199,9 +199,9 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                 loss = _deterministic_loss(config, x, cfg, device)
             model, comms = build(config, cfg.shape, device)
             dist.barrier()
-            before = _direct_counts()
+            before = fsdp_direct.counters()  # FSDP copies skipped, collectives left to FSDP's copies
             times, peak, loss_timed, opt, compiled = _train(model, x, cfg, comms)
-            direct = {k: v - before[k] for k, v in _direct_counts().items()}
+            direct = {k: v - before[k] for k, v in fsdp_direct.counters().items()}
             extra = 0
             if comms is not None:
                 extra = sum(m["workspace_bytes"] for m in comms.memory().values())
@@ -223,13 +223,6 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             torch.cuda.empty_cache()
             dist.barrier()
     return out
-
-
-def _direct_counts() -> dict:
-    """conccl.fsdp_direct's counters: FSDP copies skipped, collectives left to FSDP's copies."""
-    from .. import fsdp_direct
-
-    return fsdp_direct.counters()
 
 
 def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
