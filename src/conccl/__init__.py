@@ -30,6 +30,10 @@ Memory and groups:
 
 Computation beside communication:
 
+- ``tp``: tensor parallelism, the collective pipelined with the GEMM it feeds or is fed by
+  (``conccl.tp.all_gather_matmul``, ``matmul_reduce_scatter``, ``ColumnParallelLinear``,
+  ``RowParallelLinear``).
+
 - ``overlap(plan="auto", profile=None)``: a block whose GEMM and collective run concurrently.
 - ``run_concurrently(compute_fn, gemm, collective, output, input, plan="auto")``: the same as a call.
 - ``get_plan(gemm, collective, size, world, plan="auto")``: the planner's strategy and SM split.
@@ -68,6 +72,13 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name == "tp":  # tensor parallelism: conccl.tp.all_gather_matmul, ... (conccl.integrations.tp)
+        import sys
+
+        from .integrations import tp
+
+        sys.modules.setdefault("conccl.tp", tp)
+        return tp
     if name in {"overlap", "run_concurrently", "get_plan", "plan_cache_info", "set_eager_path"}:
         from . import runtime
 

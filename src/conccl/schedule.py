@@ -26,6 +26,12 @@ call) so one schedule serves every call with the same shapes and can be cached.
 A collective of two phases (the all-reduce: push, reduce, pull) orders its middle with two
 more kinds, ``PUSHED`` and ``REDUCED``; DONE keeps its meaning (every transfer of the call
 that touches the pad owner's memory is over), so any collective can follow any other.
+
+Marks (tensor-parallel pipelines, :mod:`conccl.pipeline`): after the signal words of every
+graph slot, each pad has :data:`MARK_WORDS` words that only its own rank's streams write and
+wait on. A :class:`Mark` says a piece has landed (all-gather) or been computed (before a
+reduce-scatter sends it); an :class:`AwaitMark` holds a stream until it has. They too hold
+the call's sequence number, so they never need resetting either.
 """
 from __future__ import annotations
 
@@ -51,6 +57,11 @@ def signal_word(kind: Signal, src: int, world: int) -> int:
 
 def signal_pad_words(world: int) -> int:
     return NUM_SIGNAL_KINDS * world
+
+
+def mark_index(word: int, world: int, graph_slots: int) -> int:
+    """Index of mark ``word`` in a pad holding the eager words and ``graph_slots`` graph blocks."""
+    return signal_pad_words(world) * (1 + graph_slots) + word
 
 
 class Buf(enum.Enum):
@@ -134,7 +145,54 @@ class Reduce:
     scale: float = 1.0  # every operand is multiplied by it first (AVG: 1/world; PREMUL_SUM: the factor)
 
 
-Op = Copy | SetSignal | WaitSignal | ResetSignal | Reduce
+# Words per pad for marks: a pipeline's pieces (world x pieces per shard) each take one.
+MARK_WORDS = 256
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Write ``seq`` into the own pad's mark ``word`` after prior work on the slot: the piece
+    it names is in place (landed from ``peer``, or computed for ``peer``)."""
+
+    word: int
+    peer: int
+
+    def __post_init__(self):
+        if not 0 <= self.word < MARK_WORDS:
+            raise ValueError(f"mark word {self.word} outside 0..{MARK_WORDS - 1}")
+
+
+@dataclass(frozen=True)
+class AwaitMark:
+    """Block the slot until the own pad's mark ``word`` is >= ``seq`` (its piece, from or for
+    ``peer``, is in place)."""
+
+    word: int
+    peer: int
+
+    def __post_init__(self):
+        if not 0 <= self.word < MARK_WORDS:
+            raise ValueError(f"mark word {self.word} outside 0..{MARK_WORDS - 1}")
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Run the caller's computation on rows ``[row_start, row_end)`` on the slot's stream: the
+    executor hands this op to the ``compute`` callable the call brought (a GEMM of those rows;
+    ``own``: they are the rank's own shard, read from its input). The one op whose work is not
+    a schedule's own: its time, SMs and memory are the caller's GEMM's."""
+
+    index: int
+    row_start: int
+    row_end: int
+    own: bool = False
+
+    def __post_init__(self):
+        if not 0 <= self.row_start < self.row_end:
+            raise ValueError(f"bad compute rows [{self.row_start}, {self.row_end})")
+
+
+Op = Copy | SetSignal | WaitSignal | ResetSignal | Reduce | Mark | AwaitMark | Compute
 
 
 @dataclass(frozen=True)
@@ -166,6 +224,11 @@ class Schedule:
     @property
     def num_slots(self) -> int:
         return len(self.slots)
+
+    @property
+    def computes(self) -> bool:
+        """Whether the schedule runs the caller's computation (a pipeline: :mod:`conccl.pipeline`)."""
+        return any(isinstance(op, Compute) for ops in self.slots for op in ops)
 
 
 

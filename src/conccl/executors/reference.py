@@ -27,8 +27,8 @@ from ..launch import collect_results
 from ..errors import CollectiveTimeout
 from ..collectives.reduce_scatter import reduce_chunks
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
-from ..schedule import (Buf, Copy, Reduce, ResetSignal, Schedule, SetSignal, WaitSignal, signal_pad_words,
-                        signal_word)
+from ..schedule import (MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetSignal, Schedule, SetSignal,
+                        WaitSignal, mark_index, signal_pad_words, signal_word)
 from ..work import NCCL, Work
 from .base import workspace_capacity
 
@@ -76,13 +76,14 @@ class ReferenceExecutor:
         self.prefix, self.rank, self.world, self.board, self.timeout_s = prefix, rank, world, board, timeout_s
         self._mine: list = []  # shared-memory segments this rank created (and unlinks)
         self._attached: list = []  # peers' segments this rank maps
-        # The eager words, then one block per graph slot (conccl.graphs), as on CUDA.
-        words = signal_pad_words(world) * (1 + GRAPH_SLOTS)
+        # The eager words, then one block per graph slot (conccl.graphs), then the marks, as on CUDA.
+        words = signal_pad_words(world) * (1 + GRAPH_SLOTS) + MARK_WORDS
         self._pad_shm = self._create(f"{prefix}_sig_r{rank}", words * 4)
         np.ndarray(words, np.uint32, self._pad_shm.buf)[:] = 0
         self._barrier()
         self._all_pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
         self._pads = [pad[:signal_pad_words(world)] for pad in self._all_pads]
+        self._marks = self._all_pads[rank][mark_index(0, world, GRAPH_SLOTS):]  # only this rank's streams use them
         self._capture: list | None = None  # calls recorded by capture(), None when not capturing
         self._ws_gen, self._ws_cap, self._ws = 0, 0, [None] * world
         self._allocs: list[tuple[int, int, str]] = []  # (start, end, name pattern) of symmetric tensors
@@ -98,7 +99,7 @@ class ReferenceExecutor:
         return shm
 
     def _attach_words(self, name):
-        return self._attach_bytes(name, signal_pad_words(self.world) * (1 + GRAPH_SLOTS) * 4).view(np.uint32)
+        return self._attach_bytes(name, (signal_pad_words(self.world) * (1 + GRAPH_SLOTS) + MARK_WORDS) * 4).view(np.uint32)
 
     def _attach_bytes(self, name, nbytes=None):
         shm = _shm.attach(name)
@@ -207,15 +208,16 @@ class ReferenceExecutor:
         return self._peer_allocs[key][offsets[rank]:]
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float | None = None,
-            flight=None, views=(None, None)) -> Work:
+            flight=None, views=(None, None), compute=None) -> Work:
         """Run ``schedule`` as call ``seq``: now (after any deferred calls) when blocking; when
-        ``async_op``, deferred until waited on or until a later call runs (see :class:`_Deferred`)."""
+        ``async_op``, deferred until waited on or until a later call runs (see :class:`_Deferred`).
+        ``compute(op)`` runs each :class:`~conccl.schedule.Compute` op of a pipeline."""
         if async_op:
-            d = _Deferred(self, lambda: self._run_now(schedule, input, output, seq, timeout_s, views))
+            d = _Deferred(self, lambda: self._run_now(schedule, input, output, seq, timeout_s, views, compute=compute))
             self._deferred.append(d)
             return Work(event=d)
         self.flush()
-        self._run_now(schedule, input, output, seq, timeout_s, views)
+        self._run_now(schedule, input, output, seq, timeout_s, views, compute=compute)
         return Work()
 
     def run_fallback(self, fn, async_op: bool, tensors) -> Work:
@@ -252,15 +254,17 @@ class ReferenceExecutor:
         dst[op.dst[1]:op.dst[1] + op.nbytes] = result.view(torch.uint8).numpy()
 
     def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views, pads=None,
-                 ws=None) -> None:
+                 ws=None, compute=None) -> None:
         self._ws_now, self._reach = ws, _reach(schedule) if schedule.parts else {}
+        if schedule.computes and compute is None:
+            raise ValueError(f"a {schedule.collective} pipeline runs the caller's computation: pass compute=")
         try:
-            self._run_schedule(schedule, input, output, seq, timeout_s, views, pads or self._pads)
+            self._run_schedule(schedule, input, output, seq, timeout_s, views, pads or self._pads, compute)
         finally:
             self._ws_now, self._reach = None, {}
 
     def _run_schedule(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views,
-                      pads) -> None:
+                      pads, compute=None) -> None:
         """Run ``schedule`` to completion on the host.
 
         A wait unsatisfied for ``timeout_s`` raises :class:`CollectiveTimeout`; one waiting
@@ -289,6 +293,13 @@ class ReferenceExecutor:
                         dst[t.dst_offset:t.dst_offset + t.nbytes] = src[t.src_offset:t.src_offset + t.nbytes]
                     elif isinstance(op, Reduce):
                         self._reduce(op, input, output, views)
+                    elif isinstance(op, AwaitMark):
+                        if self._marks[op.word] < seq:
+                            break
+                    elif isinstance(op, Mark):
+                        self._marks[op.word] = seq
+                    elif isinstance(op, Compute):
+                        compute(op)
                     pcs[k] += 1
                     progress = True
             if all(pc == len(ops) for pc, ops in zip(pcs, schedule.slots)):

@@ -424,7 +424,7 @@ class Group:
             raise InvalidArgument(f"timeout must be positive, got {t!r}")
         return seconds
 
-    def _execute(self, schedule, input, output, async_op, timeout_s: float, views):
+    def _execute(self, schedule, input, output, async_op, timeout_s: float, views, compute=None):
         seq = self.seq + 1
         flight = None
         if self.watchdog is not None and self.options.checks:
@@ -434,7 +434,11 @@ class Group:
                 self._check_usable()
                 self.executor.ensure_workspace(schedule.workspace_bytes)
                 self.seq = seq
-                work = self.executor.run(schedule, input, output, seq, async_op, timeout_s, flight, views)
+                if compute is None:
+                    work = self.executor.run(schedule, input, output, seq, async_op, timeout_s, flight, views)
+                else:  # a pipeline (conccl.pipeline): the caller's GEMM steps run inside it
+                    work = self.executor.run(schedule, input, output, seq, async_op, timeout_s, flight, views,
+                                             compute=compute)
         except (CollectiveTimeout, GroupBroken) as e:  # the reference executor waits on the host
             self.fail(e)
             raise

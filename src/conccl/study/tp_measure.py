@@ -99,19 +99,22 @@ class TPCharacterization:
 
 
 def profile_table(char: TPCharacterization) -> dict:
-    """The hardware profile's ``tp`` table: ``"KxN"`` -> {rows: ms of one GEMM of that many rows}
-    (a GEMM's time by its row count, for each weight shape measured: every chunked GEMM the
-    pipelines run is one of these), plus the measured contention factors per chunk count."""
+    """The hardware profile's ``tp`` table: ``rows_ms``, ``"MxKxN"`` -> {rows: ms of one GEMM of
+    that many rows, run as one of M / rows chunks} for each shape measured (every chunked GEMM
+    a pipeline of that shape runs is one of these), and ``contention``, the same keys -> {rows:
+    the chunks' slowdown with copies beside} (over-stated on one GPU: see the module doc).
+    Keyed by the whole shape: the same row count measured in two shapes' runs differed by up
+    to 16% on one H200 (clocks and power between runs), while the ratios within one run hold."""
     rows: dict = {}
     contention: dict = {}
     for t in char.timings:
-        if t.variant == "rows" and t.M % t.chunks == 0:
-            rows.setdefault(f"{t.K}x{t.N}", {})[t.M // t.chunks] = t.ms
-    for t in char.timings:
-        if t.variant == "ce":
+        key = f"{t.M}x{t.K}x{t.N}"
+        if t.variant == "rows":
+            rows.setdefault(key, {})[t.M // t.chunks] = t.ms
+        elif t.variant == "ce":
             base = char._get(t.M, t.K, t.N, t.chunks, "rows")
             if base is not None:
-                contention.setdefault(f"{t.K}x{t.N}", {})[t.M // t.chunks] = t.total_ms / base.total_ms
+                contention.setdefault(key, {})[t.M // t.chunks] = t.total_ms / base.total_ms
     return {"dtype": char.dtype, "rows_ms": {k: dict(sorted(v.items())) for k, v in rows.items()},
             "contention": {k: dict(sorted(v.items())) for k, v in contention.items()}}
 

@@ -1,0 +1,51 @@
+"""A group's tensor-parallel calls: its agreed flat collective with the caller's GEMM cut in.
+
+The peers agree on a flat all-gather or reduce-scatter (their rows are a flat call's: the same
+validation, mismatch checks, timeouts and watchdog), and each rank transforms its own schedule
+into a pipeline (:mod:`conccl.pipeline`, a pure function). The marks a pipeline adds are the
+rank's own words, so ranks running different pipeline schedules still interoperate. Never
+captured into a CUDA graph (yet).
+"""
+from __future__ import annotations
+
+from ..collectives.all_gather import ALL_GATHER
+from ..collectives.reduce_scatter import REDUCE_SCATTER
+from ..errors import InvalidArgument
+from ..pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
+from ..schedule import Algorithm
+from .parts import _moved
+
+
+def _prepare(group, timeout):
+    group._check_usable()
+    if group.executor.capturing():
+        raise InvalidArgument("conccl's tensor-parallel ops cannot be captured into a CUDA graph yet")
+    return group._timeout_s(timeout)
+
+
+def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row_bytes: int, compute,
+                            async_op: bool = False, timeout=None):
+    """All-gather ``input`` (``rows`` rows of ``row_bytes`` bytes) into ``output`` with
+    ``compute(op)`` called for each :class:`~conccl.schedule.Compute` step of the pipeline
+    ``tp``, each on a stream where the rows it names have landed (own rows: read them from
+    ``input``). Pull, on the copy engines; the GEMM steps on the pipeline's own stream."""
+    local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, tp.stream_mode())
+    timeout_s = _prepare(group, timeout)
+    schedule, views = group._agree(local, timeout_s)
+    moved = _moved(group, schedule, "gather_then_gemm", (tp, rows, row_bytes),
+                   lambda s: gather_then_gemm(s, tp, rows, row_bytes))
+    return group._execute(moved, input, output, async_op, timeout_s, views, compute=compute)
+
+
+def compute_then_reduce_scatter(group, output, input, op, tp: TPSchedule, rows: int, row_bytes: int, compute,
+                                async_op: bool = False, timeout=None):
+    """Reduce-scatter ``input`` (``world * rows`` rows of ``row_bytes`` bytes, which
+    ``compute(op)`` fills step by step) into ``output``: each piece leaves as soon as its step
+    has computed it; the own rows are reduced last (``op``: as
+    :func:`conccl.reduce_scatter_tensor`)."""
+    local = group._local_step(REDUCE_SCATTER, output, input, (op,), None, tp.stream_mode())
+    timeout_s = _prepare(group, timeout)
+    schedule, views = group._agree(local, timeout_s)
+    moved = _moved(group, schedule, "gemm_then_scatter", (tp, rows, row_bytes),
+                   lambda s: gemm_then_scatter(s, tp, rows, row_bytes))
+    return group._execute(moved, input, output, async_op, timeout_s, views, compute=compute)

@@ -1,0 +1,2 @@
+"""Where users already are: tensor parallelism (:mod:`conccl.integrations.tp`, also
+``conccl.tp``). FSDP2 lives in :mod:`conccl.fsdp`."""

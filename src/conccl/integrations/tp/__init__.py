@@ -1,0 +1,20 @@
+"""Tensor parallelism on copy engines (``conccl.tp``): the collective that feeds a GEMM, or
+that a GEMM feeds, pipelined with it.
+
+- :func:`all_gather_matmul`: column-parallel (sequence-parallel input): all-gather, then GEMM,
+  as PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul``;
+- :func:`matmul_reduce_scatter`: row-parallel: GEMM, then reduce-scatter, as
+  ``fused_matmul_reduce_scatter``;
+- :class:`ColumnParallelLinear`, :class:`RowParallelLinear`: sequence-parallel layers whose
+  forward and backward run these (:mod:`conccl.integrations.tp.layers`).
+
+``schedule``: ``"auto"`` (the planner's choice from the hardware profile:
+:mod:`conccl.planner.tp`), a name (``serial``, ``ring``, ``direct``, ``direct-p4-g2``, ...;
+:class:`conccl.pipeline.TPSchedule`) or a ``TPSchedule``.
+"""
+from ...pipeline import Order, TPSchedule
+from .layers import ColumnParallelLinear, RowParallelLinear
+from .ops import all_gather_matmul, matmul_reduce_scatter, resolve_schedule
+
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "ColumnParallelLinear", "RowParallelLinear", "TPSchedule",
+           "Order", "resolve_schedule"]

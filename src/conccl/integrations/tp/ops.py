@@ -1,0 +1,189 @@
+"""``conccl.tp.all_gather_matmul`` and ``conccl.tp.matmul_reduce_scatter``.
+
+Shaped like PyTorch's async-TP ops (``torch.ops.symm_mem.fused_all_gather_matmul`` /
+``fused_matmul_reduce_scatter``) so that a user swaps one call; what moves is the group's
+flat all-gather or reduce-scatter, cut into a pipeline with the GEMM (:mod:`conccl.pipeline`,
+:mod:`conccl.group.pipelined`).
+"""
+from __future__ import annotations
+
+import torch
+
+from ...collectives.reduce_scatter import DTYPES as RS_DTYPES
+from ...errors import InvalidArgument
+from ...group import Group
+from ...group.pipelined import all_gather_then_compute, compute_then_reduce_scatter
+from ...pipeline import TPSchedule
+from ...planner import tp as tp_planner
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _group(group) -> Group:
+    if isinstance(group, Group):
+        return group
+    from ... import api  # the CUDA path: a process group resolved to its conccl Group
+
+    return api.get_group(group)
+
+
+def resolve_schedule(schedule, op: str, M: int, K: int, N: int, world: int, dtype) -> TPSchedule:
+    """``schedule`` as a :class:`TPSchedule`: "auto" asks the planner (the hardware profile's
+    measured losses and bandwidths), a name is parsed, a TPSchedule is taken as it is."""
+    if isinstance(schedule, TPSchedule):
+        return schedule
+    if not isinstance(schedule, str):
+        raise InvalidArgument(f"schedule must be 'auto', a schedule name or a conccl.tp.TPSchedule, got {schedule!r}")
+    if schedule == "auto":
+        return tp_planner.choose(op, M, K, N, world, str(dtype).removeprefix("torch.")).schedule
+    return TPSchedule.parse(schedule)
+
+
+def _check_dim(t, dim: int, what: str) -> int:
+    if t.dim() < 2:
+        raise InvalidArgument(f"{what} must have at least 2 dimensions (rows x K), got shape {tuple(t.shape)}")
+    d = dim % t.dim() if -t.dim() <= dim < t.dim() else None
+    if d is None or d == t.dim() - 1:
+        raise InvalidArgument(f"{what}: dimension {dim} of a {t.dim()}-d tensor cannot be split (not the last, K)")
+    return d
+
+
+def _check_weights(a, weights) -> None:
+    if a.dtype not in DTYPES:
+        raise InvalidArgument(f"conccl.tp supports {', '.join(map(str, DTYPES))}, got {a.dtype}")
+    for i, w in enumerate(weights):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2:
+            raise InvalidArgument(f"weights[{i}] must be a 2-d tensor K x N")
+        if w.shape[0] != a.shape[-1] or w.dtype != a.dtype or w.device != a.device:
+            raise InvalidArgument(f"weights[{i}] is {tuple(w.shape)} {w.dtype} on {w.device}; expected "
+                                  f"{a.shape[-1]} x N, {a.dtype} on {a.device}")
+
+
+def _recorder(async_op: bool, tensors):
+    """For an async call: mark the tensors as in use on the stream each GEMM step runs on, so
+    the caching allocator does not hand their memory out before that stream has passed."""
+    if not async_op or not tensors or tensors[0].device.type != "cuda":
+        return lambda: None
+
+    def record():
+        stream = torch.cuda.current_stream(tensors[0].device)
+        for t in tensors:
+            t.record_stream(stream)
+    return record
+
+
+def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, schedule="auto",
+                      return_gathered: bool = False, async_op: bool = False, timeout=None):
+    """All-gather ``a_shard`` along ``gather_dim`` and multiply the result by every weight,
+    the copies pipelined with the GEMMs.
+
+    Args:
+        a_shard: this rank's shard, ``[*, K]`` (bf16, fp16 or fp32), the same shape on every rank.
+        weights: a tensor ``[K, N]`` or a list of them (gate and up projections share one
+            gather); same dtype and device as ``a_shard``.
+        gather_dim: the dimension of ``a_shard`` the ranks' shards are concatenated along (not
+            the last). Another than 0 is moved to the front first (a copy of ``a_shard``, on
+            SMs, when that leaves it non-contiguous); the results are views with it moved back.
+        group: a ``torch.distributed`` process group (default: the world) or a conccl Group.
+        schedule: "auto", a name or a :class:`~conccl.pipeline.TPSchedule` (see ``conccl.tp``).
+        return_gathered: also return the gathered ``A`` (a fresh tensor the caller owns).
+        async_op: return a :class:`~conccl.Work` with the results (wait on it before use).
+
+    Returns:
+        ``(A or None, [A @ W for W in weights])``, as ``fused_all_gather_matmul``; with
+        ``async_op``, ``(work, A or None, outputs)``.
+
+    Stream semantics: ordered after the current stream's work; the current stream waits for
+    the results (blocking) or ``work.wait()`` makes it. Every byte between GPUs moves on copy
+    engines (pull); each GEMM step waits for its rows with a stream memory operation.
+    SMs used: the GEMMs' alone. Workspace: none with ``a_shard`` from ``conccl.empty``, else
+    ``a_shard``'s bytes of symmetric memory (it is staged there for the peers to read).
+    """
+    single = isinstance(weights, torch.Tensor)
+    weights = [weights] if single else list(weights)
+    if not isinstance(a_shard, torch.Tensor):
+        raise InvalidArgument("a_shard must be a tensor")
+    d = _check_dim(a_shard, gather_dim, "all_gather_matmul: a_shard")
+    _check_weights(a_shard, weights)
+    g = _group(group)
+    world = g.world
+    a = a_shard if d == 0 else a_shard.movedim(d, 0)
+    a = a.contiguous()
+    K = a.shape[-1]
+    rows = a.numel() // K
+    a2 = a.view(rows, K)
+    gathered = torch.empty((world * rows, K), dtype=a.dtype, device=a.device)
+    outs = [torch.empty((world * rows, w.shape[1]), dtype=a.dtype, device=a.device) for w in weights]
+    tp = resolve_schedule(schedule, "ag_gemm", world * rows, K, max(w.shape[1] for w in weights), world, a.dtype)
+    record = _recorder(async_op, [a2, gathered, *weights, *outs])
+
+    def compute(op):
+        record()
+        src = a2 if op.own else gathered[op.row_start:op.row_end]
+        for w, out in zip(weights, outs):
+            torch.mm(src, w, out=out[op.row_start:op.row_end])
+
+    work = all_gather_then_compute(g, gathered, a2, tp, rows, K * a.element_size(), compute, async_op, timeout)
+
+    def shaped(t):
+        t = t.view(world * a.shape[0], *a.shape[1:-1], t.shape[-1])
+        return t if d == 0 else t.movedim(0, d)  # a view: valid once the call is (async_op too)
+
+    results = [shaped(o) for o in outs]
+    A = shaped(gathered) if return_gathered else None
+    if async_op:
+        return work, A, results
+    return A, results
+
+
+def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, *, schedule="auto",
+                          async_op: bool = False, timeout=None):
+    """``a @ weight``, reduced over the ranks and scattered along ``scatter_dim``: each piece of
+    the GEMM leaves for its rank as soon as it is computed.
+
+    Args:
+        a: ``[*, K]`` (bf16, fp16 or fp32), the same shape on every rank; its ``scatter_dim``
+            divisible by the world size.
+        weight: ``[K, N]``, same dtype and device.
+        scatter_dim: the dimension of the result the ranks split (not the last).
+        op: ``torch.distributed.ReduceOp.SUM`` (default), ``AVG`` or ``PREMUL_SUM(factor)``.
+        group, schedule, async_op, timeout: as :func:`all_gather_matmul`.
+
+    Returns:
+        ``[*, N]`` with ``scatter_dim`` divided by the world size: rank r's part of the sum over
+        ranks of ``a @ weight`` (``(work, result)`` with ``async_op``).
+
+    Order of summation: as :func:`conccl.reduce_scatter_tensor` (rank order, fp32, one rounding):
+    the serial GEMM-then-reduce-scatter's bits. SMs used: the GEMMs and the bounded reduction
+    kernel. Workspace: ``world x`` the result's bytes of symmetric memory (peers push there).
+    """
+    if not isinstance(a, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise InvalidArgument("a and weight must be tensors")
+    d = _check_dim(a, scatter_dim, "matmul_reduce_scatter: a")
+    _check_weights(a, [weight])
+    if str(a.dtype).removeprefix("torch.") not in RS_DTYPES:
+        raise InvalidArgument(f"matmul_reduce_scatter supports {', '.join(RS_DTYPES)}, got {a.dtype}")
+    g = _group(group)
+    world = g.world
+    if a.shape[d] % world:
+        raise InvalidArgument(f"matmul_reduce_scatter: dimension {scatter_dim} of a ({a.shape[d]}) is not divisible "
+                              f"by the world size ({world})")
+    x = a if d == 0 else a.movedim(d, 0)
+    x = x.contiguous()
+    K, N = x.shape[-1], weight.shape[1]
+    M = x.numel() // K
+    x2 = x.view(M, K)
+    full = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    out = torch.empty((M // world, N), dtype=a.dtype, device=a.device)
+    tp = resolve_schedule(schedule, "gemm_rs", M, K, N, world, a.dtype)
+    record = _recorder(async_op, [x2, weight, full, out])
+
+    def compute(step):
+        record()
+        torch.mm(x2[step.row_start:step.row_end], weight, out=full[step.row_start:step.row_end])
+
+    work = compute_then_reduce_scatter(g, out, full, op, tp, M // world, N * a.element_size(), compute, async_op,
+                                       timeout)
+    result = out.view(x.shape[0] // world, *x.shape[1:-1], N)
+    result = result if d == 0 else result.movedim(0, d)  # a view, as above
+    return (work, result) if async_op else result

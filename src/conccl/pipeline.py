@@ -1,0 +1,255 @@
+"""Tensor-parallel pipelines as plain data: a collective's schedule with the GEMM cut into it.
+
+In a tensor-parallel layer the collective feeds the GEMM (column-parallel: all-gather, then
+GEMM) or the GEMM feeds the collective (row-parallel: GEMM, then reduce-scatter), so nothing
+independent can hide it. What can: cutting both into pieces, so that each GEMM piece starts as
+soon as its rows have landed, or each computed piece leaves while the next is computed (FiCCO,
+arXiv 2512.10236; T3). A pipeline here is the group's *agreed* flat collective schedule (the
+peers see a flat all-gather or reduce-scatter, checked and timed out like any call),
+transformed by a pure function:
+
+- each peer copy is cut into ``pieces`` row-aligned pieces; after a piece lands a
+  :class:`~conccl.schedule.Mark` is written (all-gather), or before a piece leaves an
+  :class:`~conccl.schedule.AwaitMark` holds its copy until the GEMM has computed it
+  (reduce-scatter);
+- one more slot runs the caller's GEMM as :class:`~conccl.schedule.Compute` steps of
+  ``gemm_pieces`` landed pieces each, each behind the marks of the pieces it reads (or
+  followed by the marks of the pieces it made).
+
+Streams of an all-gather + GEMM, world 3, rank 0, direct order, 2 pieces per shard::
+
+    slot 0 (control)  stage · READY(s) -> 1, 2 ·································· wait DONE(s)
+    slot 1 (peer 1)   wait READY(s) of 1 · piece 1.0 · mark · piece 1.1 · mark · DONE(s) -> 1
+    slot 2 (peer 2)   wait READY(s) of 2 · piece 2.0 · mark · piece 2.1 · mark · DONE(s) -> 2
+    slot 4 (GEMM)     own rows · await 1.0 · rows 1.0 · await 2.0 · rows 2.0 · await 1.1 · ...
+
+Every wait is a stream memory operation (``cuStreamWaitValue32`` on the CUDA executor): no
+kernel spins. The schedule choice (:class:`TPSchedule`) is plain data too: the planner's
+``auto`` picks one per shape (:mod:`conccl.planner.tp`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from .errors import InvalidArgument
+from .schedule import MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, Schedule, StreamMode
+
+
+class Order(enum.Enum):
+    """In which order a rank's peers' pieces move."""
+
+    RING = "ring"  # one peer after another, on one stream (each peer's link alone)
+    DIRECT = "direct"  # every peer at once, a stream each; piece j of every peer before piece j+1
+
+
+@dataclass(frozen=True)
+class TPSchedule:
+    """How a tensor-parallel op overlaps its collective with its GEMM.
+
+    ``pieces``: each rank's shard is cut into that many row pieces (1: shard-level, FiCCO's
+    coarse grain; more: its finer grain); ``gemm_pieces``: how many landed pieces one GEMM
+    covers (the GEMM grain, decoupled from the transfer grain; rows must be contiguous);
+    ``serial``: the whole collective, then one GEMM (the baseline every schedule must equal).
+    """
+
+    serial: bool = False
+    order: Order = Order.DIRECT
+    pieces: int = 1
+    gemm_pieces: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.order, Order):
+            raise InvalidArgument(f"order must be a conccl.pipeline.Order, got {self.order!r}")
+        if self.pieces < 1 or self.gemm_pieces < 1:
+            raise InvalidArgument(f"pieces and gemm_pieces must be >= 1, got {self.pieces}, {self.gemm_pieces}")
+        if self.serial and (self.pieces, self.gemm_pieces) != (1, 1):
+            raise InvalidArgument("a serial schedule moves whole shards and runs one GEMM")
+
+    @property
+    def name(self) -> str:
+        """How results and the CLI spell it: serial, ring, direct, direct-p4, direct-p4-g2."""
+        if self.serial:
+            return "serial"
+        s = self.order.value
+        if self.pieces > 1:
+            s += f"-p{self.pieces}"
+        if self.gemm_pieces > 1:
+            s += f"-g{self.gemm_pieces}"
+        return s
+
+    @classmethod
+    def parse(cls, name: str) -> "TPSchedule":
+        """The inverse of :attr:`name`; InvalidArgument naming what is accepted otherwise."""
+        if name == "serial":
+            return cls(serial=True)
+        head, *rest = name.split("-")
+        try:
+            order = Order(head)
+            kw = {"pieces": 1, "gemm_pieces": 1}
+            for part in rest:
+                key = {"p": "pieces", "g": "gemm_pieces"}[part[0]]
+                kw[key] = int(part[1:])
+        except (ValueError, KeyError, IndexError):
+            raise InvalidArgument(f"unknown tensor-parallel schedule {name!r}: serial, ring, direct, or ORDER-pK-gG "
+                                  "(e.g. direct-p4-g2: each shard in 4 pieces, one GEMM per 2 pieces)") from None
+        return cls(order=order, **kw)
+
+    def stream_mode(self) -> StreamMode:
+        """The flat collective's stream mode this schedule transforms."""
+        return StreamMode.PER_PEER if self.order is Order.DIRECT else StreamMode.SINGLE
+
+
+SERIAL = TPSchedule(serial=True)
+
+
+def split_rows(rows: int, pieces: int) -> list[tuple[int, int]]:
+    """``rows`` cut into ``pieces`` contiguous [start, end) ranges as equal as whole rows allow
+    (empty ranges dropped: a shard of fewer rows than pieces moves in fewer pieces)."""
+    bounds = [rows * j // pieces for j in range(pieces + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _check(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int):
+    world = schedule.world
+    if rows <= 0 or row_bytes <= 0:
+        raise InvalidArgument(f"a pipeline needs rows and row bytes > 0, got {rows} rows of {row_bytes} bytes")
+    if world * min(tp.pieces, rows) > MARK_WORDS:
+        raise InvalidArgument(f"{world} ranks x {tp.pieces} pieces exceed the {MARK_WORDS} marks a pad holds; "
+                              "use fewer pieces")
+
+
+def _piece_order(world: int, rank: int, tp: TPSchedule, rows: int):
+    """Peer pieces (peer, j, row range within the shard) in the order they move."""
+    peers = [(rank + step) % world for step in range(1, world)]
+    cuts = split_rows(rows, 1 if tp.serial else tp.pieces)
+    if tp.order is Order.RING or tp.serial:
+        return [(p, j, cut) for p in peers for j, cut in enumerate(cuts)]
+    return [(p, j, cut) for j, cut in enumerate(cuts) for p in peers]
+
+
+def _word(peer: int, j: int, pieces: int) -> int:
+    return peer * pieces + j
+
+
+def _gemm_steps(order, rows: int, gemm_pieces: int):
+    """Group pieces (in arrival order) into GEMM steps of up to ``gemm_pieces`` pieces whose
+    rows are contiguous in the gathered output: [(row_start, row_end, (pieces...)), ...]."""
+    steps: list = []
+    for p, j, (a, b) in order:
+        start, end = p * rows + a, p * rows + b
+        if steps and len(steps[-1][2]) < gemm_pieces and steps[-1][1] == start:
+            s = steps[-1]
+            steps[-1] = (s[0], end, s[2] + ((p, j),))
+        else:
+            steps.append((start, end, ((p, j),)))
+    return steps
+
+
+def gemm_steps(world: int, rank: int, tp: TPSchedule, rows: int, scatter: bool = False) -> list:
+    """The GEMM steps of a pipeline, in the order its GEMM slot runs them: ``[(row_start,
+    row_end, ((peer, piece), ...)), ...]`` (rows of the gathered operand / of the product).
+    An all-gather pipeline starts with the own rows (no piece to wait for); a reduce-scatter
+    one computes the rows bound for each peer in the order they leave, its own last; serial is
+    one step over every row. What :func:`gather_then_gemm` / :func:`gemm_then_scatter` build
+    and what the planner's model times (:mod:`conccl.planner.tp`)."""
+    order = _piece_order(world, rank, tp, rows)
+    npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
+    own = [(rank, j, cut) for j, cut in enumerate(split_rows(rows, npieces))]
+    if tp.serial:
+        every = order + own if scatter else own + order
+        return [(0, world * rows, tuple((p, j) for p, j, _ in every))]
+    if scatter:
+        return _gemm_steps(order + own, rows, tp.gemm_pieces)
+    return [(rank * rows, (rank + 1) * rows, ())] + _gemm_steps(order, rows, tp.gemm_pieces)
+
+
+def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int) -> Schedule:
+    """An all-gather+GEMM pipeline from the agreed pull all-gather ``schedule`` of ``rows``
+    rows of ``row_bytes`` bytes per rank (see the module doc). The GEMM slot computes the own
+    rows first (from the input: no wait), then each step as its pieces land; in ``serial``
+    one GEMM over every row once all have landed. A pure function of plain data."""
+    _check(schedule, tp, rows, row_bytes)
+    rank, world = schedule.rank, schedule.world
+    chunk = rows * row_bytes
+    order = _piece_order(world, rank, tp, rows)
+    npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
+    own_copied = False  # a serial GEMM reads the own chunk from the output: after its copy
+    slots = []
+    for ops in schedule.slots:
+        out = []
+        for op in ops:
+            t = op.transfer if isinstance(op, Copy) else None
+            if t is not None and t.phase is Phase.LOCAL and t.dst is Buf.OUTPUT and tp.serial:
+                out += [op, Mark(_word(rank, 0, npieces), rank)]
+                own_copied = True
+                continue
+            if t is None or t.phase is not Phase.PEER or t.dst is not Buf.OUTPUT or t.dst_rank != rank:
+                out.append(op)
+                continue
+            p, within = divmod(t.dst_offset, chunk)
+            if within or t.nbytes != chunk:
+                raise InvalidArgument("gather_then_gemm cuts whole-shard pull copies; this schedule has others")
+            for j, (a, b) in enumerate(split_rows(rows, npieces)):
+                out.append(Copy(dataclasses.replace(t, src_offset=t.src_offset + a * row_bytes,
+                                                    dst_offset=t.dst_offset + a * row_bytes, nbytes=(b - a) * row_bytes)))
+                out.append(Mark(_word(p, j, npieces), p))
+        slots.append(out)
+    gemm: list = []
+    if tp.serial:
+        # One GEMM reads every row from the output: the own chunk too, once copied there.
+        gemm += [AwaitMark(_word(p, j, npieces), p) for p, j, _ in order]
+        gemm += [AwaitMark(_word(rank, 0, npieces), rank)] if own_copied else []
+        gemm.append(Compute(0, 0, world * rows))
+    else:
+        gemm.append(Compute(0, rank * rows, (rank + 1) * rows, own=True))
+        for i, (start, end, pieces) in enumerate(_gemm_steps(order, rows, tp.gemm_pieces), start=1):
+            gemm += [AwaitMark(_word(p, j, npieces), p) for p, j in pieces]
+            gemm.append(Compute(i, start, end))
+    slots.append(gemm)
+    return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots if s))
+
+
+def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int) -> Schedule:
+    """A GEMM+reduce-scatter pipeline from the agreed push reduce-scatter ``schedule`` whose
+    output holds ``rows`` rows of ``row_bytes`` bytes per rank: the GEMM slot computes the rows
+    bound for each peer in the order they leave (the next rank first, its own last), marking
+    each piece; each piece's copy waits for its mark; the reduction waits for the own rows'
+    marks too. A pure function of plain data."""
+    _check(schedule, tp, rows, row_bytes)
+    rank, world = schedule.rank, schedule.world
+    chunk = rows * row_bytes
+    order = _piece_order(world, rank, tp, rows)
+    npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
+    own = [(rank, j, cut) for j, cut in enumerate(split_rows(rows, npieces))]
+    slots = []
+    for ops in schedule.slots:
+        out = []
+        for op in ops:
+            if isinstance(op, Reduce):
+                out += [AwaitMark(_word(rank, j, npieces), rank) for j in range(npieces)]
+                out.append(op)
+                continue
+            t = op.transfer if isinstance(op, Copy) else None
+            if t is None or t.phase is not Phase.PEER or t.src is not Buf.INPUT or t.src_rank != rank:
+                out.append(op)
+                continue
+            p, within = divmod(t.src_offset, chunk)
+            if within or t.nbytes != chunk:
+                raise InvalidArgument("gemm_then_scatter cuts whole-chunk push copies; this schedule has others")
+            for j, (a, b) in enumerate(split_rows(rows, npieces)):
+                out.append(AwaitMark(_word(p, j, npieces), p))
+                out.append(Copy(dataclasses.replace(t, src_offset=t.src_offset + a * row_bytes,
+                                                    dst_offset=t.dst_offset + a * row_bytes, nbytes=(b - a) * row_bytes)))
+        slots.append(out)
+    gemm: list = []
+    if tp.serial:
+        gemm.append(Compute(0, 0, world * rows))
+        gemm += [Mark(_word(p, j, npieces), p) for p, j, _ in order + own]
+    else:
+        for i, (start, end, pieces) in enumerate(_gemm_steps(order + own, rows, tp.gemm_pieces)):
+            gemm.append(Compute(i, start, end))
+            gemm += [Mark(_word(p, j, npieces), p) for p, j in pieces]
+    slots.append(gemm)
+    return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots if s))

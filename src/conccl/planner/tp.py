@@ -1,0 +1,217 @@
+"""The tensor-parallel planner: which pipeline (:class:`~conccl.pipeline.TPSchedule`) an
+all-gather+GEMM or GEMM+reduce-scatter should run, and how long it should take.
+
+The model follows FiCCO's two losses, from measurements wherever they exist:
+
+- a GEMM of ``r`` rows of a ``K x N`` weight, in a pipeline over ``M`` rows, takes
+  ``rows_ms[MxKxN][r]`` (the characterization's table, ``conccl study tp``; interpolated
+  between measured row counts); for a shape not measured, the measured shape of the same
+  weight with the nearest ``M``, scaled by ``M``; for a weight never measured, a tile-wave
+  model (128 x 256 output tiles, waves of one tile per SM, the rate the profile's GEMMs
+  reached) stands in;
+- every GEMM step beside copies is slower by the contention factor (default
+  :data:`DEFAULT_CONTENTION`, the slowdown measured for a GEMM beside copy-engine traffic on
+  H200 x4; the one-GPU characterization over-states it, so it is not used here);
+- a piece of ``b`` bytes lands ``latency + b / bandwidth`` after the one before it on its
+  stream; every peer at once (direct) shares the GPU's NVLink bandwidth, one peer at a time
+  (ring) has it alone (one NVLink peer alone reaches the whole bus bandwidth on H200: 394 GB/s).
+
+Then it plays the schedule's GEMM steps (:func:`conccl.pipeline.gemm_steps`, the same list the
+pipeline runs) against the pieces' landing times. A pure function of plain data.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import pathlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..errors import InvalidArgument
+from ..pipeline import SERIAL, Order, TPSchedule, gemm_steps, split_rows
+from .profile import HardwareProfile, load_profile
+
+EMBEDDED_TP = pathlib.Path(__file__).parents[1] / "data" / "h200_tp.json"
+DEFAULT_CONTENTION = 1.03
+COPY_LATENCY_S = 8e-6  # one copy-engine copy's fixed cost on the GPU (H200: batched peer copies)
+OPS = ("ag_gemm", "gemm_rs")
+TILE_M, TILE_N = 128, 256
+
+
+@dataclass(frozen=True)
+class TPModel:
+    """What the model needs: the GEMM table, the rates and the contention factor."""
+
+    rows_ms: dict  # "MxKxN" -> {rows: ms}
+    flops: float  # achieved bf16 GEMM rate, flop/s
+    sm_count: int
+    nvlink_bytes_per_s: float
+    hbm_bytes_per_s: float
+    contention: float = DEFAULT_CONTENTION
+
+    def gemm_s(self, rows: int, K: int, N: int, M: int | None = None) -> float:
+        """Seconds of one GEMM of ``rows`` rows with a ``K x N`` weight, run as a piece of a
+        pipeline over ``M`` rows (None: ``rows``)."""
+        M = M or rows
+        table = self.rows_ms.get(f"{M}x{K}x{N}")
+        if table:
+            return _interpolate(table, rows) / 1e3
+        same = [int(k.split("x")[0]) for k in self.rows_ms if k.endswith(f"x{K}x{N}")]
+        if same:
+            near = min(same, key=lambda m: abs(math.log(m / M)))
+            return _interpolate(self.rows_ms[f"{near}x{K}x{N}"], rows * near / M) / 1e3 * M / near
+        tiles = math.ceil(rows / TILE_M) * math.ceil(N / TILE_N)
+        waves = math.ceil(tiles / self.sm_count)
+        return waves * (2 * TILE_M * TILE_N * K) / (self.flops / self.sm_count)
+
+    def measured(self, M: int, K: int, N: int) -> bool:
+        return f"{M}x{K}x{N}" in self.rows_ms
+
+
+def _interpolate(table: dict, rows: int) -> float:
+    xs = sorted(table)
+    if rows in table:
+        return table[rows]
+    if rows <= xs[0]:
+        return table[xs[0]] * max(rows / xs[0], 0.5)  # below the smallest measured: latency-bound
+    if rows >= xs[-1]:
+        return table[xs[-1]] * rows / xs[-1]
+    i = bisect.bisect_left(xs, rows)
+    a, b = xs[i - 1], xs[i]
+    return table[a] + (table[b] - table[a]) * (rows - a) / (b - a)
+
+
+@lru_cache(maxsize=4)
+def _embedded_table() -> dict:
+    return json.loads(EMBEDDED_TP.read_text(encoding="utf-8"))
+
+
+def model_from(profile: HardwareProfile | None = None, table: dict | None = None,
+               contention: float | None = None) -> TPModel:
+    """The model from a hardware profile (default: the embedded one) and a characterization
+    table (default: the profile's ``tp`` table, else the embedded H200 characterization)."""
+    p = profile or load_profile()
+    t = table if table is not None else (getattr(p, "tp", None) or _embedded_table())
+    rows_ms = {k: {int(r): float(v) for r, v in rows.items()} for k, rows in t.get("rows_ms", {}).items()}
+    eff = p.gemm_efficiency.get("compute-bound", 0.7) if isinstance(p.gemm_efficiency, dict) else 0.7
+    return TPModel(rows_ms, p.bf16_flops * eff, p.sm_count, p.nvlink_bytes_per_s, p.hbm_bytes_per_s,
+                   DEFAULT_CONTENTION if contention is None else contention)
+
+
+def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, world: int, elem: int = 2) -> float:
+    """Seconds the pipeline ``tp`` takes for ``op`` over ``M`` gathered (or product) rows."""
+    if op not in OPS:
+        raise InvalidArgument(f"unknown tensor-parallel op {op!r}; known: {', '.join(OPS)}")
+    if M % world:
+        raise InvalidArgument(f"M ({M}) must be divisible by the world size ({world})")
+    rows = M // world
+    rank = 0  # every rank runs the same shape of pipeline
+    steps = gemm_steps(world, rank, tp, rows, scatter=op == "gemm_rs")
+    cont = 1.0 if world == 1 or tp.serial else model.contention
+    row_bytes = (K if op == "ag_gemm" else N) * elem
+    landed = _landing_times(model, world, rank, tp, rows, row_bytes) if op == "ag_gemm" else None
+    if op == "ag_gemm":
+        t = 0.0
+        for start, end, pieces in steps:
+            ready = max((landed.get(pc, 0.0) for pc in pieces), default=0.0)  # own rows: in place
+            t = max(t, ready) + model.gemm_s(end - start, K, N, M) * cont
+        return t
+    # GEMM, then reduce-scatter: pieces leave as their step ends; the sum runs after the last.
+    t, done = 0.0, {}
+    for start, end, pieces in steps:
+        t += model.gemm_s(end - start, K, N, M) * cont
+        for pc in pieces:
+            done[pc] = t
+    sent = _sending_times(model, world, rank, tp, rows, row_bytes, done)
+    chunk = rows * row_bytes
+    reduce_s = (world + 1) * chunk / model.hbm_bytes_per_s
+    return max([t, *sent.values()]) + reduce_s
+
+
+def _landing_times(model: TPModel, world, rank, tp, rows, row_bytes) -> dict:
+    """(peer, piece) -> seconds after the call's start when that piece has landed."""
+    cuts = split_rows(rows, 1 if tp.serial else tp.pieces)
+    peers = [(rank + s) % world for s in range(1, world)]
+    bw = model.nvlink_bytes_per_s
+    out = {}
+    if tp.order is Order.RING or tp.serial:
+        t = 0.0
+        for p in peers:
+            for j, (a, b) in enumerate(cuts):
+                t += COPY_LATENCY_S + (b - a) * row_bytes / bw
+                out[(p, j)] = t
+    else:  # every peer at once, sharing the bandwidth
+        t = 0.0
+        for j, (a, b) in enumerate(cuts):
+            t += COPY_LATENCY_S + (b - a) * row_bytes * len(peers) / bw
+            for p in peers:
+                out[(p, j)] = t
+    return out
+
+
+def _sending_times(model: TPModel, world, rank, tp, rows, row_bytes, done: dict) -> dict:
+    """(peer, piece) -> seconds when its push has arrived, each leaving once computed."""
+    cuts = split_rows(rows, 1 if tp.serial else tp.pieces)
+    peers = [(rank + s) % world for s in range(1, world)]
+    share = 1 if tp.order is Order.RING or tp.serial else max(len(peers), 1)
+    stream_free = {p: 0.0 for p in peers} if share > 1 else {}
+    t_one = 0.0
+    out = {}
+    for p in peers:
+        for j, (a, b) in enumerate(cuts):
+            dur = COPY_LATENCY_S + (b - a) * row_bytes * share / model.nvlink_bytes_per_s
+            if share > 1:
+                stream_free[p] = max(stream_free[p], done[(p, j)]) + dur
+                out[(p, j)] = stream_free[p]
+            else:
+                t_one = max(t_one, done[(p, j)]) + dur
+                out[(p, j)] = t_one
+    return out
+
+
+def candidates(M: int, world: int) -> list[TPSchedule]:
+    """The schedules ``auto`` weighs: serial, ring and direct at shard level, and direct with
+    2 to 16 pieces per shard at every GEMM grain that divides them."""
+    rows = M // world
+    out = [SERIAL, TPSchedule(order=Order.RING), TPSchedule(order=Order.DIRECT)]
+    for pieces in (2, 4, 8, 16):
+        if pieces > rows or world * pieces > 256:
+            continue
+        for g in (1, 2, 4, 8):
+            if g < pieces and pieces % g == 0:
+                out.append(TPSchedule(order=Order.DIRECT, pieces=pieces, gemm_pieces=g))
+        out.append(TPSchedule(order=Order.RING, pieces=pieces))
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    schedule: TPSchedule
+    predicted_s: float
+    gemm_alone_s: float
+    serial_s: float
+    measured: bool  # the weight's GEMM times were measured (else the tile-wave model)
+    ranked: tuple  # ((schedule name, seconds), ...) fastest first
+
+
+def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16", *,
+           model: TPModel | None = None) -> Choice:
+    """The fastest predicted schedule for ``op`` on this shape and world (``auto``)."""
+    for name, v in (("M", M), ("K", K), ("N", N), ("world", world)):
+        if not isinstance(v, int) or v < 1:
+            raise InvalidArgument(f"{name} must be a whole number >= 1, got {v!r}")
+    if M % world:
+        raise InvalidArgument(f"M ({M}) must be divisible by the world size ({world})")
+    m = model or _default_model()
+    elem = 4 if dtype == "float32" else 2
+    ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem)) for tp in candidates(M, world)),
+                    key=lambda x: x[1])
+    serial = predict(m, op, SERIAL, M, K, N, world, elem)
+    return Choice(ranked[0][0], ranked[0][1], m.gemm_s(M, K, N), serial, m.measured(M, K, N),
+                  tuple((tp.name, s) for tp, s in ranked))
+
+
+@lru_cache(maxsize=1)
+def _default_model() -> TPModel:
+    return model_from()

@@ -1,0 +1,162 @@
+"""CPU multi-process tier for tensor parallelism (conccl.tp): every pipeline schedule, run by
+the reference executor across processes (the same schedules, marks and signal protocol as the
+GPU), gives the serial result: the whole collective, then one GEMM (or one GEMM, then the
+reduce-scatter). Inputs are small whole numbers, so every GEMM is exact and "the same result"
+means the same bits whatever the rows a GEMM step covers."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conccl import tp as ctp  # noqa: E402
+from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
+from conccl.errors import InvalidArgument  # noqa: E402
+from conccl.executors.reference import spawn  # noqa: E402
+from conccl.pipeline import SERIAL, Order, TPSchedule  # noqa: E402
+from conccl.planner import tp as tp_planner  # noqa: E402
+
+SCHEDULES = ["serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "auto"]
+
+
+def _ints(shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+
+
+def _every_schedule(comm, rows, K, Ns, dtype):
+    w, r = comm.world, comm.rank
+    shards = [_ints((rows, K), 100 + s, dtype) for s in range(w)]
+    weights = [_ints((K, n), 7 + i, dtype) for i, n in enumerate(Ns)]
+    full = torch.cat(shards)
+    expect_ag = [full @ wt for wt in weights]
+    a_rs = [_ints((w * rows, K), 200 + s, dtype) for s in range(w)]
+    expect_rs = REDUCE_SCATTER.reference([(a @ weights[0]).reshape(-1) for a in a_rs], r).view(rows, Ns[0])
+    bad = []
+    for name in SCHEDULES:
+        for rep in range(2):  # the second call runs the cached pipeline
+            gathered, outs = ctp.all_gather_matmul(shards[r].clone(), weights, 0, comm, schedule=name,
+                                                   return_gathered=True)
+            if not torch.equal(gathered, full) or any(not torch.equal(o, e) for o, e in zip(outs, expect_ag)):
+                bad.append(("ag_gemm", name, rep))
+            out = ctp.matmul_reduce_scatter(a_rs[r].clone(), weights[0], 0, None, comm, schedule=name)
+            if not torch.equal(out.view(torch.uint8), expect_rs.view(torch.uint8)):
+                bad.append(("gemm_rs", name, rep))
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 6, 7, 8])
+def test_every_schedule_equals_the_serial_result(world):
+    results = spawn(world, _every_schedule, 6, 16, (12, 8), torch.float32)
+    assert results == [[]] * world
+
+
+def test_bf16_and_a_shard_of_fewer_rows_than_pieces():
+    assert spawn(2, _every_schedule, 2, 8, (4,), torch.bfloat16) == [[]] * 2
+
+
+def _async_and_other_dims(comm):
+    w, r = comm.world, comm.rank
+    x = [_ints((2, 3, 8), 300 + s) for s in range(w)]  # [batch, seq shard, K]: gather the sequence
+    wt = _ints((8, 5), 9)
+    work, A, (y,) = ctp.all_gather_matmul(x[r].clone(), wt, 1, comm, schedule="direct-p2", return_gathered=True,
+                                          async_op=True)
+    before = work.is_completed()
+    work.wait()
+    full = torch.cat(x, dim=1)
+    ok = torch.equal(A, full) and torch.equal(y, full @ wt) and not before
+    a = _ints((2, 4 * w, 8), 400 + r)
+    z = ctp.matmul_reduce_scatter(a, wt, 1, None, comm, schedule="direct-p2")
+    total = sum(_ints((2, 4 * w, 8), 400 + s) @ wt for s in range(w))
+    return ok and torch.equal(z, total[:, 4 * r:4 * (r + 1)])
+
+
+def test_async_op_and_a_gather_dim_other_than_rows():
+    assert spawn(3, _async_and_other_dims) == [True] * 3
+
+
+def _bad_inputs(comm):
+    errors = []
+    a = torch.zeros(4, 8)
+    for call in (lambda: ctp.all_gather_matmul(a, torch.zeros(7, 3), 0, comm),
+                 lambda: ctp.all_gather_matmul(a, torch.zeros(8, 3, dtype=torch.float64), 0, comm),
+                 lambda: ctp.all_gather_matmul(a, torch.zeros(8, 3), 1, comm),
+                 lambda: ctp.all_gather_matmul(a, torch.zeros(8, 3), 0, comm, schedule="fastest"),
+                 lambda: ctp.matmul_reduce_scatter(torch.zeros(3, 8), torch.zeros(8, 3), 0, None, comm),
+                 lambda: ctp.matmul_reduce_scatter(a.to(torch.int32), torch.zeros(8, 3, dtype=torch.int32), 0,
+                                                   None, comm)):
+        try:
+            call()
+            errors.append(None)
+        except InvalidArgument as e:
+            errors.append(str(e)[:40])
+    # The group is still usable after every refusal, and the sequence numbers stayed in step.
+    _, (y,) = ctp.all_gather_matmul(torch.ones(2, 8), torch.ones(8, 3), 0, comm, schedule="direct")
+    return errors, torch.equal(y, torch.full((2 * comm.world, 3), 8.0))
+
+
+def test_bad_inputs_are_refused_before_anything_moves():
+    for errors, ok in spawn(2, _bad_inputs):
+        assert None not in errors and ok, errors
+
+
+def _mlp(comm, steps, world_sched):
+    """A SwiGLU MLP block sharded with the parallel layers trains like the unsharded block."""
+    torch.manual_seed(0)
+    w, r = comm.world, comm.rank
+    d, f, seq = 16, 32, 4 * w
+    gate, up, down = (torch.randn(f, d) * 0.3, torch.randn(f, d) * 0.3, torch.randn(d, f) * 0.3)
+    xs = [torch.randn(seq, d) for _ in range(steps)]
+    # Unsharded reference.
+    ref = [t.clone().requires_grad_() for t in (gate, up, down)]
+    opt = torch.optim.SGD(ref, lr=0.1)
+    ref_losses = []
+    for x in xs:
+        h = torch.nn.functional.silu(x @ ref[0].t()) * (x @ ref[1].t())
+        loss = ((h @ ref[2].t()) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref_losses.append(loss.item())
+    col = ctp.ColumnParallelLinear(d, (f, f), comm, world_size=w, schedule=world_sched, backward_schedule=world_sched)
+    row = ctp.RowParallelLinear(f, d, comm, world_size=w, schedule=world_sched, backward_schedule=world_sched)
+    part = slice(r * f // w, (r + 1) * f // w)
+    with torch.no_grad():
+        col.weights[0].copy_(gate[part])
+        col.weights[1].copy_(up[part])
+        row.weight.copy_(down[:, part])
+    params = list(col.parameters()) + list(row.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    losses = []
+    rows = slice(r * seq // w, (r + 1) * seq // w)
+    for x in xs:
+        g_, u_ = col(x[rows])
+        y = row(torch.nn.functional.silu(g_) * u_)
+        local = (y ** 2).sum() / (seq * d)  # this rank's share of the mean over the whole sequence
+        opt.zero_grad()
+        local.backward()
+        opt.step()
+        total = torch.tensor([local.item()])
+        losses.append(total)
+    # Plain lists: a tensor sent back through the queue would outlive its process's memory.
+    return ref_losses, [t.item() for t in losses], ref[0].detach()[part].tolist(), col.weights[0].detach().tolist()
+
+
+@pytest.mark.parametrize("sched", ["direct-p2", "serial", "auto"])
+def test_a_sharded_mlp_block_trains_like_the_unsharded_block(sched):
+    world = 2
+    out = spawn(world, _mlp, 5, sched)
+    ref_losses = out[0][0]
+    for rank, (ref, local, ref_gate, gate) in enumerate(out):
+        assert ref == ref_losses
+        # fp32: only the order of summation differs (chunked GEMMs, the reduce-scatter's order)
+        torch.testing.assert_close(torch.tensor(gate), torch.tensor(ref_gate), rtol=1e-5, atol=1e-6)
+    summed = [sum(o[1][i] for o in out) for i in range(len(ref_losses))]
+    assert summed == pytest.approx(ref_losses, rel=1e-5)
+
+
+def test_auto_picks_from_the_candidates_and_predicts_positive_times():
+    c = tp_planner.choose("ag_gemm", 8192, 8192, 7168, 2)
+    assert c.schedule in tp_planner.candidates(8192, 2) and c.predicted_s > 0
+    assert c.predicted_s <= c.serial_s
+    assert SERIAL in tp_planner.candidates(8192, 2) and TPSchedule(order=Order.RING) in tp_planner.candidates(8192, 2)

@@ -1,0 +1,150 @@
+"""Tensor-parallel pipelines as plain data (conccl.pipeline) and the planner's model
+(conccl.planner.tp): no device."""
+from __future__ import annotations
+
+import pytest
+
+from conccl.collectives.all_gather import plan_all_gather
+from conccl.collectives.reduce_scatter import plan_reduce_scatter
+from conccl.errors import InvalidArgument
+from conccl.pipeline import (SERIAL, Order, TPSchedule, gather_then_gemm, gemm_steps, gemm_then_scatter,
+                             split_rows)
+from conccl.planner import tp as tp_planner
+from conccl.schedule import AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, StreamMode
+
+SCHEDULES = [SERIAL, TPSchedule(order=Order.RING), TPSchedule(), TPSchedule(pieces=4),
+             TPSchedule(pieces=4, gemm_pieces=2), TPSchedule(order=Order.RING, pieces=3, gemm_pieces=3)]
+
+
+def test_schedule_names_round_trip_and_bad_names_are_refused():
+    for tp in SCHEDULES:
+        assert TPSchedule.parse(tp.name) == tp
+    for bad in ("fast", "direct-x2", "direct-p", "ring-p0", "serial-p2"):
+        with pytest.raises(InvalidArgument):
+            TPSchedule.parse(bad)
+    with pytest.raises(InvalidArgument):
+        TPSchedule(serial=True, pieces=2)
+
+
+@pytest.mark.parametrize("rows,pieces", [(8, 4), (7, 3), (2, 5), (1, 1)])
+def test_split_rows_covers_every_row_once(rows, pieces):
+    cuts = split_rows(rows, pieces)
+    assert cuts[0][0] == 0 and cuts[-1][1] == rows
+    assert all(a < b for a, b in cuts) and all(cuts[i][1] == cuts[i + 1][0] for i in range(len(cuts) - 1))
+    assert len(cuts) == min(rows, pieces)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("tp", SCHEDULES, ids=lambda t: t.name)
+def test_gather_pipeline_moves_every_byte_once_and_computes_every_row_once(world, tp):
+    rows, row_bytes = 6, 16
+    for rank in range(world):
+        flat = plan_all_gather(world, rank, rows * row_bytes, stream_mode=tp.stream_mode())
+        s = gather_then_gemm(flat, tp, rows, row_bytes)
+        covered = bytearray(world * rows * row_bytes)
+        for t in s.transfers:
+            if t.dst is Buf.OUTPUT and t.dst_rank == rank:
+                for b in range(t.dst_offset, t.dst_offset + t.nbytes):
+                    covered[b] += 1
+        assert all(c == 1 for c in covered)
+        computed = [0] * (world * rows)
+        marks = {op.word for ops in s.slots for op in ops if isinstance(op, Mark)}
+        for ops in s.slots:
+            for op in ops:
+                if isinstance(op, Compute):
+                    for r in range(op.row_start, op.row_end):
+                        computed[r] += 1
+                if isinstance(op, AwaitMark):
+                    assert op.word in marks  # every wait has a writer
+        assert computed == [1] * (world * rows)
+        # The GEMM slot waits, before each step, for the marks of the rows that step reads.
+        gemm = s.slots[-1]
+        landed = set()
+        for op in gemm:
+            if isinstance(op, AwaitMark):
+                landed.add(op.peer)
+            elif isinstance(op, Compute) and not op.own:
+                owners = {r // rows for r in range(op.row_start, op.row_end)} - ({rank} if tp.serial else set())
+                assert owners <= landed | ({rank} if world == 1 else set())
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("tp", SCHEDULES, ids=lambda t: t.name)
+def test_scatter_pipeline_sends_each_piece_after_its_rows_are_computed(world, tp):
+    rows, row_bytes = 5, 8
+    for rank in range(world):
+        flat = plan_reduce_scatter(world, rank, rows * row_bytes, "float32", stream_mode=tp.stream_mode())
+        s = gemm_then_scatter(flat, tp, rows, row_bytes)
+        written = {}  # mark word -> rows computed before it
+        computed = set()
+        for op in s.slots[-1]:
+            if isinstance(op, Compute):
+                computed |= set(range(op.row_start, op.row_end))
+            elif isinstance(op, Mark):
+                written[op.word] = set(computed)
+        assert computed == set(range(world * rows))
+        for ops in s.slots[:-1]:
+            pending = None
+            for op in ops:
+                if isinstance(op, AwaitMark):
+                    pending = op
+                elif isinstance(op, Copy) and op.transfer.phase is Phase.PEER:
+                    t = op.transfer
+                    assert pending is not None, "a piece left before its mark"
+                    need = set(range(t.src_offset // row_bytes, (t.src_offset + t.nbytes) // row_bytes))
+                    assert need <= written[pending.word]
+                    pending = None
+                elif isinstance(op, Reduce):
+                    own = set(range(rank * rows, (rank + 1) * rows))
+                    waited = {o.word for o in ops[:ops.index(op)] if isinstance(o, AwaitMark)}
+                    assert own <= set().union(*(written[w] for w in waited))
+        sent = sum(t.nbytes for t in s.transfers if t.phase is Phase.PEER)
+        assert sent == (world - 1) * rows * row_bytes
+
+
+def test_gemm_steps_match_the_pipelines_compute_ops():
+    for world in (2, 4):
+        for tp in SCHEDULES:
+            for scatter in (False, True):
+                flat = (plan_reduce_scatter(world, 1, 48, "float32", stream_mode=tp.stream_mode()) if scatter
+                        else plan_all_gather(world, 1, 48, stream_mode=tp.stream_mode()))
+                s = (gemm_then_scatter if scatter else gather_then_gemm)(flat, tp, 6, 8)
+                ops = [(op.row_start, op.row_end) for op in s.slots[-1] if isinstance(op, Compute)]
+                assert ops == [(a, b) for a, b, _ in gemm_steps(world, 1, tp, 6, scatter)]
+
+
+def test_too_many_pieces_for_the_marks_are_refused():
+    flat = plan_all_gather(8, 0, 64 * 1000, stream_mode=StreamMode.PER_PEER)
+    with pytest.raises(InvalidArgument, match="marks"):
+        gather_then_gemm(flat, TPSchedule(pieces=64), 1000, 64)
+
+
+def test_the_model_prefers_a_pipeline_where_the_transfer_is_long_and_pieces_are_free():
+    # A weight whose GEMM time is exactly linear in rows (no decomposition loss) and a slow
+    # link: a finer pipeline must win, and its predicted time must approach the GEMM alone.
+    model = tp_planner.TPModel({"4096x1024x1024": {r: r * 1e-4 for r in (128, 256, 512, 1024, 2048, 4096)}},
+                               flops=1e15, sm_count=132, nvlink_bytes_per_s=20e9, hbm_bytes_per_s=4e12,
+                               contention=1.0)
+    c = tp_planner.choose("ag_gemm", 4096, 1024, 1024, 2, model=model)
+    serial = tp_planner.predict(model, "ag_gemm", SERIAL, 4096, 1024, 1024, 2)
+    assert c.schedule.pieces > 1 and c.predicted_s < serial
+    assert c.predicted_s < 1.2 * c.gemm_alone_s
+    # The same with a GEMM that loses 50% per extra chunk: shard level (or serial) wins.
+    lossy = tp_planner.TPModel({"4096x1024x1024": {r: 0.4096 * (1 + (4096 // r - 1) * 0.5) / (4096 // r)
+                                                   for r in (128, 256, 512, 1024, 2048, 4096)}},
+                               flops=1e15, sm_count=132, nvlink_bytes_per_s=400e9, hbm_bytes_per_s=4e12)
+    assert tp_planner.choose("ag_gemm", 4096, 1024, 1024, 2, model=lossy).schedule.pieces == 1
+
+
+def test_the_embedded_model_predicts_finite_positive_times_for_every_candidate():
+    model = tp_planner.model_from()
+    for op in tp_planner.OPS:
+        for M, K, N in ((8192, 8192, 7168), (1000, 3000, 5000), (64, 64, 64)):
+            for world in (1, 2, 4, 8):
+                if M % world:
+                    continue
+                for tp in tp_planner.candidates(M, world):
+                    t = tp_planner.predict(model, op, tp, M, K, N, world)
+                    assert 0 < t < 1.0, (op, M, K, N, world, tp.name, t)
+    with pytest.raises(InvalidArgument):
+        tp_planner.choose("ag_gemm", 1001, 8, 8, 2)
