@@ -30,7 +30,7 @@ from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
 from ..schedule import (Buf, Copy, Reduce, ResetSignal, Schedule, SetSignal, WaitSignal, signal_pad_words,
                         signal_word)
 from ..work import NCCL, Work
-from .base import workspace_capacity
+from .base import GrowingWorkspace
 
 
 class _Deferred:
@@ -69,7 +69,7 @@ def _reach(schedule: Schedule) -> dict:
     return reach
 
 
-class ReferenceExecutor:
+class ReferenceExecutor(GrowingWorkspace):
     device_type = "cpu"
 
     def __init__(self, prefix: str, rank: int, world: int, board: HostBoard, timeout_s: float):
@@ -84,7 +84,7 @@ class ReferenceExecutor:
         self._all_pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
         self._pads = [pad[:signal_pad_words(world)] for pad in self._all_pads]
         self._capture: list | None = None  # calls recorded by capture(), None when not capturing
-        self._ws_gen, self._ws_cap, self._ws = 0, 0, [None] * world
+        self._ws_gen, self._ws = 0, [None] * world
         self._allocs: list[tuple[int, int, str]] = []  # (start, end, name pattern) of symmetric tensors
         self._peer_allocs: dict[tuple[str, int], np.ndarray] = {}
         self._deferred: list[_Deferred] = []  # async calls not run yet, in call order
@@ -136,21 +136,13 @@ class ReferenceExecutor:
                 return pattern, p - start, number
         return None
 
-    @property
-    def workspace_bytes(self) -> int:
-        return self._ws_cap
-
-    def ensure_workspace(self, nbytes: int) -> None:
-        if nbytes <= self._ws_cap:
-            return
-        # Every rank reaches this point with the same nbytes (decided from the board), and only
-        # after its previous calls completed, so no peer still reads the old workspace.
+    def _map_workspace(self, nbytes: int) -> None:
+        # Every rank's previous calls completed (they run on the host), so no peer still reads
+        # the old workspace.
         self._ws_gen += 1
-        cap = workspace_capacity(nbytes)
-        self._create(f"{self.prefix}_ws{self._ws_gen}_r{self.rank}", cap)
+        self._create(f"{self.prefix}_ws{self._ws_gen}_r{self.rank}", nbytes)
         self._barrier()
-        self._ws = [self._attach_bytes(f"{self.prefix}_ws{self._ws_gen}_r{p}", cap) for p in range(self.world)]
-        self._ws_cap = cap
+        self._ws = [self._attach_bytes(f"{self.prefix}_ws{self._ws_gen}_r{p}", nbytes) for p in range(self.world)]
 
     # ------------------------------------------------------------ graphs
     # A stand-in for CUDA graph capture, for the tests: calls made inside capture() are
