@@ -318,9 +318,11 @@ class IpcPeerMemory:
 def _use_ipc_peer_memory():
     from conccl import api, fsdp
     from conccl.executors import cuda_ce
+    from conccl.group import make
 
-    # FSDP's pool then finds no get_mem_pool and takes plain blocks (conccl stages through its workspace)
-    api.symm_mem = cuda_ce.symm_mem = fsdp.symm_mem = IpcPeerMemory()
+    # FSDP's pool then finds no get_mem_pool and takes plain blocks (conccl stages through its
+    # workspace); make_group finds no get_backend and leaves the backend alone
+    api.symm_mem = cuda_ce.symm_mem = fsdp.symm_mem = make.symm_mem = IpcPeerMemory()
 
 
 FSDP = os.environ.get("CONCCL_SMOKE_FSDP") == "1"  # set by --fsdp for the spawned ranks

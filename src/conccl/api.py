@@ -7,23 +7,20 @@ collective's registry entry. :func:`destroy` closes groups; nothing here outlive
 from __future__ import annotations
 
 import atexit
-import socket
-import uuid
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
-from .board import HostBoard
 from .collectives import REGISTRY
 from .collectives.all_gather import ALL_GATHER
 from .collectives.all_reduce import ALL_REDUCE
 from .collectives.all_to_all import ALL_TO_ALL
 from .collectives.reduce_scatter import REDUCE_SCATTER
-from .errors import InvalidArgument, UnsupportedGroup
-from .executors.cuda_ce import CudaCopyEngineExecutor
-from .group import Group, Options, board_row_len
+from .errors import InvalidArgument
+from .group import Group, Options
+from .group.make import make_group
 from .schedule import Algorithm, StreamMode
 
 # The open groups by process-group name; an entry lives until destroy() closes its group.
@@ -46,57 +43,14 @@ def get_group(group=None, options: Options | None = None) -> Group:
     on first use. A collective call the first time (every rank of ``group``): the ranks
     exchange their hosts and GPUs, create the host board and map each other's signal pads."""
     group = _resolve_group(group)
-    name = group.group_name
-    g = _GROUPS.get(name)
-    if g is not None:
-        return g
-    if not torch.cuda.is_available():
-        raise InvalidArgument("conccl collectives need CUDA GPUs; none is visible to this process")
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    device = torch.device("cuda", torch.cuda.current_device())
-    me = {"host": socket.gethostname(), "device": device.index, "board": f"conccl_{uuid.uuid4().hex[:12]}",
-          "uuid": str(torch.cuda.get_device_properties(device).uuid)}
-    peers: list = [None] * world
-    dist.all_gather_object(peers, me, group=group)
-    _check_peer_access(peers, rank)
-    if rank == 0:
-        board = HostBoard(peers[0]["board"], rank, world, board_row_len(world), create=True)
-    dist.barrier(group=group)  # the board exists before anyone attaches
-    if rank != 0:
-        board = HostBoard(peers[0]["board"], rank, world, board_row_len(world), create=False)
-    if hasattr(symm_mem, "get_backend") and symm_mem.get_backend(device) is None:
-        symm_mem.set_backend("CUDA")
-    try:
-        ex = CudaCopyEngineExecutor(name, rank, world, device)
-    except Exception as e:
-        board.close()
-        raise UnsupportedGroup(
-            f"could not map peer memory for group {name!r} ({e}); use torch.distributed with NCCL for this group") from e
-    g = _GROUPS[name] = Group(ex, board, rank, world, options, name=name, fallback=(dist, group))
+    g = _GROUPS.get(group.group_name)
+    if g is None:
+        g = _GROUPS[group.group_name] = make_group(group, options)
     return g
 
 
 # The name earlier releases documented; the same function.
 get_communicator = get_group
-
-
-def _check_peer_access(peers: list[dict], rank: int) -> None:
-    hosts = sorted({p["host"] for p in peers})
-    if len(hosts) > 1:
-        raise UnsupportedGroup(
-            f"the group spans {len(hosts)} hosts ({', '.join(hosts)}); conccl's copy-engine collectives need every "
-            "GPU of the group to reach every other by peer access (one NVLink node). Use torch.distributed with the "
-            "NCCL backend for this group.")
-    visible = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
-    mine = visible.get(peers[rank]["uuid"])
-    for p, info in enumerate(peers):
-        other = visible.get(info["uuid"])
-        if p == rank or mine is None or other is None or mine == other:
-            continue  # not visible here: the symmetric-memory rendezvous checks it
-        if not torch.cuda.can_device_access_peer(mine, other):
-            raise UnsupportedGroup(
-                f"GPU {mine} (rank {rank}) cannot access GPU {other} (rank {p}) by peer access; conccl's copy-engine "
-                "collectives need a fully connected NVLink/PCIe peer mesh. Use torch.distributed with NCCL for this group.")
 
 
 def empty(*size, dtype=None, device=None, group=None):

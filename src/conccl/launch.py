@@ -1,4 +1,5 @@
-"""Start one process per visible GPU, or join a ``torchrun`` launch.
+"""Start one process per visible GPU, or join a ``torchrun`` launch; or start a reference
+group's processes on the CPU (:func:`spawn`, for tests).
 
 Every process gets NVLink multicast switched off (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1): it is not needed here and, on
@@ -12,10 +13,16 @@ import queue as _q
 import socket
 import time
 import traceback
+import uuid
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from .board import HostBoard
+from .executors.reference import ReferenceExecutor
+from .group import Group, Options, board_row_len
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -134,3 +141,64 @@ def collect_results(queue, procs, world: int, timeout_s: float, join_s: float, a
     if errors:
         raise RuntimeError("\n".join(errors))
     return [results.get(r) for r in range(world)]
+
+
+# ------------------------------------------------------------------ the CPU reference harness
+def reference_group(prefix: str, rank: int, world: int, timeout: timedelta = timedelta(seconds=60)) -> Group:
+    """Join the reference group ``prefix`` (its board ``{prefix}_board`` must exist: see :func:`spawn`)."""
+    board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=False)
+    return _reference_group_on(board, prefix, rank, world, timeout)
+
+
+def _reference_group_on(board: HostBoard, prefix: str, rank: int, world: int, timeout: timedelta) -> Group:
+    ex = ReferenceExecutor(prefix, rank, world, board, timeout.total_seconds())
+    return Group(ex, board, rank, world, Options(timeout=timeout), name=prefix)
+
+
+def new_reference_group(parent: Group, tag: str, timeout: timedelta | None = None) -> Group:
+    """A new reference group of ``parent``'s ranks, named ``{parent.name}_{tag}`` (a collective
+    call on ``parent``: rank 0 creates the new board, ``parent``'s board orders the attaching)."""
+    timeout = timeout or parent.options.timeout
+    prefix = f"{parent.name}_{tag}"
+    rank, world = parent.rank, parent.world
+    board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=True) if rank == 0 else None
+    parent.board.exchange([], "conccl reference group", timeout.total_seconds())
+    if board is None:
+        board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=False)
+    return _reference_group_on(board, prefix, rank, world, timeout)
+
+
+def _reference_child(fn, prefix, rank, world, timeout, args, queue):
+    comm = None
+    try:
+        comm = reference_group(prefix, rank, world, timeout)
+        queue.put((rank, "ok", fn(comm, *args)))
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        if comm is not None:
+            comm.close()
+
+
+def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), join_timeout_s: float = 120.0,
+          allow_missing=()):
+    """Run ``fn(comm, *args)`` on ``world`` processes of a reference group; return per-rank results.
+
+    Raises RuntimeError with every failing rank's traceback. Bounded: processes still alive
+    after ``join_timeout_s`` are killed and reported. Ranks in ``allow_missing`` may die
+    without reporting (fault tests kill them); their result is None.
+    """
+    prefix = f"conccl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    board = HostBoard(f"{prefix}_board", 0, world, board_row_len(world), create=True)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_reference_child, args=(fn, prefix, r, world, timeout, args, queue), daemon=True)
+             for r in range(world)]
+    try:
+        for p in procs:
+            p.start()
+        return collect_results(queue, procs, world, join_timeout_s, join_s=5, allow_missing=allow_missing)
+    except RuntimeError as e:
+        raise RuntimeError(f"reference group failed:\n{e}") from None
+    finally:
+        board.close()

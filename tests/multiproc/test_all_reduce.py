@@ -13,7 +13,7 @@ from conccl.collectives.all_gather import ALL_GATHER  # noqa: E402
 from conccl.collectives.all_reduce import ALL_REDUCE, chunk_ranges, plan_all_reduce  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
 from conccl.errors import CollectiveError, InvalidArgument  # noqa: E402
-from conccl.executors.reference import spawn  # noqa: E402
+from conccl.launch import spawn  # noqa: E402
 from conccl.schedule import Buf, Phase, Reduce, Signal, WaitSignal  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -19,7 +19,7 @@ from conccl.collectives.all_reduce import ALL_REDUCE  # noqa: E402
 from conccl.collectives.all_to_all import ALL_TO_ALL  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
 from conccl.errors import CollectiveError  # noqa: E402
-from conccl.executors.reference import spawn  # noqa: E402
+from conccl.launch import spawn  # noqa: E402
 from conccl.graphs import graph_schedule  # noqa: E402
 from conccl.collectives.all_gather import plan_all_gather  # noqa: E402
 from conccl.schedule import ResetSignal, Signal, WaitSignal  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conccl.executors.reference import spawn  # noqa: E402
+from conccl.launch import spawn  # noqa: E402
 
 SHAPES = [(5, 3), (1,), (7,), (2, 2, 3)]  # parameters' shapes: no world divides every dim 0
 

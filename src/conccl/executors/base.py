@@ -1,4 +1,5 @@
-"""The Executor protocol: what a :class:`~conccl.group.Group` needs from whatever runs schedules.
+"""The Executor protocol: what a :class:`~conccl.group.Group` needs from whatever runs schedules,
+and the workspace growth every executor shares (:class:`GrowingWorkspace`).
 
 Two executors implement it: :mod:`conccl.executors.cuda_ce` (copy engines and stream memory
 operations on CUDA GPUs) and :mod:`conccl.executors.reference` (CPU processes over shared
@@ -7,6 +8,7 @@ any collective's schedule.
 """
 from __future__ import annotations
 
+import abc
 import math
 from typing import Protocol
 
@@ -43,3 +45,27 @@ class Executor(Protocol):
 def workspace_capacity(nbytes: int) -> int:
     """Workspace sizes grow in powers of two (>= 1 MiB) so growth, a collective allocation, is rare."""
     return 0 if nbytes <= 0 else max(1 << 20, 1 << math.ceil(math.log2(nbytes)))
+
+
+class GrowingWorkspace(abc.ABC):
+    """The :class:`Executor` protocol's workspace half, alike for every executor: the workspace
+    only grows, to :func:`workspace_capacity`; how it is mapped with the peers is the
+    executor's :meth:`_map_workspace`."""
+
+    _ws_cap = 0  # bytes mapped now
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self._ws_cap
+
+    def ensure_workspace(self, nbytes: int) -> None:
+        if nbytes <= self._ws_cap:
+            return
+        cap = workspace_capacity(nbytes)
+        self._map_workspace(cap)
+        self._ws_cap = cap
+
+    @abc.abstractmethod
+    def _map_workspace(self, nbytes: int) -> None:
+        """Replace the workspace with ``nbytes`` mapped on every rank (a collective call: every
+        rank comes with the same size, decided from the board, after its previous calls)."""

@@ -38,7 +38,7 @@ from ..errors import InvalidArgument
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
 from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
 from ..work import NCCL, Work
-from .base import workspace_capacity
+from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
 
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
@@ -94,7 +94,7 @@ class SymmetricRegistry:
 
 
 
-class CudaCopyEngineExecutor:
+class CudaCopyEngineExecutor(GrowingWorkspace):
     device_type = "cuda"
     tracks_flights = True
 
@@ -122,7 +122,6 @@ class CudaCopyEngineExecutor:
         self._ws = None
         self._ws_handle = None
         self._ws_key = None
-        self._ws_cap = 0
         self._programs: dict = {}
         # Programs compiled for eager and persistent calls since start (not captured ones): a
         # loop whose buffers move compiles on every call.
@@ -157,21 +156,13 @@ class CudaCopyEngineExecutor:
         looked up once per call by the communicator and handed back to :meth:`run`."""
         return self.symmetric.lookup(t)
 
-    @property
-    def workspace_bytes(self) -> int:
-        return self._ws_cap
-
-    def ensure_workspace(self, nbytes: int) -> None:
-        if nbytes <= self._ws_cap:
-            return
-        # Every rank comes here with the same nbytes (decided from the host board). Synchronising
-        # first means this rank no longer reads any peer's old workspace; the rendezvous is a
-        # barrier, so once it returns no peer reads ours and the old one can go.
-        cap = workspace_capacity(nbytes)
+    def _map_workspace(self, nbytes: int) -> None:
+        # Synchronising first means this rank no longer reads any peer's old workspace; the
+        # rendezvous is a barrier, so once it returns no peer reads ours and the old one can go.
         torch.cuda.synchronize(self.device)
-        ws = self.symm_mem.empty(cap, dtype=torch.uint8, device=self.device)
+        ws = self.symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
         self._ws_handle = self.symm_mem.rendezvous(ws, self.group_name)
-        self._ws, self._ws_cap = ws, cap
+        self._ws = ws
         self._ws_key = tuple(self._ws_handle.buffer_ptrs)
 
     def _program(self, schedule: Schedule, input, output, views) -> CompiledProgram:

@@ -10,27 +10,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
-import multiprocessing as mp
-import os
 import time
-import traceback
-import uuid
-from datetime import timedelta
 
 import numpy as np
 import torch
 
 from .. import _shm
 from ..board import HostBoard
-from ..group import Group, Options, board_row_len
-from ..launch import collect_results
 from ..errors import CollectiveTimeout
 from ..collectives.reduce_scatter import reduce_chunks
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
 from ..schedule import (MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetSignal, Schedule, SetSignal,
                         WaitSignal, mark_index, signal_pad_words, signal_word)
 from ..work import NCCL, Work
-from .base import workspace_capacity
+from .base import GrowingWorkspace
 
 
 class _Deferred:
@@ -69,7 +62,7 @@ def _reach(schedule: Schedule) -> dict:
     return reach
 
 
-class ReferenceExecutor:
+class ReferenceExecutor(GrowingWorkspace):
     device_type = "cpu"
 
     def __init__(self, prefix: str, rank: int, world: int, board: HostBoard, timeout_s: float):
@@ -85,7 +78,7 @@ class ReferenceExecutor:
         self._pads = [pad[:signal_pad_words(world)] for pad in self._all_pads]
         self._marks = self._all_pads[rank][mark_index(0, world, GRAPH_SLOTS):]  # only this rank's streams use them
         self._capture: list | None = None  # calls recorded by capture(), None when not capturing
-        self._ws_gen, self._ws_cap, self._ws = 0, 0, [None] * world
+        self._ws_gen, self._ws = 0, [None] * world
         self._allocs: list[tuple[int, int, str]] = []  # (start, end, name pattern) of symmetric tensors
         self._peer_allocs: dict[tuple[str, int], np.ndarray] = {}
         self._deferred: list[_Deferred] = []  # async calls not run yet, in call order
@@ -137,21 +130,13 @@ class ReferenceExecutor:
                 return pattern, p - start, number
         return None
 
-    @property
-    def workspace_bytes(self) -> int:
-        return self._ws_cap
-
-    def ensure_workspace(self, nbytes: int) -> None:
-        if nbytes <= self._ws_cap:
-            return
-        # Every rank reaches this point with the same nbytes (decided from the board), and only
-        # after its previous calls completed, so no peer still reads the old workspace.
+    def _map_workspace(self, nbytes: int) -> None:
+        # Every rank's previous calls completed (they run on the host), so no peer still reads
+        # the old workspace.
         self._ws_gen += 1
-        cap = workspace_capacity(nbytes)
-        self._create(f"{self.prefix}_ws{self._ws_gen}_r{self.rank}", cap)
+        self._create(f"{self.prefix}_ws{self._ws_gen}_r{self.rank}", nbytes)
         self._barrier()
-        self._ws = [self._attach_bytes(f"{self.prefix}_ws{self._ws_gen}_r{p}", cap) for p in range(self.world)]
-        self._ws_cap = cap
+        self._ws = [self._attach_bytes(f"{self.prefix}_ws{self._ws_gen}_r{p}", nbytes) for p in range(self.world)]
 
     # ------------------------------------------------------------ graphs
     # A stand-in for CUDA graph capture, for the tests: calls made inside capture() are
@@ -339,58 +324,3 @@ class ReferenceExecutor:
                 pass  # a tensor still views it; unlinking the name is what matters
             _shm.unlink(shm)
 
-
-def reference_group(prefix: str, rank: int, world: int, timeout: timedelta = timedelta(seconds=60)) -> Group:
-    """Join the reference group ``prefix`` (its board ``{prefix}_board`` must exist: see :func:`spawn`)."""
-    board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=False)
-    ex = ReferenceExecutor(prefix, rank, world, board, timeout.total_seconds())
-    return Group(ex, board, rank, world, Options(timeout=timeout), name=prefix)
-
-
-def new_reference_group(parent: Group, tag: str, timeout: timedelta | None = None) -> Group:
-    """A new reference group of ``parent``'s ranks, named ``{parent.name}_{tag}`` (a collective
-    call on ``parent``: rank 0 creates the new board, ``parent``'s board orders the attaching)."""
-    timeout = timeout or parent.options.timeout
-    prefix = f"{parent.name}_{tag}"
-    rank, world = parent.rank, parent.world
-    board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=True) if rank == 0 else None
-    parent.board.exchange([], "conccl reference group", timeout.total_seconds())
-    if board is None:
-        board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=False)
-    ex = ReferenceExecutor(prefix, rank, world, board, timeout.total_seconds())
-    return Group(ex, board, rank, world, Options(timeout=timeout), name=prefix)
-
-
-def _child(fn, prefix, rank, world, timeout, args, queue):
-    comm = None
-    try:
-        comm = reference_group(prefix, rank, world, timeout)
-        queue.put((rank, "ok", fn(comm, *args)))
-    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
-        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    finally:
-        if comm is not None:
-            comm.close()
-
-
-def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), join_timeout_s: float = 120.0,
-          allow_missing=()):
-    """Run ``fn(comm, *args)`` on ``world`` processes of a reference group; return per-rank results.
-
-    Raises RuntimeError with every failing rank's traceback. Bounded: processes still alive
-    after ``join_timeout_s`` are killed and reported. Ranks in ``allow_missing`` may die
-    without reporting (fault tests kill them); their result is None.
-    """
-    prefix = f"conccl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    board = HostBoard(f"{prefix}_board", 0, world, board_row_len(world), create=True)
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(fn, prefix, r, world, timeout, args, queue), daemon=True) for r in range(world)]
-    try:
-        for p in procs:
-            p.start()
-        return collect_results(queue, procs, world, join_timeout_s, join_s=5, allow_missing=allow_missing)
-    except RuntimeError as e:
-        raise RuntimeError(f"reference group failed:\n{e}") from None
-    finally:
-        board.close()

@@ -144,7 +144,7 @@ class Group:
     """One process group's conccl state and its collectives over an executor.
 
     Not thread-safe (like a NCCL communicator). Made by :func:`conccl.get_group` (CUDA) or
-    :func:`conccl.executors.reference.reference_group` (CPU); released by :meth:`close`
+    :func:`conccl.launch.reference_group` (CPU); released by :meth:`close`
     (:func:`conccl.destroy` closes every group the API made).
     """
 
