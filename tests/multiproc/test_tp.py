@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from conccl import tp as ctp  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
 from conccl.errors import InvalidArgument  # noqa: E402
-from conccl.executors.reference import spawn  # noqa: E402
+from conccl.launch import spawn  # noqa: E402
 from conccl.pipeline import SERIAL, Order, TPSchedule  # noqa: E402
 from conccl.planner import tp as tp_planner  # noqa: E402
 
