@@ -18,13 +18,13 @@ from ..planner.profile import ProfileError
 from ..study.measure import StudyError
 from ..study.results import ResultsError
 from ..study.scenarios import SuiteError
-from . import bench, bench_fsdp, bench_graphs, plan, study, study_tp
+from . import bench, bench_fsdp, bench_graphs, bench_tp, plan, study, study_tp
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError, debug_wanted, fail
 
-COMMANDS = {"bench": bench, "bench-fsdp": bench_fsdp, "bench-graphs": bench_graphs, "study": study,
+COMMANDS = {"bench": bench, "bench-fsdp": bench_fsdp, "bench-graphs": bench_graphs, "bench-tp": bench_tp, "study": study,
             "study-tp": study_tp, "plan": plan}  # in --help's order
 # `conccl bench NAME` runs the command bench-NAME.
-BENCH_MODES = ("fsdp", "graphs")
+BENCH_MODES = ("fsdp", "graphs", "tp")
 # `conccl study NAME` runs the command study-NAME.
 STUDY_MODES = ("tp",)
 # Errors that mean "this input cannot be used": one line and EXIT_USAGE. OSError: a file that

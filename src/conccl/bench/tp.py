@@ -1,0 +1,275 @@
+"""``conccl bench tp``: tensor-parallel ops against the GEMM alone, NCCL and PyTorch async-TP.
+
+Per op (``ag_gemm``: all-gather then GEMM; ``gemm_rs``: GEMM then reduce-scatter), shape
+(M x K x N: M the gathered rows, or the rows of the product before the reduce-scatter) and
+implementation:
+
+- ``gemm_only``: the same GEMM with no communication: the lower bound every ratio divides by;
+- ``serial_nccl``: ``torch.distributed``'s collective (NCCL), then the GEMM (or the reverse);
+- ``serial_conccl``: conccl's copy-engine collective, then the GEMM;
+- ``torch_async_tp``: ``torch.ops.symm_mem.fused_all_gather_matmul`` /
+  ``fused_matmul_reduce_scatter`` (PyTorch's async-TP);
+- ``conccl``: ``conccl.tp`` with each schedule asked for, and ``conccl_auto`` (``schedule="auto"``).
+
+Timing: warm-ups, then ``runs`` timed runs with CUDA events on every rank; per rank the median,
+then the slowest rank's median (and its spread). Correctness on every case: each result is
+compared with ``serial_nccl``'s (bf16: within the rounding a GEMM cut into other row blocks
+may change; ``wrong`` counts the cases outside it).
+
+On one GPU there is no peer: the runner times only what needs none, each schedule's GEMM steps
+for a ``model_world``-rank pipeline run back to back (its decomposition), beside ``gemm_only``.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from ..pipeline import TPSchedule, gemm_steps
+
+OPS = ("ag_gemm", "gemm_rs")
+# The issue's all-gather+GEMM shapes and the row-parallel shapes of the same models.
+DEFAULT_SHAPES = {
+    "ag_gemm": ((8192, 8192, 14336), (16384, 8192, 14336), (4096, 8192, 8192), (32768, 4096, 7168),
+                (8192, 8192, 7168), (8192, 4096, 14336), (1024, 8192, 7168), (16384, 8192, 7168)),
+    "gemm_rs": ((8192, 14336, 8192), (16384, 14336, 8192), (4096, 8192, 8192), (32768, 7168, 4096),
+                (8192, 3584, 8192), (8192, 7168, 4096), (1024, 3584, 8192), (16384, 7168, 8192)),
+}
+DEFAULT_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4", "direct-p4-g2", "ring-p2")
+
+
+@dataclass(frozen=True)
+class TPBenchConfig:
+    ops: tuple = OPS
+    shapes: dict = field(default_factory=lambda: dict(DEFAULT_SHAPES))
+    schedules: tuple = DEFAULT_SCHEDULES
+    impls: tuple = ("gemm_only", "serial_nccl", "serial_conccl", "torch_async_tp", "conccl", "conccl_auto")
+    dtype: str = "bfloat16"
+    warmup: int = 3
+    runs: int = 10
+    model_world: int = 2  # one GPU: the pipeline world whose GEMM steps are timed
+
+
+@dataclass(frozen=True)
+class Record:
+    op: str
+    M: int
+    K: int
+    N: int
+    world: int
+    impl: str
+    schedule: str | None
+    grain: str | None
+    ms: float | None
+    ms_spread: float | None
+    ratio_to_gemm: float | None
+    wrong: bool = False
+    error: str | None = None
+    note: str | None = None
+
+
+def grain_of(tp: TPSchedule) -> str:
+    return f"p{tp.pieces}-g{tp.gemm_pieces}"
+
+
+def _timed(torch, fn, warmup: int, runs: int) -> list[float]:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for i in range(warmup + runs):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            out.append(start.elapsed_time(end))
+    return out
+
+
+def _slowest(dist, world: int, ms: list[float]) -> tuple[float, float]:
+    """(slowest rank's median, its spread) over the group."""
+    mine = (statistics.median(ms), (max(ms) - min(ms)) / statistics.median(ms))
+    if world == 1:
+        return mine
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    return max(every)
+
+
+def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
+    """Every case on this rank (a collective call on world >= 2); the records on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    import conccl
+    from ..integrations import tp as ctp
+
+    dt = getattr(torch, cfg.dtype)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    records: list[Record] = []
+    async_tp = _async_tp(torch, dist) if world > 1 and "torch_async_tp" in cfg.impls else None
+    for op in cfg.ops:
+        for (M, K, N) in cfg.shapes[op]:
+            if M % max(world, cfg.model_world):
+                records.append(Record(op, M, K, N, world, "gemm_only", None, None, None, None, None,
+                                      error=f"M={M} not divisible by the world size"))
+                continue
+            g = torch.Generator(device=dev).manual_seed(1000 + rank)
+            rows = M // world
+            a_in = torch.randn((rows if op == "ag_gemm" else M, K), device=dev, dtype=dt, generator=g) / K ** 0.25
+            same = torch.Generator(device=dev).manual_seed(7)  # every rank's weight alike
+            wt = torch.randn((K, N), device=dev, dtype=dt, generator=same) / K ** 0.25
+            full = torch.empty((M, K), device=dev, dtype=dt)
+            prod = torch.empty((M, N), device=dev, dtype=dt)
+            out_rs = torch.empty((M // world, N), device=dev, dtype=dt)
+
+            def gemm_only():
+                torch.mm(full if op == "ag_gemm" else a_in, wt, out=prod)
+
+            base_ms, base_spread = _slowest(dist, world, _timed(torch, gemm_only, cfg.warmup, cfg.runs))
+            records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
+            if world == 1:
+                for name in cfg.schedules:
+                    records.append(_decomposition(torch, cfg, op, M, K, N, name, a_in, wt, full, prod, base_ms))
+                continue
+            impls = _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, async_tp, world)
+            reference = None
+            for impl, schedule, fn in impls:
+                try:
+                    result = fn()
+                    torch.cuda.synchronize()
+                    if reference is None:
+                        reference = result.clone()
+                    wrong = not _close(torch, result, reference)
+                    ms, spread = _slowest(dist, world, _timed(torch, fn, cfg.warmup, cfg.runs))
+                    tp = TPSchedule.parse(schedule) if schedule else None
+                    records.append(Record(op, M, K, N, world, impl, schedule, grain_of(tp) if tp else None, ms, spread,
+                                          ms / base_ms, wrong))
+                except Exception as e:  # noqa: BLE001 - a case that cannot run is a record, not the end
+                    records.append(Record(op, M, K, N, world, impl, schedule, None, None, None, None,
+                                          error=f"{type(e).__name__}: {str(e)[:200]}"))
+                if progress is not None and rank == 0:
+                    progress(records[-1])
+            del a_in, wt, full, prod, out_rs
+    return records
+
+
+def _close(torch, a, b) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2))
+
+
+def _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, async_tp, world):
+    """(impl, schedule name or None, fn returning this rank's result) for one case."""
+    out = []
+    if op == "ag_gemm":
+        def serial(lib):
+            def fn():
+                lib.all_gather_into_tensor(full, a_in)
+                return torch.mm(full, wt, out=prod)
+            return fn
+
+        if "serial_nccl" in cfg.impls:
+            out.append(("serial_nccl", None, serial(dist)))
+        if "serial_conccl" in cfg.impls:
+            out.append(("serial_conccl", None, serial(conccl)))
+        if async_tp is not None:
+            out.append(("torch_async_tp", None, lambda: async_tp.ag(a_in, wt)))
+        for name in cfg.schedules if "conccl" in cfg.impls else ():
+            out.append(("conccl", name, lambda name=name: ctp.all_gather_matmul(a_in, wt, schedule=name)[1][0]))
+        if "conccl_auto" in cfg.impls:
+            name = ctp.resolve_schedule("auto", "ag_gemm", full.shape[0], full.shape[1], wt.shape[1], world,
+                                        a_in.dtype).name
+            out.append(("conccl_auto", name, lambda: ctp.all_gather_matmul(a_in, wt, schedule="auto")[1][0]))
+    else:
+        def serial(lib):
+            def fn():
+                torch.mm(a_in, wt, out=prod)
+                lib.reduce_scatter_tensor(out_rs, prod)
+                return out_rs
+            return fn
+
+        if "serial_nccl" in cfg.impls:
+            out.append(("serial_nccl", None, serial(dist)))
+        if "serial_conccl" in cfg.impls:
+            out.append(("serial_conccl", None, serial(conccl)))
+        if async_tp is not None:
+            out.append(("torch_async_tp", None, lambda: async_tp.rs(a_in, wt)))
+        for name in cfg.schedules if "conccl" in cfg.impls else ():
+            out.append(("conccl", name, lambda name=name: ctp.matmul_reduce_scatter(a_in, wt, schedule=name)))
+        if "conccl_auto" in cfg.impls:
+            name = ctp.resolve_schedule("auto", "gemm_rs", a_in.shape[0], a_in.shape[1], wt.shape[1], world,
+                                        a_in.dtype).name
+            out.append(("conccl_auto", name, lambda: ctp.matmul_reduce_scatter(a_in, wt, schedule="auto")))
+    return out
+
+
+class _AsyncTP:
+    def __init__(self, torch, group_name):
+        self.torch, self.group_name = torch, group_name
+
+    def ag(self, a, w):
+        return self.torch.ops.symm_mem.fused_all_gather_matmul(a, [w], 0, self.group_name)[1][0]
+
+    def rs(self, a, w):
+        return self.torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, self.group_name)
+
+
+def _async_tp(torch, dist):
+    """PyTorch's async-TP ops on the world group, or None where this PyTorch lacks them."""
+    try:
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        name = dist.group.WORLD.group_name
+        symm_mem.enable_symm_mem_for_group(name)
+        return _AsyncTP(torch, name)
+    except Exception:  # noqa: BLE001 - recorded as an error per case by the caller's absence
+        return None
+
+
+def _decomposition(torch, cfg, op, M, K, N, name, a_in, wt, full, prod, base_ms) -> Record:
+    """One GPU: the GEMM steps of ``name``'s pipeline for ``cfg.model_world`` ranks, back to back."""
+    tp = TPSchedule.parse(name)
+    W = cfg.model_world
+    steps = gemm_steps(W, 0, tp, M // W, scatter=op == "gemm_rs")
+    src = full if op == "ag_gemm" else a_in
+
+    def fn():
+        for start, end, _ in steps:
+            torch.mm(src[start:end], wt, out=prod[start:end])
+
+    ms = _timed(torch, fn, cfg.warmup, cfg.runs)
+    med = statistics.median(ms)
+    return Record(op, M, K, N, 1, "conccl", name, grain_of(tp), med, (max(ms) - min(ms)) / med, med / base_ms,
+                  note=f"one GPU: the GEMM steps of a {W}-rank pipeline alone (its decomposition loss), no transfer")
+
+
+def document(meta: dict, cfg: TPBenchConfig, records: list) -> dict:
+    return {"machine_kind": meta.get("machine_kind"), "commit": meta.get("commit"), "torch": meta.get("torch"),
+            "meta": meta, "config": {"dtype": cfg.dtype, "warmup": cfg.warmup, "runs": cfg.runs,
+                                     "schedules": list(cfg.schedules), "model_world": cfg.model_world},
+            "results": [asdict(r) for r in records]}
+
+
+def markdown(doc: dict) -> str:
+    meta = doc["meta"]
+    lines = [f"# conccl bench tp ({meta.get('machine_kind')}, {meta.get('device')}, world {meta.get('world')})", "",
+             f"{meta.get('date')}, commit {str(doc.get('commit'))[:12]}, torch {doc.get('torch')}, "
+             f"NCCL {meta.get('nccl')}. Milliseconds: the slowest rank's median of {doc['config']['runs']} runs; "
+             "ratio: over the GEMM alone.", ""]
+    lines += ["| op | M x K x N | impl | schedule | ms | spread | x GEMM | wrong |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in doc["results"]:
+        if r["error"]:
+            lines.append(f"| {r['op']} | {r['M']}x{r['K']}x{r['N']} | {r['impl']} | {r['schedule'] or ''} | "
+                         f"error: {r['error'][:60]} | | | |")
+            continue
+        lines.append(f"| {r['op']} | {r['M']}x{r['K']}x{r['N']} | {r['impl']} | {r['schedule'] or ''} | "
+                     f"{r['ms']:.3f} | {100 * r['ms_spread']:.1f}% | {r['ratio_to_gemm']:.3f} | "
+                     f"{'WRONG' if r['wrong'] else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(out, doc: dict) -> None:
+    from ..jsonfile import write_text
+
+    write_text(out / "tp.json", json.dumps(doc, indent=1))
+    write_text(out / "tp.md", markdown(doc))

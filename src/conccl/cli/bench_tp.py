@@ -1,0 +1,92 @@
+"""``conccl bench tp``: tensor-parallel ops (conccl.tp) against the GEMM alone, NCCL and async-TP."""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from ..bench import tp as bench_tp
+from ..bench.environment import environment
+from ..launch import run_per_gpu, under_torchrun
+from ..pipeline import TPSchedule
+from ..planner.timing import MAX_WORLD
+from .common import EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, int_range
+from .study_tp import parse_shapes
+
+IMPLS = ("gemm_only", "serial_nccl", "serial_conccl", "torch_async_tp", "conccl", "conccl_auto")
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench-tp", help="tensor-parallel ops against the GEMM alone, NCCL and async-TP "
+                                        "(also: conccl bench tp)",
+                       description="Per op (ag_gemm, gemm_rs), shape and implementation: the slowest rank's "
+                                   "median time and its ratio to the GEMM alone, every result checked against "
+                                   "serial NCCL's. Writes tp.json and tp.md into --out. On one GPU only the "
+                                   "decomposition (each schedule's GEMM steps alone) is timed.")
+    b.add_argument("--out", required=True, help="folder for tp.json and tp.md")
+    b.add_argument("--ops", default="ag_gemm,gemm_rs", help="comma-separated of ag_gemm, gemm_rs")
+    b.add_argument("--shapes", type=parse_shapes, default=None,
+                   help="MxKxN,... for every op (default: 8 per op, Llama-3 8B/70B layers)")
+    b.add_argument("--schedules", default=",".join(bench_tp.DEFAULT_SCHEDULES),
+                   help="conccl schedules to time, comma-separated (serial, ring, direct, direct-p4-g2, ...)")
+    b.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated of {', '.join(IMPLS)}")
+    b.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    b.add_argument("--runs", type=int_range(1, 10_000), default=10)
+    b.add_argument("--warmup", type=int_range(0, 10_000), default=3)
+    b.add_argument("--gpus", type=int_range(1, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
+    b.add_argument("--model-world", type=int_range(2, MAX_WORLD), default=2,
+                   help="one GPU: the pipeline world whose GEMM steps are timed (default 2)")
+    add_machine_kind(b, "JSON")
+
+
+def _list(text: str, known, flag: str) -> tuple:
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in known]
+    if not items or bad:
+        raise UsageError(f"{flag}: {', '.join(bad) or 'nothing given'}; known: {', '.join(known)}")
+    return items
+
+
+def config(args) -> bench_tp.TPBenchConfig:
+    ops = _list(args.ops, bench_tp.OPS, "--ops")
+    schedules = tuple(x.strip() for x in args.schedules.split(",") if x.strip())
+    for name in schedules:
+        try:
+            TPSchedule.parse(name)
+        except ValueError as e:
+            raise UsageError(f"--schedules: {e}") from None
+    shapes = {op: (args.shapes or bench_tp.DEFAULT_SHAPES[op]) for op in ops}
+    return bench_tp.TPBenchConfig(ops=ops, shapes=shapes, schedules=schedules,
+                                  impls=_list(args.impls, IMPLS, "--impls"), dtype=args.dtype, warmup=args.warmup,
+                                  runs=args.runs, model_world=args.model_world)
+
+
+def _progress(r) -> None:
+    what = f"error {r.error}" if r.error else f"{r.ms:.3f} ms, {r.ratio_to_gemm:.3f}x GEMM{' WRONG' if r.wrong else ''}"
+    print(f"  {r.op} {r.M}x{r.K}x{r.N} {r.impl} {r.schedule or ''}: {what}", file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
+    cfg = config(args)
+    out = check_out_dir(args.out, "--out")
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not visible:
+        raise UsageError("conccl bench tp runs on CUDA GPUs and none is visible")
+    if args.gpus and args.gpus > visible and not under_torchrun():
+        raise UsageError(f"--gpus {args.gpus}: only {visible} GPU(s) visible here")
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or visible)
+    meta = environment(args.machine_kind, world)
+    print(f"# conccl bench tp on {world} x {meta['device']}: progress on stderr", flush=True)
+    if world == 1:
+        torch.cuda.set_device(0)
+        records = bench_tp.run_rank(0, 1, cfg, _progress)
+    else:
+        records = run_per_gpu(bench_tp.run_rank, cfg, _progress, nprocs=args.gpus, timeout_s=3600)[0]
+        if under_torchrun() and int(os.environ["RANK"]) != 0:
+            return EXIT_OK
+    out.mkdir(parents=True, exist_ok=True)
+    doc = bench_tp.document(meta, cfg, records)
+    bench_tp.write(out, doc)
+    print(bench_tp.markdown(doc))
+    return EXIT_FAILED if any(r.error or r.wrong for r in records) else EXIT_OK
