@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from conccl._driver import driver  # noqa: E402
-from conccl.executors.cuda_program import CompiledProgram  # noqa: E402
+from conccl.executors.cuda_program import CompiledProgram, CopyStep, ReduceStep, SignalBatch, SignalStep  # noqa: E402
 
 cu = driver()
 dev = torch.device("cuda", 0)
@@ -24,9 +24,9 @@ c = torch.empty_like(a)
 addr = word.data_ptr()
 n = a.numel() * 2
 # the lowered steps of: set word=1, wait word>=1, reset word (write seq-1 = 0), copy a->b, reduce (a, b)->c
-lowered = ((("signal", (False, addr, 0)), ("signal", (True, addr, 0)), ("signal", (False, addr, -1)),
-            ("copy", (b.data_ptr(), a.data_ptr(), n)),
-            ("reduce", (c.data_ptr(), (a.data_ptr(), b.data_ptr()), n, "bfloat16", 1.0))),)
+lowered = ((SignalStep(False, addr, 0), SignalStep(True, addr, 0), SignalStep(False, addr, -1),
+            CopyStep(b.data_ptr(), a.data_ptr(), n),
+            ReduceStep(c.data_ptr(), (a.data_ptr(), b.data_ptr()), n, "bfloat16", 1.0)),)
 program = CompiledProgram(lowered, cu, 0)
 side = torch.cuda.Stream()
 a.normal_()
@@ -50,7 +50,8 @@ for i in range(5):
 print("captured: write, wait, reset, copy, reduce; replays right:", ok, flush=True)
 
 # The same three signal operations as one cuStreamBatchMemOp: can a batch be captured too?
-batched = CompiledProgram(((("signals", ((False, addr, 0), (True, addr, 0), (False, addr, -1))),),), cu, 0)
+batched = CompiledProgram(((SignalBatch((SignalStep(False, addr, 0), SignalStep(True, addr, 0),
+                                         SignalStep(False, addr, -1))),),), cu, 0)
 g2 = torch.cuda.CUDAGraph()
 try:
     with torch.cuda.graph(g2):

@@ -6,7 +6,7 @@ import pytest
 from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
 from conccl.executors import cuda_program
-from conccl.executors.cuda_program import lower
+from conccl.executors.cuda_program import CopyBatch, CopyStep, ReduceStep, SignalBatch, SignalStep, lower
 from conccl.schedule import Algorithm, Buf, Copy, Phase, SetSignal, StreamMode, WaitSignal, signal_word
 
 # Fake address space: rank r's buffer b at BASE[b] + r * STRIDE; pads at PAD + r * STRIDE.
@@ -44,18 +44,21 @@ def _expected(schedule, slot_ops, batch):
 
 def _flatten(steps):
     out = []
-    for kind, payload in steps:
-        if kind == "signals":
-            out += [("wait" if w else "write", addr, d) for w, addr, d in payload]
-        elif kind == "signal":
-            w, addr, d = payload
-            out.append(("wait" if w else "write", addr, d))
-        elif kind == "copy":
-            out.append(("copy", *payload))
+    for step in steps:
+        if isinstance(step, SignalBatch):
+            out += [("wait" if w else "write", addr, d) for w, addr, d in step.signals]
+        elif isinstance(step, SignalStep):
+            out.append(("wait" if step.is_wait else "write", step.address, step.seq_delta))
+        elif isinstance(step, CopyStep):
+            out.append(("copy", *step))
         else:
-            assert kind == "copies"
-            out += [("batched", *c) for c in payload]
+            assert isinstance(step, CopyBatch)
+            out += [("batched", *c) for c in step.copies]
     return out
+
+
+def _kinds(steps) -> list:
+    return [type(step) for step in steps]
 
 
 def _plans(world):
@@ -80,13 +83,13 @@ def test_lowering_keeps_every_op_in_order(world, batching):
             # BATCH: the lowering may move a small own-shard copy up (checked on its own below)
             assert _flatten(steps) == _expected(schedule, cuda_program.hoist_small_local(ops) if batch else ops, batch)
             # No two signal batches (or two copy batches) in a row: each run is one driver call.
-            kinds = [k for k, _ in steps]
-            assert all(not (a == b and a in ("signals", "copies")) for a, b in zip(kinds, kinds[1:]))
-            batched = [w for k, p in steps if k == "signals" for w, _, _ in p]
+            kinds = _kinds(steps)
+            assert all(not (a == b and a in (SignalBatch, CopyBatch)) for a, b in zip(kinds, kinds[1:]))
+            batched = [s.is_wait for step in steps if isinstance(step, SignalBatch) for s in step.signals]
             # only what the driver was found to take goes into a batch
             assert {"all": True, "waits": all(batched), "none": not batched}[batching]
             if batching == "all":
-                assert "signal" not in kinds
+                assert SignalStep not in kinds
 
 
 def test_push_all_gather_is_eight_driver_calls_on_four_ranks():
@@ -94,8 +97,8 @@ def test_push_all_gather_is_eight_driver_calls_on_four_ranks():
                         input_symmetric=True, output_symmetric=True)
     (steps,) = lower(s, _address, _pads(4))
     # READY to peers + wait READY | 3 peer copies | DONE to peers | own shard | wait DONE
-    assert [k for k, _ in steps] == ["signals", "copy", "copy", "copy", "signals", "copy", "signals"]
-    assert [len(p) for k, p in steps if k == "signals"] == [6, 3, 3]
+    assert _kinds(steps) == [SignalBatch, CopyStep, CopyStep, CopyStep, SignalBatch, CopyStep, SignalBatch]
+    assert [len(step.signals) for step in steps if isinstance(step, SignalBatch)] == [6, 3, 3]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
@@ -131,15 +134,15 @@ def test_a_reduce_scatter_from_parts_is_one_batch_of_copies_per_run(world, row):
         s = from_parts(plan_reduce_scatter(world, rank, 3 * row, "bfloat16", stream_mode=StreamMode.BATCH),
                        3 * row, parts)
         (steps,) = lower(s, _address, _pads(world))
-        kinds = [k for k, _ in steps]
-        assert "copy" not in kinds, kinds
-        n = [len(p) for k, p in steps if k == "copies"]
+        kinds = _kinds(steps)
+        assert CopyStep not in kinds, kinds
+        n = [len(step.copies) for step in steps if isinstance(step, CopyBatch)]
         if row <= cuda_program.HOIST_LOCAL_MAX_BYTES:
-            assert kinds == ["signals", "copies", "signals", "reduce"] and n == [3 * world], kinds
+            assert kinds == [SignalBatch, CopyBatch, SignalBatch, ReduceStep] and n == [3 * world], kinds
         else:
-            assert kinds == ["signals", "copies", "signals", "copies", "signals", "reduce"], kinds
+            assert kinds == [SignalBatch, CopyBatch, SignalBatch, CopyBatch, SignalBatch, ReduceStep], kinds
             assert n == [3 * (world - 1), 3]
-        first = steps[0][1]  # the DONE(-1) waits come before every copy
+        first = steps[0].signals  # the DONE(-1) waits come before every copy
         assert sum(1 for w, _, d in first if w and d == -1) == world - 1
 
 
@@ -148,13 +151,13 @@ def test_push_all_gather_of_1mib_is_three_driver_calls_on_four_ranks():
                         input_symmetric=True, output_symmetric=True)
     (steps,) = lower(s, _address, _pads(4))
     # READY to peers + wait READY | 3 peer copies and the own shard | DONE to peers + wait DONE
-    assert [k for k, _ in steps] == ["signals", "copies", "signals"]
-    assert [len(p) for _, p in steps] == [6, 4, 6]
+    assert _kinds(steps) == [SignalBatch, CopyBatch, SignalBatch]
+    assert [len(steps[0].signals), len(steps[1].copies), len(steps[2].signals)] == [6, 4, 6]
     # a larger own shard keeps its place after the DONE writes, off the critical path
     big = plan_all_gather(4, 1, 2 * cuda_program.HOIST_LOCAL_MAX_BYTES, algorithm=Algorithm.PUSH,
                           stream_mode=StreamMode.BATCH, input_symmetric=True, output_symmetric=True)
     (steps,) = lower(big, _address, _pads(4))
-    assert [k for k, _ in steps] == ["signals", "copies", "signals", "copy", "signals"]
+    assert _kinds(steps) == [SignalBatch, CopyBatch, SignalBatch, CopyStep, SignalBatch]
 
 
 def test_long_signal_runs_are_split_below_the_driver_limit(monkeypatch):
@@ -162,8 +165,119 @@ def test_long_signal_runs_are_split_below_the_driver_limit(monkeypatch):
     s = plan_all_gather(8, 0, 64, algorithm=Algorithm.PUSH, stream_mode=StreamMode.SINGLE,
                         input_symmetric=True, output_symmetric=True)
     (steps,) = lower(s, _address, _pads(8))
-    assert max(len(p) for k, p in steps if k == "signals") == 4
+    assert max(len(step.signals) for step in steps if isinstance(step, SignalBatch)) == 4
     assert _flatten(steps) == _expected(s, s.slots[0], False)
+
+
+class _RecordingDriver:
+    """What CompiledProgram asks of cuda-python, recording each call as plain values (the
+    signal values as they are when the call is made: the program writes them in place)."""
+
+    class CUstreamBatchMemOpType:  # noqa: N801 - cuda-python's names
+        CU_STREAM_MEM_OP_WAIT_VALUE_32, CU_STREAM_MEM_OP_WRITE_VALUE_32 = "wait", "write"
+
+    class CUstreamWaitValue_flags:  # noqa: N801
+        CU_STREAM_WAIT_VALUE_GEQ = "geq"
+
+    class CUstreamWriteValue_flags:  # noqa: N801
+        CU_STREAM_WRITE_VALUE_DEFAULT = "fenced"
+
+    class CUmemcpySrcAccessOrder:  # noqa: N801
+        CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = "stream order"
+
+    class CUstreamBatchMemOpParams:  # noqa: N801
+        def __init__(self):
+            import types
+
+            self.operation, self.waitValue, self.writeValue = None, types.SimpleNamespace(), types.SimpleNamespace()
+
+    class CUmemcpyAttributes:  # noqa: N801
+        srcAccessOrder = None
+
+    def __init__(self, fail_at: int | None = None):
+        self.calls, self.fail_at = [], fail_at
+
+    def _record(self, *call):
+        self.calls.append(call)
+        return (1 if len(self.calls) - 1 == self.fail_at else 0,)
+
+    def CUdeviceptr(self, address):  # noqa: N802
+        return ("ptr", address)
+
+    def cuStreamBatchMemOp(self, stream, count, params, flags):  # noqa: N802
+        subs = [p.waitValue if p.operation == "wait" else p.writeValue for p in params]
+        assert count == len(params) and flags == 0
+        return self._record("batch", stream, tuple((s.operation == "wait", s.address[1], s.value, s.flags) for s in subs))
+
+    def cuStreamWaitValue32(self, stream, address, value, flags):  # noqa: N802
+        return self._record("single", stream, ((True, address[1], value, flags),))
+
+    def cuStreamWriteValue32(self, stream, address, value, flags):  # noqa: N802
+        return self._record("single", stream, ((False, address[1], value, flags),))
+
+    def cuMemcpyAsync(self, dst, src, nbytes, stream):  # noqa: N802
+        return self._record("copy", stream, ((dst[1], src[1], nbytes),))
+
+    def cuMemcpyBatchAsync(self, dsts, srcs, sizes, count, attrs, attr_index, num_attrs, stream):  # noqa: N802
+        assert count == len(dsts) == len(srcs) == len(sizes) and attr_index == [0] and num_attrs == 1
+        assert [a.srcAccessOrder for a in attrs] == ["stream order"]
+        return self._record("copies", stream, tuple((d[1], s[1], n) for d, s, n in zip(dsts, srcs, sizes)))
+
+    def cuLaunchKernel(self, function, *args):  # noqa: N802
+        return self._record("kernel", args[7], function)
+
+
+def _asked(step, seq: int):
+    """The driver call a lowered step must become in call ``seq``."""
+    def signal(s):
+        return s.is_wait, s.address, (seq + s.seq_delta) & 0xFFFFFFFF, "geq" if s.is_wait else "fenced"
+
+    if isinstance(step, SignalBatch):
+        return "batch", tuple(signal(s) for s in step.signals)
+    if isinstance(step, SignalStep):
+        return "single", (signal(step),)
+    if isinstance(step, CopyStep):
+        return "copy", (tuple(step),)
+    if isinstance(step, CopyBatch):
+        return "copies", tuple(map(tuple, step.copies))
+    assert isinstance(step, ReduceStep)
+    return "kernel", step.dtype
+
+
+@pytest.mark.parametrize("batching", cuda_program.BATCHING_MODES)
+def test_a_compiled_program_makes_each_lowered_step_one_driver_call_with_the_sequence_number(monkeypatch, batching):
+    from conccl.collectives.reduce_scatter import plan_reduce_scatter
+    from conccl.executors import cuda_reduce
+
+    dtypes = {d: d for d in ("float32", "bfloat16", "float16")}  # a kernel "function" is its dtype here
+    monkeypatch.setattr(cuda_reduce, "_module", lambda device: (None, dtypes, dtypes, dtypes))
+    monkeypatch.setattr(cuda_reduce, "grid_bound", lambda device: 66)
+    schedules = [*_plans(3), plan_reduce_scatter(3, 1, 4096, "bfloat16", 0.5, stream_mode=StreamMode.PER_PEER)]
+    for schedule in schedules:
+        lowered = lower(schedule, _address, _pads(3), batching)
+        cu = _RecordingDriver()
+        program = cuda_program.CompiledProgram(lowered, cu, 0)
+        for seq in (5, 1 << 32):  # the second wraps: written as 0 (its -1 as 0xFFFFFFFF)
+            for k, steps in enumerate(lowered):
+                cu.calls.clear()
+                program.launch_slot(k, f"stream {k}", seq)
+                assert [(kind, stream, what) for kind, stream, what in cu.calls] == \
+                    [(_asked(step, seq)[0], f"stream {k}", _asked(step, seq)[1]) for step in steps]
+
+
+def test_a_failed_driver_call_is_named_with_its_slot_and_step(monkeypatch):
+    def check(err):
+        raise RuntimeError("CUDA driver error CUDA_ERROR_TEST")
+
+    monkeypatch.setattr(cuda_program, "check", check)
+    s = plan_all_gather(4, 1, 1 << 18, algorithm=Algorithm.PUSH, stream_mode=StreamMode.SINGLE,
+                        input_symmetric=True, output_symmetric=True)
+    lowered = lower(s, _address, _pads(4))
+    for index, what in ((0, "cuStreamBatchMemOp of 6 ops"), (2, "cuMemcpyAsync of 262144 bytes")):
+        cu = _RecordingDriver(fail_at=index)
+        with pytest.raises(RuntimeError, match=rf"CUDA_ERROR_TEST in {what} \(slot 0, step {index} of 7\)"):
+            cuda_program.CompiledProgram(lowered, cu, 0).launch_slot(0, "stream", 1)
+        assert len(cu.calls) == index + 1  # nothing after the failed call
 
 
 def test_symmetric_registry_generation_grows_with_every_allocation():
@@ -188,9 +302,10 @@ def test_a_reduce_scatter_lowers_to_copies_signals_and_one_reduction_last():
     s = plan_reduce_scatter(4, 1, 4096, "bfloat16", 0.5, stream_mode=StreamMode.PER_PEER)
     bases = {Buf.INPUT: 1 << 20, Buf.OUTPUT: 2 << 20, Buf.WORKSPACE: 3 << 20}
     lowered = lower(s, lambda rank, buf: bases[buf] + rank * (1 << 30), [0x1000 * (r + 1) for r in range(4)])
-    reduces = [(k, i, step) for k, steps in enumerate(lowered) for i, step in enumerate(steps) if step[0] == "reduce"]
+    reduces = [(k, i, step) for k, steps in enumerate(lowered) for i, step in enumerate(steps)
+               if isinstance(step, ReduceStep)]
     assert len(reduces) == 1
-    k, i, (_, (dst, srcs, nbytes, dtype, scale)) = reduces[0]
+    k, i, (dst, srcs, nbytes, dtype, scale) = reduces[0]
     assert (k, i) == (0, len(lowered[0]) - 1)  # slot 0, after every wait
     me = 1 << 30  # rank 1's own buffers
     assert dst == bases[Buf.OUTPUT] + me and nbytes == 4096 and dtype == "bfloat16" and scale == 0.5

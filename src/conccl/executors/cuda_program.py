@@ -13,21 +13,24 @@ signal and copy), each building its argument objects anew. Two things make it ch
   argument object built, cached by the executor per (schedule, buffers). A call only writes
   its sequence number into the prebuilt signal parameters and makes the calls.
 
-Lowered form of one slot: a tuple of steps, each one of
+Lowered form of one slot: a tuple of steps, each one driver call, typed by the call it
+becomes (named tuples of plain values: what the tests compare):
 
-* ``("signals", ((is_wait, address, seq_delta), ...))``: one batch of stream memory ops;
-  waits are "word >= seq + seq_delta" on the own pad, writes put ``seq + seq_delta`` into a
-  peer's pad with a fence before it;
-* ``("signal", (is_wait, address, seq_delta))``: one ``cuStreamWaitValue32`` or
-  ``cuStreamWriteValue32``, where the driver does not take that op in a batch;
-* ``("copy", (dst, src, nbytes))``: one ``cuMemcpyAsync``;
-* ``("copies", ((dst, src, nbytes), ...))``: one ``cuMemcpyBatchAsync``;
-* ``("reduce", (dst, (src, ...), nbytes, dtype, scale))``: one launch of the bounded
-  reduction kernel (:mod:`conccl.executors.cuda_reduce`), the only SM work of any schedule.
+* :class:`SignalBatch`: one ``cuStreamBatchMemOp`` of :class:`SignalStep` s, in order;
+* :class:`SignalStep`: one ``cuStreamWaitValue32`` (``is_wait``: "word >= seq + seq_delta" on
+  the own pad) or ``cuStreamWriteValue32`` (``seq + seq_delta`` into a peer's pad, with a fence
+  before it), where the driver does not take that op in a batch;
+* :class:`CopyStep`: one ``cuMemcpyAsync``;
+* :class:`CopyBatch`: one ``cuMemcpyBatchAsync`` of :class:`CopyStep` s;
+* :class:`ReduceStep`: one launch of the bounded reduction kernel
+  (:mod:`conccl.executors.cuda_reduce`), the only SM work of any schedule.
+
+Compiled, each becomes an object whose ``launch(stream, seq)`` makes its call with arguments
+built once.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .._driver import check, signal_flags
 from ..schedule import Copy, Phase, Reduce, ResetSignal, Schedule, SetSignal, StreamMode, WaitSignal, signal_word
@@ -37,6 +40,40 @@ from .cuda_reduce import ReduceLaunch
 MAX_SIGNALS_PER_BATCH = 255
 # An own-shard copy up to this size rides in the peer-copy batch before it (see hoist_small_local).
 HOIST_LOCAL_MAX_BYTES = 1 << 20
+
+
+class SignalStep(NamedTuple):
+    """A wait on the own pad or a write into a peer's: one driver call, or one op of a batch."""
+
+    is_wait: bool
+    address: int  # the signal word's
+    seq_delta: int  # waits for, or writes, the call's sequence number plus this
+
+
+class SignalBatch(NamedTuple):
+    signals: tuple[SignalStep, ...]
+
+
+class CopyStep(NamedTuple):
+    """A copy of ``nbytes`` from ``src`` to ``dst``: one driver call, or one copy of a batch."""
+
+    dst: int
+    src: int
+    nbytes: int
+
+
+class CopyBatch(NamedTuple):
+    copies: tuple[CopyStep, ...]
+
+
+class ReduceStep(NamedTuple):
+    """``dst = sum(scale * src for src in srcs)`` over ``nbytes`` each, in ``dtype``."""
+
+    dst: int
+    srcs: tuple[int, ...]
+    nbytes: int
+    dtype: str
+    scale: float
 
 
 def _is_small_local(op) -> bool:
@@ -83,14 +120,14 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
 
     def flush_signals():
         for i in range(0, len(signals), MAX_SIGNALS_PER_BATCH):
-            steps.append(("signals", tuple(signals[i:i + MAX_SIGNALS_PER_BATCH])))
+            steps.append(SignalBatch(tuple(signals[i:i + MAX_SIGNALS_PER_BATCH])))
         signals.clear()
 
     def flush_copies():
         nonlocal with_peers
         if copies:
             # own copies alone: a batch of one is a plain copy
-            steps.append(("copy", copies[0]) if len(copies) == 1 and not with_peers else ("copies", tuple(copies)))
+            steps.append(copies[0] if len(copies) == 1 and not with_peers else CopyBatch(tuple(copies)))
             copies.clear()
         with_peers = False
 
@@ -98,9 +135,10 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
         if isinstance(op, Copy):
             flush_signals()
             t = op.transfer
-            triple = (address(t.dst_rank, t.dst) + t.dst_offset, address(t.src_rank, t.src) + t.src_offset, t.nbytes)
+            copy = CopyStep(address(t.dst_rank, t.dst) + t.dst_offset, address(t.src_rank, t.src) + t.src_offset,
+                            t.nbytes)
             if not batch_copies:
-                steps.append(("copy", triple))
+                steps.append(copy)
                 continue
             peer = t.src_rank != t.dst_rank
             # A peer copy does not join a batch of own copies; a large own copy does not join the
@@ -109,27 +147,27 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             if copies and (with_peers != peer) and (peer or not _is_small_local(op)):
                 flush_copies()
             with_peers |= peer
-            copies.append(triple)
+            copies.append(copy)
             continue
         flush_copies()
         if isinstance(op, Reduce):
             flush_signals()
-            steps.append(("reduce", (address(rank, op.dst[0]) + op.dst[1],
-                                     tuple(address(rank, b) + off for b, off in op.srcs), op.nbytes, op.dtype, op.scale)))
+            steps.append(ReduceStep(address(rank, op.dst[0]) + op.dst[1],
+                                    tuple(address(rank, b) + off for b, off in op.srcs), op.nbytes, op.dtype, op.scale))
             continue
         if isinstance(op, WaitSignal):
-            entry = (True, pads[rank] + 4 * signal_word(op.kind, op.peer, world), op.seq_delta)
+            signal = SignalStep(True, pads[rank] + 4 * signal_word(op.kind, op.peer, world), op.seq_delta)
         elif isinstance(op, SetSignal):
-            entry = (False, pads[op.peer] + 4 * signal_word(op.kind, rank, world), op.seq_delta)
+            signal = SignalStep(False, pads[op.peer] + 4 * signal_word(op.kind, rank, world), op.seq_delta)
         elif isinstance(op, ResetSignal):  # a captured call, launched as call 1: writes 1 - 1 = 0
-            entry = (False, pads[rank] + 4 * signal_word(op.kind, op.peer, world), -1)
+            signal = SignalStep(False, pads[rank] + 4 * signal_word(op.kind, op.peer, world), -1)
         else:
             raise TypeError(f"unknown schedule op {op!r}")
-        if batching == "all" or (batching == "waits" and entry[0]):
-            signals.append(entry)
+        if batching == "all" or (batching == "waits" and signal.is_wait):
+            signals.append(signal)
         else:  # a batch of one: the plain cuStreamWaitValue32 / cuStreamWriteValue32
             flush_signals()
-            steps.append(("signal", entry))
+            steps.append(signal)
     flush_signals()
     flush_copies()
     return tuple(steps)
@@ -145,74 +183,118 @@ def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[
 
 
 class CompiledProgram:
-    """Lowered steps as prebuilt cuda-python objects; :meth:`launch` queues one call."""
+    """Lowered steps as prebuilt cuda-python calls; :meth:`launch_slot` queues one slot of a call."""
 
     def __init__(self, lowered: tuple, cu, device_index: int | None = None):
-        self.cu = cu
-        wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
-        write_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
-        geq, fenced = self._geq, self._fenced = signal_flags(cu)
-        self.slots = []
-        for steps in lowered:
-            built = []
-            for kind, payload in steps:
-                if kind == "signals":
-                    params, patches = [], []
-                    for is_wait, addr, delta in payload:
-                        p = cu.CUstreamBatchMemOpParams()
-                        p.operation = wait_op if is_wait else write_op
-                        sub = p.waitValue if is_wait else p.writeValue
-                        sub.operation = p.operation
-                        sub.address = cu.CUdeviceptr(addr)
-                        sub.flags = geq if is_wait else fenced
-                        params.append(p)
-                        patches.append((sub, delta))
-                    built.append((0, params, len(params), tuple(patches)))
-                elif kind == "signal":
-                    is_wait, addr, delta = payload
-                    built.append((3, cu.CUdeviceptr(addr), delta, is_wait))
-                elif kind == "copy":
-                    dst, src, nbytes = payload
-                    built.append((1, cu.CUdeviceptr(dst), cu.CUdeviceptr(src), nbytes))
-                elif kind == "reduce":
-                    built.append((4, ReduceLaunch(device_index, *payload), None, None))
-                else:
-                    attrs = cu.CUmemcpyAttributes()
-                    attrs.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-                    dsts, srcs, sizes = (list(x) for x in zip(*payload))
-                    built.append((2, ([cu.CUdeviceptr(d) for d in dsts], [cu.CUdeviceptr(s) for s in srcs], sizes,
-                                      len(sizes), [attrs], [0], 1), None, None))
-            self.slots.append(tuple(built))
+        flags = signal_flags(cu)
+        self.slots = [tuple(_COMPILERS[type(step)](step, cu, flags, device_index) for step in steps)
+                      for steps in lowered]
 
     def launch_slot(self, k: int, stream, seq: int) -> None:
         """Queue slot ``k`` of call ``seq`` on ``stream`` (a ``CUstream``)."""
-        cu = self.cu
-        for i, (kind, a, b, c) in enumerate(self.slots[k]):
-            if kind == 0:
-                for sub, delta in c:
-                    sub.value = (seq + delta) & 0xFFFFFFFF
-                err = cu.cuStreamBatchMemOp(stream, b, a, 0)
-            elif kind == 1:
-                err = cu.cuMemcpyAsync(a, b, c, stream)
-            elif kind == 4:
-                err = a.launch(cu, stream)
-            elif kind == 3:
-                value = (seq + b) & 0xFFFFFFFF
-                err = (cu.cuStreamWaitValue32(stream, a, value, self._geq) if c else
-                       cu.cuStreamWriteValue32(stream, a, value, self._fenced))
-            else:
-                err = cu.cuMemcpyBatchAsync(*a, stream)
+        for i, call in enumerate(self.slots[k]):
+            err = call.launch(stream, seq)
             if err[0]:
                 self._fail(err, k, i)
 
     def _fail(self, err, k: int, i: int) -> None:
-        kind, a, b, c = self.slots[k][i]
-        what = {0: f"cuStreamBatchMemOp of {b} ops", 1: f"cuMemcpyAsync of {c} bytes", 2: "cuMemcpyBatchAsync",
-                3: "cuStreamWaitValue32" if c else "cuStreamWriteValue32", 4: "the reduction kernel's launch"}[kind]
         try:
             check(err)
         except RuntimeError as e:
-            raise RuntimeError(f"{e} in {what} (slot {k}, step {i} of {len(self.slots[k])})") from None
+            raise RuntimeError(f"{e} in {self.slots[k][i].what()} (slot {k}, step {i} of {len(self.slots[k])})") from None
+
+
+# The compiled calls: each holds its driver function and its arguments, built once, and makes
+# the call with the call's sequence number written in (cuda-python returns (CUresult, ...)).
+class _SignalBatchCall:
+    __slots__ = ("call", "params", "count", "patches")
+
+    def __init__(self, step: SignalBatch, cu, flags: tuple, device_index):
+        wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
+        write_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32
+        self.params, patches = [], []
+        for signal in step.signals:
+            p = cu.CUstreamBatchMemOpParams()
+            p.operation = wait_op if signal.is_wait else write_op
+            sub = p.waitValue if signal.is_wait else p.writeValue
+            sub.operation = p.operation
+            sub.address = cu.CUdeviceptr(signal.address)
+            sub.flags = flags[0] if signal.is_wait else flags[1]
+            self.params.append(p)
+            patches.append((sub, signal.seq_delta))
+        self.call, self.count, self.patches = cu.cuStreamBatchMemOp, len(self.params), tuple(patches)
+
+    def launch(self, stream, seq: int):
+        for sub, delta in self.patches:
+            sub.value = (seq + delta) & 0xFFFFFFFF
+        return self.call(stream, self.count, self.params, 0)
+
+    def what(self) -> str:
+        return f"cuStreamBatchMemOp of {self.count} ops"
+
+
+class _SignalCall:
+    __slots__ = ("call", "address", "seq_delta", "flags", "is_wait")
+
+    def __init__(self, step: SignalStep, cu, flags: tuple, device_index):
+        self.call = cu.cuStreamWaitValue32 if step.is_wait else cu.cuStreamWriteValue32
+        self.address, self.seq_delta, self.is_wait = cu.CUdeviceptr(step.address), step.seq_delta, step.is_wait
+        self.flags = flags[0] if step.is_wait else flags[1]
+
+    def launch(self, stream, seq: int):
+        return self.call(stream, self.address, (seq + self.seq_delta) & 0xFFFFFFFF, self.flags)
+
+    def what(self) -> str:
+        return "cuStreamWaitValue32" if self.is_wait else "cuStreamWriteValue32"
+
+
+class _CopyCall:
+    __slots__ = ("call", "dst", "src", "nbytes")
+
+    def __init__(self, step: CopyStep, cu, flags: tuple, device_index):
+        self.call, self.nbytes = cu.cuMemcpyAsync, step.nbytes
+        self.dst, self.src = cu.CUdeviceptr(step.dst), cu.CUdeviceptr(step.src)
+
+    def launch(self, stream, seq: int):
+        return self.call(self.dst, self.src, self.nbytes, stream)
+
+    def what(self) -> str:
+        return f"cuMemcpyAsync of {self.nbytes} bytes"
+
+
+class _CopyBatchCall:
+    __slots__ = ("call", "args")
+
+    def __init__(self, step: CopyBatch, cu, flags: tuple, device_index):
+        attrs = cu.CUmemcpyAttributes()
+        attrs.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+        # dsts, srcs, sizes, count, one attribute set, the copies it applies to (from 0), how many sets
+        self.call = cu.cuMemcpyBatchAsync
+        self.args = ([cu.CUdeviceptr(c.dst) for c in step.copies], [cu.CUdeviceptr(c.src) for c in step.copies],
+                     [c.nbytes for c in step.copies], len(step.copies), [attrs], [0], 1)
+
+    def launch(self, stream, seq: int):
+        return self.call(*self.args, stream)
+
+    def what(self) -> str:
+        return "cuMemcpyBatchAsync"
+
+
+class _ReduceCall:
+    __slots__ = ("cu", "kernel")
+
+    def __init__(self, step: ReduceStep, cu, flags: tuple, device_index):
+        self.cu, self.kernel = cu, ReduceLaunch(device_index, *step)
+
+    def launch(self, stream, seq: int):
+        return self.kernel.launch(self.cu, stream)
+
+    def what(self) -> str:
+        return "the reduction kernel's launch"
+
+
+_COMPILERS = {SignalBatch: _SignalBatchCall, SignalStep: _SignalCall, CopyStep: _CopyCall, CopyBatch: _CopyBatchCall,
+              ReduceStep: _ReduceCall}
 
 
 BATCHING_MODES = ("all", "waits", "none")  # most batched first

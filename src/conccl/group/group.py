@@ -45,6 +45,7 @@ from ..persistent import PersistentCollective
 from ..schedule import Algorithm, StreamMode
 from ..watchdog import Flight, Watchdog
 from . import parts as parts_mod
+from .methods import CollectiveMethods
 from ..work import Work
 
 _log = logging.getLogger("conccl")
@@ -140,7 +141,7 @@ def board_row_len(world: int) -> int:
     return _NFIXED + 2 * world
 
 
-class Group:
+class Group(CollectiveMethods):
     """One process group's conccl state and its collectives over an executor.
 
     Not thread-safe (like a NCCL communicator). Made by :func:`conccl.get_group` (CUDA) or
@@ -564,40 +565,3 @@ def _describe(field: int, value, dtype) -> str:
         return {_code(a.value): a.value for a in Algorithm}.get(int(value), "default")
     return str(int(value))
 
-
-def _bind(coll: Collective) -> None:
-    """Give :class:`Group` the collective's call and persistent methods, named and shaped as in
-    torch.distributed: ``group.<api_name>(output, input, *args, async_op=False, *,
-    algorithm=None, stream_mode=None, timeout=None)`` and ``group.persistent_<api_name>(...)``,
-    where ``args`` are ``coll.arg_names`` (positional or by name)."""
-    names = coll.arg_names
-
-    def split(args, kwargs, allow_async: bool):
-        extra = list(args[:len(names)]) + [None] * (len(names) - len(args[:len(names)]))
-        for i, n in enumerate(names):
-            if n in kwargs:
-                extra[i] = kwargs.pop(n)
-        rest = args[len(names):]
-        if len(rest) > (1 if allow_async else 0):
-            raise TypeError(f"{coll.api_name}() takes output, input, {', '.join(names) or 'no other arguments'}"
-                            + (" and async_op" if allow_async else ""))
-        return tuple(extra), rest
-
-    def call(self, output, input, *args, **kwargs):
-        extra, rest = split(args, kwargs, True)
-        async_op = rest[0] if rest else kwargs.pop("async_op", False)
-        return self.call(coll, output, input, extra, async_op, **kwargs)
-
-    def persistent(self, output, input, *args, **kwargs):
-        extra, _ = split(args, kwargs, False)
-        return self.persistent(coll, output, input, extra, **kwargs)
-
-    call.__name__, persistent.__name__ = coll.api_name, f"persistent_{coll.api_name}"
-    call.__doc__ = f"``{coll.api_name}`` on this group (see :func:`conccl.{coll.api_name}`)."
-    persistent.__doc__ = f"A persistent ``{coll.api_name}`` on this group (see :mod:`conccl.persistent`)."
-    setattr(Group, call.__name__, call)
-    setattr(Group, persistent.__name__, persistent)
-
-
-for _coll in REGISTRY.values():
-    _bind(_coll)
