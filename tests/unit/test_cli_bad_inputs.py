@@ -7,8 +7,11 @@ run ``python -m conccl`` in a subprocess, to see exactly what a user sees.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -123,6 +126,8 @@ FILES = {
                                                                                            "bytes_per_s": 0}}}),
     "res/ncu_string/results.json": _set(("ncu", "mb1"), {"dram_bytes": "many"}),
     "res/world_zero/results.json": _set(("machine", "world"), 0),
+    "res/nan_spread/results.json": _set(("scenarios", 0, "t_gemm", "min"), float("nan")),
+    "res/negative_peak/results.json": _set(("peaks", "hbm_bytes_per_s"), -1.0),
     "profile_empty_list.json": _profile_at(("gemm_efficiency", "compute-bound"), []),
     "profile_tiny.json": _profile_at(("gemm_efficiency", "memory-bound"), 1e-300),
     "profile_sweep.json": _profile_at(("comm_sweep", "nccl", "all_gather", 0), [1]),
@@ -209,6 +214,8 @@ CASES = [
     ("study --report fit of 0", ["study", "--report", "{d}/res/zero_fit"], "bytes_per_s"),
     ("study --report ncu string", ["study", "--report", "{d}/res/ncu_string"], "ncu.mb1"),
     ("plan --evaluate world 0", ["plan", "--evaluate", "{d}/res/world_zero"], "machine.world"),
+    ("study --report NaN spread", ["study", "--report", "{d}/res/nan_spread"], "t_gemm.min"),
+    ("plan --evaluate negative peak", ["plan", "--evaluate", "{d}/res/negative_peak"], "peaks.hbm_bytes_per_s"),
     # -- plan
     ("plan --world 1000", PLAN + ["--world", "1000"], "--world"),
     ("plan --world 1", PLAN + ["--world", "1"], "--world"),
@@ -380,46 +387,101 @@ def _leaf_paths(d, path=()):
         yield path
 
 
-@pytest.mark.parametrize("value", [0, -1, "x", None, [], 1e300, 1e-300])
+# A number a user reads as a time (seconds, milliseconds, a Timing's median/min/max), an
+# efficiency, a speedup or an ideal speedup: by its own name, or in a table of them per strategy.
+_TIMED = re.compile(r"(_s|_ms)$|^t_|^(median|min|max|ideal|ideal_mean|slowdown)$|speedup|efficiency")
+# 0 is a valid one of these: a fixed cost added to a time; no minimum (study.measure.timed_iterations)
+_MAY_BE_0 = ("latency_s", "delay_s", "min_timed_ms")
+
+
+def _numbers(x, path=()):
+    """(path, number) of every number in a plan, results records or an evaluation: dataclasses,
+    dicts and lists walked."""
+    if dataclasses.is_dataclass(x):
+        x = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _numbers(v, path + (k,))
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            yield from _numbers(v, path + (i,))
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+        yield path, x
+
+
+def _assert_sane(what, x) -> None:
+    """Every time, efficiency and speedup in ``x`` finite and above 0 (those of _MAY_BE_0: not below)."""
+    from conccl.strategy import STRATEGIES
+
+    checked = 0
+    for path, v in _numbers(x):
+        key, table = path[-1], path[-2] if len(path) > 1 else None
+        per_strategy = key in STRATEGIES or key in ("c3_best", "best")
+        if not isinstance(key, str) or not (_TIMED.search(key) or per_strategy and _TIMED.search(str(table))):
+            continue
+        checked += 1
+        assert math.isfinite(v) and (v >= 0 if key in _MAY_BE_0 else v > 0), (what, path, v)
+    assert checked, what  # the walk found the numbers it is there to check
+
+
+def _assert_names(err: Exception, path, value) -> None:
+    """A refusal names the field and the value it refused."""
+    msg = str(err)
+    assert [k for k in path if isinstance(k, str)][-1] in msg, (path, msg)
+    assert any(s in msg for s in (repr(value), json.dumps(value), str(value))), (path, value, msg)
+
+
+@pytest.mark.parametrize("value", [0, -1, -1e300, "x", None, [], 1e300, 1e-300, math.nan, math.inf])
 def test_every_profile_field_broken_is_refused_or_used(value):
     """Each number of the embedded profile set to a bad value: refused with ProfileError where
-    read, or (where the value is still valid there) planned and predicted without a crash."""
+    read (naming the field and the value), or, where the value is still valid there, planned and
+    predicted with every time, efficiency and speedup finite and positive."""
     from conccl.planner import plan
     from conccl.planner.profile import HardwareProfile, ProfileError
     from conccl.study import analysis, model, report
     from conccl.study.scenarios import load_suite, select
 
     scenarios = select(load_suite(), only="dec1_2M/all_gather,cb1_896M/all_to_all")
+    used = 0
     for path in _leaf_paths(_profile()):
-        try:
-            prof = HardwareProfile.from_dict(_profile_at(path, value))
-        except ProfileError:
+        try:  # through JSON, as from a file (NaN and Infinity included)
+            prof = HardwareProfile.from_dict(json.loads(json.dumps(_profile_at(path, value))))
+        except ProfileError as e:
+            _assert_names(e, path, value)
             continue
-        plan(prof, (8192, 8192, 8192), "all_gather", 1 << 30)
-        res = model.predict(prof, scenarios, prof.world, True, {})
-        report.markdown(analysis.derive(res), [], None)
+        used += 1
+        _assert_sane(path, plan(prof, (8192, 8192, 8192), "all_gather", 1 << 30))
+        res = analysis.derive(model.predict(prof, scenarios, prof.world, True, {}))
+        _assert_sane(path, res)
+        report.markdown(res, [], None)
+    assert used < len(list(_leaf_paths(_profile())))  # the value is refused somewhere
 
 
-@pytest.mark.parametrize("value", [0, -1, "x", None, [], 1e300])
+@pytest.mark.parametrize("value", [0, -1, -1e300, "x", None, [], 1e300, 1e-300, math.nan, math.inf])
 def test_every_results_field_broken_is_refused_or_reported(value):
     """Each field of a measured results.json set to a bad value: refused with ResultsError where
-    read, or reported and evaluated without a crash (a PlanError names a bad workload)."""
-    from conccl.planner.plan import PlanError
+    read (naming the field and the value), or reported and evaluated with every time,
+    efficiency and speedup finite and positive."""
     from conccl.planner.profile import load_profile
     from conccl.study import analysis, evaluate, report
     from conccl.study.results import ResultsError, from_dict
 
     prof = load_profile()
+    used = 0
     for path in _leaf_paths(_results()):
-        try:
-            res = from_dict(_set(path, value))
-        except ResultsError:
+        try:  # through JSON, as from a file (NaN and Infinity included)
+            res = from_dict(json.loads(json.dumps(_set(path, value))))
+        except ResultsError as e:
+            _assert_names(e, path, value)
             continue
-        report.markdown(analysis.derive(res), [], None)
-        try:
-            evaluate.markdown(evaluate.evaluate(res, prof))
-        except PlanError:
-            pass
+        used += 1
+        analysis.derive(res)
+        _assert_sane(path, res)
+        report.markdown(res, [], None)
+        ev = evaluate.evaluate(res, prof)
+        _assert_sane(path, ev)
+        evaluate.markdown(ev)
+    assert used < len(list(_leaf_paths(_results())))
 
 
 @pytest.mark.parametrize("argv", [["study", "--gpus", "4", "--quick", "--out", "{d}/out"], ["bench", "--gpus", "4"]])

@@ -82,4 +82,5 @@ def check(p) -> None:
                 _number(pt[0], f"{where}.{c}[{i}][0]", 0, 1e15)
                 _number(pt[1], f"{where}.{c}[{i}][1]", *SWEEP_SECONDS)
             if [pt[0] for pt in points] != sorted(pt[0] for pt in points):
-                raise Refused(f"field {where}.{c} must list its sizes in increasing order")
+                raise Refused(f"field {where}.{c} must list its sizes in increasing order, got "
+                              f"{[pt[0] for pt in points]!r}")

@@ -28,6 +28,7 @@ import typing
 from dataclasses import dataclass, field
 
 from ..jsonfile import read_json
+from . import results_check
 
 SCHEMA = "conccl-study-results/3"
 V2_SCHEMA = "conccl-study-results/2"  # read too: the same records without the efficiency fields
@@ -340,59 +341,11 @@ def from_dict(data, origin: str = "study results") -> StudyResults:
         raise ResultsError(f"{origin}: study results of schema {schema!r} found, this conccl reads {SCHEMA!r} "
                            f"(and upgrades {V2_SCHEMA!r} and {V1_FORMAT!r}); re-create them with this conccl")
     res = _record(StudyResults, data, origin)
-    _check_times(res, origin)
+    try:
+        results_check.check(res)
+    except results_check.Refused as e:
+        raise ResultsError(f"{origin}: {e}") from None
     return res
-
-
-MAX_MS = 1e7  # a kernel timed at more than ~3 hours is a corrupt file, not a measurement
-
-
-def _check_times(res: StudyResults, origin: str) -> None:
-    """Every time a positive number of milliseconds, every count, size and rate positive, every
-    scenario with its GEMM's time: the formulas divide by them, and a zero found here names its
-    field instead of surfacing as a ZeroDivisionError in a report."""
-    def check(t: Timing | None, where: str) -> None:
-        if t is not None and not (0 < t.median <= MAX_MS):
-            raise ResultsError(f"{origin}: {where}: a time must be a number of milliseconds in (0, {MAX_MS:g}], "
-                               f"got {t.median}")
-
-    def positive(v, where: str, lowest: float = 0.0) -> None:
-        if not (lowest < v < float("inf")):
-            raise ResultsError(f"{origin}: {where} must be a number > {lowest:g}, got {v}")
-
-    positive(res.config.world, "config.world", 1)
-    if res.machine is not None:
-        positive(res.machine.world, "machine.world", 1)
-    for impl, fits in res.peaks.collective_fits.items():
-        for c, fit in fits.items():
-            positive(fit.bytes_per_s, f"peaks.collective_fits.{impl}.{c}.bytes_per_s")
-            positive(fit.latency_s, f"peaks.collective_fits.{impl}.{c}.latency_s", -1e-300)
-    for tag, counters in res.ncu.items():
-        if tag == "error":
-            continue
-        if not isinstance(counters, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                                                    for v in counters.values()):
-            raise ResultsError(f"{origin}: ncu.{tag}: expected an object of positive byte counts, got "
-                               f"{json.dumps(counters)[:60]}")
-
-    for r in res.gemm_sm_loss + res.coll_sizes + res.coll_ctas:
-        check(r.time_ms, f"isolated record {r.gemm if isinstance(r, GemmSmLoss) else r.collective}")
-    for s in res.scenarios:
-        if s.t_gemm is None:
-            raise ResultsError(f"{origin}: scenario {s.id} has no GEMM time (t_gemm); re-create the file with "
-                               "`conccl study`")
-        check(s.t_gemm, f"scenario {s.id} t_gemm")
-        positive(s.size, f"scenario {s.id} size")
-        for dim in ("m", "n", "k", "flops", "bytes"):
-            positive(getattr(s.gemm, dim), f"scenario {s.id} gemm.{dim}")
-        if s.auto_in_turns is not None:
-            check(s.auto_in_turns.best_ms, f"scenario {s.id} auto_in_turns.best_ms")
-            check(s.auto_in_turns.auto_ms, f"scenario {s.id} auto_in_turns.auto_ms")
-        for impl, t in s.t_comm.items():
-            check(t, f"scenario {s.id} t_comm.{impl}")
-        for name, runs in s.runs.items():
-            for r in runs:
-                check(r.time_ms, f"scenario {s.id} runs.{name}")
 
 
 def _upgrade_v1(data: dict) -> dict:
