@@ -16,7 +16,7 @@ seeds and applies the registry's stated arithmetic (``Collective.reference``), w
 tests/gpu/ compare against NCCL bit for bit. A case passes only if the output's bits equal
 the reference's.
 
-    PYTHONPATH=src python scripts/shared_gpu_smoke.py [--world 2] [--json OUT.json] [--fsdp]
+    PYTHONPATH=src python scripts/shared_gpu_smoke.py [--world 2] [--json OUT.json] [--fsdp] [--only tp,...]
 """
 from __future__ import annotations
 
@@ -292,6 +292,72 @@ def _fsdp(rank, world, cases, report, direct=False):
                       bool(plain) and not set(plain) & set(r["copy_kernels"])))
 
 
+TP_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "auto")
+
+
+def _ints(shape, seed, dtype):
+    """Small whole numbers: every GEMM of them accumulates exactly in fp32, so a GEMM cut into
+    other row blocks rounds to the same bits, and "the serial result" is one exact answer."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(-3, 4, shape, device="cuda", generator=g).to(dtype)
+
+
+def _tp(rank, world, cases, report):
+    """conccl.tp: every pipeline schedule against the serial result, bit for bit; the kernels a
+    pipelined call runs are only its GEMMs' (and the reduction's): no copy or spinning kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from conccl.collectives import REGISTRY
+    from conccl.integrations import tp as ctp
+
+    for dtype in (torch.bfloat16, torch.float16):
+        for rows, K, Ns in ((64, 128, (96, 32)), (5, 64, (48,))):
+            shards = [_ints((rows, K), 100 + r, dtype) for r in range(world)]
+            weights = [_ints((K, n), 7 + i, dtype) for i, n in enumerate(Ns)]
+            full = torch.cat(shards)
+            expect = [full @ w for w in weights]
+            a_rs = [_ints((world * rows, K), 200 + r, dtype) for r in range(world)]
+            partial = [(a @ weights[0]).reshape(-1) for a in a_rs]
+            expect_rs = REGISTRY["reduce_scatter"].reference(partial, rank).view(rows, Ns[0])
+            for name in TP_SCHEDULES:
+                A, outs = ctp.all_gather_matmul(shards[rank], weights, 0, schedule=name, return_gathered=True)
+                torch.cuda.synchronize()
+                cases.append((f"tp ag_gemm {dtype} {rows}x{K} {name}",
+                              _same(A, full) and all(_same(o, e) for o, e in zip(outs, expect))))
+                out = ctp.matmul_reduce_scatter(a_rs[rank], weights[0], 0, schedule=name)
+                torch.cuda.synchronize()
+                cases.append((f"tp gemm_rs {dtype} {rows}x{K} {name}", _same(out, expect_rs)))
+    # Which kernels: the pipeline's GEMM steps run alone (plain torch.mm on the same rows) give
+    # the allowed set; the reduction kernel is the reduce-scatter's only other SM work.
+    from conccl.pipeline import TPSchedule, gemm_steps
+
+    rows, K, N = 512, 256, 384
+    shard, w = _ints((rows, K), 300 + rank, torch.bfloat16), _ints((K, N), 9, torch.bfloat16)
+    a = _ints((world * rows, K), 400 + rank, torch.bfloat16)
+    tp = TPSchedule.parse("direct-p2")
+    ctp.all_gather_matmul(shard, w, 0, schedule=tp)
+    ctp.matmul_reduce_scatter(a, w, 0, schedule=tp)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for start, end, _ in gemm_steps(world, rank, tp, rows) + gemm_steps(world, rank, tp, rows, scatter=True):
+            torch.mm(a[start:end], w)
+        torch.cuda.synchronize()
+    allowed = set(_kernels(prof))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ctp.all_gather_matmul(shard, w, 0, schedule=tp)
+        torch.cuda.synchronize()
+    ag_kernels = _kernels(prof)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ctp.matmul_reduce_scatter(a, w, 0, schedule=tp)
+        torch.cuda.synchronize()
+    rs_kernels = _kernels(prof)
+    report["tp_kernels"] = {"gemm_steps_alone": sorted(allowed), "ag_gemm": ag_kernels, "gemm_rs": rs_kernels}
+    cases.append(("tp ag_gemm runs no kernel but its GEMMs'", bool(ag_kernels) and set(ag_kernels) <= allowed))
+    extra = set(rs_kernels) - allowed
+    cases.append(("tp gemm_rs runs no kernel but its GEMMs' and the reduction's",
+                  bool(rs_kernels) and all(k.startswith("reduce_") for k in extra) and len(extra) <= 1))
+
+
 class _IpcHandle:
     def __init__(self, buffer_ptrs, keep):
         self.buffer_ptrs, self._keep = buffer_ptrs, keep
@@ -326,6 +392,7 @@ def _use_ipc_peer_memory():
 
 
 FSDP = os.environ.get("CONCCL_SMOKE_FSDP") == "1"  # set by --fsdp for the spawned ranks
+ONLY = os.environ.get("CONCCL_SMOKE_ONLY", "")  # --only: comma-separated parts (default every part)
 
 
 def _worker(rank, world, port, queue):
@@ -335,9 +402,14 @@ def _worker(rank, world, port, queue):
         torch.cuda.set_device(0)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         _use_ipc_peer_memory()
-        for part in (_eager, _persistent):
-            part(rank, world, cases)
-        _graph(rank, world, cases, report)
+        wanted = set(ONLY.split(",")) if ONLY else {"eager", "persistent", "graph", "tp"}
+        for name, part in (("eager", _eager), ("persistent", _persistent)):
+            if name in wanted:
+                part(rank, world, cases)
+        if "graph" in wanted:
+            _graph(rank, world, cases, report)
+        if "tp" in wanted:
+            _tp(rank, world, cases, report)
         if FSDP:
             _fsdp(rank, world, cases, report)
             _fsdp(rank, world, cases, report, direct=True)
@@ -361,12 +433,14 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--fsdp", action="store_true", help="also FSDP2 with conccl.fsdp.enable, plain and direct=True (4 steps, 3 blocks)")
     ap.add_argument("--fsdp-dim", type=int, default=256, help="the FSDP blocks' width (default 256)")
+    ap.add_argument("--only", default="", help="comma-separated parts of eager, persistent, graph, tp (default: all)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU visible", file=sys.stderr)
         return 2
     from conccl.launch import free_port
 
+    os.environ["CONCCL_SMOKE_ONLY"] = a.only
     if a.fsdp:
         os.environ["CONCCL_SMOKE_FSDP"] = "1"  # spawned ranks re-import this module and read it
         os.environ["CONCCL_SMOKE_FSDP_DIM"] = str(a.fsdp_dim)
@@ -384,7 +458,8 @@ def main() -> int:
     errors = [(r["rank"], r["error"]) for r in reports if "error" in r]
     total = sum(len(r["cases"]) for r in reports)
     print(f"world {a.world} on one GPU: {total - len(failed)}/{total} cases right; graph kernels "
-          f"{reports[0].get('graph_kernels')}; eager all-gather kernels {reports[0].get('eager_all_gather_kernels')}")
+          f"{reports[0].get('graph_kernels')}; eager all-gather kernels {reports[0].get('eager_all_gather_kernels')}; "
+          f"tp kernels {reports[0].get('tp_kernels')}")
     for rank, name in failed:
         print(f"  WRONG rank {rank}: {name}")
     for rank, err in errors:

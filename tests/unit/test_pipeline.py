@@ -148,3 +148,22 @@ def test_the_embedded_model_predicts_finite_positive_times_for_every_candidate()
                     assert 0 < t < 1.0, (op, M, K, N, world, tp.name, t)
     with pytest.raises(InvalidArgument):
         tp_planner.choose("ag_gemm", 1001, 8, 8, 2)
+
+
+def test_a_pipeline_lowers_its_marks_to_the_own_pads_mark_words_and_hands_back_its_gemm_steps():
+    from conccl.executors.cuda_program import ComputeStep, SignalBatch, SignalStep, lower
+
+    flat = plan_all_gather(2, 0, 4 * 16, stream_mode=StreamMode.PER_PEER)
+    s = gather_then_gemm(flat, TPSchedule(pieces=2), 4, 16)
+    address = lambda rank, buf: 1 << 20 * (1 + rank)  # noqa: E731
+    lowered = lower(s, address, [0x1000, 0x2000], marks=0x9000)
+    signals = [sig for steps in lowered for st in steps
+               for sig in (st.signals if isinstance(st, SignalBatch) else (st,) if isinstance(st, SignalStep) else ())]
+    mark_words = [(sig.is_wait, (sig.address - 0x9000) // 4) for sig in signals if sig.address >= 0x9000]
+    written = sorted(w for wait, w in mark_words if not wait)
+    awaited = sorted(w for wait, w in mark_words if wait)
+    assert written == awaited == [2, 3]  # peer 1's two pieces: words 1 * 2 + j
+    computes = [st.op for st in lowered[-1] if isinstance(st, ComputeStep)]
+    assert [(c.row_start, c.row_end, c.own) for c in computes] == [(0, 4, True), (4, 6, False), (6, 8, False)]
+    with pytest.raises(TypeError, match="mark"):
+        lower(s, address, [0x1000, 0x2000])

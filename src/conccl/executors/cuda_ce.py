@@ -36,7 +36,8 @@ from torch.distributed import _symmetric_memory as symm_mem
 from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
-from ..schedule import Buf, Schedule, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word
+from ..schedule import (MARK_WORDS, Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, signal_pad_words,
+                        signal_word)
 from ..work import NCCL, Work
 from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
@@ -101,16 +102,18 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
     def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
         self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
         self.symmetric = SymmetricRegistry()  # this group's conccl.empty tensors
-        # The eager words, then one block per graph slot (conccl.graphs).
-        pad = symm_mem.empty(signal_pad_words(world) * (1 + GRAPH_SLOTS), dtype=torch.int32, device=device)
+        # The eager words, then one block per graph slot (conccl.graphs), then the pipelines' marks.
+        pad = symm_mem.empty(mark_index(MARK_WORDS, world, GRAPH_SLOTS), dtype=torch.int32, device=device)
         pad.zero_()  # set-up only; collectives never launch a kernel
         torch.cuda.synchronize(device)
         self._pad = pad
         self._pad_handle = symm_mem.rendezvous(pad, group_name)  # collective: peers zeroed theirs too
         self._pads = list(self._pad_handle.buffer_ptrs)
+        self._marks = self._pads[rank] + 4 * mark_index(0, world, GRAPH_SLOTS)
         self._device_index = device.index if device.index is not None else torch.cuda.current_device()
         self._caller_streams: dict[int, object] = {}  # raw handle -> torch Stream
-        self._streams = [torch.cuda.Stream(device) for _ in range(world + 1)]
+        # Slot streams: a pipeline's (conccl.pipeline) has one per peer, the own copy's, its GEMM's.
+        self._streams = [torch.cuda.Stream(device) for _ in range(world + 2)]
         self._cu_streams: dict[int, object] = {}  # stream handle -> CUstream
         self._cu_streams_pool = [self._cu_stream(st) for st in self._streams]
         self._join = [torch.cuda.Event() for _ in self._streams]
@@ -178,7 +181,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         if hit is not None and hit[0] is schedule and hit[1] is views and hit[2] is ws:
             return hit[3]
         address = _addresses(self.rank, input, output, views, ws)
-        program = CompiledProgram(lower(schedule, address, self._pads, self.batching), driver(), self._device_index)
+        program = CompiledProgram(lower(schedule, address, self._pads, self.batching, marks=self._marks), driver(),
+                                  self._device_index)
         self.programs_compiled += 1
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
@@ -206,11 +210,12 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         return cu_stream
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float = 0.0,
-            flight=None, views=(None, None)) -> Work:
+            flight=None, views=(None, None), compute=None) -> Work:
         """Queue ``schedule`` (call ``seq``). ``flight``: fill in its start and end events for
         the watchdog (``timeout_s`` is the watchdog's business, not the GPU's). ``views``: for
         input and output, (every rank's base address, every rank's byte offset) as the
-        communicator agreed them from :meth:`peer_view`, or None.
+        communicator agreed them from :meth:`peer_view`, or None. ``compute(op)``: a
+        pipeline's GEMM steps, called with the slot's stream current.
 
         A blocking call (``async_op=False``) runs its first slot on the caller's stream itself:
         ordered after the caller's work and before its later work with no event at all.
@@ -228,11 +233,11 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             start = self._start
         if start is not None:
             start.record(ctrl)
-        program.launch_slot(0, self._cu_stream(ctrl), seq)
+        program.launch_slot(0, self._cu_stream(ctrl), seq, compute and self._on(ctrl, compute))
         for k in range(1, len(program.slots)):
             stream = self._streams[k]
             stream.wait_event(start)
-            program.launch_slot(k, self._cu_streams_pool[k], seq)
+            program.launch_slot(k, self._cu_streams_pool[k], seq, compute and self._on(stream, compute))
             self._join[k].record(stream)
             ctrl.wait_event(self._join[k])
         if async_op:
@@ -255,6 +260,14 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         if ctrl is not caller:
             caller.wait_event(end)
         return Work(None, flight=flight)
+
+    @staticmethod
+    def _on(stream, compute):
+        """``compute`` called with ``stream`` current (a pipeline's GEMM steps on their slot's)."""
+        def run(op):
+            with torch.cuda.stream(stream):
+                compute(op)
+        return run
 
     def _control_stream(self, caller, on_group_stream: bool):
         """The stream a call's first slot runs on: the caller's, or the group's (ordered after
@@ -388,8 +401,10 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         words = signal_pad_words(self.world)
         for word in range(words):
             self._watch_ops.write_value32(own + 4 * word, seq)
-        if self._graph_slots_used:
-            with torch.cuda.stream(self._watch_stream):  # a failure path: a fill kernel is fine here
+        with torch.cuda.stream(self._watch_stream):  # a failure path: a fill kernel is fine here
+            # A pipeline's GEMM steps wait on marks that a stuck copy will never write.
+            self._pad[mark_index(0, self.world, GRAPH_SLOTS):].fill_(seq)
+            if self._graph_slots_used:
                 self._pad[words:words * (1 + self._graph_slots_used)].fill_(GRAPH_VALUE)
         self._watch_stream.synchronize()
 

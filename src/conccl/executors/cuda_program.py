@@ -23,7 +23,12 @@ becomes (named tuples of plain values: what the tests compare):
 * :class:`CopyStep`: one ``cuMemcpyAsync``;
 * :class:`CopyBatch`: one ``cuMemcpyBatchAsync`` of :class:`CopyStep` s;
 * :class:`ReduceStep`: one launch of the bounded reduction kernel
-  (:mod:`conccl.executors.cuda_reduce`), the only SM work of any schedule.
+  (:mod:`conccl.executors.cuda_reduce`), the only SM work of any collective's schedule;
+* :class:`ComputeStep`: the caller's computation (a pipeline's GEMM step,
+  :mod:`conccl.pipeline`), handed back to the caller's ``compute`` on the slot's stream.
+
+A pipeline's marks (:class:`~conccl.schedule.Mark`, :class:`~conccl.schedule.AwaitMark`) are
+signal steps on the own pad's mark words (``marks``: their base address).
 
 Compiled, each becomes an object whose ``launch(stream, seq)`` makes its call with arguments
 built once.
@@ -33,7 +38,8 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from .._driver import check, signal_flags
-from ..schedule import Copy, Phase, Reduce, ResetSignal, Schedule, SetSignal, StreamMode, WaitSignal, signal_word
+from ..schedule import (AwaitMark, Compute, Copy, Mark, Phase, Reduce, ResetSignal, Schedule, SetSignal, StreamMode,
+                        WaitSignal, signal_word)
 from .cuda_reduce import ReduceLaunch
 
 # cuStreamBatchMemOp takes fewer than 256 operations per call.
@@ -76,6 +82,13 @@ class ReduceStep(NamedTuple):
     scale: float
 
 
+class ComputeStep(NamedTuple):
+    """The caller's computation for ``op`` (a :class:`~conccl.schedule.Compute`), queued by the
+    caller on the slot's stream: no driver call of ours."""
+
+    op: Compute
+
+
 def _is_small_local(op) -> bool:
     return isinstance(op, Copy) and op.transfer.phase is Phase.LOCAL and op.transfer.nbytes <= HOIST_LOCAL_MAX_BYTES
 
@@ -106,9 +119,10 @@ def hoist_small_local(ops) -> list:
 
 
 def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank: int, world: int,
-               batch_copies: bool, batching: str = "all") -> tuple:
+               batch_copies: bool, batching: str = "all", marks: int | None = None) -> tuple:
     """Lower one slot's ops to driver steps. ``address(rank, buf)`` is a buffer's base
-    address as this rank reaches it; ``pads[r]`` the address of rank r's signal pad.
+    address as this rank reaches it; ``pads[r]`` the address of rank r's signal pad;
+    ``marks`` the address of the own pad's first mark word (a pipeline's only).
     ``batching``: which signal ops may share a ``cuStreamBatchMemOp`` ("all", "waits" or
     "none"; what the driver accepts is probed once per group, see :func:`probe_batching`)."""
     steps: list = []
@@ -150,6 +164,10 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             copies.append(copy)
             continue
         flush_copies()
+        if isinstance(op, Compute):
+            flush_signals()
+            steps.append(ComputeStep(op))
+            continue
         if isinstance(op, Reduce):
             flush_signals()
             steps.append(ReduceStep(address(rank, op.dst[0]) + op.dst[1],
@@ -161,6 +179,10 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             signal = SignalStep(False, pads[op.peer] + 4 * signal_word(op.kind, rank, world), op.seq_delta)
         elif isinstance(op, ResetSignal):  # a captured call, launched as call 1: writes 1 - 1 = 0
             signal = SignalStep(False, pads[rank] + 4 * signal_word(op.kind, op.peer, world), -1)
+        elif isinstance(op, (Mark, AwaitMark)):
+            if marks is None:
+                raise TypeError(f"{op!r}: a pipeline's mark, lowered without the pad's mark words")
+            signal = SignalStep(isinstance(op, AwaitMark), marks + 4 * op.word, 0)
         else:
             raise TypeError(f"unknown schedule op {op!r}")
         if batching == "all" or (batching == "waits" and signal.is_wait):
@@ -174,11 +196,11 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
 
 
 def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[int], batching: str = "all",
-          batch_copies: bool | None = None) -> tuple:
+          batch_copies: bool | None = None, marks: int | None = None) -> tuple:
     """Every slot of ``schedule`` lowered (see :func:`lower_slot`); ``batch_copies`` None: as
     its stream mode says (a captured call passes False: cuMemcpyBatchAsync cannot be captured)."""
     batch = schedule.stream_mode is StreamMode.BATCH if batch_copies is None else batch_copies
-    return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch, batching)
+    return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch, batching, marks)
                  for ops in schedule.slots)
 
 
@@ -190,9 +212,13 @@ class CompiledProgram:
         self.slots = [tuple(_COMPILERS[type(step)](step, cu, flags, device_index) for step in steps)
                       for steps in lowered]
 
-    def launch_slot(self, k: int, stream, seq: int) -> None:
-        """Queue slot ``k`` of call ``seq`` on ``stream`` (a ``CUstream``)."""
+    def launch_slot(self, k: int, stream, seq: int, compute=None) -> None:
+        """Queue slot ``k`` of call ``seq`` on ``stream`` (a ``CUstream``); ``compute(op)``
+        queues a pipeline's computation steps on that stream (the executor's)."""
         for i, call in enumerate(self.slots[k]):
+            if call.__class__ is _ComputeCall:
+                compute(call.op)
+                continue
             err = call.launch(stream, seq)
             if err[0]:
                 self._fail(err, k, i)
@@ -293,8 +319,18 @@ class _ReduceCall:
         return "the reduction kernel's launch"
 
 
+class _ComputeCall:
+    __slots__ = ("op",)
+
+    def __init__(self, step: ComputeStep, cu, flags: tuple, device_index):
+        self.op = step.op
+
+    def what(self) -> str:
+        return f"the caller's computation step {self.op.index}"
+
+
 _COMPILERS = {SignalBatch: _SignalBatchCall, SignalStep: _SignalCall, CopyStep: _CopyCall, CopyBatch: _CopyBatchCall,
-              ReduceStep: _ReduceCall}
+              ReduceStep: _ReduceCall, ComputeStep: _ComputeCall}
 
 
 BATCHING_MODES = ("all", "waits", "none")  # most batched first

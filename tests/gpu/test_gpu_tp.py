@@ -1,0 +1,98 @@
+"""GPU tier: conccl.tp on one GPU per rank. Every pipeline schedule against the serial result
+(NCCL's all-gather then the GEMM, or the GEMM then NCCL's reduce-scatter) at bf16 and fp16,
+the autograd layers against unsharded training, and proof of what ran (no kernel but the
+GEMMs' and the reduction's). Skipped without 2 GPUs (conftest.py)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4", "direct-p4-g2", "ring-p2", "auto")
+
+
+def _kernels(prof) -> set:
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and not e.name.startswith(("Memcpy ", "Memset "))}
+
+
+def _against_serial(rank, world):
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from conccl.integrations import tp as ctp
+    from conccl.pipeline import TPSchedule, gemm_steps
+
+    bad = []
+    for dtype in (torch.bfloat16, torch.float16):
+        g = torch.Generator(device="cuda").manual_seed(rank)
+        rows, K, N = 1024, 512, 768
+        # Whole numbers: every GEMM sums exactly in fp32, so any row blocking gives the same bits.
+        shard = torch.randint(-3, 4, (rows, K), device="cuda", generator=g).to(dtype)
+        w = torch.randint(-3, 4, (K, N), device="cuda", generator=torch.Generator(device="cuda").manual_seed(9)).to(dtype)
+        full = torch.empty(world * rows, K, dtype=dtype, device="cuda")
+        dist.all_gather_into_tensor(full, shard)
+        expect = full @ w
+        a = torch.randint(-3, 4, (world * rows, K), device="cuda", generator=g).to(dtype)
+        expect_rs = torch.empty(rows, N, dtype=dtype, device="cuda")
+        dist.reduce_scatter_tensor(expect_rs, a @ w)
+        for name in SCHEDULES:
+            A, (y,) = ctp.all_gather_matmul(shard, [w], 0, schedule=name, return_gathered=True)
+            z = ctp.matmul_reduce_scatter(a, w, 0, schedule=name)
+            torch.cuda.synchronize()
+            if not (torch.equal(A, full) and torch.equal(y, expect)):
+                bad.append(("ag_gemm", str(dtype), name))
+            if not torch.equal(z, expect_rs):
+                bad.append(("gemm_rs", str(dtype), name))
+    tp = TPSchedule.parse("direct-p2")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for s, e, _ in gemm_steps(world, rank, tp, rows) + gemm_steps(world, rank, tp, rows, scatter=True):
+            torch.mm(a[s:e], w)
+        torch.cuda.synchronize()
+    allowed = _kernels(prof)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ctp.all_gather_matmul(shard, [w], 0, schedule=tp)
+        ctp.matmul_reduce_scatter(a, w, 0, schedule=tp)
+        torch.cuda.synchronize()
+    extra = _kernels(prof) - allowed
+    return bad, sorted(extra)
+
+
+def test_every_schedule_equals_the_serial_result_and_runs_only_gemms_and_the_reduction():
+    from conccl.launch import run_per_gpu
+
+    for bad, extra in run_per_gpu(_against_serial):
+        assert bad == []
+        assert all(k.startswith("reduce_") for k in extra) and len(extra) <= 1, extra
+
+
+def _mlp(rank, world):
+    from conccl.integrations import tp as ctp
+
+    torch.manual_seed(0)
+    d, f, seq = 256, 512, 64 * world
+    dt = torch.bfloat16
+    gate, up, down = (torch.randn(f, d, device="cuda") * 0.05, torch.randn(f, d, device="cuda") * 0.05,
+                      torch.randn(d, f, device="cuda") * 0.05)
+    x = torch.randn(seq, d, device="cuda")
+    part = slice(rank * f // world, (rank + 1) * f // world)
+    col = ctp.ColumnParallelLinear(d, (f, f), world_size=world, device="cuda", dtype=dt)
+    row = ctp.RowParallelLinear(f, d, world_size=world, device="cuda", dtype=dt)
+    with torch.no_grad():
+        col.weights[0].copy_(gate[part])
+        col.weights[1].copy_(up[part])
+        row.weight.copy_(down[:, part])
+    rows = slice(rank * seq // world, (rank + 1) * seq // world)
+    g_, u_ = col(x[rows].to(dt))
+    y = row(torch.nn.functional.silu(g_) * u_)
+    y.float().square().sum().backward()
+    ref_y = (torch.nn.functional.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
+    err = (y.float() - ref_y[rows]).abs().max().item() / ref_y.abs().max().item()
+    return err, all(p.grad is not None and torch.isfinite(p.grad).all().item() for p in col.parameters())
+
+
+def test_parallel_layers_match_the_unsharded_block_within_bf16_rounding():
+    from conccl.launch import run_per_gpu
+
+    for err, grads in run_per_gpu(_mlp):
+        assert err < 2e-2 and grads
