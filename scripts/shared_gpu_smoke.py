@@ -381,6 +381,15 @@ class IpcPeerMemory:
         return _IpcHandle([s.data_ptr() for s in keep], keep)
 
 
+def free_port_any() -> int:
+    """A free TCP port on 127.0.0.1 (the rig's gloo rendezvous), whatever conccl checkout runs."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _use_ipc_peer_memory():
     from conccl import api, fsdp
     from conccl.executors import cuda_ce
