@@ -18,15 +18,17 @@ from ..planner.profile import ProfileError
 from ..study.measure import StudyError
 from ..study.results import ResultsError
 from ..study.scenarios import SuiteError
-from . import bench, bench_fsdp, bench_graphs, bench_tp, plan, study, study_tp
+from . import bench, bench_fsdp, bench_graphs, bench_tp, plan, plan_tp, study, study_tp
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError, debug_wanted, fail
 
 COMMANDS = {"bench": bench, "bench-fsdp": bench_fsdp, "bench-graphs": bench_graphs, "bench-tp": bench_tp, "study": study,
-            "study-tp": study_tp, "plan": plan}  # in --help's order
+            "study-tp": study_tp, "plan": plan, "plan-tp": plan_tp}  # in --help's order
 # `conccl bench NAME` runs the command bench-NAME.
 BENCH_MODES = ("fsdp", "graphs", "tp")
 # `conccl study NAME` runs the command study-NAME.
 STUDY_MODES = ("tp",)
+# `conccl plan tp` runs the command plan-tp.
+PLAN_MODES = ("tp",)
 # Errors that mean "this input cannot be used": one line and EXIT_USAGE. OSError: a file that
 # cannot be read or written (a full disk, a folder removed under a running study).
 BAD_INPUT = (UsageError, SuiteError, ProfileError, ResultsError, PlanError, StudyError, OSError)
@@ -56,6 +58,8 @@ def main(argv=None) -> int:
         argv = [f"bench-{argv[1]}", *argv[2:]]
     elif argv[:1] == ["study"] and argv[1:2] and argv[1] in STUDY_MODES:
         argv = [f"study-{argv[1]}", *argv[2:]]
+    elif argv[:1] == ["plan"] and argv[1:2] and argv[1] in PLAN_MODES:
+        argv = [f"plan-{argv[1]}", *argv[2:]]
     args = build_parser().parse_args(argv)
     name = args.command.replace("-", " ")
     try:

@@ -22,6 +22,7 @@ pipeline runs) against the pieces' landing times. A pure function of plain data.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import math
 import pathlib
@@ -49,15 +50,19 @@ class TPModel:
     nvlink_bytes_per_s: float
     hbm_bytes_per_s: float
     contention: float = DEFAULT_CONTENTION
+    gemm_scale: float = 1.0  # every GEMM time multiplied by it (to time a measured decomposition)
 
     def gemm_s(self, rows: int, K: int, N: int, M: int | None = None) -> float:
         """Seconds of one GEMM of ``rows`` rows with a ``K x N`` weight, run as a piece of a
         pipeline over ``M`` rows (None: ``rows``)."""
         M = M or rows
+        return self._gemm_s(rows, K, N, M) * self.gemm_scale
+
+    def _gemm_s(self, rows: int, K: int, N: int, M: int) -> float:
         table = self.rows_ms.get(f"{M}x{K}x{N}")
         if table:
             return _interpolate(table, rows) / 1e3
-        same = [int(k.split("x")[0]) for k in self.rows_ms if k.endswith(f"x{K}x{N}")]
+        same = [m for m, k, n in (map(int, key.split("x")) for key in self.rows_ms) if (k, n) == (K, N)]
         if same:
             near = min(same, key=lambda m: abs(math.log(m / M)))
             return _interpolate(self.rows_ms[f"{near}x{K}x{N}"], rows * near / M) / 1e3 * M / near
@@ -112,15 +117,20 @@ def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, wor
     row_bytes = (K if op == "ag_gemm" else N) * elem
     landed = _landing_times(model, world, rank, tp, rows, row_bytes) if op == "ag_gemm" else None
     if op == "ag_gemm":
+        # A step is slowed by the contention only while pieces are still landing beside it.
+        busy_until = max(landed.values(), default=0.0)
         t = 0.0
         for start, end, pieces in steps:
-            ready = max((landed.get(pc, 0.0) for pc in pieces), default=0.0)  # own rows: in place
-            t = max(t, ready) + model.gemm_s(end - start, K, N, M) * cont
+            t = max(t, max((landed.get(pc, 0.0) for pc in pieces), default=0.0))  # own rows: in place
+            d = model.gemm_s(end - start, K, N, M)
+            overlap = min(max(busy_until - t, 0.0), d * cont)
+            t += overlap + (d - overlap / cont)
         return t
-    # GEMM, then reduce-scatter: pieces leave as their step ends; the sum runs after the last.
+    # GEMM, then reduce-scatter: pieces leave as their step ends (every step but the first has
+    # copies beside it); the sum runs after the last has arrived.
     t, done = 0.0, {}
-    for start, end, pieces in steps:
-        t += model.gemm_s(end - start, K, N, M) * cont
+    for i, (start, end, pieces) in enumerate(steps):
+        t += model.gemm_s(end - start, K, N, M) * (cont if i else 1.0)
         for pc in pieces:
             done[pc] = t
     sent = _sending_times(model, world, rank, tp, rows, row_bytes, done)
@@ -174,7 +184,8 @@ def candidates(M: int, world: int) -> list[TPSchedule]:
     """The schedules ``auto`` weighs: serial, ring and direct at shard level, and direct with
     2 to 16 pieces per shard at every GEMM grain that divides them."""
     rows = M // world
-    out = [SERIAL, TPSchedule(order=Order.RING), TPSchedule(order=Order.DIRECT)]
+    # Ties go to the first: at world 2 ring and direct are one schedule (one peer).
+    out = [SERIAL, TPSchedule(order=Order.DIRECT), TPSchedule(order=Order.RING)]
     for pieces in (2, 4, 8, 16):
         if pieces > rows or world * pieces > 256:
             continue
@@ -215,3 +226,14 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
 @lru_cache(maxsize=1)
 def _default_model() -> TPModel:
     return model_from()
+
+
+def decomposition_s(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, world: int) -> float:
+    """Seconds of the pipeline's GEMM steps alone, back to back (no transfer, no contention):
+    what one GPU measures of it (``conccl bench tp`` on one GPU)."""
+    return sum(model.gemm_s(e - s, K, N, M) for s, e, _ in gemm_steps(world, 0, tp, M // world, op == "gemm_rs"))
+
+
+def without(model: TPModel, M: int, K: int, N: int) -> TPModel:
+    """``model`` without the measurements of shape M x K x N: how it predicts a shape it never saw."""
+    return dataclasses.replace(model, rows_ms={k: v for k, v in model.rows_ms.items() if k != f"{M}x{K}x{N}"})

@@ -1,0 +1,78 @@
+"""``conccl plan tp``: the pipeline ``auto`` runs for a tensor-parallel op, and its predicted
+time; or the planner's accuracy against one GPU's measurements (``--evaluate``)."""
+from __future__ import annotations
+
+import json
+
+from ..jsonfile import read_json, write_text
+from ..planner import tp as tpp
+from ..planner.profile import load_profile
+from ..planner.timing import MAX_WORLD
+from ..study import tp_evaluate
+from .common import EXIT_OK, UsageError, about, check_out_file, int_range
+from .study_tp import parse_shapes
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan-tp", help="the pipeline auto picks for a tensor-parallel op (also: conccl plan tp)",
+                       description="Prints the schedule conccl.tp's schedule='auto' runs for an all-gather+GEMM "
+                                   "(ag_gemm) or GEMM+reduce-scatter (gemm_rs) of this shape and world size, its "
+                                   "predicted time against the GEMM alone and the serial schedule, and the next "
+                                   "best candidates. With --evaluate TP_JSON (a one-GPU `conccl bench tp` run), "
+                                   "the model's error against it instead.")
+    p.add_argument("--op", choices=tpp.OPS, default="ag_gemm")
+    p.add_argument("--shape", type=parse_shapes, metavar="MxKxN",
+                   help="M (gathered rows, or rows of the product) x K x N")
+    p.add_argument("--world", type=int_range(1, MAX_WORLD), default=2)
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the embedded H200)")
+    p.add_argument("--json", metavar="FILE", help="also write it as JSON to FILE")
+    p.add_argument("--evaluate", metavar="TP_JSON", help="judge the model on a one-GPU `conccl bench tp` tp.json")
+    p.add_argument("--markdown", metavar="FILE", help="with --evaluate: write the evaluation as markdown")
+
+
+def run(args) -> int:
+    for flag in ("--json", "--markdown"):
+        check_out_file(getattr(args, flag[2:]), flag)
+    with about("--profile", args.profile or "(embedded)"):
+        model = tpp.model_from(load_profile(args.profile))
+    if args.evaluate:
+        if args.shape:
+            raise UsageError("--evaluate judges the run's own shapes; --shape would be ignored: drop it")
+        with about("--evaluate", args.evaluate):
+            bench = read_json(args.evaluate, ValueError, "conccl bench tp results")
+            if not isinstance(bench, dict) or not isinstance(bench.get("results"), list):
+                raise ValueError("not a `conccl bench tp` tp.json (no results list)")
+        ev = tp_evaluate.evaluate(bench, model, args.world)
+        if not ev["rows"]:
+            raise UsageError(f"--evaluate {args.evaluate}: no one-GPU schedule timings in it (run `conccl bench tp` "
+                             "on one GPU)")
+        text = tp_evaluate.markdown(ev)
+        print(text)
+        if args.markdown:
+            write_text(args.markdown, text)
+        if args.json:
+            write_text(args.json, json.dumps(ev, indent=1) + "\n")
+        return EXIT_OK
+    if args.markdown:
+        raise UsageError("--markdown writes the evaluation: give it with --evaluate TP_JSON")
+    if not args.shape or len(args.shape) != 1:
+        raise UsageError("give one --shape MxKxN (or --evaluate TP_JSON)")
+    M, K, N = args.shape[0]
+    if M % args.world:
+        raise UsageError(f"--shape: M ({M}) must be divisible by --world ({args.world})")
+    c = tpp.choose(args.op, M, K, N, args.world, args.dtype, model=model)
+    print(f"PREDICTION      {args.op} {M}x{K}x{N}, world {args.world}, {args.dtype}: from the tensor-parallel "
+          f"characterization ({'this shape measured' if c.measured else 'shape not measured: interpolated or the tile-wave model'})")
+    print(f"schedule        {c.schedule.name}")
+    print(f"predicted       {1e3 * c.predicted_s:.3f} ms = {c.predicted_s / c.gemm_alone_s:.3f}x the GEMM alone "
+          f"({1e3 * c.gemm_alone_s:.3f} ms); serial {1e3 * c.serial_s:.3f} ms = {c.serial_s / c.gemm_alone_s:.3f}x")
+    for name, s in c.ranked[1:6]:
+        print(f"  then          {name:<16} {1e3 * s:.3f} ms")
+    if args.json:
+        write_text(args.json, json.dumps({"format": "conccl-tp-plan/1", "op": args.op, "M": M, "K": K, "N": N,
+                                          "world": args.world, "schedule": c.schedule.name,
+                                          "predicted_s": c.predicted_s, "gemm_alone_s": c.gemm_alone_s,
+                                          "serial_s": c.serial_s, "measured": c.measured,
+                                          "ranked": [list(x) for x in c.ranked], "prediction": True}, indent=1) + "\n")
+    return EXIT_OK
