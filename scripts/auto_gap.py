@@ -31,7 +31,10 @@ import torch
 import conccl
 from conccl import runtime
 from conccl.launch import run_per_gpu
-from conccl.study.measure import CollectiveCase, GemmCase, Rig, StudyConfig, _auto_parts, arena_bytes
+from conccl.study.cases import CollectiveCase, GemmCase
+from conccl.study.config import StudyConfig, arena_bytes
+from conccl.study.measure import _auto_parts
+from conccl.study.rig import Rig
 from conccl.study.scenarios import load_suite
 
 DEFAULT = "cb4_2.5G/all_gather,cb4_512M/all_gather,mb1_896M/all_gather,dec2_128M/all_to_all"

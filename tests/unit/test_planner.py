@@ -280,7 +280,7 @@ def test_plan_cache_computes_once_per_distinct_workload():
 
 
 def test_profile_for_checks_the_gpu_the_study_plans_auto_on():
-    # the study asks this before it times `auto` (study/measure.py Rig); a wrong call there
+    # the study asks this before it times `auto` (study/rig.py Rig); a wrong call there
     # once dropped `auto` from a whole GPU study without a word
     prof = runtime.profile_for(None, None)
     assert runtime.profile_for(None, prof.device) is prof

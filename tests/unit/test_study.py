@@ -18,9 +18,11 @@ from conccl.cli import main
 from conccl.collectives import STUDIED as REGISTRY  # the study measures these
 from conccl.planner.profile import load_profile
 from conccl.study import analysis, metrics, report
-from conccl.study.measure import CollectiveCase, _auto_in_turns, timed_iterations
+from conccl.study.cases import CollectiveCase
+from conccl.study.measure import _auto_in_turns
 from conccl.study.ncu import parse
 from conccl.study.profile_fit import profile_from_study
+from conccl.study.rig import timed_iterations
 from conccl.study.results import (SCHEMA, AutoInTurns, ResultsError, StudyResults, Timing, from_dict, load_results,
                                   save_results, to_dict)
 from conccl.study.scenarios import SuiteError, load_suite, parse_gemm, parse_suite, scenario_from_args, select

@@ -14,7 +14,7 @@ from conccl.cli import main
 from conccl.collectives import REGISTRY, STUDIED
 from conccl.planner import PlanError, plan
 from conccl.planner.profile import load_profile
-from conccl.study.measure import fill_values, matches_sum
+from conccl.study.patterns import fill_values, matches_sum
 from conccl.study.results import load_results
 from conccl.study.scenarios import parse_suite, scenario_from_args
 

@@ -15,7 +15,7 @@ import sys
 from .._version import __version__
 from ..planner.plan import PlanError
 from ..planner.profile import ProfileError
-from ..study.measure import StudyError
+from ..study.config import StudyError
 from ..study.results import ResultsError
 from ..study.scenarios import SuiteError
 from . import bench, bench_fsdp, bench_graphs, bench_tp, plan, plan_tp, study, study_tp

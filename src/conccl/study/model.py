@@ -15,7 +15,7 @@ from ..planner import plan_auto, plan_strategy, timing, workload
 from ..planner.profile import HardwareProfile
 from ..strategy import strategies_for
 from . import analysis, metrics
-from .measure import CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SIZE_SWEEP, SIZE_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK
+from .config import CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SIZE_SWEEP, SIZE_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK
 from .results import (CollCtas, CollSize, GemmSmLoss, HbmBytes, Machine, Peaks, Run, RunConfig, ScenarioResult,
                       StudyResults, Timing)
 from .scenarios import Gemm, Scenario

@@ -9,7 +9,8 @@ from ..launch import run_per_gpu, under_torchrun
 from ..planner import timing
 from ..planner.profile import EMBEDDED, load_profile
 from . import ncu, report
-from .measure import StudyConfig, StudyError, required_bytes, study_worker
+from .config import StudyConfig, StudyError, required_bytes
+from .measure import study_worker
 from .model import new_prediction, predict
 from .profile_fit import profile_from_study
 from .results import ResultsError, StudyResults, load_results, save_results
