@@ -102,6 +102,7 @@ def supported(module: torch.nn.Module | None = None) -> str | None:
 
 
 def _has(owner: str, obj, name: str) -> bool:
+    """``obj`` has ``name``; for a field set only in some states, its class declaring it will do."""
     if hasattr(obj, name):
         return True
     return owner.endswith(" declared") and any(name in inspect.get_annotations(c) for c in type(obj).__mro__)
