@@ -156,7 +156,8 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             fills each parameter's unsharded tensor straight from the peers (no copy-out), the
             reduce-scatter reads each gradient where autograd left it (no copy-in). See
             :mod:`conccl.fsdp_direct`: it wraps four FSDP2 internals where this PyTorch has
-            the versions it was written against; elsewhere one warning, and the plain hooks.
+            the versions it was written against and ``module``'s FSDP2 objects every field
+            it touches; elsewhere one warning, and the plain hooks.
             Checked bit for bit on one shared GPU; not yet measured on two.
         shard_home: with ``direct``, each module's sharded parameters move now into one
             peer-readable buffer (FSDP's all-gather input, so no copy-in runs). Tensors taken
@@ -187,7 +188,7 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             "fully_shard on its blocks and on the root first, then conccl.fsdp.enable")
     comms, refused, shared = FsdpComms(), {}, {}
     if direct and (all_gather or reduce_scatter):
-        why = fsdp_direct.install()
+        why = fsdp_direct.install(module)
         if why is not None:
             warnings.warn(f"conccl.fsdp: direct=True unavailable ({why}); FSDP keeps its copies", stacklevel=2)
             direct = False

@@ -83,6 +83,7 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
             b.set_modules_to_backward_prefetch([a])
     comms = []
     if direct:
+        assert fsdp_direct.supported(model) is None  # as conccl.fsdp.enable checks the module
         for m in model.modules():
             if hasattr(m, "set_custom_all_gather") and m._get_fsdp_state()._fsdp_param_group is not None:
                 comms.append((m, fsdp_direct.DirectAllGather(gather=_gloo_gather)))

@@ -41,8 +41,10 @@ Anything else takes FSDP's own path: another hook, a parameter sharded on anothe
 all-gather extension, mixed all-gather dtypes; gradients of another dtype than the reduction's
 (a ``reduce_dtype`` cast), non-contiguous gradients, a reduction dtype FSDP divides before
 reducing (fp16). The wraps are installed only where this PyTorch's functions have the
-signatures and behaviour they were written against (:func:`supported`); elsewhere
-``enable(direct=True)`` warns once and keeps the hook-only path.
+signatures and behaviour they were written against, and the module being enabled has every
+field of FSDP2's objects the direct path reads or assigns (:func:`supported`,
+:data:`._state.FSDP_FIELDS`); elsewhere ``enable(direct=True)`` warns once and keeps the
+hook-only path.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ import inspect
 
 import torch
 
-from ._state import COUNTS, ORIGINAL, _fsdp_collectives, _fsdp_param_group
+from ._state import COUNTS, FSDP_FIELDS, ORIGINAL, FSDPModule, _fsdp_collectives, _fsdp_param_group
 from .gather import COPY_OUT_ARGS, GATHER_ARGS, DirectAllGather, _copy_out, _gather, move_home, parameter_outputs
 from .reduce_scatter import _UNDIVIDED, COPY_IN_ARGS, DirectReduceScatter, _copy_in, _reduce
 
@@ -70,8 +72,10 @@ def counters() -> dict:
     return dataclasses.asdict(COUNTS)
 
 
-def supported() -> str | None:
-    """None where the wraps can be installed; otherwise why not."""
+def supported(module: torch.nn.Module | None = None) -> str | None:
+    """None where the wraps can be installed; otherwise why not. With ``module`` (the module
+    being enabled, after ``fully_shard``), also every field of its FSDP2 objects that the
+    direct path reads or assigns (:data:`._state.FSDP_FIELDS`)."""
     if _fsdp_param_group is None:
         return f"PyTorch {torch.__version__} has no FSDP2 internals to wrap"
     for mod, name, args in ((_fsdp_collectives, "foreach_all_gather", GATHER_ARGS),
@@ -94,7 +98,38 @@ def supported() -> str | None:
     if ("foreach_reduce_scatter_copy_in" not in reduce.__code__.co_names
             or reduce.__globals__ is not vars(_fsdp_collectives)):
         return f"PyTorch {torch.__version__}'s FSDP2 foreach_reduce does not call foreach_reduce_scatter_copy_in"
-    return _divides_input()
+    return _divides_input() or _missing_field(module)
+
+
+def _has(owner: str, obj, name: str) -> bool:
+    """``obj`` has ``name``; for a field set only in some states, its class declaring it will do."""
+    if hasattr(obj, name):
+        return True
+    return owner.endswith(" declared") and any(name in inspect.get_annotations(c) for c in type(obj).__mro__)
+
+
+_OWNERS = {"FSDPParamGroup": lambda group: [group],
+           "FSDPParam": lambda group: group.fsdp_params,
+           "FSDPParam declared": lambda group: group.fsdp_params,
+           "DTensor": lambda group: [p.sharded_param for p in group.fsdp_params]}
+
+
+def _missing_field(module) -> str | None:
+    """Why not, where an FSDP2 object of ``module`` lacks a field of FSDP_FIELDS: FSDP's hooks
+    would raise an AttributeError midway instead (the fields of FSDPParam exist only once
+    fully_shard made them, so they are looked for on the module's own)."""
+    if module is None:
+        return None
+    for m in module.modules():
+        # as conccl.fsdp.enable finds the groups (a module of no parameters has none)
+        group = m._get_fsdp_state()._fsdp_param_group if isinstance(m, FSDPModule) else None
+        if group is None:
+            continue
+        for owner, name in FSDP_FIELDS:
+            if not all(_has(owner, obj, name) for obj in _OWNERS[owner](group)):
+                return (f"PyTorch {torch.__version__}'s FSDP2 {owner.split()[0]} has no {name!r}, which conccl's "
+                        "direct path reads or assigns")
+    return None
 
 
 def _divides_input() -> str | None:
@@ -123,9 +158,10 @@ _WRAPS = {"foreach_all_gather": _gather, "foreach_all_gather_copy_out": _copy_ou
           "foreach_reduce_scatter_copy_in": _copy_in}
 
 
-def install() -> str | None:
-    """Wrap FSDP2's four functions (once; idempotent). None if installed, else why not."""
-    why = supported()
+def install(module: torch.nn.Module | None = None) -> str | None:
+    """Wrap FSDP2's four functions (once; idempotent). None if installed (and ``module``'s FSDP2
+    objects have every field the direct path touches: :func:`supported`), else why not."""
+    why = supported(module)
     if why is None and not ORIGINAL:
         for name in _WRAPS:
             ORIGINAL[name] = getattr(_fsdp_collectives, name)
