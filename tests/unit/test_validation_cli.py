@@ -143,7 +143,7 @@ def test_bench_fsdp_flags_are_checked_before_any_gpu_is_asked_for(capsys, tmp_pa
 
 
 def test_every_command_is_a_module_with_add_parser_and_run():
-    assert list(cli.COMMANDS) == ["bench", "bench-fsdp", "bench-graphs", "study", "plan"]
+    assert list(cli.COMMANDS) == ["bench", "bench-fsdp", "bench-graphs", "bench-tp", "study", "study-tp", "plan", "plan-tp"]
     for name, module in cli.COMMANDS.items():
         assert module.__name__ == f"conccl.cli.{name.replace('-', '_')}"
         assert callable(module.add_parser) and callable(module.run)

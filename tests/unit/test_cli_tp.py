@@ -1,0 +1,65 @@
+"""The tensor-parallel commands (conccl study tp, bench tp, plan tp): bad input refused in one
+line with exit code 2, the plan printed, the evaluation computed from a recorded run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conccl.cli import main
+from conccl.study import tp_evaluate
+from conccl.planner import tp as tpp
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["study", "tp", "--out", "X", "--shapes", "12x3"], "MxKxN"),
+    (["study", "tp", "--out", "X", "--chunks", "0,2"], ">= 1"),
+    (["bench", "tp", "--out", "X", "--ops", "all_gather"], "known: ag_gemm"),
+    (["bench", "tp", "--out", "X", "--schedules", "direct-q2"], "unknown tensor-parallel schedule"),
+    (["plan", "tp", "--shape", "1001x8x8", "--world", "2"], "divisible"),
+    (["plan", "tp"], "--shape"),
+    (["plan", "tp", "--shape", "8x8x8", "--markdown", "m.md"], "--evaluate"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(argv, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own checks exit from parse_args
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
+
+
+def test_plan_tp_prints_the_choice_and_writes_it(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["plan", "tp", "--op", "gemm_rs", "--shape", "8192x3584x8192", "--world", "4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["schedule"] in text and doc["prediction"] is True
+    assert 0 < doc["gemm_alone_s"] <= doc["predicted_s"] <= doc["serial_s"]
+
+
+def _bench_doc(model, shapes, schedules, world=2, bias=1.0):
+    """A one-GPU bench record set whose times are the model's own, times ``bias``."""
+    from conccl.pipeline import TPSchedule
+
+    results = []
+    for op, (M, K, N) in shapes:
+        for name in schedules:
+            s = tpp.decomposition_s(model, op, TPSchedule.parse(name), M, K, N, world)
+            results.append({"op": op, "M": M, "K": K, "N": N, "world": 1, "impl": "conccl", "schedule": name,
+                            "ms": 1e3 * s * bias})
+    return {"results": results}
+
+
+def test_the_evaluation_is_exact_on_the_models_own_times_and_sees_a_bias():
+    model = tpp.model_from()
+    shapes = [("ag_gemm", (8192, 8192, 7168)), ("gemm_rs", (8192, 3584, 8192))]
+    scheds = ["serial", "direct", "direct-p2", "direct-p4-g2"]
+    ev = tp_evaluate.evaluate(_bench_doc(model, shapes, scheds), model)
+    assert ev["summary"]["shapes"] == 2 and ev["summary"]["error_mean"] == pytest.approx(0, abs=1e-9)
+    assert all(r["auto_loss"] >= 0 for r in ev["rows"])
+    biased = tp_evaluate.evaluate(_bench_doc(model, shapes, scheds, bias=1.25), model)
+    assert biased["summary"]["error_mean"] == pytest.approx(0.2, abs=1e-6)  # the model is 20% short
+    assert "| ag_gemm | 8192x8192x7168 |" in tp_evaluate.markdown(ev)
