@@ -39,6 +39,7 @@ import torch
 
 from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
 from ..collectives import REGISTRY, Collective, LocalCall, PeerCalls
+from ..collectives.reduce_scatter import reduce_op
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
 from ..graphs import GRAPH_SLOTS, graph_schedule
 from ..persistent import PersistentCollective
@@ -85,12 +86,20 @@ class _Local:
 
 
 def _plain(arg):
-    """``arg`` as a key: split sizes only as plain ints (a tensor hashes by identity, and its
-    value can change in place); raises TypeError for anything else."""
+    """``arg`` as a key, by value: split sizes only as plain ints (a tensor hashes by identity,
+    and its value can change in place), a reduction op as its (name, factor). torch's ReduceOp
+    compares PREMUL_SUM(2.0) equal to PREMUL_SUM(3.0), so as a key it would replay the first
+    call's factor. Raises TypeError for anything else not remembered."""
     if isinstance(arg, (list, tuple)):
         arg = tuple(arg)
         if not all(type(x) is int for x in arg):
             raise TypeError("split sizes that are not plain ints are not remembered")
+        return arg
+    if isinstance(arg, (torch.distributed.ReduceOp, torch.distributed.ReduceOp.RedOpType)):
+        try:
+            return reduce_op(arg, 1)
+        except InvalidArgument:  # validation refuses it, in words
+            raise TypeError("an unsupported reduction op is not remembered") from None
     return arg
 
 
@@ -293,6 +302,10 @@ class Group(CollectiveMethods):
         executor's allocations (its generation grows with every symmetric allocation); the row
         on the options too."""
         try:
+            if not (output.numel() and input.numel()):
+                # an empty tensor's address names no storage (a slice's end is another block's
+                # start): what validation reads from it differs at the same address
+                return None, None
             key = (coll, output.data_ptr(), input.data_ptr(), output.shape, input.shape, output.stride(),
                    input.stride(), output.dtype, input.dtype, output.device, input.device,
                    self.executor.views_generation, self.options.algorithm, self.options.stream_mode,
