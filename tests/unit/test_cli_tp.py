@@ -63,3 +63,36 @@ def test_the_evaluation_is_exact_on_the_models_own_times_and_sees_a_bias():
     biased = tp_evaluate.evaluate(_bench_doc(model, shapes, scheds, bias=1.25), model)
     assert biased["summary"]["error_mean"] == pytest.approx(0.2, abs=1e-6)  # the model is 20% short
     assert "| ag_gemm | 8192x8192x7168 |" in tp_evaluate.markdown(ev)
+
+
+def _characterization(ms_whole: float) -> dict:
+    """One shape, 8192x8192x7168, whose halves cost what the whole does (no decomposition loss)."""
+    from conccl.study.tp_measure import FORMAT
+
+    t = [{"M": 8192, "K": 8192, "N": 7168, "chunks": c, "variant": "rows", "ms": ms_whole / c, "ms_spread": 0.01,
+          "total_ms": ms_whole} for c in (1, 2, 4)]
+    return {"format": FORMAT, "dtype": "bfloat16", "world": 2, "meta": {}, "timings": t}
+
+
+def test_plan_tp_uses_a_characterization_of_this_gpu(tmp_path, capsys):
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(_characterization(10.0)))
+    out = tmp_path / "p.json"
+    assert main(["plan", "tp", "--shape", "8192x8192x7168", "--characterization", str(slow), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["gemm_alone_s"] == pytest.approx(0.010)  # the file's whole GEMM, not the embedded H200's ~1.2 ms
+    assert main(["plan", "tp", "--shape", "8192x8192x7168", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["gemm_alone_s"] < 0.005
+
+
+@pytest.mark.parametrize("content,words", [
+    ("{", "not valid JSON"),
+    ('{"format": "other"}', "not a conccl-tp-characterization/1 file"),
+    ('{"format": "conccl-tp-characterization/1", "dtype": "bfloat16"}', "not a whole characterization"),
+])
+def test_a_bad_characterization_is_refused_in_one_line(tmp_path, capsys, content, words):
+    bad = tmp_path / "c.json"
+    bad.write_text(content)
+    assert main(["plan", "tp", "--shape", "8192x8192x7168", "--characterization", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "--characterization" in err and len(err.splitlines()) == 1

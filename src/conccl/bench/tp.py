@@ -11,8 +11,10 @@ implementation:
   ``fused_matmul_reduce_scatter`` (PyTorch's async-TP);
 - ``conccl``: ``conccl.tp`` with each schedule asked for, and ``conccl_auto`` (``schedule="auto"``).
 
-Timing: warm-ups, then ``runs`` timed runs with CUDA events on every rank; per rank the median,
-then the slowest rank's median (and its spread). Correctness on every case: each result is
+Timing: warm-ups, then ``runs`` timed rounds with CUDA events on every rank; a round runs every
+implementation of the shape once, in turn, so clock and power drift (which moved one H100's
+times by 5-10% over a shape's runs) falls on all of them alike; per rank the median, then the
+slowest rank's median (and its spread). Correctness on every case: each result is
 compared with ``serial_nccl``'s (bf16: within the rounding a GEMM cut into other row blocks
 may change; ``wrong`` counts the cases outside it).
 
@@ -46,7 +48,7 @@ class TPBenchConfig:
     impls: tuple = ("gemm_only", "serial_nccl", "serial_conccl", "torch_async_tp", "conccl", "conccl_auto")
     dtype: str = "bfloat16"
     warmup: int = 3
-    runs: int = 10
+    runs: int = 20
     model_world: int = 2  # one GPU: the pipeline world whose GEMM steps are timed
 
 
@@ -72,16 +74,18 @@ def grain_of(tp: TPSchedule) -> str:
     return f"p{tp.pieces}-g{tp.gemm_pieces}"
 
 
-def _timed(torch, fn, warmup: int, runs: int) -> list[float]:
+def _timed_in_turn(torch, fns: list, warmup: int, runs: int) -> list[list[float]]:
+    """Milliseconds per run of each of ``fns``, timed in rounds that run each once, in turn."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
+    out: list[list[float]] = [[] for _ in fns]
     for i in range(warmup + runs):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        if i >= warmup:
-            out.append(start.elapsed_time(end))
+        for j, fn in enumerate(fns):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            if i >= warmup:
+                out[j].append(start.elapsed_time(end))
     return out
 
 
@@ -125,30 +129,44 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
             def gemm_only():
                 torch.mm(full if op == "ag_gemm" else a_in, wt, out=prod)
 
-            base_ms, base_spread = _slowest(dist, world, _timed(torch, gemm_only, cfg.warmup, cfg.runs))
-            records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
             if world == 1:
-                for name in cfg.schedules:
-                    records.append(_decomposition(torch, cfg, op, M, K, N, name, a_in, wt, full, prod, base_ms))
+                fns = [gemm_only] + [_decomposition(torch, cfg, op, M, name, full if op == "ag_gemm" else a_in, wt, prod)
+                                     for name in cfg.schedules]
+                times = _timed_in_turn(torch, fns, cfg.warmup, cfg.runs)
+                base_ms, base_spread = _slowest(dist, world, times[0])
+                records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
+                for name, ms in zip(cfg.schedules, times[1:]):
+                    med, spread = _slowest(dist, world, ms)
+                    records.append(Record(op, M, K, N, 1, "conccl", name, grain_of(TPSchedule.parse(name)), med, spread,
+                                          med / base_ms, note=f"one GPU: the GEMM steps of a {cfg.model_world}-rank "
+                                          "pipeline alone (its decomposition loss), no transfer"))
+                if progress is not None:
+                    progress(records[-1])
                 continue
             impls = _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, async_tp, world)
-            reference = None
+            # Each implementation is run once and checked; those that ran are then timed in turn.
+            reference, ran, failed = None, [], {}
             for impl, schedule, fn in impls:
                 try:
                     result = fn()
                     torch.cuda.synchronize()
                     if reference is None:
                         reference = result.clone()
-                    wrong = not _close(torch, result, reference)
-                    ms, spread = _slowest(dist, world, _timed(torch, fn, cfg.warmup, cfg.runs))
-                    tp = TPSchedule.parse(schedule) if schedule else None
-                    records.append(Record(op, M, K, N, world, impl, schedule, grain_of(tp) if tp else None, ms, spread,
-                                          ms / base_ms, wrong))
+                    ran.append((impl, schedule, fn, not _close(torch, result, reference)))
                 except Exception as e:  # noqa: BLE001 - a case that cannot run is a record, not the end
-                    records.append(Record(op, M, K, N, world, impl, schedule, None, None, None, None,
-                                          error=f"{type(e).__name__}: {str(e)[:200]}"))
-                if progress is not None and rank == 0:
-                    progress(records[-1])
+                    failed[(impl, schedule)] = f"{type(e).__name__}: {str(e)[:200]}"
+            times = _timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs)
+            base_ms, base_spread = _slowest(dist, world, times[0])
+            records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
+            for (impl, schedule, _, wrong), ms in zip(ran, times[1:]):
+                med, spread = _slowest(dist, world, ms)
+                tp = TPSchedule.parse(schedule) if schedule else None
+                records.append(Record(op, M, K, N, world, impl, schedule, grain_of(tp) if tp else None, med, spread,
+                                      med / base_ms, wrong))
+            for (impl, schedule), why in failed.items():
+                records.append(Record(op, M, K, N, world, impl, schedule, None, None, None, None, error=why))
+            if progress is not None and rank == 0:
+                progress(records[-1])
             del a_in, wt, full, prod, out_rs
     return records
 
@@ -225,21 +243,16 @@ def _async_tp(torch, dist):
         return None
 
 
-def _decomposition(torch, cfg, op, M, K, N, name, a_in, wt, full, prod, base_ms) -> Record:
+def _decomposition(torch, cfg, op, M, name, src, wt, prod):
     """One GPU: the GEMM steps of ``name``'s pipeline for ``cfg.model_world`` ranks, back to back."""
-    tp = TPSchedule.parse(name)
     W = cfg.model_world
-    steps = gemm_steps(W, 0, tp, M // W, scatter=op == "gemm_rs")
-    src = full if op == "ag_gemm" else a_in
+    steps = gemm_steps(W, 0, TPSchedule.parse(name), M // W, scatter=op == "gemm_rs")
 
     def fn():
         for start, end, _ in steps:
             torch.mm(src[start:end], wt, out=prod[start:end])
 
-    ms = _timed(torch, fn, cfg.warmup, cfg.runs)
-    med = statistics.median(ms)
-    return Record(op, M, K, N, 1, "conccl", name, grain_of(tp), med, (max(ms) - min(ms)) / med, med / base_ms,
-                  note=f"one GPU: the GEMM steps of a {W}-rank pipeline alone (its decomposition loss), no transfer")
+    return fn
 
 
 def document(meta: dict, cfg: TPBenchConfig, records: list) -> dict:

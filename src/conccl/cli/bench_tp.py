@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                    help="conccl schedules to time, comma-separated (serial, ring, direct, direct-p4-g2, ...)")
     b.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated of {', '.join(IMPLS)}")
     b.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
-    b.add_argument("--runs", type=int_range(1, 10_000), default=10)
+    b.add_argument("--runs", type=int_range(1, 10_000), default=bench_tp.TPBenchConfig.runs)
     b.add_argument("--warmup", type=int_range(0, 10_000), default=3)
     b.add_argument("--gpus", type=int_range(1, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
     b.add_argument("--model-world", type=int_range(2, MAX_WORLD), default=2,

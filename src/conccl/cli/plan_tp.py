@@ -9,6 +9,7 @@ from ..planner import tp as tpp
 from ..planner.profile import load_profile
 from ..planner.timing import MAX_WORLD
 from ..study import tp_evaluate
+from ..study.tp_measure import TPCharacterization, profile_table
 from .common import EXIT_OK, UsageError, about, check_out_file, int_range
 from .study_tp import parse_shapes
 
@@ -26,6 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--world", type=int_range(1, MAX_WORLD), default=2)
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the embedded H200)")
+    p.add_argument("--characterization", metavar="FILE",
+                   help="a `conccl study tp` tp_characterization.json of this GPU (default: the embedded H200's)")
     p.add_argument("--json", metavar="FILE", help="also write it as JSON to FILE")
     p.add_argument("--evaluate", metavar="TP_JSON", help="judge the model on a one-GPU `conccl bench tp` tp.json")
     p.add_argument("--markdown", metavar="FILE", help="with --evaluate: write the evaluation as markdown")
@@ -35,7 +38,18 @@ def run(args) -> int:
     for flag in ("--json", "--markdown"):
         check_out_file(getattr(args, flag[2:]), flag)
     with about("--profile", args.profile or "(embedded)"):
-        model = tpp.model_from(load_profile(args.profile))
+        profile = load_profile(args.profile)
+    table = None
+    if args.characterization:
+        with about("--characterization", args.characterization):
+            data = read_json(args.characterization, ValueError, "conccl study tp characterization")
+            try:
+                table = profile_table(TPCharacterization.from_dict(data))
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"not a whole characterization ({type(e).__name__}: {e})") from None
+            if not table["rows_ms"]:
+                raise ValueError("no row-chunk timings in it")
+    model = tpp.model_from(profile, table)
     if args.evaluate:
         if args.shape:
             raise UsageError("--evaluate judges the run's own shapes; --shape would be ignored: drop it")
