@@ -37,6 +37,7 @@ DEFAULT_SHAPES = {
     "gemm_rs": ((8192, 14336, 8192), (16384, 14336, 8192), (4096, 8192, 8192), (32768, 7168, 4096),
                 (8192, 3584, 8192), (8192, 7168, 4096), (1024, 3584, 8192), (16384, 7168, 8192)),
 }
+HOST_AHEAD_CYCLES = 2_000_000  # ~1 ms at H100/H200 clocks: longer than queueing any run
 DEFAULT_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4", "direct-p4-g2", "ring-p2")
 
 
@@ -80,6 +81,9 @@ def _timed_in_turn(torch, fns: list, warmup: int, runs: int) -> list[list[float]
     out: list[list[float]] = [[] for _ in fns]
     for i in range(warmup + runs):
         for j, fn in enumerate(fns):
+            # The GPU sleeps while the host queues the run: the events time the GPU's work, not
+            # the host's launches (which a training step's host, running ahead, hides).
+            torch.cuda._sleep(HOST_AHEAD_CYCLES)
             start.record()
             fn()
             end.record()
@@ -246,11 +250,12 @@ def _async_tp(torch, dist):
 def _decomposition(torch, cfg, op, M, name, src, wt, prod):
     """One GPU: the GEMM steps of ``name``'s pipeline for ``cfg.model_world`` ranks, back to back."""
     W = cfg.model_world
-    steps = gemm_steps(W, 0, TPSchedule.parse(name), M // W, scatter=op == "gemm_rs")
+    steps = [(src[start:end], prod[start:end]) for start, end, _ in
+             gemm_steps(W, 0, TPSchedule.parse(name), M // W, scatter=op == "gemm_rs")]
 
     def fn():
-        for start, end, _ in steps:
-            torch.mm(src[start:end], wt, out=prod[start:end])
+        for x, y in steps:
+            torch.mm(x, wt, out=y)
 
     return fn
 

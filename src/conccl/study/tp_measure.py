@@ -63,6 +63,7 @@ class Timing:
 
 
 VARIANTS = ("rows", "two_streams", "ce")
+HOST_AHEAD_CYCLES = 2_000_000  # ~1 ms at H100/H200 clocks: longer than queueing any configuration
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,9 @@ def _time(torch, fn, streams, warmup: int, runs: int) -> list[float]:
     out = []
     for i in range(warmup + runs):
         with torch.cuda.stream(main):
+            # The GPU sleeps while the host queues the run: the events time the GPU's work, not
+            # the host's launches (32 chunks of a decode-sized GEMM take longer to queue than to run).
+            torch.cuda._sleep(HOST_AHEAD_CYCLES)
             start.record(main)
         for s in streams[1:]:
             s.wait_event(start)
