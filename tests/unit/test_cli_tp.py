@@ -96,3 +96,38 @@ def test_a_bad_characterization_is_refused_in_one_line(tmp_path, capsys, content
     assert main(["plan", "tp", "--shape", "8192x8192x7168", "--characterization", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "--characterization" in err and len(err.splitlines()) == 1
+
+
+def test_the_embedded_characterization_follows_the_gpu(tmp_path, capsys):
+    from conccl.planner import tp as tpp
+
+    assert tpp.embedded_gpu("NVIDIA H100 80GB HBM3") == "H100" and tpp.embedded_gpu("NVIDIA H200") == "H200"
+    assert tpp.embedded_gpu(None) == tpp.embedded_gpu("NVIDIA A100-SXM4-80GB") == "H200"
+    h100 = tpp.model_from(device_name="NVIDIA H100 80GB HBM3")
+    h200 = tpp.model_from(device_name="NVIDIA H200")
+    assert h100.rows_ms != h200.rows_ms  # two measured tables, not one
+    times = {}
+    for gpu in ("H100", "H200"):
+        out = tmp_path / f"{gpu}.json"
+        assert main(["plan", "tp", "--shape", "8192x8192x7168", "--gpu", gpu, "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert gpu in doc["characterization"]
+        times[gpu] = doc["gemm_alone_s"]
+    assert times["H100"] == pytest.approx(h100.gemm_s(8192, 8192, 7168)) != times["H200"]
+    char = tmp_path / "c.json"
+    char.write_text(json.dumps(_characterization(10.0)))
+    assert main(["plan", "tp", "--shape", "8192x8192x7168", "--gpu", "H100", "--characterization", str(char)]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+def test_evaluate_takes_the_runs_gpu(tmp_path, capsys):
+    from conccl.planner import tp as tpp
+
+    model = tpp.model_from(device_name="H100")
+    doc = _bench_doc(model, [("ag_gemm", (8192, 8192, 7168))], ["serial", "direct", "direct-p2"])
+    doc["meta"] = {"device": "NVIDIA H100 80GB HBM3"}
+    path = tmp_path / "tp.json"
+    path.write_text(json.dumps(doc))
+    assert main(["plan", "tp", "--evaluate", str(path), "--json", str(tmp_path / "e.json")]) == 0
+    ev = json.loads((tmp_path / "e.json").read_text())
+    assert "H100" in ev["characterization"] and ev["summary"]["error_mean"] == pytest.approx(0, abs=1e-9)

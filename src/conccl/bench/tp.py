@@ -199,7 +199,7 @@ def _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, asyn
             out.append(("conccl", name, lambda name=name: ctp.all_gather_matmul(a_in, wt, schedule=name)[1][0]))
         if "conccl_auto" in cfg.impls:
             name = ctp.resolve_schedule("auto", "ag_gemm", full.shape[0], full.shape[1], wt.shape[1], world,
-                                        a_in.dtype).name
+                                        a_in.dtype, a_in.device).name
             out.append(("conccl_auto", name, lambda: ctp.all_gather_matmul(a_in, wt, schedule="auto")[1][0]))
     else:
         def serial(lib):
@@ -219,7 +219,7 @@ def _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, asyn
             out.append(("conccl", name, lambda name=name: ctp.matmul_reduce_scatter(a_in, wt, schedule=name)))
         if "conccl_auto" in cfg.impls:
             name = ctp.resolve_schedule("auto", "gemm_rs", a_in.shape[0], a_in.shape[1], wt.shape[1], world,
-                                        a_in.dtype).name
+                                        a_in.dtype, a_in.device).name
             out.append(("conccl_auto", name, lambda: ctp.matmul_reduce_scatter(a_in, wt, schedule="auto")))
     return out
 

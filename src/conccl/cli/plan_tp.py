@@ -28,7 +28,10 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the embedded H200)")
     p.add_argument("--characterization", metavar="FILE",
-                   help="a `conccl study tp` tp_characterization.json of this GPU (default: the embedded H200's)")
+                   help="a `conccl study tp` tp_characterization.json of this GPU (default: the embedded one of --gpu)")
+    p.add_argument("--gpu", choices=sorted(tpp.EMBEDDED_TP), default=None,
+                   help="the embedded characterization to use (default: with --evaluate, the run's GPU; else "
+                        f"{tpp.DEFAULT_GPU})")
     p.add_argument("--json", metavar="FILE", help="also write it as JSON to FILE")
     p.add_argument("--evaluate", metavar="TP_JSON", help="judge the model on a one-GPU `conccl bench tp` tp.json")
     p.add_argument("--markdown", metavar="FILE", help="with --evaluate: write the evaluation as markdown")
@@ -49,7 +52,9 @@ def run(args) -> int:
                 raise ValueError(f"not a whole characterization ({type(e).__name__}: {e})") from None
             if not table["rows_ms"]:
                 raise ValueError("no row-chunk timings in it")
-    model = tpp.model_from(profile, table)
+    if table is not None and args.gpu:
+        raise UsageError("--gpu picks an embedded characterization; --characterization gives one: give one of them")
+    bench = None
     if args.evaluate:
         if args.shape:
             raise UsageError("--evaluate judges the run's own shapes; --shape would be ignored: drop it")
@@ -57,11 +62,17 @@ def run(args) -> int:
             bench = read_json(args.evaluate, ValueError, "conccl bench tp results")
             if not isinstance(bench, dict) or not isinstance(bench.get("results"), list):
                 raise ValueError("not a `conccl bench tp` tp.json (no results list)")
+    meta = bench.get("meta") if bench else None
+    gpu = tpp.embedded_gpu(args.gpu or (meta.get("device") if isinstance(meta, dict) else None))
+    model = tpp.model_from(profile, table, device_name=gpu)
+    source = args.characterization or f"the embedded {gpu} characterization"
+    if bench is not None:
         ev = tp_evaluate.evaluate(bench, model, args.world)
         if not ev["rows"]:
             raise UsageError(f"--evaluate {args.evaluate}: no one-GPU schedule timings in it (run `conccl bench tp` "
                              "on one GPU)")
-        text = tp_evaluate.markdown(ev)
+        ev["characterization"] = source
+        text = tp_evaluate.markdown(ev) + f"\nModel: {source}.\n"
         print(text)
         if args.markdown:
             write_text(args.markdown, text)
@@ -76,8 +87,8 @@ def run(args) -> int:
     if M % args.world:
         raise UsageError(f"--shape: M ({M}) must be divisible by --world ({args.world})")
     c = tpp.choose(args.op, M, K, N, args.world, args.dtype, model=model)
-    print(f"PREDICTION      {args.op} {M}x{K}x{N}, world {args.world}, {args.dtype}: from the tensor-parallel "
-          f"characterization ({'this shape measured' if c.measured else 'shape not measured: interpolated or the tile-wave model'})")
+    print(f"PREDICTION      {args.op} {M}x{K}x{N}, world {args.world}, {args.dtype}: from {source} "
+          f"({'this shape measured' if c.measured else 'shape not measured: interpolated or the tile-wave model'})")
     print(f"schedule        {c.schedule.name}")
     print(f"predicted       {1e3 * c.predicted_s:.3f} ms = {c.predicted_s / c.gemm_alone_s:.3f}x the GEMM alone "
           f"({1e3 * c.gemm_alone_s:.3f} ms); serial {1e3 * c.serial_s:.3f} ms = {c.serial_s / c.gemm_alone_s:.3f}x")
@@ -88,5 +99,6 @@ def run(args) -> int:
                                           "world": args.world, "schedule": c.schedule.name,
                                           "predicted_s": c.predicted_s, "gemm_alone_s": c.gemm_alone_s,
                                           "serial_s": c.serial_s, "measured": c.measured,
-                                          "ranked": [list(x) for x in c.ranked], "prediction": True}, indent=1) + "\n")
+                                          "ranked": [list(x) for x in c.ranked], "characterization": source,
+                                          "prediction": True}, indent=1) + "\n")
     return EXIT_OK

@@ -33,7 +33,12 @@ from ..errors import InvalidArgument
 from ..pipeline import SERIAL, Order, TPSchedule, gemm_steps, split_rows
 from .profile import HardwareProfile, load_profile
 
-EMBEDDED_TP = pathlib.Path(__file__).parents[1] / "data" / "h200_tp.json"
+_DATA = pathlib.Path(__file__).parents[1] / "data"
+# The characterizations shipped (``conccl study tp`` on one GPU of each kind), found by a word of
+# the CUDA device's name; any other GPU gets the H200's (``conccl plan tp --characterization``
+# takes the user's own).
+EMBEDDED_TP = {"H100": _DATA / "h100_tp.json", "H200": _DATA / "h200_tp.json"}
+DEFAULT_GPU = "H200"
 DEFAULT_CONTENTION = 1.03
 COPY_LATENCY_S = 8e-6  # one copy-engine copy's fixed cost on the GPU (H200: batched peer copies)
 OPS = ("ag_gemm", "gemm_rs")
@@ -87,17 +92,23 @@ def _interpolate(table: dict, rows: int) -> float:
     return table[a] + (table[b] - table[a]) * (rows - a) / (b - a)
 
 
+def embedded_gpu(device_name: str | None) -> str:
+    """The key of :data:`EMBEDDED_TP` for a CUDA device name ("NVIDIA H100 80GB HBM3" -> "H100")."""
+    return next((k for k in EMBEDDED_TP if device_name and k in device_name.upper()), DEFAULT_GPU)
+
+
 @lru_cache(maxsize=4)
-def _embedded_table() -> dict:
-    return json.loads(EMBEDDED_TP.read_text(encoding="utf-8"))
+def _embedded_table(gpu: str) -> dict:
+    return json.loads(EMBEDDED_TP[gpu].read_text(encoding="utf-8"))
 
 
 def model_from(profile: HardwareProfile | None = None, table: dict | None = None,
-               contention: float | None = None) -> TPModel:
+               contention: float | None = None, device_name: str | None = None) -> TPModel:
     """The model from a hardware profile (default: the embedded one) and a characterization
-    table (default: the profile's ``tp`` table, else the embedded H200 characterization)."""
+    table (default: the profile's ``tp`` table, else the embedded characterization of the GPU
+    named ``device_name``, :func:`embedded_gpu`)."""
     p = profile or load_profile()
-    t = table if table is not None else (getattr(p, "tp", None) or _embedded_table())
+    t = table if table is not None else (getattr(p, "tp", None) or _embedded_table(embedded_gpu(device_name)))
     rows_ms = {k: {int(r): float(v) for r, v in rows.items()} for k, rows in t.get("rows_ms", {}).items()}
     eff = p.gemm_efficiency.get("compute-bound", 0.7) if isinstance(p.gemm_efficiency, dict) else 0.7
     return TPModel(rows_ms, p.bf16_flops * eff, p.sm_count, p.nvlink_bytes_per_s, p.hbm_bytes_per_s,
@@ -207,14 +218,15 @@ class Choice:
 
 
 def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16", *,
-           model: TPModel | None = None) -> Choice:
-    """The fastest predicted schedule for ``op`` on this shape and world (``auto``)."""
+           model: TPModel | None = None, device_name: str | None = None) -> Choice:
+    """The fastest predicted schedule for ``op`` on this shape and world (``auto``); ``model``
+    None: the embedded one of the GPU named ``device_name`` (:func:`embedded_gpu`)."""
     for name, v in (("M", M), ("K", K), ("N", N), ("world", world)):
         if not isinstance(v, int) or v < 1:
             raise InvalidArgument(f"{name} must be a whole number >= 1, got {v!r}")
     if M % world:
         raise InvalidArgument(f"M ({M}) must be divisible by the world size ({world})")
-    m = model or _default_model()
+    m = model or _default_model(embedded_gpu(device_name))
     elem = 4 if dtype == "float32" else 2
     ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem)) for tp in candidates(M, world)),
                     key=lambda x: x[1])
@@ -223,9 +235,9 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
                   tuple((tp.name, s) for tp, s in ranked))
 
 
-@lru_cache(maxsize=1)
-def _default_model() -> TPModel:
-    return model_from()
+@lru_cache(maxsize=4)
+def _default_model(gpu: str) -> TPModel:
+    return model_from(table=_embedded_table(gpu))
 
 
 def decomposition_s(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, world: int) -> float:

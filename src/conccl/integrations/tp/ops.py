@@ -7,6 +7,8 @@ flat all-gather or reduce-scatter, cut into a pipeline with the GEMM (:mod:`conc
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from ...collectives.reduce_scatter import DTYPES as RS_DTYPES
@@ -27,16 +29,26 @@ def _group(group) -> Group:
     return api.get_group(group)
 
 
-def resolve_schedule(schedule, op: str, M: int, K: int, N: int, world: int, dtype) -> TPSchedule:
-    """``schedule`` as a :class:`TPSchedule`: "auto" asks the planner (the hardware profile's
-    measured losses and bandwidths), a name is parsed, a TPSchedule is taken as it is."""
+def resolve_schedule(schedule, op: str, M: int, K: int, N: int, world: int, dtype, device=None) -> TPSchedule:
+    """``schedule`` as a :class:`TPSchedule`: "auto" asks the planner (the measured losses of
+    ``device``'s kind of GPU where conccl ships them, H100 and H200, else the H200's; the
+    hardware profile's bandwidths), a name is parsed, a TPSchedule is taken as it is."""
     if isinstance(schedule, TPSchedule):
         return schedule
     if not isinstance(schedule, str):
         raise InvalidArgument(f"schedule must be 'auto', a schedule name or a conccl.tp.TPSchedule, got {schedule!r}")
     if schedule == "auto":
-        return tp_planner.choose(op, M, K, N, world, str(dtype).removeprefix("torch.")).schedule
+        return tp_planner.choose(op, M, K, N, world, str(dtype).removeprefix("torch."),
+                                 device_name=_device_name(device)).schedule
     return TPSchedule.parse(schedule)
+
+
+@lru_cache(maxsize=16)
+def _device_name(device) -> str | None:
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda":
+        return None
+    return torch.cuda.get_device_name(device)
 
 
 def _check_dim(t, dim: int, what: str) -> int:
@@ -114,7 +126,8 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
     a2 = a.view(rows, K)
     gathered = torch.empty((world * rows, K), dtype=a.dtype, device=a.device)
     outs = [torch.empty((world * rows, w.shape[1]), dtype=a.dtype, device=a.device) for w in weights]
-    tp = resolve_schedule(schedule, "ag_gemm", world * rows, K, max(w.shape[1] for w in weights), world, a.dtype)
+    tp = resolve_schedule(schedule, "ag_gemm", world * rows, K, max(w.shape[1] for w in weights), world, a.dtype,
+                          a.device)
     record = _recorder(async_op, [a2, gathered, *weights, *outs])
 
     def compute(op):
@@ -175,7 +188,7 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
     x2 = x.view(M, K)
     full = torch.empty((M, N), dtype=a.dtype, device=a.device)
     out = torch.empty((M // world, N), dtype=a.dtype, device=a.device)
-    tp = resolve_schedule(schedule, "gemm_rs", M, K, N, world, a.dtype)
+    tp = resolve_schedule(schedule, "gemm_rs", M, K, N, world, a.dtype, a.device)
     record = _recorder(async_op, [x2, weight, full, out])
 
     def compute(step):
