@@ -131,3 +131,57 @@ def test_evaluate_takes_the_runs_gpu(tmp_path, capsys):
     assert main(["plan", "tp", "--evaluate", str(path), "--json", str(tmp_path / "e.json")]) == 0
     ev = json.loads((tmp_path / "e.json").read_text())
     assert "H100" in ev["characterization"] and ev["summary"]["error_mean"] == pytest.approx(0, abs=1e-9)
+
+
+def test_study_tp_keeps_the_characterization_in_a_profile_and_plan_reads_it(tmp_path, capsys, monkeypatch):
+    """`conccl study tp --profile FILE` (its measurement faked: the CPU has no GPU) writes the
+    table into the profile; `conccl plan tp --profile FILE` plans from it."""
+    from conccl.cli import study_tp
+    from conccl.planner.profile import load_profile
+    from conccl.study.tp_measure import TPCharacterization
+
+    prof = tmp_path / "profile.json"
+    prof.write_text(load_profile().to_json())
+    assert load_profile(prof).tp == {}
+    fake = TPCharacterization.from_dict(_characterization(10.0))
+    monkeypatch.setattr(study_tp.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(study_tp.tp_measure, "measure", lambda *a, **k: fake)
+    monkeypatch.setattr(study_tp, "environment", lambda kind, world: {"machine_kind": kind, "date": "d", "commit": "c"})
+    monkeypatch.setattr(study_tp.tp_report, "figure", lambda char, path: path.write_text("png"))
+    assert main(["study", "tp", "--out", str(tmp_path / "st"), "--profile", str(prof)]) == 0
+    kept = load_profile(prof).tp
+    assert kept["rows_ms"]["8192x8192x7168"]["4096"] == pytest.approx(5.0)
+    out = tmp_path / "p.json"
+    assert main(["plan", "tp", "--shape", "8192x8192x7168", "--profile", str(prof), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["gemm_alone_s"] == pytest.approx(0.010) and str(prof) in doc["characterization"]
+
+
+def test_study_tp_refuses_a_bad_profile_before_measuring(tmp_path, capsys, monkeypatch):
+    from conccl.cli import study_tp
+
+    bad = tmp_path / "profile.json"
+    bad.write_text('{"format": "conccl-profile/1"}')
+    monkeypatch.setattr(study_tp.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(study_tp.tp_measure, "measure", lambda *a, **k: pytest.fail("measured before refusing"))
+    assert main(["study", "tp", "--out", str(tmp_path / "st"), "--profile", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--profile" in err and "missing field" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("tp,words", [
+    ({"rows_ms": {"8192x8192": {"1": 1.0}}}, "MxKxN"),
+    ({"rows_ms": {"8x8x8": {"0": 1.0}}}, "row counts"),
+    ({"rows_ms": {"8x8x8": {"8": -1.0}}}, "tp.rows_ms.8x8x8.8"),
+    ({"contention": {"8x8x8": {"8": 1e9}}}, "tp.contention.8x8x8.8"),
+    ([], "field tp must be an object"),
+])
+def test_a_broken_tp_table_in_a_profile_is_refused(tp, words):
+    import dataclasses
+
+    from conccl.planner.profile import HardwareProfile, ProfileError, load_profile
+
+    data = dataclasses.asdict(load_profile())
+    data["tp"] = tp
+    with pytest.raises(ProfileError, match=words.replace(".", r"\.")):
+        HardwareProfile.from_dict(data)

@@ -26,7 +26,9 @@ def add_parser(sub) -> None:
                    help="M (gathered rows, or rows of the product) x K x N")
     p.add_argument("--world", type=int_range(1, MAX_WORLD), default=2)
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    p.add_argument("--profile", metavar="FILE", help="hardware profile (default: the embedded H200)")
+    p.add_argument("--profile", metavar="FILE",
+                   help="hardware profile (default: the embedded H200 x4); its tp table, where it has one, is the "
+                        "characterization")
     p.add_argument("--characterization", metavar="FILE",
                    help="a `conccl study tp` tp_characterization.json of this GPU (default: the embedded one of --gpu)")
     p.add_argument("--gpu", choices=sorted(tpp.EMBEDDED_TP), default=None,
@@ -65,7 +67,8 @@ def run(args) -> int:
     meta = bench.get("meta") if bench else None
     gpu = tpp.embedded_gpu(args.gpu or (meta.get("device") if isinstance(meta, dict) else None))
     model = tpp.model_from(profile, table, device_name=gpu)
-    source = args.characterization or f"the embedded {gpu} characterization"
+    source = args.characterization or (f"the tp table of {args.profile}" if profile.tp and table is None
+                                       else f"the embedded {gpu} characterization")
     if bench is not None:
         ev = tp_evaluate.evaluate(bench, model, args.world)
         if not ev["rows"]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
@@ -10,6 +11,7 @@ import torch
 
 from ..bench.environment import environment
 from ..jsonfile import write_text
+from ..planner.profile import ProfileError, load_profile
 from ..study import tp_measure, tp_report
 from .common import EXIT_OK, UsageError, add_machine_kind, check_out_dir, int_range
 
@@ -59,6 +61,9 @@ def add_parser(sub) -> None:
     s.add_argument("--runs", type=int_range(3, 1000), default=10, help="timed runs per configuration (default 10)")
     s.add_argument("--warmup", type=int_range(1, 100), default=3)
     s.add_argument("--quick", action="store_true", help="three shapes, chunks 1,2,4,8")
+    s.add_argument("--profile", metavar="FILE",
+                   help="also keep the characterization in this hardware profile (a `conccl study` profile.json, "
+                        "rewritten in place): `conccl plan tp --profile FILE` then plans from it")
     add_machine_kind(s, "characterization")
 
 
@@ -69,6 +74,12 @@ def run(args) -> int:
         raise UsageError(f"--out {out} already holds {JSON_NAME}; choose another folder")
     if not torch.cuda.is_available():
         raise UsageError("conccl study tp measures GEMMs on a CUDA GPU and none is visible")
+    profile = None
+    if args.profile:  # read before an hour of measuring, not after
+        try:
+            profile = load_profile(args.profile)
+        except ProfileError as e:
+            raise UsageError(f"--profile: {e}") from None
     shapes, chunks = args.shapes, args.chunks
     if args.quick:
         shapes, chunks = shapes[:3], (1, 2, 4, 8)
@@ -85,4 +96,9 @@ def run(args) -> int:
     write_text(out / MD_NAME, tp_report.markdown(char))
     tp_report.figure(char, out / FIGURE_NAME)
     print(f"conccl study tp: wrote {out / JSON_NAME}, {out / MD_NAME} and {out / FIGURE_NAME}")
+    if profile is not None:
+        table = dict(tp_measure.profile_table(char), source={k: meta.get(k) for k in ("machine_kind", "date", "commit")}
+                     | {"from": str(out / JSON_NAME)})
+        write_text(args.profile, dataclasses.replace(profile, tp=table).to_json())
+        print(f"conccl study tp: kept the characterization in {args.profile} (its tp table)")
     return EXIT_OK

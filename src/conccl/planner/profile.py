@@ -53,6 +53,10 @@ class HardwareProfile:
     # pairing ("ce", "sm", "base", "rp") -> GEMM class -> {"gemm", "comm"}: slowdowns while both
     # run beyond lost SMs and shared HBM, fitted on the reference GEMMs' scenarios (planner.fit)
     interference: dict = field(default_factory=dict)
+    # the tensor-parallel characterization (``conccl study tp``, ``study.tp_measure.profile_table``):
+    # {"dtype", "rows_ms": {"MxKxN": {rows: ms}}, "contention": {"MxKxN": {rows: slowdown}}, "source"};
+    # empty: conccl.planner.tp uses the embedded one of the GPU
+    tp: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
     format: str = FORMAT
 

@@ -72,6 +72,7 @@ def check(p) -> None:
             for k, v in obj.items():
                 lo, hi = ranges.get(k, ranges.get(None, (0, math.inf)))
                 _number(v, f"{where}.{k}", lo, hi, open_low=lo > 0 or name == "overlap")
+    check_tp(p.tp)
     for where, sweep in _objects(p.comm_sweep, "comm_sweep", 1):
         for c, points in sweep.items():
             if not isinstance(points, list) or not points:
@@ -84,3 +85,22 @@ def check(p) -> None:
             if [pt[0] for pt in points] != sorted(pt[0] for pt in points):
                 raise Refused(f"field {where}.{c} must list its sizes in increasing order, got "
                               f"{[pt[0] for pt in points]!r}")
+
+
+TP_MS = (1e-6, 6e4)  # one GEMM's milliseconds
+
+
+def check_tp(tp) -> None:
+    """The ``tp`` table: every shape key ``MxKxN`` of positive whole numbers, every row count a
+    positive whole number, every time in :data:`TP_MS` and every slowdown in :data:`SLOWDOWN`."""
+    if not isinstance(tp, dict):
+        raise Refused(f"field tp must be an object, got {type(tp).__name__}")
+    for name, rng in (("rows_ms", TP_MS), ("contention", SLOWDOWN)):
+        for where, rows in _objects(tp.get(name, {}), f"tp.{name}", 1):
+            dims = where.rsplit(".", 1)[-1].split("x")
+            if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+                raise Refused(f"field {where} must be keyed by a shape MxKxN of positive whole numbers")
+            for r, v in rows.items():
+                if not str(r).isdigit() or int(r) < 1:
+                    raise Refused(f"field {where} must map row counts (positive whole numbers) to numbers, got {r!r}")
+                _number(v, f"{where}.{r}", *rng)
