@@ -36,14 +36,20 @@ through the workspace unless every rank's source is peer-reachable. A stale reme
 shows there even where its bytes would still be right (a peer-reachable tensor taken for a
 plain one is staged: the right bytes, another path).
 
-Each rank returns its mismatches (step, what); the test prints the first ones. A fixed seed
-and about 1500 steps per world (2 and 3 ranks) in CI. A longer run::
+Each rank returns its mismatches (step, what); the test prints the first ones. CI runs a
+fixed seed, 4000 steps with 2 ranks and 3000 with 3 (``CI_STEPS``; a step is a call, a
+persistent start, or now and then a remake or an options change): about 15 s on 2 cores.
+A longer or other run, by environment::
 
     CONCCL_FUZZ_CALLS=20000 CONCCL_FUZZ_SEED=7 CONCCL_FUZZ_WORLDS=2,3,4 \\
-        PYTHONPATH=src python -m pytest -q tests/multiproc/test_fuzz.py
+        PYTHONPATH=src python -m pytest -q -s tests/multiproc/test_fuzz.py
 
-(steps per world; one group runs at most ``ROUND`` steps, the next round a new group with the
-next seed, so the pool's shared memory stays small.)
+``CONCCL_FUZZ_CALLS``: steps per world (default: ``CI_STEPS``); ``CONCCL_FUZZ_SEED``: the base
+seed (default ``SEED``; a failure names the seed of its round); ``CONCCL_FUZZ_WORLDS``: ranks
+per group, comma-separated (default 2,3). One group runs at most ``ROUND`` steps, then the
+next round a new group with the next seed, so the pool's shared memory stays small. ``-s``
+prints what each round reached (calls per collective, refusals, empty tensors, persistent
+starts, remakes, addresses handed back).
 """
 from __future__ import annotations
 
@@ -67,7 +73,7 @@ from conccl.errors import InvalidArgument  # noqa: E402
 from conccl.launch import spawn  # noqa: E402
 
 SEED = int(os.environ.get("CONCCL_FUZZ_SEED", "3303"))
-CI_STEPS = {2: 1500, 3: 1200}
+CI_STEPS = {2: 4000, 3: 3000}
 CALLS = int(os.environ.get("CONCCL_FUZZ_CALLS", "0"))  # steps per world; 0: CI_STEPS
 WORLDS = [int(w) for w in os.environ.get("CONCCL_FUZZ_WORLDS", "2,3").split(",")]
 ROUND = 2500  # steps per group at most
@@ -107,7 +113,7 @@ def _values(dtype, shape, rank: int, step: int):
     elif dtype == torch.uint8:
         v = (i * 7 + rank * 101 + step * 13) % 256
     else:
-        v = rank * 100_000_000 + (step * 4099 + i) % 100_000_000
+        v = rank * 10_000_000 + (step * 4099 + i) % 10_000_000
     return v.to(dtype).view(shape)
 
 
@@ -191,6 +197,8 @@ class _Slot:
 
 
 class _Fuzz:
+    """One rank's run: the shared draws, this rank's tensors, the checks."""
+
     def __init__(self, comm, seed: int):
         self.comm, self.rank, self.world = comm, comm.rank, comm.world
         self.rng = random.Random(seed)
@@ -249,7 +257,7 @@ class _Fuzz:
     def _stream_mode(self):
         return None if self.rng.random() < 0.5 else self.rng.choice(list(StreamMode))
 
-    def _shapes(self, coll: str, dtype):
+    def _shapes(self, coll: str):
         w, r = self.world, self.rng
         if coll == "all_to_all":
             cols = r.choice((None, 1, 3, 8))
@@ -295,7 +303,7 @@ class _Fuzz:
         r = self.rng
         coll = r.choice(sorted(REGISTRY))
         dtype = r.choice(REDUCING if coll in ("reduce_scatter", "all_reduce") else MOVED_DTYPES)
-        ins, outs, args, in_place = self._shapes(coll, dtype)
+        ins, outs, args, in_place = self._shapes(coll)
         spec = Spec(coll, dtype, ins, outs, in_place, args, None, None, r.random() < 0.1)
         spec = self._place(spec)
         spec.algorithm = self._algorithm(coll, spec.out_src)
@@ -308,16 +316,19 @@ class _Fuzz:
             return None
         return [16 * self.rng.randrange(0, (size - max(n, 1)) // 16 + 1) for n in needs]
 
-    def _place(self, spec: Spec) -> Spec:
-        """Draw where the tensors live (a slot or fresh, per-rank offsets)."""
+    def _place(self, spec: Spec, keep: bool = False) -> Spec:
+        """Draw where the tensors live (a slot or fresh, per-rank offsets); ``keep``: in the
+        slots they are in now, at new offsets."""
         r, w = self.rng, self.world
-        pick = lambda: None if r.random() < 0.15 else r.randrange(len(self.slots))  # noqa: E731
+        srcs = iter((spec.out_src, spec.in_src) if keep else ())
+        pick = lambda: next(srcs) if keep else None if r.random() < 0.15 else r.randrange(len(self.slots))  # noqa: E731
         if spec.in_place:
             src = pick()
             needs = [_nbytes(s, spec.dtype) for s in spec.home_shapes()]
             off = self._offsets(src, needs) if src is not None else None
             return replace(spec, out_src=src if off else None, out_off=off, in_src=None, in_off=None)
-        out_src, in_src = pick(), pick()
+        out_src = pick()
+        in_src = pick()
         ob = [_nbytes(s, spec.dtype) for s in spec.out_shapes]
         ib = [_nbytes(s, spec.dtype) for s in spec.in_shapes]
         out_off = in_off = None
@@ -366,6 +377,14 @@ class _Fuzz:
         if u < 0.8:
             return replace(spec, algorithm=self._algorithm(spec.coll, spec.out_src), stream_mode=self._stream_mode(),
                            async_op=r.random() < 0.1)
+        if u < 0.9 and self.world > 1:  # some ranks move their tensors in the same buffers, the others keep theirs
+            moved = self._place(spec, keep=True)
+            if moved.out_src != spec.out_src or moved.in_src != spec.in_src:  # did not fit: fresh now
+                return moved
+            ranks = set(r.sample(range(self.world), r.randint(1, self.world - 1)))
+            pick = lambda new, old: None if new is None else [new[q] if q in ranks else old[q]  # noqa: E731
+                                                               for q in range(self.world)]
+            return replace(spec, out_off=pick(moved.out_off, spec.out_off), in_off=pick(moved.in_off, spec.in_off))
         return self._place(spec)
 
     # ------------------------------------------------------------------ this rank's tensors
@@ -413,7 +432,7 @@ class _Fuzz:
             return None
         algorithm = requested or (Algorithm.PUSH if out_sym else Algorithm.PULL)
         src_sym = out_sym if spec.in_place else self._sym(spec.in_src)
-        return algorithm, mode, algorithm is Algorithm.PULL and not src_sym
+        return algorithm, mode, algorithm is Algorithm.PULL and not src_sym and self.world > 1
 
     # ------------------------------------------------------------------ checks
     def _bad(self, what: str, spec: Spec | None = None) -> None:
@@ -556,7 +575,7 @@ class _Fuzz:
 
     def _set_options(self) -> None:
         r = self.rng
-        self.comm.options.algorithm = None if r.random() < 0.7 else r.choice((Algorithm.PULL, Algorithm.PUSH))
+        self.comm.options.algorithm = None if r.random() < 0.8 else r.choice((Algorithm.PULL, Algorithm.PUSH))
         self.comm.options.stream_mode = r.choice(list(StreamMode))
 
     def run(self, steps: int) -> None:
@@ -569,7 +588,7 @@ class _Fuzz:
             u = r.random()
             if u < 0.02:
                 self._remake()
-            elif u < 0.027:
+            elif u < 0.032:
                 self._set_options()
             elif u < 0.05:
                 self._persist_make()
