@@ -150,10 +150,7 @@ MARK_WORDS = 256
 
 
 @dataclass(frozen=True)
-class Mark:
-    """Write ``seq`` into the own pad's mark ``word`` after prior work on the slot: the piece
-    it names is in place (landed from ``peer``, or computed for ``peer``)."""
-
+class _MarkWord:
     word: int
     peer: int
 
@@ -163,16 +160,15 @@ class Mark:
 
 
 @dataclass(frozen=True)
-class AwaitMark:
+class Mark(_MarkWord):
+    """Write ``seq`` into the own pad's mark ``word`` after prior work on the slot: the piece
+    it names is in place (landed from ``peer``, or computed for ``peer``)."""
+
+
+@dataclass(frozen=True)
+class AwaitMark(_MarkWord):
     """Block the slot until the own pad's mark ``word`` is >= ``seq`` (its piece, from or for
     ``peer``, is in place)."""
-
-    word: int
-    peer: int
-
-    def __post_init__(self):
-        if not 0 <= self.word < MARK_WORDS:
-            raise ValueError(f"mark word {self.word} outside 0..{MARK_WORDS - 1}")
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,6 @@ def _close(torch, a, b) -> bool:
 
 def _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, async_tp, world):
     """(impl, schedule name or None, fn returning this rank's result) for one case."""
-    out = []
     if op == "ag_gemm":
         def serial(lib):
             def fn():
@@ -189,18 +188,10 @@ def _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, asyn
                 return torch.mm(full, wt, out=prod)
             return fn
 
-        if "serial_nccl" in cfg.impls:
-            out.append(("serial_nccl", None, serial(dist)))
-        if "serial_conccl" in cfg.impls:
-            out.append(("serial_conccl", None, serial(conccl)))
-        if async_tp is not None:
-            out.append(("torch_async_tp", None, lambda: async_tp.ag(a_in, wt)))
-        for name in cfg.schedules if "conccl" in cfg.impls else ():
-            out.append(("conccl", name, lambda name=name: ctp.all_gather_matmul(a_in, wt, schedule=name)[1][0]))
-        if "conccl_auto" in cfg.impls:
-            name = ctp.resolve_schedule("auto", "ag_gemm", full.shape[0], full.shape[1], wt.shape[1], world,
-                                        a_in.dtype, a_in.device).name
-            out.append(("conccl_auto", name, lambda: ctp.all_gather_matmul(a_in, wt, schedule="auto")[1][0]))
+        def pipelined(schedule):
+            return ctp.all_gather_matmul(a_in, wt, schedule=schedule)[1][0]
+
+        fused, M = (async_tp.ag if async_tp is not None else None), full.shape[0]
     else:
         def serial(lib):
             def fn():
@@ -209,18 +200,22 @@ def _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, asyn
                 return out_rs
             return fn
 
-        if "serial_nccl" in cfg.impls:
-            out.append(("serial_nccl", None, serial(dist)))
-        if "serial_conccl" in cfg.impls:
-            out.append(("serial_conccl", None, serial(conccl)))
-        if async_tp is not None:
-            out.append(("torch_async_tp", None, lambda: async_tp.rs(a_in, wt)))
-        for name in cfg.schedules if "conccl" in cfg.impls else ():
-            out.append(("conccl", name, lambda name=name: ctp.matmul_reduce_scatter(a_in, wt, schedule=name)))
-        if "conccl_auto" in cfg.impls:
-            name = ctp.resolve_schedule("auto", "gemm_rs", a_in.shape[0], a_in.shape[1], wt.shape[1], world,
-                                        a_in.dtype, a_in.device).name
-            out.append(("conccl_auto", name, lambda: ctp.matmul_reduce_scatter(a_in, wt, schedule="auto")))
+        def pipelined(schedule):
+            return ctp.matmul_reduce_scatter(a_in, wt, schedule=schedule)
+
+        fused, M = (async_tp.rs if async_tp is not None else None), a_in.shape[0]
+    out = []
+    if "serial_nccl" in cfg.impls:
+        out.append(("serial_nccl", None, serial(dist)))
+    if "serial_conccl" in cfg.impls:
+        out.append(("serial_conccl", None, serial(conccl)))
+    if fused is not None:
+        out.append(("torch_async_tp", None, lambda: fused(a_in, wt)))
+    for name in cfg.schedules if "conccl" in cfg.impls else ():
+        out.append(("conccl", name, lambda name=name: pipelined(name)))
+    if "conccl_auto" in cfg.impls:
+        name = ctp.resolve_schedule("auto", op, M, wt.shape[0], wt.shape[1], world, a_in.dtype, a_in.device).name
+        out.append(("conccl_auto", name, lambda: pipelined("auto")))
     return out
 
 

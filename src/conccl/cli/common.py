@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import pathlib
 import sys
 import tempfile
+
+from ..jsonfile import write_text
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run finished, but some result was wrong or some case failed
@@ -119,3 +122,13 @@ def gpu_world(gpus: int | None) -> tuple[int, str | None]:
     if not visible or world < 2:
         return world, f"needs at least 2 CUDA GPUs linked by NVLink, found {visible}"
     return world, None
+
+
+def print_and_write(text: str, markdown_path=None, json_path=None, doc=None) -> None:
+    """Print ``text``; also write it to ``markdown_path`` and ``doc`` as JSON to ``json_path``
+    where given (an evaluation's two forms)."""
+    print(text)
+    if markdown_path:
+        write_text(markdown_path, text)
+    if json_path:
+        write_text(json_path, json.dumps(doc, indent=1) + "\n")

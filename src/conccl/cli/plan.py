@@ -16,7 +16,7 @@ from ..study.evaluate import evaluate, markdown
 from ..study.results import load_results
 from ..study.scenarios import Scenario, parse_gemm
 from ..units import parse_size
-from .common import EXIT_OK, UsageError, about, check_out_file, fail, int_range
+from .common import EXIT_OK, UsageError, about, check_out_file, fail, int_range, print_and_write
 
 
 def add_parser(sub) -> None:
@@ -117,10 +117,5 @@ def _evaluate(args, prof) -> int:
     with about("--evaluate", args.evaluate):
         res = load_results(args.evaluate)
         ev = evaluate(res, prof)
-    text = markdown(ev)
-    print(text)
-    if args.markdown:
-        write_text(args.markdown, text)
-    if args.json:
-        write_text(args.json, json.dumps(ev, indent=1) + "\n")
+    print_and_write(markdown(ev), args.markdown, args.json, ev)
     return EXIT_OK

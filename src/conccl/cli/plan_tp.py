@@ -10,7 +10,7 @@ from ..planner.profile import load_profile
 from ..planner.timing import MAX_WORLD
 from ..study import tp_evaluate
 from ..study.tp_measure import TPCharacterization, profile_table
-from .common import EXIT_OK, UsageError, about, check_out_file, int_range
+from .common import EXIT_OK, UsageError, about, check_out_file, int_range, print_and_write
 from .study_tp import parse_shapes
 
 
@@ -75,12 +75,7 @@ def run(args) -> int:
             raise UsageError(f"--evaluate {args.evaluate}: no one-GPU schedule timings in it (run `conccl bench tp` "
                              "on one GPU)")
         ev["characterization"] = source
-        text = tp_evaluate.markdown(ev) + f"\nModel: {source}.\n"
-        print(text)
-        if args.markdown:
-            write_text(args.markdown, text)
-        if args.json:
-            write_text(args.json, json.dumps(ev, indent=1) + "\n")
+        print_and_write(tp_evaluate.markdown(ev) + f"\nModel: {source}.\n", args.markdown, args.json, ev)
         return EXIT_OK
     if args.markdown:
         raise UsageError("--markdown writes the evaluation: give it with --evaluate TP_JSON")
