@@ -358,6 +358,30 @@ def _tp(rank, world, cases, report):
                   bool(rs_kernels) and all(k.startswith("reduce_") for k in extra) and len(extra) <= 1))
 
 
+def _bench_tp(rank, world, cases, report):
+    """`conccl bench tp`'s multi-rank runner (what issue 31's two-GPU run starts) on small
+    shapes: every conccl implementation runs, agrees with the serial result and is timed.
+    NCCL is the gloo group here, so serial_nccl may be refused (recorded, not counted)."""
+    from conccl.bench import tp as bench_tp
+
+    shape = (world * 256, 256, 384)
+    cfg = bench_tp.TPBenchConfig(shapes={"ag_gemm": (shape,), "gemm_rs": (shape,)},
+                                 schedules=("serial", "ring", "direct-p2", "direct-p4-g2"),
+                                 impls=("gemm_only", "serial_nccl", "serial_conccl", "conccl", "conccl_auto"),
+                                 warmup=1, runs=3)
+    records = bench_tp.run_rank(rank, world, cfg)
+    report["bench_tp"] = [(r.op, r.impl, r.schedule, r.ms, r.wrong, r.error) for r in records]
+    for r in records:
+        if r.impl == "serial_nccl" and r.error:
+            continue  # gloo, not NCCL, on this rig
+        cases.append((f"bench tp {r.op} {r.impl} {r.schedule or ''}",
+                      r.error is None and not r.wrong and r.ms is not None and r.ms > 0))
+    timed = {(r.op, r.impl) for r in records if r.ms}
+    cases.append(("bench tp timed every conccl implementation of both ops",
+                  all((op, impl) in timed for op in ("ag_gemm", "gemm_rs")
+                      for impl in ("gemm_only", "serial_conccl", "conccl", "conccl_auto"))))
+
+
 class _IpcHandle:
     def __init__(self, buffer_ptrs, keep):
         self.buffer_ptrs, self._keep = buffer_ptrs, keep
@@ -411,7 +435,7 @@ def _worker(rank, world, port, queue):
         torch.cuda.set_device(0)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         _use_ipc_peer_memory()
-        wanted = set(ONLY.split(",")) if ONLY else {"eager", "persistent", "graph", "tp"}
+        wanted = set(ONLY.split(",")) if ONLY else {"eager", "persistent", "graph", "tp", "bench_tp"}
         for name, part in (("eager", _eager), ("persistent", _persistent)):
             if name in wanted:
                 part(rank, world, cases)
@@ -419,6 +443,8 @@ def _worker(rank, world, port, queue):
             _graph(rank, world, cases, report)
         if "tp" in wanted:
             _tp(rank, world, cases, report)
+        if "bench_tp" in wanted:
+            _bench_tp(rank, world, cases, report)
         if FSDP:
             _fsdp(rank, world, cases, report)
             _fsdp(rank, world, cases, report, direct=True)
@@ -442,7 +468,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--fsdp", action="store_true", help="also FSDP2 with conccl.fsdp.enable, plain and direct=True (4 steps, 3 blocks)")
     ap.add_argument("--fsdp-dim", type=int, default=256, help="the FSDP blocks' width (default 256)")
-    ap.add_argument("--only", default="", help="comma-separated parts of eager, persistent, graph, tp (default: all)")
+    ap.add_argument("--only", default="", help="comma-separated parts of eager, persistent, graph, tp, bench_tp (default: all)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU visible", file=sys.stderr)
