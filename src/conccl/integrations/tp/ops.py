@@ -15,7 +15,7 @@ from ...collectives.reduce_scatter import DTYPES as RS_DTYPES
 from ...errors import InvalidArgument
 from ...group import Group
 from ...group.pipelined import all_gather_then_compute, compute_then_reduce_scatter
-from ...pipeline import TPSchedule
+from ...pipeline import TPSchedule, gemm_steps
 from ...planner import tp as tp_planner
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -49,6 +49,27 @@ def _device_name(device) -> str | None:
     if device is None or device.type != "cuda":
         return None
     return torch.cuda.get_device_name(device)
+
+
+# GEMM step shapes whose kernels this process has launched once (see _load_kernels)
+_LOADED: set = set()
+
+
+def _load_kernels(key, run) -> None:
+    """Run ``run()`` (each distinct GEMM step of a pipeline, once) unless ``key`` ran before in
+    this process. CUDA loads a kernel's module on its first launch (lazy loading, PyTorch's
+    default), and loading may wait until nothing on the device is waiting. Inside a pipeline
+    the GEMM steps are queued after stream waits on marks that only later work writes (in
+    GEMM+reduce-scatter the copies await the GEMMs' marks), so that wait never ends: a hang,
+    seen on the shared-GPU rig at world 2. Run first, on the caller's stream before the
+    pipeline, the load finds no wait queued. Costs one extra GEMM per step shape, once."""
+    if key not in _LOADED:
+        run()
+        _LOADED.add(key)
+
+
+def _step_rows(world, rank, tp, rows, scatter) -> list[int]:
+    return sorted({end - start for start, end, _ in gemm_steps(world, rank, tp, rows, scatter)})
 
 
 def _check_dim(t, dim: int, what: str) -> int:
@@ -129,6 +150,9 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
     tp = resolve_schedule(schedule, "ag_gemm", world * rows, K, max(w.shape[1] for w in weights), world, a.dtype,
                           a.device)
     record = _recorder(async_op, [a2, gathered, *weights, *outs])
+    sizes = _step_rows(world, g.rank, tp, rows, scatter=False)
+    _load_kernels(("ag", tuple(sizes), K, a.dtype, a.device, tuple((w.shape, w.stride()) for w in weights)),
+                  lambda: [torch.mm(gathered[:r], w, out=o[:r]) for r in sizes for w, o in zip(weights, outs)])
 
     def compute(op):
         record()
@@ -190,6 +214,9 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
     out = torch.empty((M // world, N), dtype=a.dtype, device=a.device)
     tp = resolve_schedule(schedule, "gemm_rs", M, K, N, world, a.dtype, a.device)
     record = _recorder(async_op, [x2, weight, full, out])
+    sizes = _step_rows(world, g.rank, tp, M // world, scatter=True)
+    _load_kernels(("rs", tuple(sizes), K, N, a.dtype, a.device, weight.stride()),
+                  lambda: [torch.mm(x2[:r], weight, out=full[:r]) for r in sizes])
 
     def compute(step):
         record()
