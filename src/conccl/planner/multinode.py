@@ -87,8 +87,9 @@ CE_CALL_S = 27e-6
 # the profile measured (benchmarks/2026-11-23-h200-reduce-variants; 2 operands: 0.90).
 REDUCE_HBM_SHARE = 0.84
 
-# The hierarchical compositions: (where, collective, ranks "node" | "network") in call order.
-# A step's whole tensor is F on the node (L ranks) and F / L on the network (N ranks).
+# The hierarchical compositions, in call order: (where, collective), where "network" is NCCL
+# over the N ranks of equal local index (whole tensor F / L) and "node" copy engines over the
+# L GPUs of a node (whole tensor F).
 HIERARCHY: dict[str, tuple[tuple[str, str], ...]] = {
     "all_gather": (("network", "all_gather"), ("node", "all_gather")),
     "reduce_scatter": (("node", "reduce_scatter"), ("network", "reduce_scatter")),
@@ -96,9 +97,9 @@ HIERARCHY: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-def gbps(bits_per_s_in_g: float) -> float:
+def gbps(gbit_per_s: float) -> float:
     """Gbit/s (as links are rated) -> bytes/s."""
-    return bits_per_s_in_g * 1e9 / 8
+    return gbit_per_s * 1e9 / 8
 
 
 @dataclass(frozen=True)
