@@ -61,6 +61,23 @@ def int_range(lo: int, hi: int | None = None, what: str = "a whole number"):
     return parse
 
 
+def float_range(lo: float, hi: float, what: str = "a number"):
+    """An argparse type: a finite number in (lo, hi], refused in words naming what is accepted."""
+    accepted = f"{what} above {lo:g} and at most {hi:g}"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number; expected {accepted}") from None
+        if not lo < v <= hi:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"{text} is out of range; expected {accepted}")
+        return v
+
+    parse.__name__ = "float"
+    return parse
+
+
 @contextlib.contextmanager
 def about(flag: str, value):
     """Name the argument in a reader's error: '--suite FILE: not valid JSON (...)'."""

@@ -1,5 +1,6 @@
-"""``conccl plan``: the plan for one GEMM beside one collective, or the planner's accuracy
-against a measured study (``--evaluate``). Runs on a CPU machine."""
+"""``conccl plan``: the plan for one GEMM beside one collective, the planner's accuracy
+against a measured study (``--evaluate``), or a prediction for a multi-node job (``--nodes``:
+:mod:`.plan_multinode`). Runs on a CPU machine."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,7 @@ from ..study.evaluate import evaluate, markdown
 from ..study.results import load_results
 from ..study.scenarios import Scenario, parse_gemm
 from ..units import parse_size
+from . import plan_multinode
 from .common import EXIT_OK, UsageError, about, check_out_file, fail, int_range, print_and_write
 
 
@@ -38,6 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the plan as JSON to FILE ('-': JSON only, on stdout)")
     p.add_argument("--evaluate", metavar="REPORT_DIR", help="judge the planner on a measured study's results.json")
     p.add_argument("--markdown", metavar="FILE", help="with --evaluate: write the evaluation as markdown")
+    plan_multinode.add_arguments(p)
 
 
 def plan_table(pl, prof=None, extrapolated: str | None = None) -> str:
@@ -78,6 +81,8 @@ def run(args) -> int:
         raise UsageError("--markdown writes the evaluation: give it with --evaluate REPORT_DIR")
     with about("--profile", args.profile or "(embedded)"):
         prof = load_profile(args.profile)
+    if plan_multinode.wanted(args):
+        return plan_multinode.run(args, prof)
     if args.evaluate:
         ignored = [f for f, v in (("--gemm", args.gemm), ("--size", args.size), ("--world", args.world)) if v]
         if ignored:
