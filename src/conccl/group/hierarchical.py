@@ -144,8 +144,11 @@ class HierarchicalGroup(CollectiveMethods):
         self._check_usable()
         timeout_s = self.node._timeout_s(timeout)
         seq = self.seq + 1
-        self._agree(coll, call, input, output, seq, timeout_s)
-        if _flat_only(coll, args) and self.fallback is not None:
+        flat = _flat_only(coll, args)
+        if flat and self.fallback is None:
+            raise InvalidArgument(f"{coll.api_name} with split sizes is not served on this group spanning hosts")
+        self._agree(coll, call, input, output, seq, timeout_s, flat)
+        if flat:
             return self._flat(coll, output, input, args)
         self.seq = seq
         start = time.monotonic()
@@ -180,13 +183,15 @@ class HierarchicalGroup(CollectiveMethods):
         return Work(path="nccl")
 
     # ------------------------------------------------------------------ agreement and failure
-    def _agree(self, coll: Collective, call, input, output, seq: int, timeout_s: float) -> None:
+    def _agree(self, coll: Collective, call, input, output, seq: int, timeout_s: float, flat: bool = False) -> None:
         """Raise CollectiveError on every rank, before anything moves, unless every rank of
-        every host made this call alike (see the module doc)."""
+        every host made this call alike (see the module doc). ``flat``: the call runs flat on
+        the backend, which checks its sizes (they may differ between ranks); the ranks must
+        still agree that it runs flat (its sizes are published as -1)."""
         if not self.options.checks:
             return
-        desc = [seq, _code(coll.name), _code(str(input.dtype)), input.numel() * input.element_size(),
-                output.numel() * output.element_size(), call.agreed]
+        sizes = (-1, -1) if flat else (input.numel() * input.element_size(), output.numel() * output.element_size())
+        desc = [seq, _code(coll.name), _code(str(input.dtype)), *sizes, call.agreed]
         what = f"conccl {coll.name} (hierarchical, sequence number {seq})"
         try:
             hosts = self.cross.exchange(desc)
