@@ -224,5 +224,36 @@ def test_a_rank_dying_on_another_host_raises_on_every_survivor_within_the_timeou
         if rank == victim:
             continue
         kind, waited, later = res
-        assert kind == "CollectiveTimeout" and waited < timeout + 1.0, (rank, res)
+        # CollectiveTimeout where this rank found the peer gone; GroupBroken where a rank of its
+        # host had already posted the abort when it arrived
+        assert kind in ("CollectiveTimeout", "GroupBroken") and waited < timeout + 1.0, (rank, res)
         assert later == "GroupBroken", (rank, res)
+
+
+@pytest.mark.parametrize("spec,words", [("0,0,0,1", "unequal numbers of ranks"), ("0,1,0,1", "not 0..1")])
+def test_a_layout_the_hierarchy_cannot_serve_is_refused_with_one_clear_error(spec, words):
+    with pytest.raises(InvalidArgument, match=words) as e:
+        spawn_hosts(spec, _bad_calls)
+    assert "\n" not in str(e.value)
+
+
+def _hangs(comm, victim, hang_s):
+    every = [torch.full((8,), float(q)) for q in range(comm.world)]
+    out = torch.empty(8 * comm.world)
+    if comm.rank == victim:
+        time.sleep(hang_s)  # alive, never calls: only the timeouts end the others' wait
+        return None
+    start = time.monotonic()
+    try:
+        comm.all_gather_into_tensor(out, every[comm.rank])
+        return "no error", 0.0
+    except CollectiveError as e:
+        return type(e).__name__, time.monotonic() - start
+
+
+def test_a_rank_hanging_on_another_host_raises_on_every_survivor_within_the_timeout_plus_a_second():
+    timeout = 3.0
+    results = spawn_hosts("2x2", _hangs, 3, timeout + 3, timeout=timedelta(seconds=timeout), join_timeout_s=60)
+    for rank, res in enumerate(results[:3]):
+        kind, waited = res
+        assert kind in ("CollectiveTimeout", "GroupBroken") and waited < timeout + 1.0, (rank, res)
