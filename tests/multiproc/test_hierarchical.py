@@ -257,3 +257,17 @@ def test_a_rank_hanging_on_another_host_raises_on_every_survivor_within_the_time
     for rank, res in enumerate(results[:3]):
         kind, waited = res
         assert kind in ("CollectiveTimeout", "GroupBroken") and waited < timeout + 1.0, (rank, res)
+
+
+def _async_call(comm):
+    w, r = comm.world, comm.rank
+    every = [torch.full((3,), float(q)) for q in range(w)]
+    out = torch.empty(3 * w)
+    work = comm.all_gather_into_tensor(out, every[r], async_op=True, timeout=5.0)
+    done = work.is_completed()  # blocking underneath: complete when returned (design.md says so)
+    work.wait()
+    return done, _same(out, REGISTRY["all_gather"].reference(every, r)), comm.seq
+
+
+def test_async_op_returns_a_completed_work_with_the_output_in_place():
+    assert spawn_hosts("2x2", _async_call) == [(True, True, 1)] * 4

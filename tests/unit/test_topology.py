@@ -52,3 +52,67 @@ def test_simulated_hosts_by_shape_and_by_list():
 def test_bad_simulated_host_specs_are_refused(spec, world, words):
     with pytest.raises(InvalidArgument, match=words.replace("(", r"\(")):
         simulated_host_keys(spec, world)
+
+
+class _World:
+    group_name = "0"
+
+
+class _FakeDist:
+    """What make_hierarchical asks of torch.distributed, for rank ``me`` of a world of ``world``."""
+
+    def __init__(self, me, world, backend):
+        self.me, self.world, self.backend, self.made = me, world, backend, []
+
+    def get_rank(self, group=None):
+        return self.me
+
+    def get_world_size(self, group=None):
+        return self.world
+
+    def get_process_group_ranks(self, group):
+        return list(range(self.world))
+
+    def get_backend(self, group=None):
+        return self.backend
+
+    def new_group(self, ranks, timeout=None, backend=None, use_local_synchronization=False):
+        self.made.append((tuple(ranks), backend, use_local_synchronization))
+        return ("pg", tuple(ranks), backend)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_make_hierarchical_makes_every_process_group_in_one_order_on_every_rank(monkeypatch, backend):
+    from conccl.group import make
+
+    class _Node:
+        world = 4
+        options = None
+
+        def __init__(self, pg):
+            self.pg = pg
+
+    orders = []
+    for me in range(8):
+        fake = _FakeDist(me, 8, backend)
+        monkeypatch.setattr(make, "dist", fake)
+        monkeypatch.setattr(make, "make_node_group", lambda pg, options: _Node(pg))
+        monkeypatch.setattr(make, "HierarchicalGroup", lambda node, cross, layout, rank, **kw: (node, cross, layout))
+        node, cross, layout = make.make_hierarchical(_World(), simulated_host_keys("2x4"))
+        assert node.pg[1] == tuple(range(4 * (me // 4), 4 * (me // 4) + 4))
+        assert cross.data[1] == (me % 4, 4 + me % 4) and cross.data[2] == backend
+        assert cross.control[1] == cross.data[1] and cross.control[2] == "gloo"
+        assert cross.host_staged == (backend == "gloo")
+        orders.append(fake.made)
+    # the whole world makes the groups: every rank the same ones, in the same order (torch's rule)
+    assert all(o == orders[0] for o in orders) and not any(local for _, _, local in orders[0])
+    assert len(orders[0]) == 2 + 4 + (4 if backend != "gloo" else 0)
+
+
+def test_make_hierarchical_refuses_unequal_hosts_as_an_unsupported_group(monkeypatch):
+    from conccl.errors import UnsupportedGroup
+    from conccl.group import make
+
+    monkeypatch.setattr(make, "dist", _FakeDist(0, 4, "nccl"))
+    with pytest.raises(UnsupportedGroup, match="unequal numbers of ranks.*torch.distributed"):
+        make.make_hierarchical(_World(), simulated_host_keys("0,0,0,1"))

@@ -62,7 +62,7 @@ def make_hierarchical(group, keys: list[str], options: Options | None = None) ->
     ranks = dist.get_process_group_ranks(group)  # global ranks, by group rank
     backend = dist.get_backend(group)
     host, local = layout.host_of(rank), layout.local_of(rank)
-    wanted = ([("node", [ranks[r] for r in layout.node_ranks(n)], None) for n in range(layout.num_hosts)]
+    wanted = ([("node", [ranks[r] for r in layout.node_ranks(n)], backend) for n in range(layout.num_hosts)]
               + [("data", [ranks[r] for r in layout.cross_ranks(l)], backend) for l in range(layout.per_host)])
     if backend != "gloo":
         wanted += [("control", [ranks[r] for r in layout.cross_ranks(l)], "gloo") for l in range(layout.per_host)]
