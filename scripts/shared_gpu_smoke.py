@@ -17,6 +17,7 @@ tests/gpu/ compare against NCCL bit for bit. A case passes only if the output's 
 the reference's.
 
     PYTHONPATH=src python scripts/shared_gpu_smoke.py [--world 2] [--json OUT.json] [--fsdp] [--only tp,...]
+    PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only hier   # 2 simulated hosts x 2
 """
 from __future__ import annotations
 
@@ -417,6 +418,66 @@ def _tp_layers(rank, world, cases):
         cases.append((f"tp layers {sched}: a sharded MLP trains like the whole one (weights, losses)", same_w and same_loss))
 
 
+def _hier(rank, world, cases):
+    """Simulated hosts on one GPU (``CONCCL_SIMULATED_HOSTS=2x<world/2>``, set for this group
+    only): the hierarchical group (conccl.group.hierarchical) through the public functions,
+    node-local halves on copy engines, gloo between the pretend hosts; every collective, dtype
+    and op against the flat reference, bit for bit (small whole numbers: every partial sum is
+    exact, and AVG over 4 ranks scales by a power of two)."""
+    from torch.distributed import ReduceOp
+
+    import conccl
+    from conccl.collectives import REGISTRY
+    from conccl.group.hierarchical import HierarchicalGroup
+    from conccl.group.topology import SIMULATED_HOSTS_ENV
+
+    if world % 2 or world < 4:
+        cases.append((f"hier needs an even world of 4 or more, got {world}", False))
+        return
+    pg = dist.new_group(list(range(world)))
+    os.environ[SIMULATED_HOSTS_ENV] = f"2x{world // 2}"
+    try:
+        group = conccl.get_group(pg)  # the variable is read here, once
+    finally:
+        del os.environ[SIMULATED_HOSTS_ENV]
+    cases.append(("hier: a group over 2 simulated hosts is hierarchical", isinstance(group, HierarchicalGroup)))
+    premul = dist._make_nccl_premul_sum(0.5)
+    tag = 500
+    for n in (1, 1000, 12345 * world, (4 << 20) // 2 + 3):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.int32):
+            tag += 1
+            every = [_ints((n,), 1009 * tag + r, dtype) for r in range(world)]
+            out = torch.empty(world * n, dtype=dtype, device="cuda")
+            conccl.all_gather_into_tensor(out, every[rank], group=pg)
+            torch.cuda.synchronize()
+            cases.append((f"hier all_gather {dtype} n={n}", _same(out, REGISTRY["all_gather"].reference(every, rank))))
+            every = [_ints((world * n,), 1009 * tag + 7 + r, dtype) for r in range(world)]
+            out = torch.empty(world * n, dtype=dtype, device="cuda")
+            conccl.all_to_all_single(out, every[rank], group=pg)
+            torch.cuda.synchronize()
+            cases.append((f"hier all_to_all {dtype} n={n}", _same(out, REGISTRY["all_to_all"].reference(every, rank))))
+            if dtype is torch.int32:
+                continue
+            for op in (ReduceOp.SUM, ReduceOp.AVG, premul):
+                opname = getattr(op, "name", None) or str(op)
+                args = [(op,)] * world
+                out = torch.full((n,), float("nan"), dtype=dtype, device="cuda")
+                conccl.reduce_scatter_tensor(out, every[rank], op=op, group=pg)
+                torch.cuda.synchronize()
+                cases.append((f"hier reduce_scatter {dtype} {opname} n={n}",
+                              _same(out, REGISTRY["reduce_scatter"].reference(every, rank, args))))
+                t = every[rank].clone()
+                conccl.all_reduce(t, op=op, group=pg)
+                torch.cuda.synchronize()
+                cases.append((f"hier all_reduce {dtype} {opname} n={world * n}",
+                              _same(t, REGISTRY["all_reduce"].reference(every, rank, args))))
+                t = every[rank][:n + 1].clone()  # a count the hosts' rank count does not divide
+                conccl.all_reduce(t, op=op, group=pg)
+                torch.cuda.synchronize()
+                cases.append((f"hier all_reduce {dtype} {opname} n={n + 1}",
+                              _same(t, REGISTRY["all_reduce"].reference([e[:n + 1] for e in every], rank, args))))
+
+
 def _bench_tp(rank, world, cases, report):
     """`conccl bench tp`'s multi-rank runner (what issue 31's two-GPU run starts) on small
     shapes: every conccl implementation runs, agrees with the serial result and is timed.
@@ -449,17 +510,19 @@ class _IpcHandle:
 class IpcPeerMemory:
     """What conccl's executor asks of ``torch.distributed._symmetric_memory`` (``empty``,
     ``rendezvous(t, group).buffer_ptrs``), over CUDA IPC handles: every rank's storage base
-    address as this process reaches it. For the WORLD group only (this script's)."""
+    address as this process reaches it, for the process group of that name."""
 
     def empty(self, *size, dtype=None, device=None):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def rendezvous(self, t, group_name):
+        # the named group: the world's, or a simulated host's (the hier part's node-local groups)
+        pg = dist.distributed_c10d._resolve_process_group(group_name)
         storage = t.untyped_storage()
         mine = storage._share_cuda_()
-        every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
-        keep = [torch.UntypedStorage._new_shared_cuda(*h) if r != dist.get_rank() else storage
+        every = [None] * dist.get_world_size(pg)
+        dist.all_gather_object(every, mine, group=pg)
+        keep = [torch.UntypedStorage._new_shared_cuda(*h) if r != dist.get_rank(pg) else storage
                 for r, h in enumerate(every)]
         return _IpcHandle([s.data_ptr() for s in keep], keep)
 
@@ -498,7 +561,8 @@ def _worker(rank, world, port, queue):
         torch.cuda.set_device(0)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         _use_ipc_peer_memory()
-        wanted = set(ONLY.split(",")) if ONLY else {"eager", "persistent", "graph", "tp", "tp_layers", "bench_tp"}
+        wanted = set(ONLY.split(",")) if ONLY else {"eager", "persistent", "graph", "tp", "tp_layers", "bench_tp"} | (
+            {"hier"} if world >= 4 and world % 2 == 0 else set())
         for name, part in (("eager", _eager), ("persistent", _persistent)):
             if name in wanted:
                 part(rank, world, cases)
@@ -510,6 +574,8 @@ def _worker(rank, world, port, queue):
             _tp_layers(rank, world, cases)
         if "bench_tp" in wanted:
             _bench_tp(rank, world, cases, report)
+        if "hier" in wanted:
+            _hier(rank, world, cases)
         if FSDP:
             _fsdp(rank, world, cases, report)
             _fsdp(rank, world, cases, report, direct=True)
@@ -533,7 +599,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--fsdp", action="store_true", help="also FSDP2 with conccl.fsdp.enable, plain and direct=True (4 steps, 3 blocks)")
     ap.add_argument("--fsdp-dim", type=int, default=256, help="the FSDP blocks' width (default 256)")
-    ap.add_argument("--only", default="", help="comma-separated parts of eager, persistent, graph, tp, tp_layers, bench_tp (default: all)")
+    ap.add_argument("--only", default="", help="comma-separated parts of eager, persistent, graph, tp, tp_layers, bench_tp, hier "
+                    "(default: all; hier at an even world of 4 or more: 2 simulated hosts)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU visible", file=sys.stderr)

@@ -81,7 +81,9 @@ def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout
             dtype; rank r's input lands in its r-th chunk. May hold ``input`` as its own chunk
             (in place).
         input: CUDA tensor, contiguous, any shape and dtype, the same size on every rank.
-        group: process group (default: the world). All GPUs of it must be peer-accessible.
+        group: process group (default: the world). All GPUs of it must be peer-accessible, or it
+            spans hosts of equally many GPUs (copy engines within each, the group's backend
+            between them: docs/design.md, "Beyond one node").
         async_op: return a :class:`conccl.Work` instead of ordering the caller's stream.
         timeout: ``timedelta`` or seconds; default the group's (``set_options``, 10 minutes).
 

@@ -38,6 +38,7 @@ from . import api, fsdp_direct
 from .collectives.all_gather import ALL_GATHER
 from .collectives.reduce_scatter import REDUCE_SCATTER
 from .errors import InvalidArgument, UnsupportedGroup
+from .group.hierarchical import HierarchicalGroup
 
 try:  # FSDP2's hook interfaces (PyTorch >= 2.10)
     from torch.distributed.fsdp import FSDPModule
@@ -209,6 +210,13 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
                 comms.fallback.append((name or "<root>", str(e)))
                 backend = dist.get_backend(pg)
                 warnings.warn(f"conccl.fsdp: FSDP group {key!r} keeps its {backend} collectives: {e}", stacklevel=2)
+                continue
+            if isinstance(g, HierarchicalGroup):  # its node-local half could serve FSDP: not yet
+                why = f"the group spans {g.layout}; conccl.fsdp serves groups of one host only"
+                refused[key] = why
+                comms.fallback.append((name or "<root>", why))
+                warnings.warn(f"conccl.fsdp: FSDP group {key!r} keeps its {dist.get_backend(pg)} collectives: {why}",
+                              stacklevel=2)
                 continue
             pool = comms.pools[key] = SymmetricPool(g, g.executor.device)
         if all_gather and direct:

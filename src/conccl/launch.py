@@ -1,5 +1,6 @@
 """Start one process per visible GPU, or join a ``torchrun`` launch; or start a reference
-group's processes on the CPU (:func:`spawn`, for tests).
+group's processes on the CPU (:func:`spawn`, for tests), or those of simulated hosts
+(:func:`spawn_hosts`: a reference group per host, gloo between them).
 
 Every process gets NVLink multicast switched off (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1): it is not needed here and, on
@@ -23,6 +24,8 @@ import torch.multiprocessing as mp
 from .board import HostBoard
 from .executors.reference import ReferenceExecutor
 from .group import Group, Options, board_row_len
+from .group.hierarchical import CrossNode, HierarchicalGroup
+from .group.topology import host_layout, simulated_host_keys
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -202,3 +205,58 @@ def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), joi
         raise RuntimeError(f"reference group failed:\n{e}") from None
     finally:
         board.close()
+
+
+# ------------------------------------------------------------------ simulated hosts on the CPU
+def _hosts_child(fn, prefix, spec, rank, port, timeout, args, queue):
+    comm = None
+    try:
+        keys = simulated_host_keys(spec)
+        layout = host_layout(keys)
+        world, host, local = layout.world, layout.host_of(rank), layout.local_of(rank)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timeout)
+        # every rank makes every cross-node group, in one order (torch's rule for new_group)
+        cross = [dist.new_group(list(layout.cross_ranks(l)), timeout=timeout) for l in range(layout.per_host)]
+        node = reference_group(f"{prefix}_h{host}", local, layout.per_host, timeout)
+        comm = HierarchicalGroup(node, CrossNode(dist, cross[local], cross[local], host_staged=False), layout, rank,
+                                 fallback=(dist, dist.group.WORLD), name=prefix)
+        queue.put((rank, "ok", fn(comm, *args)))
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        if comm is not None:
+            comm.close()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a peer may be gone (fault tests)
+                pass
+
+
+def spawn_hosts(spec: str, fn, *args, timeout: timedelta = timedelta(seconds=60), join_timeout_s: float = 120.0,
+                allow_missing=()):
+    """Run ``fn(comm, *args)`` on the ranks of simulated hosts ``spec`` (as
+    :data:`~conccl.group.topology.SIMULATED_HOSTS_ENV` takes it: ``"2x4"``, or ``"0,0,1,1"``),
+    each ``comm`` a :class:`~conccl.group.hierarchical.HierarchicalGroup` of a reference group
+    per host (shared memory) and gloo between hosts (TCP on 127.0.0.1, group timeout
+    ``timeout``); return per-rank results. Failures and bounds: as :func:`spawn`."""
+    keys = simulated_host_keys(spec)
+    layout = host_layout(keys)  # a layout the group would refuse raises here, in the parent
+    prefix = f"conccl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    boards = [HostBoard(f"{prefix}_h{n}_board", 0, layout.per_host, board_row_len(layout.per_host), create=True)
+              for n in range(layout.num_hosts)]
+    port = free_port()
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_hosts_child, args=(fn, prefix, spec, r, port, timeout, args, queue), daemon=True)
+             for r in range(layout.world)]
+    try:
+        for p in procs:
+            p.start()
+        return collect_results(queue, procs, layout.world, join_timeout_s, join_s=5, allow_missing=allow_missing)
+    except RuntimeError as e:
+        raise RuntimeError(f"simulated hosts {spec} failed:\n{e}") from None
+    finally:
+        for b in boards:
+            b.close()
