@@ -413,7 +413,9 @@ def _tp_layers(rank, world, cases):
             dist.all_reduce(total)
             losses.append(total.item())
         torch.cuda.synchronize()
-        same_w = torch.allclose(col.weights[0], ref[0].detach()[part], rtol=1e-4, atol=1e-5)
+        same_w = all(torch.allclose(mine, whole, rtol=1e-4, atol=1e-5) for mine, whole in
+                     ((col.weights[0], ref[0].detach()[part]), (col.weights[1], ref[1].detach()[part]),
+                      (row.weight, ref[2].detach()[:, part])))
         same_loss = all(abs(a - b) <= 1e-4 * abs(b) + 1e-7 for a, b in zip(losses, ref_losses))
         cases.append((f"tp layers {sched}: a sharded MLP trains like the whole one (weights, losses)", same_w and same_loss))
 

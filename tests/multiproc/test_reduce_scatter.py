@@ -127,3 +127,22 @@ def test_the_plan_moves_every_byte_by_copy_and_reduces_once_in_rank_order():
         assert all(t.dst_offset == rank * slot for t in s.transfers)
         assert [src[1] for src in reduces[0].srcs] == [k * chunk if k == rank else k * slot for k in range(world)]
         assert s.workspace_bytes == world * slot
+
+
+def _factors_on_the_same_tensors(comm):
+    """PREMUL_SUM(2.0), then (3.0), then (2.0) on the same tensors: each call its own factor.
+    torch's ReduceOp compares PREMUL_SUM(2.0) equal to PREMUL_SUM(3.0); a call remembered by
+    that key replayed the first factor."""
+    w, r = comm.world, comm.rank
+    inp = torch.arange(w * 4, dtype=torch.float32) + r
+    out = torch.empty(4, dtype=torch.float32)
+    got = []
+    for f in (2.0, 3.0, 2.0):
+        comm.reduce_scatter_tensor(out, inp, op=_make_nccl_premul_sum(f))
+        expected = f * sum(torch.arange(w * 4, dtype=torch.float32)[r * 4:(r + 1) * 4] + k for k in range(w))
+        got.append(bool(torch.equal(out, expected)))
+    return got
+
+
+def test_each_premul_factor_is_its_own_even_on_the_same_tensors():
+    assert all(all(x) for x in spawn(2, _factors_on_the_same_tensors))

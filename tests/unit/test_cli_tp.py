@@ -145,6 +145,8 @@ def test_study_tp_keeps_the_characterization_in_a_profile_and_plan_reads_it(tmp_
     assert load_profile(prof).tp == {}
     fake = TPCharacterization.from_dict(_characterization(10.0))
     monkeypatch.setattr(study_tp.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(study_tp.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(study_tp.torch.cuda, "get_device_name", lambda i=None: load_profile().device)
     monkeypatch.setattr(study_tp.tp_measure, "measure", lambda *a, **k: fake)
     monkeypatch.setattr(study_tp, "environment", lambda kind, world: {"machine_kind": kind, "date": "d", "commit": "c"})
     monkeypatch.setattr(study_tp.tp_report, "figure", lambda char, path: path.write_text("png"))
@@ -173,8 +175,11 @@ def test_study_tp_refuses_a_bad_profile_before_measuring(tmp_path, capsys, monke
     ({"rows_ms": {"8192x8192": {"1": 1.0}}}, "MxKxN"),
     ({"rows_ms": {"8x8x8": {"0": 1.0}}}, "row counts"),
     ({"rows_ms": {"8x8x8": {"8": -1.0}}}, "tp.rows_ms.8x8x8.8"),
-    ({"contention": {"8x8x8": {"8": 1e9}}}, "tp.contention.8x8x8.8"),
+    ({"rows_ms": {"8x8x8": {"8": 1.0}}, "contention": {"8x8x8": {"8": 1e9}}}, "tp.contention.8x8x8.8"),
     ([], "field tp must be an object"),
+    ({"rows_ms": {"8x8x8": {}}}, "at least one row count"),
+    ({"bogus": 1}, "tp.rows_ms must hold"),
+    ({"rows_ms": {"8x8x8": {"\u00b2": 1.0}}}, "row counts"),
 ])
 def test_a_broken_tp_table_in_a_profile_is_refused(tp, words):
     import dataclasses
@@ -185,3 +190,64 @@ def test_a_broken_tp_table_in_a_profile_is_refused(tp, words):
     data["tp"] = tp
     with pytest.raises(ProfileError, match=words.replace(".", r"\.")):
         HardwareProfile.from_dict(data)
+
+
+def test_plan_tp_refuses_gpu_beside_a_profiles_own_table(tmp_path, capsys):
+    import dataclasses
+
+    from conccl.planner.profile import load_profile
+
+    prof = tmp_path / "profile.json"
+    table = {"rows_ms": {"8192x8192x7168": {"8192": 10.0, "4096": 5.0}}}
+    prof.write_text(dataclasses.replace(load_profile(), tp=table).to_json())
+    assert main(["plan", "tp", "--shape", "8192x8192x7168", "--profile", str(prof), "--gpu", "H100"]) == 2
+    assert "drop --gpu" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["plan", "tp", "--shape", "8192x8192x7168"], ["plan", "tp", "--evaluate", "RUN"]])
+def test_plan_tp_json_dash_is_stdout_and_writes_no_file(argv, tmp_path, capsys, monkeypatch):
+    from conccl.planner import tp as tpp
+
+    run = tmp_path / "tp.json"
+    run.write_text(json.dumps(_bench_doc(tpp.model_from(), [("ag_gemm", (8192, 8192, 7168))], ["serial", "direct"])))
+    monkeypatch.chdir(tmp_path)
+    assert main([a if a != "RUN" else str(run) for a in argv] + ["--json", "-"]) == 0
+    json.loads(capsys.readouterr().out)  # the JSON alone
+    assert not (tmp_path / "-").exists()
+
+
+def test_study_tp_refuses_a_profile_of_another_gpu_before_measuring(tmp_path, capsys, monkeypatch):
+    from conccl.cli import study_tp
+    from conccl.planner.profile import load_profile
+
+    prof = tmp_path / "profile.json"
+    prof.write_text(load_profile().to_json())
+    monkeypatch.setattr(study_tp.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(study_tp.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(study_tp.torch.cuda, "get_device_name", lambda i=None: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(study_tp.tp_measure, "measure", lambda *a, **k: pytest.fail("measured before refusing"))
+    assert main(["study", "tp", "--out", str(tmp_path / "st"), "--profile", str(prof)]) == 2
+    assert "this GPU is 'NVIDIA A100-SXM4-80GB'" in capsys.readouterr().err
+
+
+def test_the_gemm_kernels_are_loaded_once_per_shape(monkeypatch):
+    from conccl.integrations.tp import ops
+
+    monkeypatch.setattr(ops, "_LOADED", set())
+    runs = []
+    for key in ("a", "a", "b", "a"):
+        ops._load_kernels(key, lambda key=key: runs.append(key))
+    assert runs == ["a", "b"]
+
+
+def test_auto_passes_the_device_name_to_the_planner(monkeypatch):
+    import torch
+
+    from conccl.integrations.tp import ops
+
+    seen = []
+    real = ops.tp_planner.choose
+    monkeypatch.setattr(ops.tp_planner, "choose", lambda *a, **k: seen.append(k.get("device_name")) or real(*a, **k))
+    monkeypatch.setattr(ops, "_device_name", lambda device: "NVIDIA H100 80GB HBM3" if device is not None else None)
+    ops.resolve_schedule("auto", "ag_gemm", 8192, 8192, 7168, 2, torch.bfloat16, torch.device("cpu"))
+    assert seen == ["NVIDIA H100 80GB HBM3"]

@@ -93,14 +93,18 @@ def _timed_in_turn(torch, fns: list, warmup: int, runs: int) -> list[list[float]
     return out
 
 
-def _slowest(dist, world: int, ms: list[float]) -> tuple[float, float]:
-    """(slowest rank's median, its spread) over the group."""
-    mine = (statistics.median(ms), (max(ms) - min(ms)) / statistics.median(ms))
+def _every(dist, world: int, mine) -> list:
+    """Every rank's ``mine`` (a picklable object), in rank order."""
     if world == 1:
-        return mine
+        return [mine]
     every = [None] * world
     dist.all_gather_object(every, mine)
-    return max(every)
+    return every
+
+
+def _slowest(dist, world: int, ms: list[float]) -> tuple[float, float]:
+    """(slowest rank's median, its spread) over the group."""
+    return max(_every(dist, world, (statistics.median(ms), (max(ms) - min(ms)) / statistics.median(ms))))
 
 
 def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
@@ -148,7 +152,9 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                     progress(records[-1])
                 continue
             impls = _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, async_tp, world)
-            # Each implementation is run once and checked; those that ran are then timed in turn.
+            # Each implementation is run once and checked; those that ran on every rank are then
+            # timed in turn (one that failed on some rank only would leave the ranks' collectives
+            # out of step: every rank drops it).
             reference, ran, failed = None, [], {}
             for impl, schedule, fn in impls:
                 try:
@@ -159,10 +165,22 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                     ran.append((impl, schedule, fn, not _close(torch, result, reference)))
                 except Exception as e:  # noqa: BLE001 - a case that cannot run is a record, not the end
                     failed[(impl, schedule)] = f"{type(e).__name__}: {str(e)[:200]}"
-            times = _timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs)
-            base_ms, base_spread = _slowest(dist, world, times[0])
-            records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
-            for (impl, schedule, _, wrong), ms in zip(ran, times[1:]):
+            everywhere = set.intersection(*_every(dist, world, {(i, s) for i, s, _, _ in ran}))
+            for impl, schedule, _, _ in ran:
+                if (impl, schedule) not in everywhere:
+                    failed[(impl, schedule)] = "failed on another rank"
+            ran = [r for r in ran if (r[0], r[1]) in everywhere]
+            try:
+                times = _timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs)
+            except Exception as e:  # noqa: BLE001 - the shape's timings are lost, not the run
+                why = f"timing: {type(e).__name__}: {str(e)[:200]}"
+                records.append(Record(op, M, K, N, world, "gemm_only", None, None, None, None, None, error=why))
+                records += [Record(op, M, K, N, world, i, s, None, None, None, None, error=why) for i, s, _, _ in ran]
+                ran, times = [], None
+            if times is not None:
+                base_ms, base_spread = _slowest(dist, world, times[0])
+                records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
+            for (impl, schedule, _, wrong), ms in zip(ran, times[1:] if times else ()):
                 med, spread = _slowest(dist, world, ms)
                 tp = TPSchedule.parse(schedule) if schedule else None
                 records.append(Record(op, M, K, N, world, impl, schedule, grain_of(tp) if tp else None, med, spread,

@@ -143,9 +143,12 @@ def gpu_world(gpus: int | None) -> tuple[int, str | None]:
 
 def print_and_write(text: str, markdown_path=None, json_path=None, doc=None) -> None:
     """Print ``text``; also write it to ``markdown_path`` and ``doc`` as JSON to ``json_path``
-    where given (an evaluation's two forms)."""
-    print(text)
+    where given (an evaluation's two forms). ``json_path`` "-": the JSON alone, on stdout."""
     if markdown_path:
         write_text(markdown_path, text)
+    if json_path == "-":
+        print(json.dumps(doc, indent=1))
+        return
+    print(text)
     if json_path:
         write_text(json_path, json.dumps(doc, indent=1) + "\n")

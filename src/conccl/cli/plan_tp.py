@@ -2,9 +2,8 @@
 time; or the planner's accuracy against one GPU's measurements (``--evaluate``)."""
 from __future__ import annotations
 
-import json
 
-from ..jsonfile import read_json, write_text
+from ..jsonfile import read_json
 from ..planner import tp as tpp
 from ..planner.profile import load_profile
 from ..planner.timing import MAX_WORLD
@@ -56,6 +55,9 @@ def run(args) -> int:
                 raise ValueError("no row-chunk timings in it")
     if table is not None and args.gpu:
         raise UsageError("--gpu picks an embedded characterization; --characterization gives one: give one of them")
+    if profile.tp and table is None and args.gpu:
+        raise UsageError(f"--gpu picks an embedded characterization; --profile {args.profile} has its own tp table, "
+                         "which is used: drop --gpu")
     bench = None
     if args.evaluate:
         if args.shape:
@@ -85,18 +87,15 @@ def run(args) -> int:
     if M % args.world:
         raise UsageError(f"--shape: M ({M}) must be divisible by --world ({args.world})")
     c = tpp.choose(args.op, M, K, N, args.world, args.dtype, model=model)
-    print(f"PREDICTION      {args.op} {M}x{K}x{N}, world {args.world}, {args.dtype}: from {source} "
-          f"({'this shape measured' if c.measured else 'shape not measured: interpolated or the tile-wave model'})")
-    print(f"schedule        {c.schedule.name}")
-    print(f"predicted       {1e3 * c.predicted_s:.3f} ms = {c.predicted_s / c.gemm_alone_s:.3f}x the GEMM alone "
-          f"({1e3 * c.gemm_alone_s:.3f} ms); serial {1e3 * c.serial_s:.3f} ms = {c.serial_s / c.gemm_alone_s:.3f}x")
-    for name, s in c.ranked[1:6]:
-        print(f"  then          {name:<16} {1e3 * s:.3f} ms")
-    if args.json:
-        write_text(args.json, json.dumps({"format": "conccl-tp-plan/1", "op": args.op, "M": M, "K": K, "N": N,
-                                          "world": args.world, "schedule": c.schedule.name,
-                                          "predicted_s": c.predicted_s, "gemm_alone_s": c.gemm_alone_s,
-                                          "serial_s": c.serial_s, "measured": c.measured,
-                                          "ranked": [list(x) for x in c.ranked], "characterization": source,
-                                          "prediction": True}, indent=1) + "\n")
+    doc = {"format": "conccl-tp-plan/1", "op": args.op, "M": M, "K": K, "N": N, "world": args.world,
+           "schedule": c.schedule.name, "predicted_s": c.predicted_s, "gemm_alone_s": c.gemm_alone_s,
+           "serial_s": c.serial_s, "measured": c.measured, "ranked": [list(x) for x in c.ranked],
+           "characterization": source, "prediction": True}
+    lines = [f"PREDICTION      {args.op} {M}x{K}x{N}, world {args.world}, {args.dtype}: from {source} "
+             f"({'this shape measured' if c.measured else 'shape not measured: interpolated or the tile-wave model'})",
+             f"schedule        {c.schedule.name}",
+             f"predicted       {1e3 * c.predicted_s:.3f} ms = {c.predicted_s / c.gemm_alone_s:.3f}x the GEMM alone "
+             f"({1e3 * c.gemm_alone_s:.3f} ms); serial {1e3 * c.serial_s:.3f} ms = {c.serial_s / c.gemm_alone_s:.3f}x"]
+    lines += [f"  then          {name:<16} {1e3 * s:.3f} ms" for name, s in c.ranked[1:6]]
+    print_and_write("\n".join(lines), None, args.json, doc)
     return EXIT_OK

@@ -13,7 +13,7 @@ from ..bench.environment import environment
 from ..jsonfile import write_text
 from ..planner.profile import ProfileError, load_profile
 from ..study import tp_measure, tp_report
-from .common import EXIT_OK, UsageError, add_machine_kind, check_out_dir, int_range
+from .common import EXIT_OK, UsageError, add_machine_kind, check_out_dir, check_out_file, int_range
 
 JSON_NAME, MD_NAME, FIGURE_NAME = "tp_characterization.json", "tp_characterization.md", "tp_losses.png"
 
@@ -75,11 +75,16 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         raise UsageError("conccl study tp measures GEMMs on a CUDA GPU and none is visible")
     profile = None
-    if args.profile:  # read before an hour of measuring, not after
+    if args.profile:  # read, and checked writable, before the measuring, not after
         try:
             profile = load_profile(args.profile)
         except ProfileError as e:
             raise UsageError(f"--profile: {e}") from None
+        check_out_file(args.profile, "--profile")
+        here = torch.cuda.get_device_name(torch.cuda.current_device())
+        if profile.device != here:
+            raise UsageError(f"--profile {args.profile} was measured on {profile.device!r}, this GPU is {here!r}: "
+                             "keep the characterization in a profile of this GPU")
     shapes, chunks = args.shapes, args.chunks
     if args.quick:
         shapes, chunks = shapes[:3], (1, 2, 4, 8)
@@ -97,7 +102,8 @@ def run(args) -> int:
     tp_report.figure(char, out / FIGURE_NAME)
     print(f"conccl study tp: wrote {out / JSON_NAME}, {out / MD_NAME} and {out / FIGURE_NAME}")
     if profile is not None:
-        table = dict(tp_measure.profile_table(char), source={k: meta.get(k) for k in ("machine_kind", "date", "commit")}
+        table = dict(tp_measure.profile_table(char),
+                     source={k: meta.get(k) for k in ("machine_kind", "device", "date", "commit")}
                      | {"from": str(out / JSON_NAME)})
         write_text(args.profile, dataclasses.replace(profile, tp=table).to_json())
         print(f"conccl study tp: kept the characterization in {args.profile} (its tp table)")

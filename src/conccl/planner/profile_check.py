@@ -95,12 +95,16 @@ def check_tp(tp) -> None:
     positive whole number, every time in :data:`TP_MS` and every slowdown in :data:`SLOWDOWN`."""
     if not isinstance(tp, dict):
         raise Refused(f"field tp must be an object, got {type(tp).__name__}")
+    if tp and not tp.get("rows_ms"):
+        raise Refused("field tp.rows_ms must hold the row-chunk timings of at least one shape (or tp be empty)")
     for name, rng in (("rows_ms", TP_MS), ("contention", SLOWDOWN)):
         for where, rows in _objects(tp.get(name, {}), f"tp.{name}", 1):
             dims = where.rsplit(".", 1)[-1].split("x")
-            if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            if len(dims) != 3 or not all(d.isdecimal() and d.isascii() and int(d) > 0 for d in dims):
                 raise Refused(f"field {where} must be keyed by a shape MxKxN of positive whole numbers")
+            if not rows:
+                raise Refused(f"field {where} must map at least one row count to a number")
             for r, v in rows.items():
-                if not str(r).isdigit() or int(r) < 1:
+                if not (str(r).isdecimal() and str(r).isascii()) or int(r) < 1:
                     raise Refused(f"field {where} must map row counts (positive whole numbers) to numbers, got {r!r}")
                 _number(v, f"{where}.{r}", *rng)

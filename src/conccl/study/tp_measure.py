@@ -30,6 +30,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..bench.tp import HOST_AHEAD_CYCLES
+
 FORMAT = "conccl-tp-characterization/1"
 
 # Shapes (M rows gathered, K, N) that tensor-parallel layers of common models run, the issue's
@@ -63,7 +65,6 @@ class Timing:
 
 
 VARIANTS = ("rows", "two_streams", "ce")
-HOST_AHEAD_CYCLES = 2_000_000  # ~1 ms at H100/H200 clocks: longer than queueing any configuration
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ def _device_name(device) -> str | None:
 
 # GEMM step shapes whose kernels this process has launched once (see _load_kernels)
 _LOADED: set = set()
+_MAX_LOADED = 4096
 
 
 def _load_kernels(key, run) -> None:
@@ -65,11 +66,18 @@ def _load_kernels(key, run) -> None:
     pipeline, the load finds no wait queued. Costs one extra GEMM per step shape, once."""
     if key not in _LOADED:
         run()
+        if len(_LOADED) >= _MAX_LOADED:  # serving with ever new row counts: forget, warm again
+            _LOADED.clear()
         _LOADED.add(key)
 
 
-def _step_rows(world, rank, tp, rows, scatter) -> list[int]:
-    return sorted({end - start for start, end, _ in gemm_steps(world, rank, tp, rows, scatter)})
+def _first_of_each_size(world, rank, tp, rows, scatter) -> list[tuple[int, int, bool]]:
+    """The first GEMM step of each row count, as (row_start, row_end, own rows): the slices
+    (sizes and alignments, which cuBLAS picks its kernels by) the pipeline will multiply."""
+    seen: dict = {}
+    for start, end, pieces in gemm_steps(world, rank, tp, rows, scatter):
+        seen.setdefault((end - start, not pieces), (start, end, not pieces))
+    return sorted(seen.values())
 
 
 def _check_dim(t, dim: int, what: str) -> int:
@@ -150,9 +158,10 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
     tp = resolve_schedule(schedule, "ag_gemm", world * rows, K, max(w.shape[1] for w in weights), world, a.dtype,
                           a.device)
     record = _recorder(async_op, [a2, gathered, *weights, *outs])
-    sizes = _step_rows(world, g.rank, tp, rows, scatter=False)
-    _load_kernels(("ag", tuple(sizes), K, a.dtype, a.device, tuple((w.shape, w.stride()) for w in weights)),
-                  lambda: [torch.mm(gathered[:r], w, out=o[:r]) for r in sizes for w, o in zip(weights, outs)])
+    steps = _first_of_each_size(world, g.rank, tp, rows, scatter=False)
+    _load_kernels(("ag", tuple(steps), K, a.dtype, a.device, tuple((w.shape, w.stride()) for w in weights)),
+                  lambda: [torch.mm(a2 if own else gathered[s:e], w, out=o[s:e])  # as compute reads them
+                           for s, e, own in steps for w, o in zip(weights, outs)])
 
     def compute(op):
         record()
@@ -214,9 +223,9 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
     out = torch.empty((M // world, N), dtype=a.dtype, device=a.device)
     tp = resolve_schedule(schedule, "gemm_rs", M, K, N, world, a.dtype, a.device)
     record = _recorder(async_op, [x2, weight, full, out])
-    sizes = _step_rows(world, g.rank, tp, M // world, scatter=True)
-    _load_kernels(("rs", tuple(sizes), K, N, a.dtype, a.device, weight.stride()),
-                  lambda: [torch.mm(x2[:r], weight, out=full[:r]) for r in sizes])
+    steps = _first_of_each_size(world, g.rank, tp, M // world, scatter=True)
+    _load_kernels(("rs", tuple(steps), K, N, a.dtype, a.device, weight.stride()),
+                  lambda: [torch.mm(x2[s:e], weight, out=full[s:e]) for s, e, _ in steps])
 
     def compute(step):
         record()
