@@ -22,6 +22,12 @@ order on one rank makes that call stage instead of writing into the wrong buffer
 the pool is not available, buffers come from the caching allocator and conccl stages
 through its workspace (correct, one local copy slower).
 
+HSDP (``fully_shard(..., mesh=mesh_2d)``, replicate across hosts, shard within a host): FSDP
+all-gathers and reduce-scatters over the shard dimension's process group, one host's ranks,
+and conccl serves that group as any other; FSDP's all-reduce of the reduced shards over the
+replicate dimension is its own ``torch.distributed.all_reduce`` (NCCL), which ``enable`` leaves
+alone.
+
 What conccl cannot serve (a group over several hosts, GPUs without peer access, no CUDA)
 keeps its process group's collectives (NCCL), with one warning.
 """
@@ -83,6 +89,39 @@ class SymmetricPool:
         """Bytes of pool blocks the peers have mapped (an upper bound of what the pool holds)."""
         return sum(self.mapped.values())
 
+    def workspace_bytes(self) -> int:
+        return self.group.executor.workspace_bytes
+
+
+class SpanningBuffers:
+    """The buffers of a group over several hosts (a :class:`HierarchicalGroup`): plain blocks
+    of the caching allocator. Its all-gather writes each host's block of the output through
+    the node-local group's staged parts path and its reduce-scatter reduces through a
+    temporary, so no buffer gains from being peer-mapped; nothing is held beyond the
+    node-local group's workspace."""
+
+    unavailable = "the group spans hosts: plain buffers"
+
+    def __init__(self, group):
+        self.group = group  # conccl's HierarchicalGroup
+
+    def allocate(self, size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def bytes(self) -> int:
+        return 0
+
+    def workspace_bytes(self) -> int:
+        return self.group.node.executor.workspace_bytes
+
+
+def _buffers_for(g):
+    """The pool serving conccl group ``g``'s FSDP collectives."""
+    if isinstance(g, HierarchicalGroup):
+        return SpanningBuffers(g)
+    ex = g.executor  # the copy-engine executor has its device; the CPU reference executor a type
+    return SymmetricPool(g, getattr(ex, "device", None) or torch.device(ex.device_type))
+
 
 class CopyEngineAllGather(AllGather):
     """FSDP2's all-gather hook: ``conccl.all_gather_into_tensor`` into a pool buffer."""
@@ -132,7 +171,7 @@ class FsdpComms:
         each group's workspace and the peer-mapped pool blocks."""
         out = {}
         for name, pool in self.pools.items():
-            out[name] = {"pool_bytes": pool.bytes(), "workspace_bytes": pool.group.executor.workspace_bytes,
+            out[name] = {"pool_bytes": pool.bytes(), "workspace_bytes": pool.workspace_bytes(),
                          "pool": "symmetric" if pool.unavailable is None else f"unavailable ({pool.unavailable})"}
         return out
 
@@ -218,7 +257,7 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
                 warnings.warn(f"conccl.fsdp: FSDP group {key!r} keeps its {dist.get_backend(pg)} collectives: {why}",
                               stacklevel=2)
                 continue
-            pool = comms.pools[key] = SymmetricPool(g, g.executor.device)
+            pool = comms.pools[key] = _buffers_for(g)
         if all_gather and direct:
             # fully_shard([a, b]) gives a and b one parameter group: one hook, one home for it
             param_group = m._get_fsdp_state()._fsdp_param_group
