@@ -18,7 +18,7 @@ the reference's.
 
     PYTHONPATH=src python scripts/shared_gpu_smoke.py [--world 2] [--json OUT.json] [--fsdp] [--only tp,...]
     PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only hier   # 2 simulated hosts x 2
-    PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only fsdp_hosts   # HSDP, full sharding
+    PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only fsdp_hosts   # HSDP, full sharding (not yet run)
 """
 from __future__ import annotations
 
@@ -627,7 +627,7 @@ def _worker(rank, world, port, queue):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         _use_ipc_peer_memory()
         wanted = set(ONLY.split(",")) if ONLY else {"eager", "persistent", "graph", "tp", "tp_layers", "bench_tp"} | (
-            {"hier", "fsdp_hosts"} if world >= 4 and world % 2 == 0 else set())
+            {"hier"} if world >= 4 and world % 2 == 0 else set())  # fsdp_hosts: by --only until it has run
         for name, part in (("eager", _eager), ("persistent", _persistent)):
             if name in wanted:
                 part(rank, world, cases)
@@ -667,7 +667,7 @@ def main() -> int:
     ap.add_argument("--fsdp", action="store_true", help="also FSDP2 with conccl.fsdp.enable, plain and direct=True (4 steps, 3 blocks)")
     ap.add_argument("--fsdp-dim", type=int, default=256, help="the FSDP blocks' width (default 256)")
     ap.add_argument("--only", default="", help="comma-separated parts of eager, persistent, graph, tp, tp_layers, bench_tp, hier, "
-                    "fsdp_hosts (default: all; hier and fsdp_hosts at an even world of 4 or more: 2 simulated hosts)")
+                    "fsdp_hosts (default: all but fsdp_hosts; hier at an even world of 4 or more: 2 simulated hosts)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU visible", file=sys.stderr)
