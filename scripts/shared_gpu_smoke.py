@@ -18,6 +18,7 @@ the reference's.
 
     PYTHONPATH=src python scripts/shared_gpu_smoke.py [--world 2] [--json OUT.json] [--fsdp] [--only tp,...]
     PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only hier   # 2 simulated hosts x 2
+    PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only fsdp_hosts   # HSDP, full sharding (not yet run)
 """
 from __future__ import annotations
 
@@ -293,6 +294,70 @@ def _fsdp(rank, world, cases, report, direct=False):
                       bool(plain) and not set(plain) & set(r["copy_kernels"])))
 
 
+def _fsdp_hosts(rank, world, cases):
+    """FSDP2 + ``conccl.fsdp.enable`` over 2 simulated hosts (``CONCCL_SIMULATED_HOSTS=2x<world/2>``,
+    set while enable makes the groups): HSDP (2-D mesh: the shard group, one host, on copy
+    engines; FSDP's replicate all-reduce on gloo) and full sharding (1-D mesh over every rank:
+    the hierarchical group). Each against the same model trained unsharded in this process on
+    the same batch on every rank: the reduced gradient is each rank's own (every partial sum of
+    equal values exact where the world is a power of two), so every shard equals the unsharded
+    model's, bit for bit. The divide factor is set to the world: FSDP then passes the shard
+    group PREMUL_SUM(1/world) (HSDP) or AVG (full) and all-reduces with SUM (gloo has no AVG
+    on CUDA tensors)."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import conccl
+    import conccl.fsdp
+    from conccl.group.hierarchical import HierarchicalGroup
+    from conccl.group.topology import SIMULATED_HOSTS_ENV
+
+    if world % 2 or world < 4:
+        cases.append((f"fsdp_hosts needs an even world of 4 or more, got {world}", False))
+        return
+    per, dim = world // 2, 128
+    for layout in ("hsdp", "full"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                                          torch.nn.Linear(4 * dim, dim)) for _ in range(3)]).cuda()
+        ref = copy.deepcopy(model)
+        shape, names = ((2, per), ("replicate", "shard")) if layout == "hsdp" else ((world,), ("shard",))
+        mesh = init_device_mesh("cuda", shape, mesh_dim_names=names)
+        for block in model:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.set_gradient_divide_factor(float(world))
+        os.environ[SIMULATED_HOSTS_ENV] = f"2x{per}"
+        try:
+            comms = conccl.fsdp.enable(model)
+            group = conccl.get_group(mesh.get_group("shard"))
+        finally:
+            del os.environ[SIMULATED_HOSTS_ENV]
+        cases.append((f"fsdp_hosts {layout}: the FSDP group is {'hierarchical' if layout == 'full' else 'one host'}",
+                      isinstance(group, HierarchicalGroup) == (layout == "full")))
+        cases.append((f"fsdp_hosts {layout}: every FSDP module on conccl ({comms.fallback})",
+                      not comms.fallback and len(comms.modules) == 3))
+        opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
+        g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
+        for _ in range(4):
+            x = torch.randn(64, dim, device="cuda", generator=g)
+            for m, opt in zip((model, ref), opts):
+                m(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+        torch.cuda.synchronize()
+        shard_rank, shard_size = mesh.get_local_rank("shard"), mesh.size(len(shape) - 1)
+        same = []
+        for p, q in zip(model.parameters(), ref.parameters()):
+            mine = p.to_local()
+            want = q.detach().chunk(shard_size, dim=0)[shard_rank][:mine.shape[0]]
+            same.append(_same(mine.contiguous(), want.contiguous()))
+        cases.append((f"fsdp_hosts {layout}: every shard equals unsharded training's after 4 steps, bit for bit",
+                      all(same)))
+
+
 TP_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "auto")
 
 
@@ -564,7 +629,7 @@ def _worker(rank, world, port, queue):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         _use_ipc_peer_memory()
         wanted = set(ONLY.split(",")) if ONLY else {"eager", "persistent", "graph", "tp", "tp_layers", "bench_tp"} | (
-            {"hier"} if world >= 4 and world % 2 == 0 else set())
+            {"hier"} if world >= 4 and world % 2 == 0 else set())  # fsdp_hosts: by --only until it has run
         for name, part in (("eager", _eager), ("persistent", _persistent)):
             if name in wanted:
                 part(rank, world, cases)
@@ -578,6 +643,8 @@ def _worker(rank, world, port, queue):
             _bench_tp(rank, world, cases, report)
         if "hier" in wanted:
             _hier(rank, world, cases)
+        if "fsdp_hosts" in wanted:
+            _fsdp_hosts(rank, world, cases)
         if FSDP:
             _fsdp(rank, world, cases, report)
             _fsdp(rank, world, cases, report, direct=True)
@@ -601,8 +668,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--fsdp", action="store_true", help="also FSDP2 with conccl.fsdp.enable, plain and direct=True (4 steps, 3 blocks)")
     ap.add_argument("--fsdp-dim", type=int, default=256, help="the FSDP blocks' width (default 256)")
-    ap.add_argument("--only", default="", help="comma-separated parts of eager, persistent, graph, tp, tp_layers, bench_tp, hier "
-                    "(default: all; hier at an even world of 4 or more: 2 simulated hosts)")
+    ap.add_argument("--only", default="", help="comma-separated parts of eager, persistent, graph, tp, tp_layers, bench_tp, hier, "
+                    "fsdp_hosts (default: all but fsdp_hosts; hier at an even world of 4 or more: 2 simulated hosts)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU visible", file=sys.stderr)

@@ -7,8 +7,8 @@
 
 ``enable`` installs conccl's all-gather and reduce-scatter on every FSDP module through
 FSDP2's public hooks (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``,
-PyTorch >= 2.10). FSDP keeps its own copy-in and copy-out around the collectives; the
-collectives themselves move every byte on copy engines (no SM), and the reduce-scatter's
+PyTorch >= 2.10). FSDP keeps its own copy-in and copy-out around the collectives; on one host
+the collectives themselves move every byte on copy engines (no SM), and the reduce-scatter's
 reduction is one kernel (at most half the SMs' worth of CTAs).
 
 Buffers. FSDP asks the hook to allocate each collective's buffers. They come from PyTorch's
@@ -22,7 +22,20 @@ order on one rank makes that call stage instead of writing into the wrong buffer
 the pool is not available, buffers come from the caching allocator and conccl stages
 through its workspace (correct, one local copy slower).
 
-What conccl cannot serve (a group over several hosts, GPUs without peer access, no CUDA)
+HSDP (``fully_shard(..., mesh=mesh_2d)``, replicate across hosts, shard within a host): FSDP
+all-gathers and reduce-scatters over the shard dimension's process group, one host's ranks,
+and conccl serves that group as any other; FSDP's all-reduce of the reduced shards over the
+replicate dimension is its own ``torch.distributed.all_reduce`` (NCCL), which ``enable`` leaves
+alone.
+
+Full sharding across hosts (one FSDP group over the ranks of several hosts): the group is
+conccl's :class:`~conccl.group.hierarchical.HierarchicalGroup` and the hooks call its blocking
+collectives: copy engines within each host, the group's backend (NCCL) between hosts (see
+:mod:`conccl.group.hierarchical` for what moves where and the order of summation). Buffers
+there are plain caching-allocator blocks (:class:`SpanningBuffers`); ``direct=True`` serves
+groups of one host only: such a group's modules keep FSDP's copies, with one warning.
+
+What conccl cannot serve (a layout of hosts it refuses, GPUs without peer access, no CUDA)
 keeps its process group's collectives (NCCL), with one warning.
 """
 from __future__ import annotations
@@ -83,9 +96,43 @@ class SymmetricPool:
         """Bytes of pool blocks the peers have mapped (an upper bound of what the pool holds)."""
         return sum(self.mapped.values())
 
+    def workspace_bytes(self) -> int:
+        return self.group.executor.workspace_bytes
+
+
+class SpanningBuffers:
+    """The buffers of a group over several hosts (a :class:`HierarchicalGroup`): plain blocks
+    of the caching allocator. Its all-gather writes each host's block of the output through
+    the node-local group's staged parts path and its reduce-scatter reduces through a
+    temporary, so no buffer gains from being peer-mapped; nothing is held beyond the
+    node-local group's workspace."""
+
+    unavailable = "the group spans hosts: plain buffers"
+
+    def __init__(self, group):
+        self.group = group  # conccl's HierarchicalGroup
+
+    def allocate(self, size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def bytes(self) -> int:
+        return 0
+
+    def workspace_bytes(self) -> int:
+        return self.group.node.executor.workspace_bytes
+
+
+def _buffers_for(g):
+    """The pool serving conccl group ``g``'s FSDP collectives."""
+    if isinstance(g, HierarchicalGroup):
+        return SpanningBuffers(g)
+    ex = g.executor  # the copy-engine executor has its device; the CPU reference executor a type
+    return SymmetricPool(g, getattr(ex, "device", None) or torch.device(ex.device_type))
+
 
 class CopyEngineAllGather(AllGather):
-    """FSDP2's all-gather hook: ``conccl.all_gather_into_tensor`` into a pool buffer."""
+    """FSDP2's all-gather hook: ``conccl.all_gather_into_tensor`` into a pool buffer (on a
+    group over several hosts, the hierarchical all-gather into a plain one)."""
 
     def __init__(self, pool: SymmetricPool):
         self.pool = pool
@@ -103,7 +150,8 @@ class CopyEngineAllGather(AllGather):
 
 
 class CopyEngineReduceScatter(ReduceScatter):
-    """FSDP2's reduce-scatter hook: ``conccl.reduce_scatter_tensor`` (SUM, AVG, PREMUL_SUM)."""
+    """FSDP2's reduce-scatter hook: ``conccl.reduce_scatter_tensor`` (SUM, AVG, PREMUL_SUM;
+    hierarchical on a group over several hosts)."""
 
     def __init__(self, pool: SymmetricPool):
         self.pool = pool
@@ -132,7 +180,7 @@ class FsdpComms:
         each group's workspace and the peer-mapped pool blocks."""
         out = {}
         for name, pool in self.pools.items():
-            out[name] = {"pool_bytes": pool.bytes(), "workspace_bytes": pool.group.executor.workspace_bytes,
+            out[name] = {"pool_bytes": pool.bytes(), "workspace_bytes": pool.workspace_bytes(),
                          "pool": "symmetric" if pool.unavailable is None else f"unavailable ({pool.unavailable})"}
         return out
 
@@ -170,8 +218,10 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
     A collective call: every rank of the FSDP groups calls it, on the same modules.
 
     Raises :class:`conccl.InvalidArgument` where no module in ``module`` was wrapped by
-    ``fully_shard`` (or PyTorch has no FSDP2 hooks). A group conccl cannot serve (several
-    hosts, no peer access, no CUDA) keeps NCCL, with one warning naming why.
+    ``fully_shard`` (or PyTorch has no FSDP2 hooks). A group conccl cannot serve (unequal
+    ranks per host, no peer access, no CUDA) keeps NCCL, with one warning naming why. A group
+    over several hosts runs the hierarchical collectives (``direct`` not: one warning); HSDP's
+    replicate all-reduce stays FSDP's own.
 
     SMs used: none for the copies; the reduce-scatter's reduction one kernel of at most half
     the GPU's SMs' worth of CTAs. Memory: the group's workspace (the largest reduce-scatter input, staged all-gather
@@ -187,7 +237,7 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
         raise InvalidArgument(
             f"{type(module).__name__} has no module wrapped by torch.distributed.fsdp.fully_shard; call "
             "fully_shard on its blocks and on the root first, then conccl.fsdp.enable")
-    comms, refused, shared = FsdpComms(), {}, {}
+    comms, refused, shared, spanning = FsdpComms(), {}, {}, set()
     if direct and (all_gather or reduce_scatter):
         why = fsdp_direct.install(module)
         if why is not None:
@@ -211,15 +261,13 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
                 backend = dist.get_backend(pg)
                 warnings.warn(f"conccl.fsdp: FSDP group {key!r} keeps its {backend} collectives: {e}", stacklevel=2)
                 continue
-            if isinstance(g, HierarchicalGroup):  # its node-local half could serve FSDP: not yet
-                why = f"the group spans {g.layout}; conccl.fsdp serves groups of one host only"
-                refused[key] = why
-                comms.fallback.append((name or "<root>", why))
-                warnings.warn(f"conccl.fsdp: FSDP group {key!r} keeps its {dist.get_backend(pg)} collectives: {why}",
-                              stacklevel=2)
-                continue
-            pool = comms.pools[key] = SymmetricPool(g, g.executor.device)
-        if all_gather and direct:
+            if isinstance(g, HierarchicalGroup) and direct:
+                spanning.add(key)
+                warnings.warn(f"conccl.fsdp: FSDP group {key!r} spans {g.layout}: direct=True serves groups of one host "
+                              "only; its modules run the hierarchical collectives with FSDP's copies", stacklevel=2)
+            pool = comms.pools[key] = _buffers_for(g)
+        plain = not direct or key in spanning  # a group over several hosts: the hooks only
+        if all_gather and not plain:
             # fully_shard([a, b]) gives a and b one parameter group: one hook, one home for it
             param_group = m._get_fsdp_state()._fsdp_param_group
             gather = shared.get(id(param_group))
@@ -230,7 +278,7 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
         elif all_gather:
             m.set_custom_all_gather(CopyEngineAllGather(pool))
         if reduce_scatter:
-            m.set_custom_reduce_scatter(fsdp_direct.DirectReduceScatter(pool) if direct else CopyEngineReduceScatter(pool))
+            m.set_custom_reduce_scatter(CopyEngineReduceScatter(pool) if plain else fsdp_direct.DirectReduceScatter(pool))
         comms.modules.append(name or "<root>")
     return comms
 

@@ -221,6 +221,10 @@ def _hosts_child(fn, prefix, spec, rank, port, timeout, args, queue):
         node = reference_group(f"{prefix}_h{host}", local, layout.per_host, timeout)
         comm = HierarchicalGroup(node, CrossNode(dist, cross[local], cross[local], host_staged=False), layout, rank,
                                  fallback=(dist, dist.group.WORLD), name=prefix)
+        # every rank has mapped its host's signal pads before any may close (unlink) its own:
+        # an fn making no collective call would otherwise let a fast rank unlink its pad
+        # before a slow one attached it (FileNotFoundError, seen in test_bad_calls)
+        dist.barrier()
         queue.put((rank, "ok", fn(comm, *args)))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

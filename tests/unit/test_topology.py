@@ -116,3 +116,38 @@ def test_make_hierarchical_refuses_unequal_hosts_as_an_unsupported_group(monkeyp
     monkeypatch.setattr(make, "dist", _FakeDist(0, 4, "nccl"))
     with pytest.raises(UnsupportedGroup, match="unequal numbers of ranks.*torch.distributed"):
         make.make_hierarchical(_World(), simulated_host_keys("0,0,0,1"))
+
+
+class _SubgroupDist(_FakeDist):
+    """A process group of the global ranks ``members``, seen from its rank ``me``, every rank
+    with ``CONCCL_SIMULATED_HOSTS=spec``."""
+
+    def __init__(self, me, members, world, spec):
+        super().__init__(me, world, "gloo")
+        self.members, self.spec = members, spec
+
+    def get_world_size(self, group=None):
+        return self.world if group is None else len(self.members)
+
+    def get_process_group_ranks(self, group):
+        return list(self.members)
+
+    def all_gather_object(self, out, obj, group=None):
+        out[:] = [dict(obj, simulated=self.spec) for _ in out]
+
+
+@pytest.mark.parametrize("members,hierarchical", [((0, 1, 2, 3), ["sim0", "sim0", "sim1", "sim1"]),
+                                                  ((2, 3), None), ((0, 1), None), ((1, 3), ["sim0", "sim1"])])
+def test_simulated_hosts_name_the_default_groups_ranks_so_a_subgroup_takes_its_members_hosts(
+        monkeypatch, members, hierarchical):
+    """HSDP's shard group (2, 3) of a 2x2 world runs on one simulated host: a node group, not
+    the spec refused for naming 4 ranks of a group of 2; its replicate group (1, 3) spans both."""
+    from conccl.group import make
+
+    made = []
+    monkeypatch.setattr(make, "dist", _SubgroupDist(0, members, 4, "2x2"))
+    monkeypatch.setattr(make.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(make, "make_node_group", lambda pg, options: made.append(("node", None)))
+    monkeypatch.setattr(make, "make_hierarchical", lambda pg, keys, options: made.append(("hier", keys)))
+    make.make_group(_World())
+    assert made == [("hier", hierarchical) if hierarchical else ("node", None)]

@@ -36,7 +36,11 @@ def make_group(group, options: Options | None = None) -> Group | HierarchicalGro
     if len(specs) > 1:
         raise InvalidArgument(f"{SIMULATED_HOSTS_ENV} differs between the group's ranks ({specs}); set it alike on "
                               "every rank, or on none")
-    keys = simulated_host_keys(specs[0], world) if specs[0] else [p["host"] for p in peers]
+    if specs[0]:  # the spec names the default group's ranks: a subgroup takes its members' hosts
+        every = simulated_host_keys(specs[0], dist.get_world_size())
+        keys = [every[r] for r in dist.get_process_group_ranks(group)]
+    else:
+        keys = [p["host"] for p in peers]
     if len(set(keys)) > 1:
         return make_hierarchical(group, keys, options)
     return make_node_group(group, options)

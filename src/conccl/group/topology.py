@@ -16,7 +16,8 @@ without permuting data:
 Simulated hosts (tests only): :data:`SIMULATED_HOSTS_ENV` assigns the ranks of one machine to
 pretend hosts, read once where a group is made. ``"2x4"`` is 2 hosts of 4 ranks, node-major
 (rank r on host r // 4); ``"0,0,1,1"`` names each rank's host explicitly (a layout the group
-then accepts or refuses as it would real hosts). Pure: no device, no process group.
+then accepts or refuses as it would real hosts). The ranks named are the default group's
+(``make_group`` gives a smaller group its members' hosts). Pure: no device, no process group.
 """
 from __future__ import annotations
 
