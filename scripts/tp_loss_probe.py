@@ -36,11 +36,12 @@ import sys
 
 import torch
 
+from conccl.bench import tp as bench_tp
+
 SHAPES = ((8192, 8192, 7168), (8192, 3584, 8192), (8192, 4096, 14336), (8192, 8192, 14336), (1024, 8192, 7168),
           (16384, 8192, 14336), (4096, 8192, 8192), (32768, 4096, 7168))
 CHUNKS = (2, 4, 8, 16)
 TILE_M, TILE_N = 128, 256
-SLEEP_CYCLES = 2_000_000
 
 
 def wave_rows(N: int, sms: int) -> int:
@@ -68,18 +69,9 @@ def wave_cuts(M: int, c: int, N: int, sms: int) -> list[tuple[int, int]] | None:
 
 
 def timed_in_turn(fns: dict, warmup: int, runs: int) -> dict:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = {k: [] for k in fns}
-    for i in range(warmup + runs):
-        for k, fn in fns.items():
-            torch.cuda._sleep(SLEEP_CYCLES)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            if i >= warmup:
-                out[k].append(start.elapsed_time(end))
-    return {k: statistics.median(v) for k, v in out.items()}
+    """Median milliseconds of each of ``fns`` (name -> callable), timed in turn as `conccl bench tp` does."""
+    times = bench_tp.timed_in_turn(torch, list(fns.values()), warmup, runs)
+    return {k: statistics.median(v) for k, v in zip(fns, times)}
 
 
 def decomposition(M, K, N, sms, warmup, runs) -> list[dict]:

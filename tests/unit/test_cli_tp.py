@@ -249,5 +249,6 @@ def test_auto_passes_the_device_name_to_the_planner(monkeypatch):
     real = ops.tp_planner.choose
     monkeypatch.setattr(ops.tp_planner, "choose", lambda *a, **k: seen.append(k.get("device_name")) or real(*a, **k))
     monkeypatch.setattr(ops, "_device_name", lambda device: "NVIDIA H100 80GB HBM3" if device is not None else None)
+    ops._auto.cache_clear()
     ops.resolve_schedule("auto", "ag_gemm", 8192, 8192, 7168, 2, torch.bfloat16, torch.device("cpu"))
     assert seen == ["NVIDIA H100 80GB HBM3"]

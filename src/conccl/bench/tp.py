@@ -75,7 +75,7 @@ def grain_of(tp: TPSchedule) -> str:
     return f"p{tp.pieces}-g{tp.gemm_pieces}"
 
 
-def _timed_in_turn(torch, fns: list, warmup: int, runs: int) -> list[list[float]]:
+def timed_in_turn(torch, fns: list, warmup: int, runs: int) -> list[list[float]]:
     """Milliseconds per run of each of ``fns``, timed in rounds that run each once, in turn."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out: list[list[float]] = [[] for _ in fns]
@@ -140,7 +140,7 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
             if world == 1:
                 fns = [gemm_only] + [_decomposition(torch, cfg, op, M, name, full if op == "ag_gemm" else a_in, wt, prod)
                                      for name in cfg.schedules]
-                times = _timed_in_turn(torch, fns, cfg.warmup, cfg.runs)
+                times = timed_in_turn(torch, fns, cfg.warmup, cfg.runs)
                 base_ms, base_spread = _slowest(dist, world, times[0])
                 records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
                 for name, ms in zip(cfg.schedules, times[1:]):
@@ -171,7 +171,7 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                     failed[(impl, schedule)] = "failed on another rank"
             ran = [r for r in ran if (r[0], r[1]) in everywhere]
             try:
-                times = _timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs)
+                times = timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs)
             except Exception as e:  # noqa: BLE001 - the shape's timings are lost, not the run
                 why = f"timing: {type(e).__name__}: {str(e)[:200]}"
                 records.append(Record(op, M, K, N, world, "gemm_only", None, None, None, None, None, error=why))

@@ -38,9 +38,15 @@ def resolve_schedule(schedule, op: str, M: int, K: int, N: int, world: int, dtyp
     if not isinstance(schedule, str):
         raise InvalidArgument(f"schedule must be 'auto', a schedule name or a conccl.tp.TPSchedule, got {schedule!r}")
     if schedule == "auto":
-        return tp_planner.choose(op, M, K, N, world, str(dtype).removeprefix("torch."),
-                                 device_name=_device_name(device)).schedule
+        return _auto(op, M, K, N, world, str(dtype).removeprefix("torch."), _device_name(device))
     return TPSchedule.parse(schedule)
+
+
+@lru_cache(maxsize=1024)
+def _auto(op: str, M: int, K: int, N: int, world: int, dtype: str, device_name) -> TPSchedule:
+    """The planner's pick, made once per shape: weighing every candidate costs milliseconds of
+    host time, on the path of every call (a pure function of its arguments and the shipped table)."""
+    return tp_planner.choose(op, M, K, N, world, dtype, device_name=device_name).schedule
 
 
 @lru_cache(maxsize=16)
@@ -71,13 +77,15 @@ def _load_kernels(key, run) -> None:
         _LOADED.add(key)
 
 
-def _first_of_each_size(world, rank, tp, rows, scatter) -> list[tuple[int, int, bool]]:
+@lru_cache(maxsize=1024)
+def _first_of_each_size(world, rank, tp, rows, scatter) -> tuple[tuple[int, int, bool], ...]:
     """The first GEMM step of each row count, as (row_start, row_end, own rows): the slices
-    (sizes and alignments, which cuBLAS picks its kernels by) the pipeline will multiply."""
+    (sizes and alignments, which cuBLAS picks its kernels by) the pipeline will multiply.
+    Cached: it is on every call's path, and the key of :func:`_load_kernels` is made of it."""
     seen: dict = {}
     for start, end, pieces in gemm_steps(world, rank, tp, rows, scatter):
         seen.setdefault((end - start, not pieces), (start, end, not pieces))
-    return sorted(seen.values())
+    return tuple(sorted(seen.values()))
 
 
 def _check_dim(t, dim: int, what: str) -> int:
@@ -159,7 +167,7 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
                           a.device)
     record = _recorder(async_op, [a2, gathered, *weights, *outs])
     steps = _first_of_each_size(world, g.rank, tp, rows, scatter=False)
-    _load_kernels(("ag", tuple(steps), K, a.dtype, a.device, tuple((w.shape, w.stride()) for w in weights)),
+    _load_kernels(("ag", steps, K, a.dtype, a.device, tuple((w.shape, w.stride()) for w in weights)),
                   lambda: [torch.mm(a2 if own else gathered[s:e], w, out=o[s:e])  # as compute reads them
                            for s, e, own in steps for w, o in zip(weights, outs)])
 
@@ -224,7 +232,7 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
     tp = resolve_schedule(schedule, "gemm_rs", M, K, N, world, a.dtype, a.device)
     record = _recorder(async_op, [x2, weight, full, out])
     steps = _first_of_each_size(world, g.rank, tp, M // world, scatter=True)
-    _load_kernels(("rs", tuple(steps), K, N, a.dtype, a.device, weight.stride()),
+    _load_kernels(("rs", steps, K, N, a.dtype, a.device, weight.stride()),
                   lambda: [torch.mm(x2[s:e], weight, out=full[s:e]) for s, e, _ in steps])
 
     def compute(step):
