@@ -53,7 +53,7 @@ def _routed(comm, store):
             else:
                 inputs = _ints(w, n, step)
                 inp = out = inputs[r].clone()
-                args = (ReduceOp.SUM,)
+                args = (None,)  # what conccl.all_reduce(t) passes: the default op, which the fallback must take
             seq = comm.seq
             async_op = step % 2 == 1
             work = comm.call(coll, out, inp, args, async_op, route=True)

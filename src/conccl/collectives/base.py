@@ -166,6 +166,11 @@ class Collective(abc.ABC):
         and arguments) on (output, input, *args). A single-tensor collective runs in place on
         ``output``, after copying ``input`` into it unless they are one tensor."""
         fn = getattr(lib, self.api_name)
+        # conccl's functions take None for "the default" (op=None is SUM), torch.distributed's
+        # refuse it (AllreduceOptions.reduceOp = None raises): leave trailing Nones to lib's defaults.
+        args = tuple(args)
+        while args and args[-1] is None:
+            args = args[:-1]
         if self.single_tensor:
             if output is not input:
                 output.copy_(input)
