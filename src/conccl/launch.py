@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import pickle
 import queue as _q
 import socket
 import time
@@ -58,13 +59,21 @@ def init_rank(rank: int, world: int, init_method: str | None, backend: str = "nc
     return local
 
 
+def report_result(queue, rank: int, result) -> None:
+    """Send ``result`` to the parent by value. torch.multiprocessing's queue would pass a CPU
+    tensor's storage as a file descriptor that the parent fetches from this process later, and
+    a rank that has exited by then leaves the parent a FileNotFoundError (seen on 2 x H100 with
+    tests/gpu/test_gpu_fsdp.py's parameters); plain pickle copies the bytes."""
+    queue.put((rank, "ok", pickle.dumps(result)))
+
+
 def _worker(rank, world, init_method, fn, args, queue):
     if os.environ.get("CONCCL_DUMP_AFTER_S"):  # debugging hangs: print every thread's stack
         faulthandler.dump_traceback_later(float(os.environ["CONCCL_DUMP_AFTER_S"]), exit=True)
     try:
         init_rank(rank, world, init_method)
         result = fn(rank, world, *args)
-        queue.put((rank, "ok", result))
+        report_result(queue, rank, result)
     except BaseException as e:  # noqa: BLE001 - report to the parent
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
@@ -126,7 +135,7 @@ def collect_results(queue, procs, world: int, timeout_s: float, join_s: float, a
                 continue
             reported.add(rank)
             if status == "ok":
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 errors.append(f"rank {rank}: {value}")
     finally:
@@ -175,7 +184,7 @@ def _reference_child(fn, prefix, rank, world, timeout, args, queue):
     comm = None
     try:
         comm = reference_group(prefix, rank, world, timeout)
-        queue.put((rank, "ok", fn(comm, *args)))
+        report_result(queue, rank, fn(comm, *args))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
@@ -225,7 +234,7 @@ def _hosts_child(fn, prefix, spec, rank, port, timeout, args, queue):
         # an fn making no collective call would otherwise let a fast rank unlink its pad
         # before a slow one attached it (FileNotFoundError, seen in test_bad_calls)
         dist.barrier()
-        queue.put((rank, "ok", fn(comm, *args)))
+        report_result(queue, rank, fn(comm, *args))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:

@@ -13,7 +13,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from conccl import InvalidArgument, fsdp  # noqa: E402
-from conccl.launch import collect_results, free_port  # noqa: E402
+from conccl.launch import collect_results, free_port, report_result  # noqa: E402
 
 
 def test_a_module_fully_shard_never_wrapped_is_refused():
@@ -38,7 +38,7 @@ def _fallback(rank, world, port, queue):
             comms = fsdp.enable(model)
         model(torch.ones(2, 8)).sum().backward()  # stock collectives still run
         grads = [p.grad is not None for p in model.parameters()]
-        queue.put((rank, "ok", ([str(w.message) for w in caught], comms.modules, comms.fallback, grads)))
+        report_result(queue, rank, ([str(w.message) for w in caught], comms.modules, comms.fallback, grads))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         queue.put((rank, "error", f"{type(e).__name__}: {e}"))
     finally:
