@@ -71,6 +71,13 @@ class PersistentCollective:
         the returned :class:`conccl.Work` orders it (``wait()``). SMs used: none. No host
         handshake with the peers: the call returns once its copies are queued.
         """
+        comm = self._startable()
+        if comm.executor.capturing():  # into a CUDA graph: a graph slot of its own (conccl.graphs)
+            return comm.capture_schedule(self._schedule, self._input, self._output, self._views, self._timeout_s)
+        return comm._execute(self._schedule, self._input, self._output, async_op, self._timeout_s, self._views)
+
+    def _startable(self):
+        """The op's group, or InvalidArgument if the op is closed or a tensor moved."""
         comm = self._comm
         if comm is None or comm.closed:
             raise InvalidArgument(f"persistent {self.collective} #{self.op_id} is closed (or its group was destroyed); "
@@ -79,9 +86,7 @@ class PersistentCollective:
             raise InvalidArgument(
                 f"persistent {self.collective} #{self.op_id}: a tensor moved since the op was made (resize_ or "
                 "set_); its peers would reach the old memory. Make a new persistent op")
-        if comm.executor.capturing():  # into a CUDA graph: a graph slot of its own (conccl.graphs)
-            return comm.capture_schedule(self._schedule, self._input, self._output, self._views, self._timeout_s)
-        return comm._execute(self._schedule, self._input, self._output, async_op, self._timeout_s, self._views)
+        return comm
 
     def close(self) -> None:
         """Drop the op's references (its tensors, its schedule). Local: no peer takes part.
@@ -97,3 +102,31 @@ class PersistentCollective:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"rank {self._comm.rank}/{self._comm.world}"
         return f"PersistentCollective(#{self.op_id} {self.collective}, {state})"
+
+
+class HierarchicalPersistent(PersistentCollective):
+    """A persistent collective on a group spanning hosts (:mod:`conccl.group.hierarchical`).
+
+    Made by the same ``conccl.persistent_*`` functions. Made: validated and agreed with every
+    rank of every host once (the cross-node descriptor exchange and the node-local board).
+    :meth:`start` skips that agreement, the round trip between hosts that dominates a small
+    call's host time, and runs the composition: the node-local steps are ordinary calls of the
+    host's group (they still agree among the host's ranks and keep its watchdog), the
+    cross-node steps are the backend's. Not capturable into a CUDA graph.
+    """
+
+    def __init__(self, group, op_id: int, coll, input, output, args: tuple, timeout_s: float, stream_mode,
+                 flat: bool):
+        super().__init__(group, op_id, coll, None, None, input, output, timeout_s, args)
+        self._stream_mode, self._flat = stream_mode, flat
+
+    def start(self, async_op: bool = False):
+        """Run the collective (stream semantics as :meth:`PersistentCollective.start`; a
+        completed :class:`conccl.Work` either way, as a call on such a group returns)."""
+        comm = self._startable()
+        comm._check_usable()
+        if comm.node.executor.capturing():
+            raise InvalidArgument(f"persistent {self.collective} #{self.op_id}: CUDA graph capture is not served on a "
+                                  "group spanning hosts")
+        return comm._run(self.coll, self._output, self._input, self.args, self._timeout_s, self._stream_mode,
+                         self._flat)

@@ -160,7 +160,7 @@ def _bad_calls(comm):
     for call in (lambda: comm.all_gather_into_tensor(torch.empty(w * 3 + 1), torch.empty(3)),
                  lambda: comm.reduce_scatter_tensor(torch.empty(3, dtype=torch.int32), torch.empty(3 * w, dtype=torch.int32)),
                  lambda: comm.all_reduce(torch.empty(3), torch.empty(3), dist.ReduceOp.MAX),
-                 lambda: comm.persistent_all_gather_into_tensor(torch.empty(w * 3), torch.empty(3))):
+                 lambda: comm.persistent_all_gather_into_tensor(torch.empty(w * 3 + 1), torch.empty(3))):
         try:
             call()
             names.append(None)

@@ -39,13 +39,16 @@ creation) breaks the group on this rank and, through the node-local board's abor
 its host's ranks; a later call raises :class:`~conccl.errors.GroupBroken`.
 
 Calls are blocking (stream-ordered on CUDA): ``async_op=True`` returns a completed
-:class:`~conccl.work.Work`, the call already ordered on the caller's stream. Not yet:
-persistent ops, CUDA graph capture, ``nccl_below`` routing, ``conccl.empty`` on such a group.
+:class:`~conccl.work.Work`, the call already ordered on the caller's stream. Persistent ops
+(:class:`~conccl.persistent.HierarchicalPersistent`) agree across hosts once and skip that
+exchange on every start. Not yet: CUDA graph capture, ``nccl_below`` routing, ``conccl.empty``
+on such a group.
 """
 from __future__ import annotations
 
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -55,6 +58,7 @@ from ..collectives.all_reduce import ALL_REDUCE
 from ..collectives.all_to_all import ALL_TO_ALL
 from ..collectives.reduce_scatter import REDUCE_SCATTER, reduce_op
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
+from ..persistent import HierarchicalPersistent
 from ..work import Work
 from .group import _F_ARG, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_SEQ, Group, _code, _describe
 from .methods import CollectiveMethods
@@ -121,6 +125,8 @@ class HierarchicalGroup(CollectiveMethods):
         self.broken: BaseException | None = None
         self.closed = False
         self._warned = False
+        self.persistent_ops = 0  # persistent collectives made on this group (their ids)
+        self._ops: weakref.WeakSet = weakref.WeakSet()  # the open ones, closed with the group
 
     @property
     def executor(self):
@@ -137,36 +143,59 @@ class HierarchicalGroup(CollectiveMethods):
             raise InvalidArgument(f"conccl group {self.name!r} is closed")
         if algorithm is not None:
             raise InvalidArgument("a group spanning hosts picks its node-local algorithms itself; pass algorithm=None")
-        compose = _COMPOSED.get(coll)
-        if compose is None:
+        if coll not in _COMPOSED:
             raise InvalidArgument(f"{coll.api_name} is not served on a group spanning hosts")
         call = coll.local(output, input, tuple(args), self.world, self.rank, self.node.executor.device_type)
         self._check_usable()
         timeout_s = self.node._timeout_s(timeout)
-        seq = self.seq + 1
         flat = _flat_only(coll, args)
         if flat and self.fallback is None:
             raise InvalidArgument(f"{coll.api_name} with split sizes is not served on this group spanning hosts")
-        self._agree(coll, call, input, output, seq, timeout_s, flat)
+        self._agree(coll, call, input, output, self.seq + 1, timeout_s, flat)
+        return self._run(coll, output, input, args, timeout_s, stream_mode, flat)
+
+    def _run(self, coll: Collective, output, input, args, timeout_s: float, stream_mode, flat: bool) -> Work:
+        """Move the agreed call: flat on the backend, or composed (node-local, cross-node)."""
         if flat:
             return self._flat(coll, output, input, args)
-        self.seq = seq
+        self.seq += 1
         start = time.monotonic()
         try:
-            compose(self, output, input, args, timeout_s, stream_mode)
+            _COMPOSED[coll](self, output, input, args, timeout_s, stream_mode)
         except (CollectiveTimeout, GroupBroken) as e:
             self.fail(e)
             raise
         except RuntimeError as e:  # the backend's: a rank on another host died or hung
             if isinstance(e, (CollectiveError, InvalidArgument)):
                 raise
-            err = self._backend_failure(coll, seq, start, e)
+            err = self._backend_failure(coll, self.seq, start, e)
             self.fail(err)
             raise err from e
         return Work()
 
-    def persistent(self, coll: Collective, output, input, args: tuple = (), **kwargs):
-        raise InvalidArgument(f"persistent {coll.api_name} is not yet served on a group spanning hosts ({self.layout})")
+    def persistent(self, coll: Collective, output, input, args: tuple = (), *, algorithm=None, stream_mode=None,
+                   timeout=None) -> "HierarchicalPersistent":
+        """Validate and agree ``coll`` on these buffers with every rank of every host once; the
+        returned op's ``start`` skips that agreement (see :class:`HierarchicalPersistent`)."""
+        if self.closed:
+            raise InvalidArgument(f"conccl group {self.name!r} is closed")
+        if algorithm is not None:
+            raise InvalidArgument("a group spanning hosts picks its node-local algorithms itself; pass algorithm=None")
+        if coll not in _COMPOSED:
+            raise InvalidArgument(f"persistent {coll.api_name} is not served on a group spanning hosts")
+        call = coll.local(output, input, tuple(args), self.world, self.rank, self.node.executor.device_type)
+        self._check_usable()
+        timeout_s = self.node._timeout_s(timeout)
+        flat = _flat_only(coll, args)
+        if flat and self.fallback is None:
+            raise InvalidArgument(f"{coll.api_name} with split sizes is not served on this group spanning hosts")
+        self._agree(coll, call, input, output, self.seq + 1, timeout_s, flat)
+        self.seq += 1  # the agreement is a call of its own: every rank counts it alike
+        self.persistent_ops += 1
+        op = HierarchicalPersistent(self, self.persistent_ops, coll, input, output, tuple(args), timeout_s,
+                                    stream_mode, flat)
+        self._ops.add(op)
+        return op
 
     def set_nccl_below(self, table: dict, timeout=None) -> None:
         if table:
@@ -252,6 +281,8 @@ class HierarchicalGroup(CollectiveMethods):
         """Close the node-local group (local, idempotent). The process groups stay torch's."""
         if not self.closed:
             self.closed = True
+            for op in list(self._ops):
+                op.close()
             self.node.close()
 
     def __repr__(self) -> str:
