@@ -18,7 +18,8 @@ the reference's.
 
     PYTHONPATH=src python scripts/shared_gpu_smoke.py [--world 2] [--json OUT.json] [--fsdp] [--only tp,...]
     PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only hier   # 2 simulated hosts x 2
-    PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only fsdp_hosts   # HSDP, full sharding (not yet run)
+    PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only fsdp_hosts   # HSDP, full sharding
+    PYTHONPATH=src python scripts/shared_gpu_smoke.py --world 4 --only hier_faults  # a rank killed on host 1
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import json
 import os
 import sys
 import traceback
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -543,6 +545,81 @@ def _hier(rank, world, cases):
                 torch.cuda.synchronize()
                 cases.append((f"hier all_reduce {dtype} {opname} n={n + 1}",
                               _same(t, REGISTRY["all_reduce"].reference([e[:n + 1] for e in every], rank, args))))
+    # persistent ops: agreed across the pretend hosts once, started with new contents each time
+    n, dtype = 4099, torch.bfloat16
+    shard, out = torch.empty(n, dtype=dtype, device="cuda"), torch.empty(world * n, dtype=dtype, device="cuda")
+    summed = torch.empty(world * n + 1, dtype=dtype, device="cuda")
+    ops = (conccl.persistent_all_gather_into_tensor(out, shard, group=pg), conccl.persistent_all_reduce(summed, group=pg))
+    for step in range(3):
+        tag += 1
+        gather_in = [_ints((n,), 1009 * tag + r, dtype) for r in range(world)]
+        reduce_in = [_ints((world * n + 1,), 1009 * tag + 50 + r, dtype) for r in range(world)]
+        shard.copy_(gather_in[rank])
+        summed.copy_(reduce_in[rank])
+        for op in ops:
+            op.start()
+        torch.cuda.synchronize()
+        cases.append((f"hier persistent all_gather start {step}", _same(out, REGISTRY["all_gather"].reference(gather_in, rank))))
+        cases.append((f"hier persistent all_reduce start {step}",
+                      _same(summed, REGISTRY["all_reduce"].reference(reduce_in, rank))))
+    for op in ops:
+        op.close()
+
+
+def _hier_faults(rank, world, cases, report):
+    """A rank killed on another simulated host (issue 32): the last rank (host 1) exits after
+    one good all-gather; every survivor's next call raises CollectiveTimeout (or GroupBroken,
+    where a rank of its host already broke the group) within the group's timeout plus one
+    second, and the call after that GroupBroken. Run last and alone (--only hier_faults): the
+    world's process group is unusable afterwards."""
+    import time
+
+    import conccl
+    from conccl.group import Options
+    from conccl.group.topology import SIMULATED_HOSTS_ENV
+
+    if world % 2 or world < 4:
+        cases.append((f"hier_faults needs an even world of 4 or more, got {world}", False))
+        return
+    timeout = 3.0
+    pg = dist.new_group(list(range(world)))
+    os.environ[SIMULATED_HOSTS_ENV] = f"2x{world // 2}"
+    try:
+        conccl.get_group(pg, Options(timeout=timedelta(seconds=timeout)))
+    finally:
+        del os.environ[SIMULATED_HOSTS_ENV]
+    x = torch.full((1 << 20,), float(rank), device="cuda")
+    out = torch.empty(world << 20, device="cuda")
+    conccl.all_gather_into_tensor(out, x, group=pg)
+    torch.cuda.synchronize()
+    cases.append(("hier_faults: the call before the kill is right",
+                  bool((out.view(world, -1) == torch.arange(world, device="cuda").float()[:, None]).all())))
+    victim = world - 1
+    if rank == victim:
+        cases.append(("hier_faults: the victim exits", True))
+        report["cases"] = cases
+        report["victim"] = True
+        _QUEUE.put(report)
+        _QUEUE.close()
+        _QUEUE.join_thread()
+        os._exit(1)
+    start = time.monotonic()
+    try:
+        conccl.all_gather_into_tensor(out, x, group=pg)
+        torch.cuda.synchronize()
+        first = "no error"
+    except conccl.CollectiveError as e:
+        first = type(e).__name__
+    waited = time.monotonic() - start
+    report["hier_faults_waited_s"] = waited
+    cases.append((f"hier_faults: survivor raised {first} after {waited:.2f} s (timeout {timeout} s)",
+                  first in ("CollectiveTimeout", "GroupBroken") and waited < timeout + 1.0))
+    try:
+        conccl.all_gather_into_tensor(out, x, group=pg)
+        later = "no error"
+    except conccl.CollectiveError as e:
+        later = type(e).__name__
+    cases.append((f"hier_faults: the next call raised {later}", later == "GroupBroken"))
 
 
 def _bench_tp(rank, world, cases, report):
@@ -617,7 +694,12 @@ FSDP = os.environ.get("CONCCL_SMOKE_FSDP") == "1"  # set by --fsdp for the spawn
 ONLY = os.environ.get("CONCCL_SMOKE_ONLY", "")  # --only: comma-separated parts (default every part)
 
 
+_QUEUE = None  # the worker's report queue (the hier_faults victim reports before it exits)
+
+
 def _worker(rank, world, port, queue):
+    global _QUEUE
+    _QUEUE = queue
     os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
     cases, report = [], {"rank": rank}
     if os.environ.get("CONCCL_SMOKE_DUMP_AFTER"):  # a hang shows where every thread waits
@@ -629,7 +711,7 @@ def _worker(rank, world, port, queue):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         _use_ipc_peer_memory()
         wanted = set(ONLY.split(",")) if ONLY else {"eager", "persistent", "graph", "tp", "tp_layers", "bench_tp"} | (
-            {"hier"} if world >= 4 and world % 2 == 0 else set())  # fsdp_hosts: by --only until it has run
+            {"hier", "fsdp_hosts"} if world >= 4 and world % 2 == 0 else set())  # hier_faults: by --only
         for name, part in (("eager", _eager), ("persistent", _persistent)):
             if name in wanted:
                 part(rank, world, cases)
@@ -648,6 +730,8 @@ def _worker(rank, world, port, queue):
         if FSDP:
             _fsdp(rank, world, cases, report)
             _fsdp(rank, world, cases, report, direct=True)
+        if "hier_faults" in wanted:  # last: it kills a rank
+            _hier_faults(rank, world, cases, report)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         report["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
     finally:
@@ -669,7 +753,8 @@ def main() -> int:
     ap.add_argument("--fsdp", action="store_true", help="also FSDP2 with conccl.fsdp.enable, plain and direct=True (4 steps, 3 blocks)")
     ap.add_argument("--fsdp-dim", type=int, default=256, help="the FSDP blocks' width (default 256)")
     ap.add_argument("--only", default="", help="comma-separated parts of eager, persistent, graph, tp, tp_layers, bench_tp, hier, "
-                    "fsdp_hosts (default: all but fsdp_hosts; hier at an even world of 4 or more: 2 simulated hosts)")
+                    "fsdp_hosts, hier_faults (default: all but hier_faults, which kills a rank; hier and fsdp_hosts at an "
+                    "even world of 4 or more: 2 simulated hosts)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU visible", file=sys.stderr)
@@ -689,6 +774,8 @@ def main() -> int:
     reports = [queue.get(timeout=900) for _ in procs]
     for p in procs:
         p.join(timeout=60)
+        if p.is_alive():  # a survivor of hier_faults stuck tearing down a broken process group
+            p.kill()
     reports.sort(key=lambda r: r["rank"])
     failed = [(r["rank"], name) for r in reports for name, ok in r["cases"] if not ok]
     errors = [(r["rank"], r["error"]) for r in reports if "error" in r]

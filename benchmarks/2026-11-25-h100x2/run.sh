@@ -6,6 +6,9 @@
 #      world 2, then `conccl bench tp` (issue 31's table)
 #   B  `conccl bench fsdp` (issue 20's table)
 #   C  `conccl bench` of reduce-scatter and all-reduce against NCCL, graphs and eager-path tests
+#   D  after the fixes: the FSDP and eager-path GPU tests again, the new hierarchical GPU test
+#      (each GPU a pretend host, NCCL between), the shared-GPU rig's hier (now with persistent
+#      ops), fsdp_hosts and hier_faults parts on GPU 0, then a short `conccl bench graphs`
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD/src CONCCL_MACHINE_KIND=${CONCCL_MACHINE_KIND:-nvidia-h100-x2}
@@ -29,4 +32,13 @@ C) for c in reduce_scatter all_reduce; do
    timeout $((570-SECONDS+t0)) python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_graphs.py \
      tests/gpu/test_gpu_eager_path.py > $OUT/gpu_tests_graphs.log 2>&1
    echo "tests exit $? at $((SECONDS-t0)) s"; grep -E "passed|failed|Error" $OUT/gpu_tests_graphs.log | tail -6 ;;
+D) timeout 260 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_hierarchical.py tests/gpu/test_gpu_eager_path.py \
+     tests/gpu/test_gpu_fsdp.py > $OUT/gpu_tests_d.log 2>&1
+   echo "tests exit $? at $((SECONDS-t0)) s"; grep -E "passed|failed|Error|right" $OUT/gpu_tests_d.log | tail -8
+   CUDA_VISIBLE_DEVICES=0 timeout 150 python3 scripts/shared_gpu_smoke.py --world 4 --only hier,fsdp_hosts \
+     --json $OUT/rig_w4_hier.json > $OUT/rig_w4_hier.log 2>&1; echo "rig exit $? at $((SECONDS-t0)) s"; tail -4 $OUT/rig_w4_hier.log
+   CUDA_VISIBLE_DEVICES=0 timeout 90 python3 scripts/shared_gpu_smoke.py --world 4 --only hier_faults \
+     --json $OUT/rig_w4_faults.json > $OUT/rig_w4_faults.log 2>&1; echo "rig faults exit $? at $((SECONDS-t0)) s"; tail -6 $OUT/rig_w4_faults.log
+   timeout $((575-SECONDS+t0)) python3 -m conccl bench graphs --out $OUT --sizes 4K,64K,1M,16M --collectives all_gather,all_reduce \
+     --machine-kind $KIND > $OUT/graphs.log 2>&1; echo "graphs exit $? at $((SECONDS-t0)) s"; grep -A12 "^## Goals" $OUT/graphs.md | head -14 ;;
 esac
