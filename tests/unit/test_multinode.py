@@ -196,3 +196,43 @@ def test_fsdp2_pads_dim_0_to_the_world():
     shape = script.ModelShape(dim=6, ffn=10, heads=2, layers=1)
     # qkv 18 x 6, out 6 x 6, gate_up 20 x 6, down 6 x 10, two norms of 6; world 4: rows to 20, 8, 20, 8, 8, 8
     assert script.block_bytes(shape, 4) == 2 * (20 * 6 + 8 * 6 + 20 * 6 + 8 * 10 + 8 + 8)
+
+
+def test_the_study_sweep_is_predict_at_every_fitting_size_of_every_collective():
+    import dataclasses
+
+    p = load_profile()
+    rows = mn.sweep(p, 2, 8)
+    assert [(pr.collective, pr.size) for _, pr in rows] == [(c, s) for c in mn.HIERARCHY for s in mn.STUDY_SIZES]
+    for links, pr in rows:  # each row is the single-call model, links made for that call
+        want = mn.predict(mn.links_from_profile(p, 2, 8, collective=pr.collective, size=pr.size), pr.collective, pr.size)
+        assert pr == want and links.world == 16
+    # a GPU too small for the largest calls drops those rows, not the others
+    small = dataclasses.replace(p, memory_bytes=8 << 30)
+    kept = [(pr.collective, pr.size) for _, pr in mn.sweep(small, 2, 8)]
+    assert ("reduce_scatter", 1 << 30) not in kept and ("all_gather", 1 << 30) in kept  # 16 GiB in, 1 GiB out
+    text = mn.sweep_markdown(rows)
+    assert text.startswith("# PREDICTION: 2 node(s) x 8 GPUs") and text.count("\n| ") == 2 + len(rows)
+
+
+def test_study_predict_nodes_writes_multinode_beside_the_report(tmp_path, capsys):
+    out = tmp_path / "st"
+    argv = ["study", "--predict", "--quick", "--out", str(out), "--nodes", "4", "--gpus-per-node", "2",
+            "--network-gbps", "200"]
+    assert main(argv) == 0
+    doc = json.loads((out / "multinode.json").read_text())
+    assert doc["prediction"] is True and doc["format"] == mn.FORMAT
+    first = doc["results"][0]
+    assert first["links"]["nodes"] == 4 and first["links"]["gpus_per_node"] == 2 and first["links"]["world"] == 8
+    assert math.isclose(first["links"]["network_bytes_per_s"], mn.gbps(200))
+    assert "PREDICTION" in (out / "multinode.md").read_text() and (out / "report.md").exists()
+    assert "multinode.md" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--gpus-per-node", "4"], "without --nodes"),
+    (["--nodes", "1", "--gpus-per-node", "1"], "one rank"),
+])
+def test_study_nodes_flags_refused_with_one_line(tmp_path, capsys, argv, words):
+    assert main(["study", "--predict", "--quick", "--out", str(tmp_path / "st"), *argv]) == 2
+    assert words in capsys.readouterr().err

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import pathlib
 
@@ -9,13 +10,16 @@ import torch
 
 from ..bench.environment import environment
 from ..collectives import REGISTRY, STUDIED as COLLECTIVES
+from ..jsonfile import write_text
 from ..launch import under_torchrun
+from ..planner import multinode
 from ..planner.profile import load_profile
 from ..planner.timing import MAX_WORLD
 from ..study import report
 from ..study.results import RESULTS, ResultsError, StudyResults, load_results
 from ..study.run import measured, predicted
 from ..study.scenarios import SuiteError, load_suite, scenario_from_args, select
+from . import plan_multinode
 from .common import EXIT_FAILED, EXIT_OK, UsageError, about, add_machine_kind, check_out_dir, int_range
 
 
@@ -46,6 +50,7 @@ def add_parser(sub) -> None:
     s.add_argument("--side-by-side", action="store_true",
                    help="time a scenario's configurations in turns (round robin) instead of one after another")
     add_machine_kind(s, "report")
+    plan_multinode.add_arguments(s)  # a prediction only: --nodes writes multinode.md beside the report
 
 
 def study_scenarios(args):
@@ -93,7 +98,7 @@ def out_folder(args) -> tuple[pathlib.Path, StudyResults | None]:
 
 # Options that shape a run; --report only redraws one, so with it they would be ignored.
 RUN_OPTIONS = ("out", "quick", "gpus", "suite", "only", "gemm", "size", "predict", "profile", "force", "resume",
-               "side_by_side")
+               "side_by_side", "nodes")
 
 
 def run(args) -> int:
@@ -118,9 +123,15 @@ def run(args) -> int:
                                             "hardware profile (no GPU runs anything)")
         with about("--profile", args.profile or "(embedded)"):
             profile = load_profile(args.profile)
+        nodes = plan_multinode.wanted(args)  # its flags checked before anything is predicted
         predicted(scenarios, out, args.gpus, args.quick, args.profile, environment(args.machine_kind, args.gpus or 0),
                   resume=resume, notice=notice, profile=profile)
+        if nodes:
+            write_multinode(out, args, profile)
         return EXIT_OK
+    if plan_multinode.wanted(args):
+        raise UsageError("--nodes predicts a multi-node job from a hardware profile; a measured study runs on this "
+                         "node's GPUs: add --predict (or run the study without --nodes)")
     if args.gpus and args.gpus > gpus and not under_torchrun():
         raise UsageError(f"--gpus {args.gpus}: only {gpus} GPU(s) visible here; give --gpus 2 to {gpus}, "
                          "or --predict for a report modelled from a hardware profile")
@@ -136,3 +147,22 @@ def run(args) -> int:
         return EXIT_FAILED
     wrong = res is not None and res.summary is not None and res.summary.wrong
     return EXIT_FAILED if wrong else EXIT_OK
+
+
+def write_multinode(out, args, profile) -> None:
+    """multinode.md and multinode.json in the report folder: the multi-node prediction sweep
+    (:func:`conccl.planner.multinode.sweep`) for ``--nodes`` x ``--gpus-per-node``."""
+    gpn = args.gpus_per_node or plan_multinode.DEFAULT_GPUS_PER_NODE
+    if args.nodes * gpn < 2:
+        raise UsageError(f"--nodes {args.nodes} --gpus-per-node {gpn}: one rank has no collective; give 2 or more in all")
+    net = multinode.gbps(args.network_gbps) if args.network_gbps else None
+    nvl = multinode.gbps(args.nvlink_gbps) if args.nvlink_gbps else None
+    rows = multinode.sweep(profile, args.nodes, gpn, net, nvl, args.nccl_ctas)
+    if not rows:
+        raise UsageError(f"--nodes {args.nodes} --gpus-per-node {gpn}: no size of the sweep fits the profile's GPU")
+    out = pathlib.Path(out)
+    write_text(out / "multinode.md", multinode.sweep_markdown(rows))
+    doc = {"format": multinode.FORMAT, "prediction": True, "prediction_of": "a multi-node job no machine here has",
+           "results": [{"links": lk.__dict__ | {"world": lk.world}, "result": pr.to_dict()} for lk, pr in rows]}
+    write_text(out / "multinode.json", json.dumps(doc, indent=1) + "\n")
+    print(f"conccl study: multi-node PREDICTION ({args.nodes} x {gpn}) written to {out / 'multinode.md'}")

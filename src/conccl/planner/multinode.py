@@ -65,6 +65,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .. import collectives
+from ..units import format_size
 from .plan import PlanError
 from .profile import HardwareProfile
 from .timing import default_ctas
@@ -283,3 +284,46 @@ def predict(links: Links, collective: str, size: int) -> Prediction:
             steps.append(Step(where, name, l, f, links.ce_call_s, xfer, summed, links.reduce_ctas * summed))
     return Prediction(collective, size, f, n, l, flat_lat, flat_xfer, busbw, links.nccl_ctas * (flat_lat + flat_xfer),
                       tuple(steps))
+
+
+# The study's prediction mode (``conccl study --predict --nodes N``): every modelled collective
+# at these output sizes per rank, where the profile's GPU holds the call's buffers.
+STUDY_SIZES = (1 << 20, 16 << 20, 256 << 20, 1 << 30)
+
+
+def sweep(p: HardwareProfile, nodes: int, gpus_per_node: int, network_bytes_per_s: float | None = None,
+          nvlink_bytes_per_s: float | None = None, nccl_ctas: int | None = None,
+          sizes=STUDY_SIZES) -> list[tuple[Links, Prediction]]:
+    """(links, prediction) for every collective of :data:`HIERARCHY` at every size in ``sizes``
+    whose buffers fit the profile's GPU (NCCL's CTA count, when not given, is the profile's for
+    each collective and size, so the links are made per call)."""
+    world, out = nodes * gpus_per_node, []
+    for name in HIERARCHY:
+        for size in sizes:
+            if collectives.get(name).buffer_bytes(size, world) > p.memory_bytes:
+                continue
+            links = links_from_profile(p, nodes, gpus_per_node, network_bytes_per_s, nvlink_bytes_per_s, nccl_ctas,
+                                       name, size)
+            out.append((links, predict(links, name, size)))
+    return out
+
+
+def sweep_markdown(rows: list[tuple[Links, Prediction]]) -> str:
+    """The sweep as a labelled table (what ``conccl study --nodes`` writes to multinode.md)."""
+    links = rows[0][0]
+    lines = [f"# PREDICTION: {links.nodes} node(s) x {links.gpus_per_node} GPUs, flat NCCL against conccl's "
+             "hierarchical collectives", "",
+             "A model of a job no machine here has; nothing in it was measured across nodes. Formulas and "
+             "constants: docs/planner.md (Beyond one node: predictions) and `conccl.planner.multinode`.", "",
+             f"- profile: {links.source.get('profile', 'given')}",
+             f"- network per GPU: {links.network_bytes_per_s / 1e9:.1f} GB/s ({links.source.get('network', 'given')})",
+             f"- NVLink per GPU: {links.nvlink_bytes_per_s / 1e9:.1f} GB/s copy engines "
+             f"({links.source.get('nvlink', 'given')}), NCCL {links.nccl_nvlink_bytes_per_s / 1e9:.1f} GB/s", "",
+             "| collective | size per rank | flat NCCL (ms) | hierarchical (ms) | hier. / flat | NCCL CTAs | "
+             "SM-ms saved per GPU | of flat's SM time | pipelined bound (ms, not built) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for lk, pr in rows:
+        lines.append(f"| {pr.collective} | {format_size(pr.size)} | {1e3 * pr.flat_s:.3f} | {1e3 * pr.hier_s:.3f} | "
+                     f"{pr.hier_s / pr.flat_s:.2f}x | {lk.nccl_ctas} | {1e3 * pr.sm_s_saved:.2f} | "
+                     f"{100 * pr.sm_s_saved / pr.flat_sm_s:.0f}% | {1e3 * pr.pipelined_bound_s:.3f} |")
+    return "\n".join(lines) + "\n"
