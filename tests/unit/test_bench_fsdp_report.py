@@ -9,27 +9,30 @@ pytest.importorskip("torch")
 from conccl.bench.fsdp import combine, markdown  # noqa: E402
 
 
-def _rec(rank, config, times, direct=None):
+def _rec(rank, config, times, direct=None, host=None):
     return {"tokens_per_rank": 2048, "config": config, "rank": rank, "times_ms": times, "peak_alloc_bytes": 2**30,
+            "host_ms": host,
             "peak_reserved_bytes": 2**31, "conccl_workspace_bytes": 0, "loss": 1.5, "loss_deterministic": False,
             "loss_timed_run": 1.5,
             "conccl": None if direct is None else {"modules": 9, "fallback": [], "memory": {}, "direct": direct,
-                                                   "programs_compiled_timed": 3}}
+                                                   "programs_compiled_timed": 3, "program_compile_s_timed": 0.0021}}
 
 
 def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
     direct = {"skipped_copy_outs": 180, "declined_gathers": 0, "skipped_copy_ins": 90, "declined_reduces": 1,
               "skipped_gather_copy_ins": 170}
-    per_rank = [[_rec(0, "no_comm", [10, 12, 11]), _rec(0, "conccl_direct", [11, 30, 12], direct)],
-                [_rec(1, "no_comm", [13, 9, 11]), _rec(1, "conccl_direct", [20, 12, 12], direct)]]
+    per_rank = [[_rec(0, "no_comm", [10, 12, 11]), _rec(0, "conccl_direct", [11, 30, 12], direct, [5, 9, 4])],
+                [_rec(1, "no_comm", [13, 9, 11]), _rec(1, "conccl_direct", [20, 12, 12], direct, [6, 2, 3])]]
     res = combine(per_rank)
     assert [r["step_ms"] for r in res] == [12, 20]  # slowest per step: [13, 12, 11] and [20, 30, 12]
+    assert res[0]["host_ms"] is None and res[1]["host_ms"] == 6  # slowest per step: [6, 9, 4]
     assert res[1]["step_ms_spread"] == [12, 30]
     doc = {"machine_kind": "nvidia-h200-x2", "device": "H200", "world": 2, "commit": "abc", "date": "2026-11-23",
            "torch": "2.11", "nccl": "2.28", "results": res,
            "model": {"layers": 1, "dim": 64, "ffn": 128, "heads": 2, "parameters": 1e6}}
     md = markdown(doc)
     assert "| 2048 | conccl_direct | 20.00 | 12.00-30.00 | 1.667 |" in md
-    assert ("conccl_direct, 2048 tokens (rank 0, timed run): 3 copy-engine programs compiled during the timed steps; "
+    assert ("conccl_direct, 2048 tokens (rank 0, timed run): 3 copy-engine programs compiled during the timed steps "
+            "(2.1 ms of host time); the host queued a step's forward and backward in 6.00 ms (median, slowest rank); "
             "180 all-gather copy-outs, 170 all-gather copy-ins and 90 reduce-scatter copy-ins skipped; "
             "0 all-gathers and 1 reduce-scatters left to FSDP's copies.") in md

@@ -25,6 +25,7 @@ import gc
 import json
 import statistics
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -110,31 +111,37 @@ def build(config: str, shape: ModelShape, device):
     return model, comms
 
 
-def _compiled(comms) -> int:
-    """Copy-engine programs conccl's groups have compiled (a call whose buffers moved compiles)."""
+def _compiled(comms) -> tuple[int, float]:
+    """(copy-engine programs conccl's groups have compiled, host seconds spent compiling them):
+    a call whose buffers moved compiles."""
     if comms is None:
-        return 0
-    return sum(getattr(p.group.executor, "programs_compiled", 0) for p in comms.pools.values())
+        return 0, 0.0
+    executors = [p.group.executor for p in comms.pools.values()]
+    return (sum(getattr(e, "programs_compiled", 0) for e in executors),
+            sum(getattr(e, "program_compile_s", 0.0) for e in executors))
 
 
 def _train(model, x, cfg: FsdpConfig, comms=None):
     """(per-step fwd+bwd ms after warm-up, peak allocator bytes, loss after training, optimizer,
-    programs compiled during the timed steps)."""
+    host: {programs compiled and seconds compiling them during the timed steps, per-step host ms
+    to queue fwd+bwd}). A step whose host time nears its GPU time is bound by the host."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    pairs = []
-    compiled = 0
+    pairs, host_ms = [], []
+    compiled = (0, 0.0)
     for step in range(cfg.train_steps):
         if step == cfg.warmup:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             compiled = _compiled(comms)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
         start.record()
         loss = model(x).float().pow(2).mean()
         loss.backward()
         end.record()
         if step >= cfg.warmup:
             pairs.append((start, end))
+            host_ms.append(1e3 * (time.perf_counter() - t0))
         opt.step()
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
@@ -142,10 +149,11 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
     # allocated and reserved: a block freed with record_stream (conccl_direct's parameters) leaves
     # the allocated count at once but is reused only once the other stream caught up
     peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
-    compiled = _compiled(comms) - compiled
+    now = _compiled(comms)
+    host = {"programs_compiled": now[0] - compiled[0], "compile_s": now[1] - compiled[1], "host_ms": host_ms}
     with torch.no_grad():
         final = model(x).float().pow(2).mean().item()
-    return times, peak, final, opt, compiled
+    return times, peak, final, opt, host
 
 
 def _profile_step(model, x) -> dict:
@@ -200,18 +208,20 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             model, comms = build(config, cfg.shape, device)
             dist.barrier()
             before = fsdp_direct.counters()  # FSDP copies skipped, collectives left to FSDP's copies
-            times, peak, loss_timed, opt, compiled = _train(model, x, cfg, comms)
+            times, peak, loss_timed, opt, host = _train(model, x, cfg, comms)
             direct = {k: v - before[k] for k, v in fsdp_direct.counters().items()}
             extra = 0
             if comms is not None:
                 extra = sum(m["workspace_bytes"] for m in comms.memory().values())
             rec = {"tokens_per_rank": tokens, "config": config, "rank": rank, "times_ms": times,
+                   "host_ms": host["host_ms"],
                    "peak_alloc_bytes": peak[0], "peak_reserved_bytes": peak[1], "conccl_workspace_bytes": extra,
                    "loss": loss_timed if loss is None else loss, "loss_deterministic": loss is not None,
                    "loss_timed_run": loss_timed,
                    "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
                                                          "memory": comms.memory(), "direct": direct,
-                                                         "programs_compiled_timed": compiled}}
+                                                         "programs_compiled_timed": host["programs_compiled"],
+                                                         "program_compile_s_timed": host["compile_s"]}}
             if cfg.profile and rank == 0:
                 rec["profile"] = _profile_step(model, x)
             elif cfg.profile:
@@ -251,6 +261,9 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
             "tokens_per_rank": r0["tokens_per_rank"], "config": r0["config"],
             "step_ms": statistics.median(slowest), "step_ms_spread": [min(slowest), max(slowest)],
             "steps_timed": len(slowest), "peak_mem_gib": peak / 2**30,
+            # the host's time to queue a step's fwd+bwd, the slowest rank's, median over steps
+            "host_ms": statistics.median(max(hs) for hs in zip(*(r["host_ms"] for r in recs)))
+            if all(r.get("host_ms") for r in recs) else None,
             "peak_alloc_gib": max(r["peak_alloc_bytes"] for r in recs) / 2**30,
             "peak_reserved_gib": max(r.get("peak_reserved_bytes", 0) for r in recs) / 2**30,
             "conccl_workspace_gib": max(r["conccl_workspace_bytes"] for r in recs) / 2**30,
@@ -283,7 +296,11 @@ def markdown(doc: dict) -> str:
         c = r.get("conccl") or {}
         said = []
         if "programs_compiled_timed" in c:  # buffers that move between steps compile on every call
-            said.append(f"{c['programs_compiled_timed']} copy-engine programs compiled during the timed steps")
+            spent = c.get("program_compile_s_timed")
+            said.append(f"{c['programs_compiled_timed']} copy-engine programs compiled during the timed steps"
+                        + (f" ({1e3 * spent:.1f} ms of host time)" if spent is not None else ""))
+        if r.get("host_ms") is not None:
+            said.append(f"the host queued a step's forward and backward in {r['host_ms']:.2f} ms (median, slowest rank)")
         d = c.get("direct")
         if r["config"] == "conccl_direct" and d:
             said.append(f"{d['skipped_copy_outs']} all-gather copy-outs, {d.get('skipped_gather_copy_ins', 'n/a')} "

@@ -27,6 +27,7 @@ stream of its own, so the stuck streams drain.
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -129,6 +130,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # Programs compiled for eager and persistent calls since start (not captured ones): a
         # loop whose buffers move compiles on every call.
         self.programs_compiled = 0
+        self.program_compile_s = 0.0  # host seconds spent compiling them
         self._graph_ws = self._graph_ws_handle = None  # reserve_graph_workspace()'s arena
         self._graph_ws_cap = self._graph_ws_used = 0
         self._graph_keep: list = []  # what captured calls refer to (programs, events)
@@ -180,10 +182,12 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         hit = self._programs.get(key)
         if hit is not None and hit[0] is schedule and hit[1] is views and hit[2] is ws:
             return hit[3]
+        t0 = time.perf_counter()
         address = _addresses(self.rank, input, output, views, ws)
         program = CompiledProgram(lower(schedule, address, self._pads, self.batching, marks=self._marks), driver(),
                                   self._device_index)
         self.programs_compiled += 1
+        self.program_compile_s += time.perf_counter() - t0
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
         self._programs[key] = (schedule, views, ws, program)
