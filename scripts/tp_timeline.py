@@ -69,7 +69,7 @@ def _summary(timeline, gemm_alone_us):
 
 def _rank(rank, world, shapes, schedules):
     import conccl
-    import conccl.tp as ctp
+    ctp = conccl.tp  # a lazy attribute (conccl.integrations.tp), not a module to import
     from torch.distributed import _symmetric_memory as symm_mem
 
     group_name = dist.group.WORLD.group_name
