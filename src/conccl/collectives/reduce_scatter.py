@@ -228,33 +228,12 @@ def from_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int,
     return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots), parts=True)
 
 
-def operand_scale(scale: float, dtype) -> float:
-    """The factor as the reduction applies it: rounded to the operands' dtype, as NCCL's
-    premultiplied sum (AVG on floating types is one) holds its scalar in the dtype."""
-    if scale == 1.0:
-        return 1.0
-    import torch  # here: the schedules of this module are plain data made without torch
-
-    return float(torch.tensor(scale, dtype=dtype))
-
-
 def reduce_chunks(chunks, scale: float = 1.0):
-    """The reduction every executor performs: operands in order, each times ``scale``
-    (:func:`operand_scale`) with the product rounded to the operands' dtype (NCCL's
-    premultiply: ``__hmul`` in bf16 and fp16; exact in fp32 arithmetic first), accumulated in
-    fp32 (returned as fp32; the caller rounds to the dtype once). So two ranks give NCCL's
-    ``dtype(dtype(a*s) + dtype(b*s))`` bit for bit, whatever the op."""
-    dtype = chunks[0].dtype
-    s = operand_scale(scale, dtype)
-
-    def term(c):
-        if s == 1.0:
-            return c.float()
-        return (c.float() * s).to(dtype).float()  # a product of two dtype values is exact in fp32
-
-    acc = term(chunks[0])
+    """The reduction every executor performs: operands in order, each times ``scale``,
+    accumulated in fp32 (returned as fp32; the caller rounds to the dtype once)."""
+    acc = chunks[0].float() * scale if scale != 1.0 else chunks[0].float()
     for c in chunks[1:]:
-        acc = acc + term(c)
+        acc = acc + (c.float() * scale if scale != 1.0 else c.float())
     return acc
 
 

@@ -6,12 +6,10 @@ with a grid of at most half the GPU's SMs (:func:`grid_bound`; a grid-stride loo
 that costs a GEMM running beside it least per sum. Compiled once per process with NVRTC (cuda-python),
 without headers: bf16 and fp16 are converted with bit operations and PTX ``cvt``.
 
-Arithmetic (what the CPU reference executor does too, bit for bit: ``reduce_chunks``): every
-operand is converted to fp32 and multiplied by ``scale`` (``__fmul_rn``; the scale rounded to
-the dtype by the host, :func:`~conccl.collectives.reduce_scatter.operand_scale`), a bf16 or fp16
-product rounded to its dtype (NCCL's premultiply, ``__hmul``: so two ranks give NCCL's bits for
-AVG and PREMUL_SUM too), the products are added in the order given (``__fadd_rn``: never fused
-into an FMA), and the sum is rounded to the dtype once (round to nearest even).
+Arithmetic (what the CPU reference executor does too, bit for bit): every operand is
+converted to fp32 and multiplied by ``scale`` (``__fmul_rn``), the products are added in the
+order given (``__fadd_rn``: never fused into an FMA), and the sum is rounded to the dtype
+once (round to nearest even).
 """
 from __future__ import annotations
 
@@ -19,10 +17,7 @@ import ctypes
 import functools
 import os
 
-import torch
-
 from .._driver import check, driver
-from ..collectives.reduce_scatter import operand_scale
 
 MAX_OPERANDS = 8  # world sizes up to 8, as an NVLink node has
 # The grid. Beside a GEMM, a sum costs it HBM bandwidth and SMs for as long as it runs, so a
@@ -125,17 +120,6 @@ __device__ __forceinline__ u16 to_half(float f, int bf16) {
     u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
 
-// One operand times the scale, as NCCL premultiplies: the product rounded to the operand's dtype
-// (KIND 1 bf16, 2 fp16; fp32 as it is). With scale 1 (SUM) the product is the operand itself.
-template <int KIND> __device__ __forceinline__ float scaled(float f, float scale) {
-    float p = __fmul_rn(f, scale);
-    if (KIND == 0 || scale == 1.0f) return p;
-    return half_to_float(to_half(p, KIND == 1), KIND == 1);
-}
-__device__ __forceinline__ float scaled_half(float f, float scale, int bf16) {
-    return bf16 ? scaled<1>(f, scale) : scaled<2>(f, scale);
-}
-
 #define OPERANDS const void* s0, const void* s1, const void* s2, const void* s3, \
                  const void* s4, const void* s5, const void* s6, const void* s7
 #define PICK(k) ((k) == 0 ? s0 : (k) == 1 ? s1 : (k) == 2 ? s2 : (k) == 3 ? s3 : \
@@ -183,7 +167,7 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
                 float fa[EPV], fb[EPV];
                 unpack<KIND>(a[u], fa); unpack<KIND>(b[u], fb);
                 #pragma unroll
-                for (int e = 0; e < EPV; ++e) fa[e] = __fadd_rn(scaled<KIND>(fa[e], scale), scaled<KIND>(fb[e], scale));
+                for (int e = 0; e < EPV; ++e) fa[e] = __fadd_rn(__fmul_rn(fa[e], scale), __fmul_rn(fb[e], scale));
                 long long i = base + u * stride;
                 if (i < nvec) STV((uint4*)dst + i, pack<KIND>(fa));
             }
@@ -201,7 +185,7 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
         for (int u = 0; u < UNROLL_MANY; ++u) {
             float f[EPV]; unpack<KIND>(v[u], f);
             #pragma unroll
-            for (int e = 0; e < EPV; ++e) acc[u][e] = scaled<KIND>(f[e], scale);
+            for (int e = 0; e < EPV; ++e) acc[u][e] = __fmul_rn(f[e], scale);
         }
         for (int k = 1; k < nsrc; ++k) {
             const uint4* p = (const uint4*)PICK(k);
@@ -214,7 +198,7 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
             for (int u = 0; u < UNROLL_MANY; ++u) {
                 float f[EPV]; unpack<KIND>(v[u], f);
                 #pragma unroll
-                for (int e = 0; e < EPV; ++e) acc[u][e] = __fadd_rn(acc[u][e], scaled<KIND>(f[e], scale));
+                for (int e = 0; e < EPV; ++e) acc[u][e] = __fadd_rn(acc[u][e], __fmul_rn(f[e], scale));
             }
         }
         #pragma unroll
@@ -229,8 +213,8 @@ template <int KIND, int PAIR> __device__ __forceinline__ void reduce_vec(void* d
             for (int k = 1; k < nsrc; ++k) a = __fadd_rn(a, __fmul_rn(load((const float*)PICK(k), i), scale));
             ((float*)dst)[i] = a;
         } else {
-            float a = scaled<KIND>(load((const u16*)s0, i, KIND == 1), scale);
-            for (int k = 1; k < nsrc; ++k) a = __fadd_rn(a, scaled<KIND>(load((const u16*)PICK(k), i, KIND == 1), scale));
+            float a = __fmul_rn(load((const u16*)s0, i, KIND == 1), scale);
+            for (int k = 1; k < nsrc; ++k) a = __fadd_rn(a, __fmul_rn(load((const u16*)PICK(k), i, KIND == 1), scale));
             ((u16*)dst)[i] = to_half(a, KIND == 1);
         }
     }
@@ -265,8 +249,8 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_f32(float* 
 
 __device__ __forceinline__ void reduce_half(u16* dst, OPERANDS, int nsrc, long long n, float scale, int bf16) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float acc = scaled_half(load((const u16*)s0, i, bf16), scale, bf16);
-        for (int k = 1; k < nsrc; ++k) acc = __fadd_rn(acc, scaled_half(load((const u16*)PICK(k), i, bf16), scale, bf16));
+        float acc = __fmul_rn(load((const u16*)s0, i, bf16), scale);
+        for (int k = 1; k < nsrc; ++k) acc = __fadd_rn(acc, __fmul_rn(load((const u16*)PICK(k), i, bf16), scale));
         dst[i] = to_half(acc, bf16);
     }
 }
@@ -338,8 +322,7 @@ class ReduceLaunch:
         ptrs = list(srcs) + [srcs[0]] * (MAX_OPERANDS - len(srcs))  # unused operands are never read
         # The kernel's parameters, kept alive with the program: the driver copies them at launch.
         self._values = ([ctypes.c_void_p(dst)] + [ctypes.c_void_p(p) for p in ptrs]
-                        + [ctypes.c_int(len(srcs)), ctypes.c_longlong(n),
-                           ctypes.c_float(operand_scale(scale, getattr(torch, dtype)))])
+                        + [ctypes.c_int(len(srcs)), ctypes.c_longlong(n), ctypes.c_float(scale)])
         self._params = (ctypes.c_void_p * len(self._values))(*[ctypes.addressof(v) for v in self._values])
         self.params = ctypes.addressof(self._params)
 
