@@ -141,7 +141,9 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, *,
         group, async_op, timeout: as in :func:`all_gather_into_tensor`.
 
     Order of summation: rank 0, 1, ..., in fp32, rounded to the dtype once (AVG and
-    PREMUL_SUM multiply each operand first). Two ranks: NCCL's result bit for bit.
+    PREMUL_SUM multiply each operand first). Two ranks: SUM is NCCL's result bit for bit, and
+    AVG in bf16 and fp32; where a product is inexact NCCL fuses the own operand's multiply
+    into the add (docs/api.md), within one rounding of this.
     Stream semantics and failures: as :func:`all_gather_into_tensor`.
 
     SMs used: the reduction kernel, at most half the GPU's SMs' worth of CTAs (66 on H100/H200),
@@ -167,7 +169,8 @@ def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
     Rank r reduces elements ``r*c .. (r+1)*c`` (``c``: the count divided by the world size,
     rounded up to 16 bytes) in the order rank 0, 1, ..., in fp32, rounded to the dtype once
     (AVG and PREMUL_SUM multiply each operand first), and every rank copies each chunk of the
-    result from its reducer. Two ranks: NCCL's result bit for bit; more: within the dtype's
+    result from its reducer. Two ranks: NCCL's result bit for bit as :func:`reduce_scatter_tensor`
+    says; more: within the dtype's
     rounding of NCCL's ring order. Stream semantics and failures: as
     :func:`all_gather_into_tensor`.
 

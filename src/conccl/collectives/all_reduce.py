@@ -20,7 +20,8 @@ rank's push of chunk p, ours included, has landed (REDUCED(s) of p follows PUSHE
 Chunks: rank r reduces elements ``[r*c, (r+1)*c)`` with ``c = ceil(n / world)`` rounded up to
 16 bytes (so every chunk starts 16-byte aligned and the reduction reads whole vectors); the
 last chunks may be short or empty. Order of summation: rank 0, 1, ..., world-1 in fp32,
-rounded to the dtype once; two ranks give NCCL's result bit for bit.
+rounded to the dtype once; two ranks give NCCL's result bit for bit for SUM (and AVG where
+the products are exact: docs/api.md).
 """
 from __future__ import annotations
 
