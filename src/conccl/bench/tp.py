@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 
 from ..pipeline import TPSchedule, gemm_steps
@@ -69,27 +70,36 @@ class Record:
     wrong: bool = False
     error: str | None = None
     note: str | None = None
+    host_ms: float | None = None  # the host's time to queue one call (median, slowest rank)
 
 
 def grain_of(tp: TPSchedule) -> str:
     return f"p{tp.pieces}-g{tp.gemm_pieces}"
 
 
-def timed_in_turn(torch, fns: list, warmup: int, runs: int) -> list[list[float]]:
-    """Milliseconds per run of each of ``fns``, timed in rounds that run each once, in turn."""
+def timed_in_turn(torch, fns: list, warmup: int, runs: int, host: list | None = None) -> list[list[float]]:
+    """Milliseconds per run of each of ``fns``, timed in rounds that run each once, in turn.
+    ``host``: a list that receives, per fn, the host's milliseconds to queue each run."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out: list[list[float]] = [[] for _ in fns]
+    queued: list[list[float]] = [[] for _ in fns]
     for i in range(warmup + runs):
         for j, fn in enumerate(fns):
             # The GPU sleeps while the host queues the run: the events time the GPU's work, not
-            # the host's launches (which a training step's host, running ahead, hides).
+            # the host's launches (which a training step's host, running ahead, hides; where it
+            # cannot, at small shapes, the host time is the figure: ``host``).
             torch.cuda._sleep(HOST_AHEAD_CYCLES)
             start.record()
+            t0 = time.perf_counter()
             fn()
+            t1 = time.perf_counter()
             end.record()
             end.synchronize()
             if i >= warmup:
                 out[j].append(start.elapsed_time(end))
+                queued[j].append(1e3 * (t1 - t0))
+    if host is not None:
+        host[:] = queued
     return out
 
 
@@ -170,8 +180,9 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                 if (impl, schedule) not in everywhere:
                     failed[(impl, schedule)] = "failed on another rank"
             ran = [r for r in ran if (r[0], r[1]) in everywhere]
+            host: list = []
             try:
-                times = timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs)
+                times = timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs, host)
             except Exception as e:  # noqa: BLE001 - the shape's timings are lost, not the run
                 why = f"timing: {type(e).__name__}: {str(e)[:200]}"
                 records.append(Record(op, M, K, N, world, "gemm_only", None, None, None, None, None, error=why))
@@ -179,12 +190,13 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                 ran, times = [], None
             if times is not None:
                 base_ms, base_spread = _slowest(dist, world, times[0])
-                records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
-            for (impl, schedule, _, wrong), ms in zip(ran, times[1:] if times else ()):
+                records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0,
+                                      host_ms=_slowest(dist, world, host[0])[0]))
+            for (impl, schedule, _, wrong), ms, queued in zip(ran, times[1:] if times else (), host[1:]):
                 med, spread = _slowest(dist, world, ms)
                 tp = TPSchedule.parse(schedule) if schedule else None
                 records.append(Record(op, M, K, N, world, impl, schedule, grain_of(tp) if tp else None, med, spread,
-                                      med / base_ms, wrong))
+                                      med / base_ms, wrong, host_ms=_slowest(dist, world, queued)[0]))
             for (impl, schedule), why in failed.items():
                 records.append(Record(op, M, K, N, world, impl, schedule, None, None, None, None, error=why))
             if progress is not None and rank == 0:
@@ -286,15 +298,16 @@ def markdown(doc: dict) -> str:
              f"{meta.get('date')}, commit {str(doc.get('commit'))[:12]}, torch {doc.get('torch')}, "
              f"NCCL {meta.get('nccl')}. Milliseconds: the slowest rank's median of {doc['config']['runs']} runs; "
              "ratio: over the GEMM alone.", ""]
-    lines += ["| op | M x K x N | impl | schedule | ms | spread | x GEMM | wrong |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["| op | M x K x N | impl | schedule | ms | spread | x GEMM | host ms | wrong |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in doc["results"]:
         if r["error"]:
             lines.append(f"| {r['op']} | {r['M']}x{r['K']}x{r['N']} | {r['impl']} | {r['schedule'] or ''} | "
-                         f"error: {r['error'][:60]} | | | |")
+                         f"error: {r['error'][:60]} | | | | |")
             continue
         lines.append(f"| {r['op']} | {r['M']}x{r['K']}x{r['N']} | {r['impl']} | {r['schedule'] or ''} | "
                      f"{r['ms']:.3f} | {100 * r['ms_spread']:.1f}% | {r['ratio_to_gemm']:.3f} | "
+                     f"{'' if r.get('host_ms') is None else format(r['host_ms'], '.3f')} | "
                      f"{'WRONG' if r['wrong'] else ''} |")
     return "\n".join(lines) + "\n"
 
