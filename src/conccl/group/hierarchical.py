@@ -139,6 +139,12 @@ class HierarchicalGroup(CollectiveMethods):
         """Run ``coll`` on (output, input, *args) over every host; see the API function of
         ``coll.api_name`` and the module doc. ``algorithm`` must be None (each node-local step
         picks its own); ``route`` is ignored (no ``nccl_below`` on such a group yet)."""
+        timeout_s, flat = self._validate_and_agree(coll, output, input, args, algorithm, timeout)
+        return self._run(coll, output, input, args, timeout_s, stream_mode, flat)
+
+    def _validate_and_agree(self, coll: Collective, output, input, args, algorithm, timeout) -> tuple[float, bool]:
+        """(timeout seconds, whether the call runs flat) once this rank's arguments are valid and
+        every rank of every host made the call alike (:meth:`_agree`); raises before anything moves."""
         if self.closed:
             raise InvalidArgument(f"conccl group {self.name!r} is closed")
         if algorithm is not None:
@@ -152,7 +158,7 @@ class HierarchicalGroup(CollectiveMethods):
         if flat and self.fallback is None:
             raise InvalidArgument(f"{coll.api_name} with split sizes is not served on this group spanning hosts")
         self._agree(coll, call, input, output, self.seq + 1, timeout_s, flat)
-        return self._run(coll, output, input, args, timeout_s, stream_mode, flat)
+        return timeout_s, flat
 
     def _run(self, coll: Collective, output, input, args, timeout_s: float, stream_mode, flat: bool) -> Work:
         """Move the agreed call: flat on the backend, or composed (node-local, cross-node)."""
@@ -177,19 +183,7 @@ class HierarchicalGroup(CollectiveMethods):
                    timeout=None) -> "HierarchicalPersistent":
         """Validate and agree ``coll`` on these buffers with every rank of every host once; the
         returned op's ``start`` skips that agreement (see :class:`HierarchicalPersistent`)."""
-        if self.closed:
-            raise InvalidArgument(f"conccl group {self.name!r} is closed")
-        if algorithm is not None:
-            raise InvalidArgument("a group spanning hosts picks its node-local algorithms itself; pass algorithm=None")
-        if coll not in _COMPOSED:
-            raise InvalidArgument(f"persistent {coll.api_name} is not served on a group spanning hosts")
-        call = coll.local(output, input, tuple(args), self.world, self.rank, self.node.executor.device_type)
-        self._check_usable()
-        timeout_s = self.node._timeout_s(timeout)
-        flat = _flat_only(coll, args)
-        if flat and self.fallback is None:
-            raise InvalidArgument(f"{coll.api_name} with split sizes is not served on this group spanning hosts")
-        self._agree(coll, call, input, output, self.seq + 1, timeout_s, flat)
+        timeout_s, flat = self._validate_and_agree(coll, output, input, args, algorithm, timeout)
         self.seq += 1  # the agreement is a call of its own: every rank counts it alike
         self.persistent_ops += 1
         op = HierarchicalPersistent(self, self.persistent_ops, coll, input, output, tuple(args), timeout_s,
