@@ -2,7 +2,8 @@
 implementation, the GPU timeline of rank 0 (every kernel and copy: stream, start, duration).
 
 `conccl bench tp` on 2 x H100 (benchmarks/2026-11-25-h100x2) measured conccl's `direct`
-schedule at 1.10-1.21x of the GEMM alone where the planner's model predicts 0.99-1.01x, and finer
+schedule at 1.06-1.21x of the GEMM alone where the planner's model (the shipped H100 table)
+predicts 0.99-1.07x, and finer
 grains and PyTorch's async-TP 2-10% faster. This separates the candidates: GEMM kernels slower
 beside the copies (contention), the GEMM stream idle while it waits for rows (exposed transfer),
 host gaps, and the staging copy of a plain-tensor shard into the symmetric workspace.
