@@ -38,6 +38,6 @@ def probe(rank, world):
 
 
 if __name__ == "__main__":
-    for rank, r in enumerate(run_per_gpu(probe)):
+    for rank, r in enumerate(run_per_gpu(probe, nprocs=2)):  # the formulas are two ranks
         for k, v in r.items():
             print("rank", rank, k, v)

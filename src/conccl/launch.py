@@ -63,7 +63,8 @@ def report_result(queue, rank: int, result) -> None:
     """Send ``result`` to the parent by value. torch.multiprocessing's queue would pass a CPU
     tensor's storage as a file descriptor that the parent fetches from this process later, and
     a rank that has exited by then leaves the parent a FileNotFoundError (seen on 2 x H100 with
-    tests/gpu/test_gpu_fsdp.py's parameters); plain pickle copies the bytes."""
+    tests/gpu/test_gpu_fsdp.py's parameters); plain pickle copies the bytes. Return CPU
+    tensors: a CUDA tensor is rebuilt on the parent's GPU."""
     queue.put((rank, "ok", pickle.dumps(result)))
 
 
@@ -135,7 +136,10 @@ def collect_results(queue, procs, world: int, timeout_s: float, join_s: float, a
                 continue
             reported.add(rank)
             if status == "ok":
-                results[rank] = pickle.loads(value)
+                try:
+                    results[rank] = pickle.loads(value)
+                except Exception as e:  # noqa: BLE001 - reported with the other ranks' errors
+                    errors.append(f"rank {rank}: its result could not be read back: {type(e).__name__}: {e}")
             else:
                 errors.append(f"rank {rank}: {value}")
     finally:

@@ -101,7 +101,7 @@ class PersistentCollective:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"rank {self._comm.rank}/{self._comm.world}"
-        return f"PersistentCollective(#{self.op_id} {self.collective}, {state})"
+        return f"{type(self).__name__}(#{self.op_id} {self.collective}, {state})"
 
 
 class HierarchicalPersistent(PersistentCollective):
@@ -119,14 +119,24 @@ class HierarchicalPersistent(PersistentCollective):
                  flat: bool):
         super().__init__(group, op_id, coll, None, None, input, output, timeout_s, args)
         self._stream_mode, self._flat = stream_mode, flat
+        # The composition re-reads the tensors' sizes on every start and no agreement checks
+        # them again: a tensor resized in place (same address) must be refused here.
+        self._agreed = _sizes(input, output)
 
     def start(self, async_op: bool = False):
         """Run the collective (stream semantics as :meth:`PersistentCollective.start`; a
         completed :class:`conccl.Work` either way, as a call on such a group returns)."""
         comm = self._startable()
+        if _sizes(self._input, self._output) != self._agreed:
+            raise InvalidArgument(f"persistent {self.collective} #{self.op_id}: a tensor's size or dtype changed since "
+                                  "the op was made; make a new persistent op")
         comm._check_usable()
         if comm.node.executor.capturing():
             raise InvalidArgument(f"persistent {self.collective} #{self.op_id}: CUDA graph capture is not served on a "
                                   "group spanning hosts")
         return comm._run(self.coll, self._output, self._input, self.args, self._timeout_s, self._stream_mode,
                          self._flat)
+
+
+def _sizes(input, output) -> tuple:
+    return input.numel(), output.numel(), input.dtype, output.dtype

@@ -4,6 +4,8 @@ equal to the flat reference with the buffers' new contents, no cross-node descri
 per start, mixed with ordinary calls, and refused where they cannot run."""
 from __future__ import annotations
 
+import os
+import time
 from datetime import timedelta
 
 import pytest
@@ -13,7 +15,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from conccl.collectives import REGISTRY  # noqa: E402
-from conccl.errors import CollectiveError, InvalidArgument  # noqa: E402
+from conccl.errors import CollectiveError, GroupBroken, InvalidArgument  # noqa: E402
 from conccl.launch import spawn_hosts  # noqa: E402
 
 STARTS = 3
@@ -66,24 +68,33 @@ def _persistent_every_collective(comm):
         got = {"all_gather": ag_out, "reduce_scatter": rs_out, "all_reduce": ar, "all_to_all": a2a_out}
         right += [_same(got[name], want[name]) for name in ops]
     starts_exchanged = len(exchanges) - made - STARTS  # minus the ordinary calls' own exchanges
+    # a tensor resized in place (same address, fewer elements) is refused before anything moves
+    rs_in.resize_(w * n - 1)
+    try:
+        ops["reduce_scatter"].start()
+        resized = "started"
+    except InvalidArgument as e:
+        resized = "refused" if "size" in str(e) else str(e)
     closed = []
     comm.close()
     for op in ops.values():
+        closed.append(op.closed and op.input is None)  # the group closed its ops, not only itself
         try:
             op.start()
             closed.append("started")
         except InvalidArgument as e:
             closed.append("closed" if "closed" in str(e) else str(e))
-    return right, made, starts_exchanged, closed
+    return right, made, starts_exchanged, closed, resized
 
 
 @pytest.mark.parametrize("spec", ["2x2", "3x2"])
 def test_persistent_ops_equal_the_flat_reference_start_after_start_without_a_cross_node_exchange(spec):
-    for right, made, starts_exchanged, closed in spawn_hosts(spec, _persistent_every_collective):
+    for right, made, starts_exchanged, closed, resized in spawn_hosts(spec, _persistent_every_collective):
         assert right and all(right), right
         assert made == 4  # one cross-node agreement per op, when it was made
         assert starts_exchanged == 0  # ... and none per start
-        assert closed == ["closed"] * 4  # closing the group closes its ops
+        assert resized == "refused"
+        assert closed == [True, "closed"] * 4  # closing the group closes its ops
 
 
 def _mismatched_persistent(comm, culprit):
@@ -108,9 +119,6 @@ def test_a_persistent_op_that_ranks_on_other_hosts_make_differently_is_refused_o
 
 
 def _dies_between_starts(comm, victim):
-    import os
-    import time
-
     w, r = comm.world, comm.rank
     out = torch.empty(w * 8)
     op = comm.persistent_all_gather_into_tensor(out, torch.full((8,), float(r)))
@@ -120,9 +128,17 @@ def _dies_between_starts(comm, victim):
     start = time.monotonic()
     try:
         op.start()
-        return "no error", 0.0
+        return "no error", 0.0, None
     except CollectiveError as e:
-        return type(e).__name__, time.monotonic() - start
+        first, waited = type(e).__name__, time.monotonic() - start
+    try:
+        op.start()  # the group is broken: refused before anything moves
+        later = "no error"
+    except GroupBroken:
+        later = "GroupBroken"
+    except CollectiveError as e:
+        later = type(e).__name__
+    return first, waited, later
 
 
 def test_a_rank_dying_on_another_host_between_starts_raises_on_every_survivor_within_the_timeout():
@@ -131,5 +147,6 @@ def test_a_rank_dying_on_another_host_between_starts_raises_on_every_survivor_wi
                           allow_missing=(victim,), join_timeout_s=60)
     for rank, res in enumerate(results):
         if rank != victim:
-            kind, waited = res
+            kind, waited, later = res
             assert kind in ("CollectiveTimeout", "GroupBroken") and waited < timeout + 1.0, (rank, res)
+            assert later == "GroupBroken", (rank, res)

@@ -221,7 +221,7 @@ def test_study_predict_nodes_writes_multinode_beside_the_report(tmp_path, capsys
             "--network-gbps", "200"]
     assert main(argv) == 0
     doc = json.loads((out / "multinode.json").read_text())
-    assert doc["prediction"] is True and doc["format"] == mn.FORMAT
+    assert doc["prediction"] is True and doc["format"] == mn.SWEEP_FORMAT
     first = doc["results"][0]
     assert first["links"]["nodes"] == 4 and first["links"]["gpus_per_node"] == 2 and first["links"]["world"] == 8
     assert math.isclose(first["links"]["network_bytes_per_s"], mn.gbps(200))
@@ -236,3 +236,4 @@ def test_study_predict_nodes_writes_multinode_beside_the_report(tmp_path, capsys
 def test_study_nodes_flags_refused_with_one_line(tmp_path, capsys, argv, words):
     assert main(["study", "--predict", "--quick", "--out", str(tmp_path / "st"), *argv]) == 2
     assert words in capsys.readouterr().err
+    assert not (tmp_path / "st" / "report.md").exists()  # refused before the study ran

@@ -5,6 +5,7 @@ import datetime as _dt
 import json
 import os
 import pathlib
+from dataclasses import asdict
 
 import torch
 
@@ -98,7 +99,7 @@ def out_folder(args) -> tuple[pathlib.Path, StudyResults | None]:
 
 # Options that shape a run; --report only redraws one, so with it they would be ignored.
 RUN_OPTIONS = ("out", "quick", "gpus", "suite", "only", "gemm", "size", "predict", "profile", "force", "resume",
-               "side_by_side", "nodes")
+               "side_by_side", "nodes", *plan_multinode.OWN)
 
 
 def run(args) -> int:
@@ -123,11 +124,12 @@ def run(args) -> int:
                                             "hardware profile (no GPU runs anything)")
         with about("--profile", args.profile or "(embedded)"):
             profile = load_profile(args.profile)
-        nodes = plan_multinode.wanted(args)  # its flags checked before anything is predicted
+        # the multi-node sweep is checked and computed before anything is predicted or written
+        rows = multinode_rows(args, profile) if plan_multinode.wanted(args) else None
         predicted(scenarios, out, args.gpus, args.quick, args.profile, environment(args.machine_kind, args.gpus or 0),
                   resume=resume, notice=notice, profile=profile)
-        if nodes:
-            write_multinode(out, args, profile)
+        if rows:
+            write_multinode(out, args, rows)
         return EXIT_OK
     if plan_multinode.wanted(args):
         raise UsageError("--nodes predicts a multi-node job from a hardware profile; a measured study runs on this "
@@ -149,9 +151,9 @@ def run(args) -> int:
     return EXIT_FAILED if wrong else EXIT_OK
 
 
-def write_multinode(out, args, profile) -> None:
-    """multinode.md and multinode.json in the report folder: the multi-node prediction sweep
-    (:func:`conccl.planner.multinode.sweep`) for ``--nodes`` x ``--gpus-per-node``."""
+def multinode_rows(args, profile) -> list:
+    """The multi-node prediction sweep (:func:`conccl.planner.multinode.sweep`) for ``--nodes``
+    x ``--gpus-per-node``; a bad job shape is refused here, before the study starts."""
     gpn = args.gpus_per_node or plan_multinode.DEFAULT_GPUS_PER_NODE
     if args.nodes * gpn < 2:
         raise UsageError(f"--nodes {args.nodes} --gpus-per-node {gpn}: one rank has no collective; give 2 or more in all")
@@ -160,9 +162,15 @@ def write_multinode(out, args, profile) -> None:
     rows = multinode.sweep(profile, args.nodes, gpn, net, nvl, args.nccl_ctas)
     if not rows:
         raise UsageError(f"--nodes {args.nodes} --gpus-per-node {gpn}: no size of the sweep fits the profile's GPU")
+    return rows
+
+
+def write_multinode(out, args, rows) -> None:
+    """multinode.md and multinode.json in the report folder (a PREDICTION)."""
     out = pathlib.Path(out)
     write_text(out / "multinode.md", multinode.sweep_markdown(rows))
-    doc = {"format": multinode.FORMAT, "prediction": True, "prediction_of": "a multi-node job no machine here has",
-           "results": [{"links": lk.__dict__ | {"world": lk.world}, "result": pr.to_dict()} for lk, pr in rows]}
+    doc = {"format": multinode.SWEEP_FORMAT, "prediction": True, "prediction_of": "a multi-node job no machine here has",
+           "results": [{"links": asdict(lk) | {"world": lk.world}, "result": pr.to_dict()} for lk, pr in rows]}
     write_text(out / "multinode.json", json.dumps(doc, indent=1) + "\n")
-    print(f"conccl study: multi-node PREDICTION ({args.nodes} x {gpn}) written to {out / 'multinode.md'}")
+    print(f"conccl study: multi-node PREDICTION ({rows[0][0].nodes} x {rows[0][0].gpus_per_node}) written to "
+          f"{out / 'multinode.md'}")

@@ -70,7 +70,8 @@ from .plan import PlanError
 from .profile import HardwareProfile
 from .timing import default_ctas
 
-FORMAT = "conccl-multinode-prediction/1"
+FORMAT = "conccl-multinode-prediction/1"  # conccl plan --nodes --json: one call's links and result
+SWEEP_FORMAT = "conccl-multinode-sweep/1"  # conccl study --nodes: results, a (links, result) per call
 
 # One 400 Gb/s NIC per GPU: the DGX/HGX H100 and H200 node (8 x ConnectX-7 NDR, one per GPU).
 # Its line rate: what NCCL reaches over it is lower, so give a measured figure where you have one.
