@@ -193,6 +193,47 @@ def test_uneven_all_to_all_runs_flat_on_the_backend_with_one_warning():
     assert spawn_hosts("2x2", _uneven_all_to_all) == [(True, 1, "nccl")] * 4
 
 
+def _dies_inside_a_flat_call(comm, victim):
+    w, r = comm.world, comm.rank
+    sizes = [1 + (r + d) % 2 for d in range(w)]  # uneven: the flat path
+    recv = [1 + (s + r) % 2 for s in range(w)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        comm.all_to_all_single(torch.empty(sum(recv)), torch.ones(sum(sizes)), recv, sizes)  # all alive
+        if r == victim:  # agree on the next call with everyone, then die inside the backend's call
+            class _Exits:
+                @staticmethod
+                def all_to_all_single(*args, **kwargs):
+                    os._exit(1)
+
+            comm.fallback = (_Exits, comm.fallback[1])
+        start = time.monotonic()
+        try:
+            comm.all_to_all_single(torch.empty(sum(recv)), torch.ones(sum(sizes)), recv, sizes)
+            return "no error", 0.0, None
+        except CollectiveError as e:
+            first, waited = type(e).__name__, time.monotonic() - start
+    try:
+        comm.all_gather_into_tensor(torch.empty(w), torch.ones(1))
+        later = "no error"
+    except GroupBroken:
+        later = "GroupBroken"
+    except CollectiveError as e:
+        later = type(e).__name__
+    return first, waited, later
+
+
+def test_a_rank_dying_inside_a_flat_call_breaks_the_group_on_every_survivor():
+    timeout, victim = 3.0, 1
+    results = spawn_hosts("2x2", _dies_inside_a_flat_call, victim, timeout=timedelta(seconds=timeout),
+                          allow_missing=(victim,), join_timeout_s=60)
+    for rank, res in enumerate(results):
+        if rank != victim:
+            kind, waited, later = res
+            assert kind in ("CollectiveTimeout", "GroupBroken") and waited < timeout + 1.0, (rank, res)
+            assert later == "GroupBroken", (rank, res)
+
+
 def _dies(comm, victim):
     every = [torch.full((8,), float(q)) for q in range(comm.world)]
     out = torch.empty(8 * comm.world)

@@ -201,8 +201,16 @@ class HierarchicalGroup(CollectiveMethods):
             self._warned = True
             warnings.warn(f"conccl: {coll.api_name} with uneven splits on a group spanning hosts runs flat on the "
                           "group's backend (this warning is shown once per group)", stacklevel=3)
-        coll.call_with(lib, output, input, tuple(args), group=pg)
-        self.seq += 1
+        self.seq += 1  # counted before it runs, as a composed call: the ranks stay in step either way
+        start = time.monotonic()
+        try:
+            coll.call_with(lib, output, input, tuple(args), group=pg)
+        except RuntimeError as e:  # the backend's: a dead or hung rank breaks the group, as a composed call's
+            if isinstance(e, (CollectiveError, InvalidArgument)):
+                raise
+            err = self._backend_failure(coll, self.seq, start, e)
+            self.fail(err)
+            raise err from e
         return Work(path="nccl")
 
     # ------------------------------------------------------------------ agreement and failure
