@@ -216,8 +216,9 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[d
                         rec["kernels_per_call"] = _kernels_per_call(run)
                     us = _timed(run, cfg.iters, cfg.warmup)
                     med = statistics.median(us)
+                    algbw = coll.bandwidth_bytes(size, world) / med / 1e3  # as nccl-tests computes it
                     rec.update(time_us=med, time_min_us=min(us), time_max_us=max(us), times_us=us,
-                               algbw=size / med / 1e3, busbw=size / med / 1e3 * coll.bus_factor(world))
+                               algbw=algbw, busbw=algbw * coll.bus_factor(world))
                     if probe is not None:
                         rec.update(probe.slowdown(run, med))
                 except Exception as e:  # noqa: BLE001 - one failing size must not lose the sweep

@@ -23,7 +23,8 @@ MAX_ITERS = 100_000  # -n / -w beyond this would run for days: a typo, not a pla
 def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="nccl-tests-style sweep of conccl against NCCL and PyTorch, with an overlap column",
                        description="Starts one process per visible GPU (or joins a torchrun launch). Sizes are bytes of "
-                                   "output per rank, as in nccl-tests.")
+                                   "output per rank; algbw and busbw are nccl-tests' (a reduce-scatter's from its input "
+                                   "bytes, world x the size).")
     b.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("1M"), help="smallest size (default 1M)")
     b.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("4G"), help="largest size (default 4G)")
     b.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply the size by this each step (default 2)")

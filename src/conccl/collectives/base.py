@@ -102,6 +102,11 @@ class Collective(abc.ABC):
         """nccl-tests' bus-bandwidth factor: busbw = size / time * factor."""
         return (world - 1) / world
 
+    def bandwidth_bytes(self, size: int, world: int) -> int:
+        """The bytes nccl-tests divides by the time for algbw (its "size" column) for a call of
+        ``size`` output bytes per rank: the output, but for a reduce-scatter (its input)."""
+        return size
+
     def input_bytes(self, size: int, world: int) -> int:
         """Input bytes per rank for ``size`` output bytes per rank (equal chunks)."""
         lay = self.layout(world, 0)

@@ -119,6 +119,10 @@ class ReduceScatter(Collective):
     def layout(self, world: int, rank: int) -> Layout:
         return Layout(world, 1, (tuple((src, rank) for src in range(world)),), in_place_chunk=None)
 
+    def bandwidth_bytes(self, size: int, world: int) -> int:
+        # nccl-tests sizes a reduce-scatter by its input: world x the output
+        return self.input_bytes(size, world)
+
     def local(self, output, input, args, world, rank, device_type) -> LocalCall:
         name, scale = reduce_op("SUM" if not args or args[0] is None else args[0], world)
         in_place = check_reduce_scatter(output, input, world, rank, device_type)
