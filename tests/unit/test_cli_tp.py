@@ -65,6 +65,57 @@ def test_the_evaluation_is_exact_on_the_models_own_times_and_sees_a_bias():
     assert "| ag_gemm | 8192x8192x7168 |" in tp_evaluate.markdown(ev)
 
 
+def _pipelines_doc(model, shapes, schedules, world=2, bias=None, others=None):
+    """A several-GPU bench record set: each schedule's ratio to the GEMM the model's own (times
+    ``bias[name]``), plus the other implementations' ratios ``others``."""
+    from conccl.pipeline import TPSchedule
+
+    results = []
+    for op, (M, K, N) in shapes:
+        gemm = model.gemm_s(M, K, N)
+        for name in schedules:
+            ratio = tpp.predict(model, op, TPSchedule.parse(name), M, K, N, world) / gemm * (bias or {}).get(name, 1.0)
+            results.append({"op": op, "M": M, "K": K, "N": N, "world": world, "impl": "conccl", "schedule": name,
+                            "ms": 1e3 * gemm * ratio, "ratio_to_gemm": ratio, "error": None})
+        for impl, ratio in (others or {}).items():
+            results.append({"op": op, "M": M, "K": K, "N": N, "world": world, "impl": impl, "schedule": None,
+                            "ms": 1e3 * gemm * ratio, "ratio_to_gemm": ratio, "error": None})
+    return {"results": results, "meta": {"device": "NVIDIA H100 80GB HBM3"}}
+
+
+def test_the_pipeline_evaluation_judges_picks_auto_and_its_rivals():
+    model = tpp.model_from()
+    shapes = [("ag_gemm", (8192, 8192, 7168)), ("gemm_rs", (8192, 3584, 8192))]
+    scheds = ["serial", "direct", "direct-p2", "direct-p4-g2"]
+    exact = tp_evaluate.evaluate_pipelines(_pipelines_doc(model, shapes, scheds), model)
+    assert exact["world"] == 2 and exact["summary"]["shapes"] == 2
+    assert exact["summary"]["error_mean"] == pytest.approx(0, abs=1e-9)
+    assert all(r["model_pick_loss"] == 0 and r["auto_ratio"] is None for r in exact["rows"])
+    # measured: direct 20% slower than the model says, so the model's pick may lose; auto and rivals given
+    picked = {r["op"]: r["model_pick"] for r in exact["rows"]}
+    doc = _pipelines_doc(model, shapes, scheds, bias={"direct": 1.2, "direct-p2": 1.2, "direct-p4-g2": 1.2},
+                         others={"conccl_auto": 1.10, "serial_nccl": 1.30, "torch_async_tp": 1.05})
+    ev = tp_evaluate.evaluate_pipelines(doc, model)
+    for r in ev["rows"]:
+        assert r["best"] == min(scheds, key=lambda n: next(x["ratio_to_gemm"] for x in doc["results"]
+                                                            if x["op"] == r["op"] and x["schedule"] == n))
+        assert r["model_pick"] == picked[r["op"]]  # the model's ranking did not change, the measurement did
+        assert r["rival_ratio"] == 1.05 and r["auto_vs_rival"] == pytest.approx(1.10 / 1.05 - 1)
+        assert r["auto_vs_best"] == pytest.approx(1.10 / r["best_ratio"] - 1)
+    assert ev["summary"]["auto_not_slower_than_rival"] == 0 and ev["summary"]["auto_shapes"] == 2
+    assert "whole pipelines on 2 GPUs" in tp_evaluate.pipelines_markdown(ev)
+
+
+def test_plan_tp_evaluates_a_several_gpu_run(tmp_path, capsys):
+    model = tpp.model_from(device_name="H100")
+    path = tmp_path / "tp.json"
+    path.write_text(json.dumps(_pipelines_doc(model, [("ag_gemm", (8192, 8192, 7168))], ["direct", "ring-p2"],
+                                              others={"conccl_auto": 1.1})))
+    assert main(["plan", "tp", "--evaluate", str(path), "--json", str(tmp_path / "e.json")]) == 0
+    assert "whole pipelines on 2 GPUs" in capsys.readouterr().out
+    assert json.loads((tmp_path / "e.json").read_text())["summary"]["auto_shapes"] == 1
+
+
 def _characterization(ms_whole: float) -> dict:
     """One shape, 8192x8192x7168, whose halves cost what the whole does (no decomposition loss)."""
     from conccl.study.tp_measure import FORMAT

@@ -72,12 +72,13 @@ def run(args) -> int:
     source = args.characterization or (f"the tp table of {args.profile}" if profile.tp and table is None
                                        else f"the embedded {gpu} characterization")
     if bench is not None:
-        ev = tp_evaluate.evaluate(bench, model, args.world)
+        ev, render = tp_evaluate.evaluate(bench, model, args.world), tp_evaluate.markdown
+        if not ev["rows"]:  # a run on several GPUs: whole pipelines, judged as such
+            ev, render = tp_evaluate.evaluate_pipelines(bench, model), tp_evaluate.pipelines_markdown
         if not ev["rows"]:
-            raise UsageError(f"--evaluate {args.evaluate}: no one-GPU schedule timings in it (run `conccl bench tp` "
-                             "on one GPU)")
+            raise UsageError(f"--evaluate {args.evaluate}: no schedule timings in it (run `conccl bench tp`)")
         ev["characterization"] = source
-        print_and_write(tp_evaluate.markdown(ev) + f"\nModel: {source}.\n", args.markdown, args.json, ev)
+        print_and_write(render(ev) + f"\nModel: {source}.\n", args.markdown, args.json, ev)
         return EXIT_OK
     if args.markdown:
         raise UsageError("--markdown writes the evaluation: give it with --evaluate TP_JSON")
