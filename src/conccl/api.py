@@ -69,6 +69,21 @@ def empty(*size, dtype=None, device=None, group=None):
     return t
 
 
+def release(tensor, group=None) -> None:
+    """Give back a tensor from :func:`empty`: conccl forgets it, and its memory returns to the
+    GPU once the caller drops its last reference (each rank its own allocation; a peer's mapping
+    of it goes when that peer releases too, so every rank should release at the same point).
+
+    Local (no peer takes part) and on the host; the caller must know no copy still runs on it
+    (synchronise first) and close the persistent ops made on it. Raises InvalidArgument for a
+    tensor that :func:`empty` did not allocate on ``group``.
+    """
+    g = get_group(group)
+    forget = getattr(getattr(g.executor, "symmetric", None), "remove", None)
+    if forget is None or not forget(tensor):
+        raise InvalidArgument("conccl.release takes a tensor from conccl.empty on this group")
+
+
 def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout=None):
     """Gather ``input`` from every rank into ``output`` on copy engines.
 

@@ -369,11 +369,12 @@ def test_results_of_an_unknown_schema_name_the_version_found_and_expected(tmp_pa
     data = json.loads((RUN / "results.json").read_text())
     data.pop("format")
     data["schema"] = "conccl-study-results/9"
-    with pytest.raises(ResultsError, match=r"'conccl-study-results/9' found.*'conccl-study-results/3'"):
+    with pytest.raises(ResultsError, match=r"'conccl-study-results/9' found.*'conccl-study-results/4'"):
         from_dict(data)
-    v2 = dict(data, schema="conccl-study-results/2")  # before the efficiency fields: still read
-    assert from_dict(v2).schema == SCHEMA
-    with pytest.raises(ResultsError, match=r"format 'conccl-suite/1' found.*conccl-study-results/3"):
+    for older in ("conccl-study-results/2", "conccl-study-results/3"):  # fields added since: still read
+        res = from_dict(dict(data, schema=older))
+        assert res.schema == SCHEMA and res.skipped == [] and res.parts == {}
+    with pytest.raises(ResultsError, match=r"format 'conccl-suite/1' found.*conccl-study-results/4"):
         from_dict({"format": "conccl-suite/1"})
     (tmp_path / "results.json").write_text("{ nope")
     with pytest.raises(ResultsError, match="not valid JSON"):

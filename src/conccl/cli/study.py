@@ -127,7 +127,7 @@ def run(args) -> int:
         # the multi-node sweep is checked and computed before anything is predicted or written
         rows = multinode_rows(args, profile) if plan_multinode.wanted(args) else None
         predicted(scenarios, out, args.gpus, args.quick, args.profile, environment(args.machine_kind, args.gpus or 0),
-                  resume=resume, notice=notice, profile=profile)
+                  resume=resume, notice=notice, profile=profile, own=bool(args.gemm))
         if rows:
             write_multinode(out, args, rows)
         return EXIT_OK
@@ -144,7 +144,7 @@ def run(args) -> int:
     memory = torch.cuda.get_device_properties(0).total_memory
     res, finished = measured(scenarios, out, world, args.quick, environment(args.machine_kind, world), memory,
                              use_ncu=not args.no_ncu, plan_profile=args.profile, side_by_side=args.side_by_side,
-                             resume=resume)
+                             resume=resume, own=bool(args.gemm))
     if not finished:
         return EXIT_FAILED
     wrong = res is not None and res.summary is not None and res.summary.wrong

@@ -81,6 +81,17 @@ class SymmetricRegistry:
         # on every rank, which the group checks per call (its row's block fields).
         self._by_storage[storage.data_ptr()] = (storage.nbytes(), tuple(handle.buffer_ptrs), handle, self.generation)
 
+    def remove(self, tensor) -> bool:
+        """Forget ``tensor``'s allocation (False: it was not registered); its memory goes back
+        once the caller drops the tensor, and calls stop taking it as peer-reachable."""
+        storage = tensor.untyped_storage()
+        entry = self._by_storage.get(storage.data_ptr())
+        if entry is None or entry[0] != storage.nbytes():
+            return False
+        del self._by_storage[storage.data_ptr()]
+        self.generation += 1
+        return True
+
     def lookup(self, tensor):
         """(every rank's base address, byte offset in the allocation, registration number) or
         None if not peer-reachable.

@@ -105,6 +105,13 @@ class CollectiveCase:
             self._conccl_op = getattr(conccl, "persistent_" + self.coll.api_name)(*tensors)
         return self._conccl_op
 
+    def close(self) -> None:
+        """Let go of what holds the arenas: the persistent op, PyTorch's last output."""
+        if self._conccl_op is not None:
+            self._conccl_op.close()
+            self._conccl_op = None
+        self.lc_out = None
+
     def poison_lc(self) -> None:
         """PyTorch's op allocates its output every call: poison the last one and let it go, so
         the allocator's next block holds no correct bytes from before."""

@@ -28,6 +28,10 @@ class StudyError(RuntimeError):
 class StudyConfig:
     scenarios: list[Scenario]
     quick: bool = False
+    # One GPU's memory, the same figure on every rank: the arenas are planned from it
+    # (arena_plan), and symmetric allocations must be equal on every rank.
+    memory_bytes: int = 0
+    skipped: list = field(default_factory=list)  # results.Skipped: suite scenarios that cannot fit
     warmup: int = 6
     iters: int = 9
     out_dir: str = "study"
@@ -50,21 +54,45 @@ class StudyConfig:
     resume: StudyResults | None = None
 
 
-def arena_bytes(scenarios: list[Scenario], world: int, quick: bool) -> tuple[int, int]:
-    """Symmetric arenas (output, input) large enough for every scenario and sweep.
-
-    Allocated once: symmetric allocations must have equal sizes on every rank, and the
-    allocator may return cached blocks of other sizes if allocations came and went."""
-    sweep = max(SIZE_SWEEP_QUICK if quick else SIZE_SWEEP)
-    out = max([s.size_for(world) for s in scenarios] + [sweep])
-    inp = max([collectives.get(s.collective).input_bytes(s.size_for(world), world) for s in scenarios] + [sweep])
-    return out, inp
+def sweep_sizes(quick: bool, memory_bytes: int | None = None) -> tuple[int, ...]:
+    """The collectives' size sweep: those sizes whose two arenas (output, input) fit beside the
+    headroom in ``memory_bytes`` (None: all)."""
+    sizes = SIZE_SWEEP_QUICK if quick else SIZE_SWEEP
+    return tuple(s for s in sizes if memory_bytes is None or 2 * s + HEADROOM <= memory_bytes)
 
 
-def required_bytes(scenarios: list[Scenario], world: int, quick: bool) -> int:
-    out, inp = arena_bytes(scenarios, world, quick)
-    # torch_lc's op allocates its whole output on every call, beside the arenas.
-    per = max(s.gemm.bytes() + (s.size_for(world) if STRATEGIES["torch_lc"].runs(s.collective) else 0)
-              for s in scenarios)
-    return out + inp + per + HEADROOM
+def scenario_arenas(s: Scenario, world: int) -> tuple[int, int]:
+    """The symmetric arenas (output, input) scenario ``s`` runs in."""
+    size = s.size_for(world)
+    return size, collectives.get(s.collective).input_bytes(size, world)
 
+
+def _beside_arenas(s: Scenario, world: int) -> int:
+    """What scenario ``s`` allocates beside its arenas: the GEMM's operands and, where PyTorch's
+    copy-engine op runs, the output it allocates on every call."""
+    return s.gemm.bytes() + (s.size_for(world) if STRATEGIES["torch_lc"].runs(s.collective) else 0)
+
+
+def scenario_bytes(s: Scenario, world: int) -> int:
+    """GPU memory one rank needs to run scenario ``s`` alone (its arenas sized for it)."""
+    return sum(scenario_arenas(s, world)) + _beside_arenas(s, world) + HEADROOM
+
+
+def arena_plan(scenarios: list[Scenario], world: int, quick: bool,
+               memory_bytes: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
+    """(the arenas of the collective sweeps, the arenas each scenario runs in), in bytes.
+
+    A pure function of the study's inputs, so every rank derives the same plan: symmetric
+    allocations are collective and must have equal sizes on every rank. The arenas held grow
+    to take the next scenario where the grown arenas still fit beside it; otherwise they are
+    released and allocated exactly for it. So every scenario that fits alone runs (the largest
+    default one needs 74.4 GiB of an 80 GB H100 at two ranks), with nothing shrunk."""
+    sweep = max(sweep_sizes(quick, memory_bytes), default=0)
+    held = (sweep, sweep)
+    plan = []
+    for s in scenarios:
+        o, i = scenario_arenas(s, world)
+        grown = (max(held[0], o), max(held[1], i))
+        held = grown if sum(grown) + _beside_arenas(s, world) + HEADROOM <= memory_bytes else (o, i)
+        plan.append(held)
+    return (sweep, sweep), plan

@@ -16,12 +16,12 @@ import torch
 
 import conccl
 
-from .. import runtime
+from .. import api, runtime
 from ..strategy import STRATEGIES, strategies_for
 from . import analysis
 from .cases import CollectiveCase, GemmCase
-from .config import (CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SIZE_SWEEP, SIZE_SWEEP_QUICK, SM_LOSS,
-                     SM_LOSS_QUICK, StudyConfig, StudyError, arena_bytes, required_bytes)
+from .config import (CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK, StudyConfig,
+                     StudyError, arena_plan, scenario_bytes, sweep_sizes)
 from .progress import Progress
 from .results import (AutoInTurns, CollCtas, CollSize, GemmSmLoss, HbmBytes, Machine, Run, RunConfig, ScenarioResult,
                       StudyResults, Timing, save_results)
@@ -47,10 +47,11 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> StudyResults | None
 
 
 def _check_memory(rig: Rig, cfg: StudyConfig) -> None:
-    need = required_bytes(cfg.scenarios, rig.world, cfg.quick)
+    """The parent judged the scenarios against ``cfg.memory_bytes``; refuse a rank whose GPU is smaller."""
+    need = max(scenario_bytes(s, rig.world) for s in cfg.scenarios)
     if need > rig.memory:
-        worst = max(cfg.scenarios, key=lambda s: s.memory_bytes(rig.world))
-        raise StudyError(f"the study needs {need / 2**30:.1f} GiB per GPU but the GPU has "
+        worst = max(cfg.scenarios, key=lambda s: scenario_bytes(s, rig.world))
+        raise StudyError(f"the study needs {need / 2**30:.1f} GiB per GPU but GPU {rig.device} has "
                          f"{rig.memory / 2**30:.1f} GiB; the largest scenario is {worst.id}")
 
 
@@ -71,13 +72,32 @@ class _MeasuredStudy:
         self.gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
         self.colls = sorted({s.collective for s in cfg.scenarios})
         self.progress = Progress(2 + len(self.gemms) + len(self.colls) * 2 + len(cfg.scenarios), rig.rank == 0)
-        arena_out, arena_in = arena_bytes(cfg.scenarios, world, cfg.quick)
-        self.arenas = (conccl.empty(arena_out, dtype=torch.uint8), conccl.empty(arena_in, dtype=torch.uint8))
+        memory = cfg.memory_bytes or rig.memory
+        self.sweep_sizes = sweep_sizes(cfg.quick, memory)
+        sweep_arenas, self.arena_sizes = arena_plan(cfg.scenarios, world, cfg.quick, memory)
+        self.arenas = None
+        self._hold_arenas(sweep_arenas)
         res.ncu = cfg.ncu
+        res.skipped = list(cfg.skipped)
         if rig.plan_error:
             res.auto_skipped = rig.plan_error
         res.machine = Machine(device=torch.cuda.get_device_name(rig.device), sm_count=rig.sm_count,
                               memory_bytes=rig.memory, world=world)
+
+    def _hold_arenas(self, sizes: tuple[int, int]) -> None:
+        """Hold symmetric arenas of ``sizes`` (output, input) bytes: the ones held if they are
+        those sizes, else released first (every rank at the same point: the plan is a pure
+        function of the inputs), then allocated."""
+        if self.arenas is not None and tuple(a.numel() for a in self.arenas) == tuple(sizes):
+            return
+        if self.arenas is not None:
+            torch.cuda.synchronize()
+            self.rig.dist.barrier()  # no peer still copies from or into them
+            for a in self.arenas:
+                api.release(a)
+            self.arenas = None
+            torch.cuda.empty_cache()
+        self.arenas = tuple(conccl.empty(n, dtype=torch.uint8) for n in sizes)
 
     def save(self) -> None:
         if self.rig.rank == 0:
@@ -134,34 +154,38 @@ class _MeasuredStudy:
 
     def _size_sweep(self, c: str) -> None:
         rig = self.rig
-        for size in SIZE_SWEEP_QUICK if self.cfg.quick else SIZE_SWEEP:
+        for size in self.sweep_sizes:
             case = CollectiveCase(rig, c, size, self.arenas)
             for impl in ("nccl", "conccl"):
                 t = rig.timed([(rig.comm_stream, case.fn(impl))], poison=case.poison)
                 self.res.coll_sizes.append(CollSize(collective=c, size=size, impl=impl, time_ms=Timing.of(t),
                                                     correct=case.check(), hbm_bytes=case.hbm_bytes()))
+            case.close()
 
     def _cta_sweep(self, c: str) -> None:
         rig, res = self.rig, self.res
         ctas = CTA_SWEEP_QUICK if self.cfg.quick else CTA_SWEEP
-        for size in CTA_SIZES_QUICK if self.cfg.quick else CTA_SIZES:
+        for size in [s for s in (CTA_SIZES_QUICK if self.cfg.quick else CTA_SIZES) if s <= max(self.sweep_sizes)]:
             case = CollectiveCase(rig, c, size, self.arenas)
             for k in (*ctas, None):
                 t = rig.timed([(rig.comm_stream, case.fn("nccl", rig.nccl_group(ctas=k)))])
                 res.coll_ctas.append(CollCtas(collective=c, size=size, impl="nccl", ctas=k, time_ms=Timing.of(t)))
             t = rig.timed([(rig.comm_stream, case.fn("conccl"))])
             res.coll_ctas.append(CollCtas(collective=c, size=size, impl="conccl", ctas=0, time_ms=Timing.of(t)))
+            case.close()
 
     def scenarios(self) -> None:
         """Scenarios: isolated times, then every strategy (:func:`measure_scenario`)."""
         current = None
-        for s in self.cfg.scenarios:
+        for s, arenas in zip(self.cfg.scenarios, self.arena_sizes):
             if ("scenario", s.id) in self.done:
                 self.progress.step(f"{s.id} (done before)")
                 continue
             if current is None or current.gemm is not s.gemm:
                 current = None
                 torch.cuda.empty_cache()
+            self._hold_arenas(arenas)  # before the GEMM's operands: a release frees the most then
+            if current is None:
                 current = GemmCase(self.rig, s.gemm)
             self.res.scenarios.append(measure_scenario(self.rig, s, current, self.arenas))
             self.save()
@@ -233,7 +257,7 @@ def measure_scenario(rig: Rig, s: Scenario, gemm: GemmCase, arenas) -> ScenarioR
             rec.runs.setdefault(name, []).append(Run(sms=sms, gemm_sms=granted, time_ms=Timing.of(t), correct=correct))
     if rig.cfg.auto_in_turns and "auto" in rec.runs:
         rec.auto_in_turns = _auto_in_turns(rig, labels, configs, results)
-    case.lc_out = None
+    case.close()  # the arenas may be released before the next scenario
     return rec
 
 

@@ -81,6 +81,9 @@ def markdown(res: StudyResults, figure_names: list[str], figure_note: str | None
         out += [banner(res), ""]
     out += [_method(res), "", "Sizes are bytes of the collective's output per rank (K/M/G = 2^10/2^20/2^30). "
             + EFF_NOTE + " Speedup = (t_gemm + t_nccl) / t_concurrent against the serial run with NCCL. " + PCT_NOTE, ""]
+    if res.skipped:
+        out += [f"**Not run** ({len(res.skipped)} scenario(s) of the suite, kept out of every mean and table): "
+                + "; ".join(f"`{sk.id}` {sk.reason}" for sk in res.skipped) + ".", ""]
     out += [_h(P, "efficiency per strategy, over the suite"), "",
             f"| strategy | {p}mean efficiency | min efficiency | mean % of ideal | min % of ideal | "
             "scenarios >= 80% of ideal | mean speedup | what it is |",
@@ -249,6 +252,9 @@ def terminal_summary(res: StudyResults, out=None) -> None:
               f"{r.min_pct_ideal:>9.1f}{r.n_at_least_80:>5}/{r.n:<2}{r.mean_speedup:>8.3f}x", file=out)
     print("efficiency = max(t_gemm, fastest collective alone) / t_concurrent; % of ideal (the paper's) is "
           f"ill-conditioned where the ideal speedup is below {metrics.ILL_CONDITIONED}x", file=out)
+    if res.skipped:
+        print(f"not run ({len(res.skipped)}, too large for one GPU's memory): "
+              + ", ".join(sk.id for sk in res.skipped), file=out)
     if pred:
         print("profile.json: not written (a prediction adds no measurement to make one from)", file=out)
     if res.summary.wrong:

@@ -30,14 +30,15 @@ from dataclasses import dataclass, field
 from ..jsonfile import read_json
 from . import results_check
 
-SCHEMA = "conccl-study-results/3"
-V2_SCHEMA = "conccl-study-results/2"  # read too: the same records without the efficiency fields
+SCHEMA = "conccl-study-results/4"
+# Read too: /3 lacks ``skipped`` and ``parts`` (they take their defaults), /2 also the efficiency fields.
+OLDER_SCHEMAS = ("conccl-study-results/3", "conccl-study-results/2")
 V1_FORMAT = "conccl-study/1"
 RESULTS = "results.json"
 KINDS = ("measured", "prediction")
 
 __all__ = ["SCHEMA", "RESULTS", "ResultsError", "Timing", "RunConfig", "Machine", "CommFit", "Peaks", "GemmSmLoss",
-           "CollSize", "CollCtas", "GemmInfo", "HbmBytes", "Run", "StrategyResult", "AutoInTurns", "ScenarioResult",
+           "CollSize", "CollCtas", "GemmInfo", "HbmBytes", "Run", "StrategyResult", "Skipped", "AutoInTurns", "ScenarioResult",
            "StrategySummary", "GroupSummary", "Summary", "Claim", "StudyResults", "from_dict", "to_dict",
            "load_results", "save_results"]
 
@@ -196,6 +197,15 @@ class StrategyResult:
 
 
 @dataclass
+class Skipped:
+    """A scenario of the suite the study did not run, and why (it cannot fit in one GPU's
+    memory): kept out of every mean, named in the report."""
+
+    id: str
+    reason: str
+
+
+@dataclass
 class AutoInTurns:
     """``auto`` and the fastest strategy the runtime applies, timed again in turns."""
 
@@ -301,6 +311,12 @@ class StudyResults:
     peaks: Peaks = field(default_factory=Peaks)
     ncu: dict = field(default_factory=dict)  # GEMM tag -> ncu counters, or {"error": why}
     auto_skipped: str | None = None  # why "auto" did not run
+    skipped: list[Skipped] = field(default_factory=list)  # suite scenarios not run, with why
+    # Where each part of the report came from, where not all of it is of ``kind``: a one-GPU
+    # study measures the GPU's own parts and predicts the collectives' from a profile.
+    # part ("hbm", "gemm_sm_loss", "copy_engine_beside_gemm", "collectives", "scenarios") ->
+    # "measured" | "predicted from <profile>"
+    parts: dict[str, str] = field(default_factory=dict)
     gemm_sm_loss: list[GemmSmLoss] = field(default_factory=list)
     coll_sizes: list[CollSize] = field(default_factory=list)
     coll_ctas: list[CollCtas] = field(default_factory=list)
@@ -335,11 +351,11 @@ def from_dict(data, origin: str = "study results") -> StudyResults:
             raise ResultsError(f"{origin}: not a conccl study result: format {fmt!r} found, expected schema "
                                f"{SCHEMA!r} (or the older format {V1_FORMAT!r})")
         data = _upgrade_v1(data)
-    elif schema == V2_SCHEMA:  # derived fields added since take their defaults; derive() fills them
+    elif schema in OLDER_SCHEMAS:  # fields added since take their defaults; derive() fills the derived ones
         data = dict(data, schema=SCHEMA)
     elif schema != SCHEMA:
         raise ResultsError(f"{origin}: study results of schema {schema!r} found, this conccl reads {SCHEMA!r} "
-                           f"(and upgrades {V2_SCHEMA!r} and {V1_FORMAT!r}); re-create them with this conccl")
+                           f"(and upgrades {', '.join(map(repr, OLDER_SCHEMAS))} and {V1_FORMAT!r}); re-create them with this conccl")
     res = _record(StudyResults, data, origin)
     try:
         results_check.check(res)

@@ -9,26 +9,36 @@ from ..launch import run_per_gpu, under_torchrun
 from ..planner import timing
 from ..planner.profile import EMBEDDED, load_profile
 from . import ncu, report
-from .config import StudyConfig, StudyError, required_bytes
+from .config import StudyConfig, StudyError, scenario_bytes
 from .measure import study_worker
 from .model import new_prediction, predict
 from .profile_fit import profile_from_study
-from .results import ResultsError, StudyResults, load_results, save_results
+from .results import ResultsError, Skipped, StudyResults, load_results, save_results
 from .scenarios import Scenario
 
 
-def check_fits(scenarios: list[Scenario], world: int, memory_bytes: int, quick: bool) -> None:
-    """Refuse, before anything runs, a scenario that cannot fit in one GPU's memory."""
+def fitting(scenarios: list[Scenario], world: int, memory_bytes: int, own: bool = False) -> tuple[list, list]:
+    """(the scenarios that fit in one GPU's ``memory_bytes``, a :class:`Skipped` for each that
+    does not), each scenario judged alone (its arenas are allocated for it, config.arena_plan).
+    A suite scenario that cannot fit is skipped, said on the console; the user's own (``own``)
+    is refused with a StudyError, as is a selection of which nothing fits."""
+    run, skipped = [], []
     for s in scenarios:
-        need = required_bytes([s], world, quick)
-        if need > memory_bytes:
-            raise StudyError(f"scenario {s.id} needs {need / 2**30:.1f} GiB per GPU (GEMM {s.gemm.mnk} operands, "
-                             f"collective buffers, workspace) but a GPU has {memory_bytes / 2**30:.1f} GiB")
-    need = required_bytes(scenarios, world, quick)
-    if need > memory_bytes:
-        raise StudyError(f"the scenarios together need {need / 2**30:.1f} GiB per GPU (the collective buffers are "
-                         f"allocated once for the largest), a GPU has {memory_bytes / 2**30:.1f} GiB; "
-                         "run them in smaller groups with --only")
+        need = scenario_bytes(s, world)
+        if need <= memory_bytes:
+            run.append(s)
+            continue
+        why = (f"needs {need / 2**30:.1f} GiB per GPU at {world} ranks (GEMM {s.gemm.mnk} operands, collective "
+               f"buffers, workspace), a GPU has {memory_bytes / 2**30:.1f} GiB")
+        if own:
+            raise StudyError(f"scenario {s.id} {why}; give a smaller --gemm or --size")
+        skipped.append(Skipped(id=s.id, reason=why))
+    if not run:
+        raise StudyError(f"no selected scenario fits in a GPU of {memory_bytes / 2**30:.1f} GiB "
+                         f"(the smallest {skipped[0].reason if skipped else 'needs more'}); select smaller ones with --only")
+    for sk in skipped:
+        print(f"conccl study: skipping {sk.id}: it {sk.reason}", file=sys.stderr)
+    return run, skipped
 
 
 def describe_profile(prof, path) -> str:
@@ -40,13 +50,14 @@ def describe_profile(prof, path) -> str:
 
 
 def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, meta: dict,
-              resume: StudyResults | None = None, notice: str | None = None, profile=None) -> StudyResults:
+              resume: StudyResults | None = None, notice: str | None = None, profile=None,
+              own: bool = False) -> StudyResults:
     """Predict the report from a hardware profile (``profile``, else read from ``profile_path``),
     saving after every scenario; on Ctrl-C the report is drawn from what was predicted, labelled
     partial, and the interrupt goes on up. ``notice`` is printed once the input is checked."""
     prof = profile or load_profile(profile_path)
     world = world or prof.world
-    check_fits(scenarios, world, prof.memory_bytes, quick)
+    scenarios, skipped = fitting(scenarios, world, prof.memory_bytes, own)
     unmeasured = sorted({s.collective for s in scenarios for impl in ("nccl", "conccl")
                          if timing.comm_time(prof, impl, s.collective, s.size_for(world), world) is None})
     if unmeasured:
@@ -61,7 +72,7 @@ def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, 
         print(notice, file=sys.stderr)
     out = pathlib.Path(out_dir)
     res = resume or new_prediction(prof, scenarios, world, quick, meta)
-    res.complete, res.error = False, None
+    res.complete, res.error, res.skipped = False, None, skipped
     try:
         predict(prof, scenarios, world, quick, meta, res, save=lambda: save_results(out, res))
     except BaseException as e:  # Ctrl-C or a crash: keep what was predicted, then let it go on up
@@ -100,11 +111,11 @@ def stopped(out, res: StudyResults, why: str) -> None:
 
 def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_bytes: int, use_ncu: bool = True,
              plan_profile: str | None = None, side_by_side: bool = False,
-             resume: StudyResults | None = None) -> tuple[StudyResults | None, bool]:
+             resume: StudyResults | None = None, own: bool = False) -> tuple[StudyResults | None, bool]:
     """Run on ``world`` GPUs; (results, finished), results None on a non-zero rank under
     torchrun. A run that stops (a crash, Ctrl-C) keeps what it measured, marked incomplete,
     with a report labelled PARTIAL; ``resume`` (that run's results) continues it."""
-    check_fits(scenarios, world, memory_bytes, quick)
+    scenarios, skipped = fitting(scenarios, world, memory_bytes, own)
     if resume is not None:
         check_resumable(resume, "measured", world, quick)
         resume.meta = resumed_meta(resume, meta)
@@ -114,6 +125,7 @@ def measured(scenarios, out_dir, world: int, quick: bool, meta: dict, memory_byt
             print("# reading GEMM DRAM/L2 bytes with ncu on GPU 0", file=sys.stderr, flush=True)
         counters = ncu.gemm_counters({s.gemm.tag: s.gemm for s in scenarios}.values())
     cfg = StudyConfig(scenarios=scenarios, quick=quick, out_dir=str(out_dir), meta=meta, ncu=counters,
+                      memory_bytes=memory_bytes, skipped=skipped,
                       plan_profile=plan_profile, side_by_side=side_by_side, resume=resume)
     print(f"# conccl study: {len(scenarios)} scenarios on {world} GPUs -> {out_dir}", file=sys.stderr, flush=True)
     try:
