@@ -62,7 +62,7 @@ class FsdpConfig:
     profile: bool = True
     # Train each config a second time under torch.use_deterministic_algorithms for the loss:
     # flash attention's default backward accumulates dq with atomics, so two runs of the same
-    # model differ in the last bits (scripts/determinism_probe.py), and a loss compared between
+    # model differ in the last bits (a probe on one H200, commit e612c92), and a loss compared between
     # configs would say nothing about the collectives. The timed run stays in the default mode.
     deterministic_loss: bool = True
 

@@ -53,7 +53,7 @@ def grid_bound(device_index: int) -> int:
 
 # Bytes in flight per CTA (threads x UNROLL vectors per operand) set the sum's speed and what it
 # takes from a GEMM beside it; the register budget of a thread sets what fits. One H200, 66 CTAs
-# (benchmarks/2026-11-23-h200-reduce-variants, scripts/reduce_variants.py):
+# (benchmarks/2026-11-23-h200-reduce-variants and its reduce_variants.py):
 # * two operands (the pair kernels): the sum of a 1 GiB 2-rank bf16 reduce-scatter beside a GEMM
 #   loop, the order rotated, cost the GEMMs 0.120-0.136 ms per sum at 512 threads x UNROLL 8 with
 #   plain loads and stores, 0.099-0.120 at 1024 x 2 evict-first (this; the sum alone 0.46-0.52
@@ -79,7 +79,7 @@ typedef unsigned int u32;
 // kernels' 512-thread bound 2.5x faster than plain loads: see THREADS). The load's asm is not
 // volatile and touches memory the compiler does not see: correct because every element is read
 // and written by one thread, each store after the loads it depends on, dst never re-read (an
-// in-place sum has dst == s0). scripts/reduce_variants.py puts others in their place.
+// in-place sum has dst == s0). benchmarks/2026-11-23-h200-reduce-variants tried others in their place.
 #if __CUDA_ARCH__ >= 800
 __device__ __forceinline__ unsigned long long evict_first() {
     unsigned long long pol; asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol)); return pol;

@@ -47,7 +47,8 @@ class StudyConfig:
     min_timed_ms: float = 20.0
     max_iters: int = 100
     # After a scenario's strategies, time ``auto`` and the fastest measured strategy again, in
-    # turns: a fair head-to-head, free of what ran just before each (scripts/auto_gap.py).
+    # turns: a fair head-to-head, free of what ran just before each
+    # (benchmarks/2026-11-21-h200x4-auto-in-turns/auto_gap.py).
     auto_in_turns: bool = True
     # An interrupted run's results to continue: every rank skips the steps it holds (the same
     # steps on every rank, so the collectives still pair up), rank 0 appends the rest.

@@ -1,8 +1,8 @@
 """The reduction kernel alone on one GPU: bits against the stated arithmetic (the reference
 executor's reduce_chunks) for every dtype, aligned (vector kernel) and misaligned (scalar),
 and its time and bandwidth at a few sizes and operand counts. ``bits_right`` and ``sum_ms``
-are reused by scripts/reduce_variants.py.
-Run: python3 scripts/reduce_kernel.py"""
+are reused by reduce_variants.py beside it.
+Run: PYTHONPATH=src python3 benchmarks/2026-11-23-h200-reduce-variants/reduce_kernel.py"""
 from __future__ import annotations
 
 import statistics

@@ -8,7 +8,7 @@ element of rank r's output (o: rank r's own operand, p: the peer's, s: the facto
   fma_own        dtype(o*s + dtype(p*s)) exactly     the peer's term arrived rounded, own fused
   fma_peer       dtype(p*s + dtype(o*s)) exactly
 Prints the fraction of elements each candidate gets right, per dtype and op, on every rank.
-Run: PYTHONPATH=src python3 scripts/premul_arith_probe.py (2 GPUs)."""
+Run: PYTHONPATH=src python3 benchmarks/2026-11-25-h100x2/premul_arith_probe.py (2 GPUs)."""
 import torch
 import torch.distributed as dist
 

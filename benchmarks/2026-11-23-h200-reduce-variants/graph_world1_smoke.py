@@ -1,6 +1,9 @@
 """Captured conccl calls on a group of one GPU: the capture plumbing (graph slots, the graph
 workspace, persistent ops) without peers. The protocol between ranks needs 2 GPUs
-(tests/gpu/test_gpu_graphs.py)."""
+(tests/gpu/test_gpu_graphs.py).
+
+    PYTHONPATH=src python3 benchmarks/2026-11-23-h200-reduce-variants/graph_world1_smoke.py
+"""
 import os
 
 import torch

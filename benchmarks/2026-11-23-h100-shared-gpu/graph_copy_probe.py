@@ -1,12 +1,12 @@
 """Which engine runs a same-GPU copy captured into a CUDA graph: a copy engine or an SM kernel?
 
-scripts/shared_gpu_smoke.py saw the driver's ``memcpy*_post`` kernels in a replayed graph of
+The shared-GPU rig (scripts/shared_gpu_smoke.py) saw the driver's ``memcpy*_post`` kernels in a replayed graph of
 conccl calls whose copies were all same-GPU (ranks sharing one GPU), where the same calls
 made eagerly showed only copy-engine records. This probe captures one ``cuMemcpyAsync``
 (and, for comparison, ``cuMemcpyPeerAsync`` and ``Tensor.copy_``) per size, replays it under
 the profiler and prints what the profiler saw: kernels (SMs) or memcpy records (copy engines).
 
-    PYTHONPATH=src python scripts/graph_copy_probe.py [--json OUT.json]
+    PYTHONPATH=src python benchmarks/2026-11-23-h100-shared-gpu/graph_copy_probe.py [--json OUT.json]
 """
 from __future__ import annotations
 

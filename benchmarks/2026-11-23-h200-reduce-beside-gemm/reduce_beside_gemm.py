@@ -10,7 +10,7 @@ events, median of ``--runs`` runs after a warm-up, the three cases in turns. It 
 measure the copies' share (copy engines and HBM traffic of the peer writes): that needs two
 GPUs (``conccl bench``).
 
-    PYTHONPATH=src python scripts/reduce_beside_gemm.py [--mib 1024] [--gemm 8192] [--json OUT]
+    PYTHONPATH=src python benchmarks/2026-11-23-h200-reduce-beside-gemm/reduce_beside_gemm.py [--mib 1024] [--gemm 8192] [--json OUT]
 """
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def beside_gemm(sums: dict, n: int, gemm: int, gemms_per_loop: int, runs_wanted:
 
     # In turns (alone, beside each sum, alone, ...), so that clock and power drift fall on all
     # alike, and the order rotated each turn: with a fixed order the first sum read slowest
-    # whichever it was (first runs of scripts/reduce_variants.py).
+    # whichever it was (first runs of ../2026-11-23-h200-reduce-variants/reduce_variants.py).
     runs = {name: [] for name in (None, *sums)}
     names = list(sums)
     for turn in range(runs_wanted):

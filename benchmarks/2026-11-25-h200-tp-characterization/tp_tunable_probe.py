@@ -2,7 +2,8 @@
 
 Times a GEMM cut into c row chunks (as conccl study tp's "rows" variant) with PyTorch's
 default cuBLAS choice, then with TunableOp tuning every chunk shape first. One GPU; writes JSON
-to the path given. Usage: python3 scripts/tp_tunable_probe.py OUT.json
+to the path given. Usage: PYTHONPATH=src python3
+benchmarks/2026-11-25-h200-tp-characterization/tp_tunable_probe.py OUT.json
 """
 import json
 import statistics

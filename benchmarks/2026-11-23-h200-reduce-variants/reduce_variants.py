@@ -9,7 +9,7 @@ reference executor's ``reduce_chunks``), then times it alone and beside a bf16 G
 (``reduce_beside_gemm.beside_gemm``: in turns, CUDA events, median of ``--runs``), with
 ``torch.add`` as the full-grid yardstick.
 
-    PYTHONPATH=src python scripts/reduce_variants.py [--mib 1024] [--runs 15] [--json OUT]
+    PYTHONPATH=src python benchmarks/2026-11-23-h200-reduce-variants/reduce_variants.py [--mib 1024] [--runs 15] [--json OUT]
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "2026-11-23-h200-reduce-beside-gemm")]
 from reduce_beside_gemm import beside_gemm  # noqa: E402
 from reduce_kernel import bits_right, sum_ms  # noqa: E402
 

@@ -24,7 +24,7 @@ products are ``world`` chunks of ``M / world`` rows:
 Every configuration of a shape is timed in turn, round by round, between CUDA events with the
 GPU asleep while the host queues the run. Writes JSON and a markdown table.
 
-    PYTHONPATH=src python3 scripts/tp_loss_probe.py --json OUT/loss_probe.json --markdown OUT/loss_probe.md
+    PYTHONPATH=src python3 benchmarks/2026-11-25-h100-tp-losses/tp_loss_probe.py --json OUT/loss_probe.json --markdown OUT/loss_probe.md
 """
 from __future__ import annotations
 

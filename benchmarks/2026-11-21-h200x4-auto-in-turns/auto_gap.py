@@ -16,7 +16,7 @@ For each scenario this times, with the study's own Rig (6 warm-ups, 9 timed, slo
 * S and A in turns (side by side), 15 rounds;
 * A' : runtime.launch on the study's own GEMM and collective streams (is it the streams?).
 
-Run: ``PYTHONPATH=src python3 scripts/auto_gap.py --out DIR [--only cb4_2.5G/all_gather,...]``.
+Run: ``PYTHONPATH=src python3 benchmarks/2026-11-21-h200x4-auto-in-turns/auto_gap.py --out DIR [--only cb4_2.5G/all_gather,...]``.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import conccl
 from conccl import runtime
 from conccl.launch import run_per_gpu
 from conccl.study.cases import CollectiveCase, GemmCase
-from conccl.study.config import StudyConfig, arena_bytes
+from conccl.study.config import StudyConfig, scenario_arenas
 from conccl.study.measure import _auto_parts
 from conccl.study.rig import Rig
 from conccl.study.scenarios import load_suite
@@ -45,7 +45,7 @@ def worker(rank: int, world: int, ids: list[str]) -> list[dict] | None:
     scenarios = [suite[i] for i in ids]
     cfg = StudyConfig(scenarios=scenarios)
     rig = Rig(rank, world, cfg)
-    out_b, in_b = arena_bytes(scenarios, world, False)
+    out_b, in_b = (max(sizes) for sizes in zip(*(scenario_arenas(s, world) for s in scenarios)))  # one pair for all
     arenas = (conccl.empty(out_b, dtype=torch.uint8), conccl.empty(in_b, dtype=torch.uint8))
     rows = []
     for s in scenarios:

@@ -18,7 +18,7 @@ If the GEMM's slowdown comes with a lower SM clock and a power-cap reason, the c
 it through the power budget; with an unchanged clock, through memory (HBM / L2). The
 recv / send phases tell which side of a transfer costs the GEMM.
 
-Run on a GPU machine: ``PYTHONPATH=src python3 scripts/gemm_power.py --out DIR [--size 1G]``.
+Run on a GPU machine: ``PYTHONPATH=src python3 benchmarks/2026-11-21-h200x4-power/gemm_power.py --out DIR [--size 1G]``.
 Writes DIR/gemm_power.json and DIR/gemm_power.md.
 """
 from __future__ import annotations

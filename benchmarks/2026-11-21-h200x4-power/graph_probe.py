@@ -11,17 +11,20 @@ copies, another batch of signal ops. The probe:
    stay copies (no kernel), or the graph path is ruled out;
 5. checks the graph moved the bytes.
 
-Run on a GPU machine with >= 2 GPUs: ``PYTHONPATH=src python3 scripts/graph_probe.py [--json F]``.
+Run on a GPU machine with >= 2 GPUs: ``PYTHONPATH=src python3 benchmarks/2026-11-21-h200x4-power/graph_probe.py [--json F]``.
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from conccl._driver import check, driver, signal_flags
-from host_floor import per_call_us  # scripts/ is on sys.path when this runs as a script
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from host_floor import per_call_us  # noqa: E402  (scripts/host_floor.py: the same call count)
 
 CHUNK = 1 << 18
 N = 5000  # calls per ungated figure
