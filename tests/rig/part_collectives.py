@@ -1,0 +1,156 @@
+"""The rig's collective parts: ``eager`` (every collective, dtype, size and op), ``persistent``
+(persistent ops started with new contents, eager calls between), ``graph`` (the calls captured
+into one CUDA graph, replayed with new inputs; which kernels a replay launches).
+
+conccl is imported inside each part: the harness also serves scripts/launch_path_bench.py run
+against another checkout's conccl, which may lack what a part uses."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from rig.common import DTYPES, bits_equal, seeded, sm_kernels
+
+
+def eager(rank, world, cases, report):
+    from torch.distributed import ReduceOp
+
+    import conccl
+    from conccl.collectives import REGISTRY
+
+    group = conccl.get_group()
+    premul = dist._make_nccl_premul_sum(0.25)
+    tag = 0
+    for dtype in DTYPES:
+        for n in (1, 1000, 12345, (8 << 20) // 2 + 3):
+            tag += 1
+            every = [seeded(tag, r, 0, n, dtype) for r in range(world)]
+            out = torch.empty(world * n, dtype=dtype, device="cuda")
+            conccl.all_gather_into_tensor(out, every[rank])
+            torch.cuda.synchronize()
+            cases.append((f"all_gather {dtype} n={n}", bits_equal(out, REGISTRY["all_gather"].reference(every, rank))))
+
+            tag += 1
+            every = [seeded(tag, r, 0, world * n, dtype) for r in range(world)]
+            out = torch.empty(world * n, dtype=dtype, device="cuda")
+            conccl.all_to_all_single(out, every[rank])
+            torch.cuda.synchronize()
+            cases.append((f"all_to_all {dtype} n={n}", bits_equal(out, REGISTRY["all_to_all"].reference(every, rank))))
+
+            for op in (ReduceOp.SUM, ReduceOp.AVG, premul):
+                opname = getattr(op, "name", None) or str(op)
+                out = torch.full((n,), float("nan"), dtype=dtype, device="cuda")
+                conccl.reduce_scatter_tensor(out, every[rank], op=op)
+                torch.cuda.synchronize()
+                want = REGISTRY["reduce_scatter"].reference(every, rank, [(op,)] * world)
+                cases.append((f"reduce_scatter {dtype} n={n} {opname}", bits_equal(out, want)))
+
+                for mode in (conccl.StreamMode.BATCH, conccl.StreamMode.PER_PEER):
+                    x = every[rank].clone()
+                    if mode is conccl.StreamMode.BATCH:
+                        conccl.all_reduce(x, op=op)
+                        got = x
+                    else:
+                        got = torch.full_like(x, float("nan"))
+                        group.all_reduce(got, x, op, stream_mode=mode)
+                    torch.cuda.synchronize()
+                    want = REGISTRY["all_reduce"].reference(every, rank, [(op,)] * world)
+                    cases.append((f"all_reduce {dtype} n={world * n} {opname} {mode.value}", bits_equal(got, want)))
+
+
+def persistent(rank, world, cases, report):
+    import conccl
+    from conccl.collectives import REGISTRY
+
+    n = 4099
+    ag_in = torch.empty(n, device="cuda")
+    ag_out = torch.empty(world * n, device="cuda")
+    ar = torch.empty(world * n + 5, dtype=torch.bfloat16, device="cuda")
+    ag = conccl.persistent_all_gather_into_tensor(ag_out, ag_in)
+    red = conccl.persistent_all_reduce(ar)
+    for step in range(5):
+        ag_every = [seeded(50, r, step, n, torch.float32) for r in range(world)]
+        ar_every = [seeded(51, r, step, ar.numel(), torch.bfloat16) for r in range(world)]
+        ag_in.copy_(ag_every[rank])
+        ar.copy_(ar_every[rank])
+        ag.start()
+        red.start()
+        side = torch.empty(world * 64, device="cuda")
+        conccl.all_gather_into_tensor(side, torch.full((64,), float(rank + step), device="cuda"))
+        torch.cuda.synchronize()
+        cases.append((f"persistent all_gather step {step}", bits_equal(ag_out, REGISTRY["all_gather"].reference(ag_every, rank))))
+        cases.append((f"persistent all_reduce step {step}", bits_equal(ar, REGISTRY["all_reduce"].reference(ar_every, rank))))
+        side_want = torch.cat([torch.full((64,), float(r + step), device="cuda") for r in range(world)])
+        cases.append((f"eager between persistent starts {step}", bits_equal(side, side_want)))
+
+
+def graph(rank, world, cases, report):
+    from torch.profiler import ProfilerActivity, profile
+
+    import conccl
+    from conccl.collectives import REGISTRY
+
+    n = 4099
+    ag_in, ag_out = torch.empty(n, device="cuda"), torch.empty(world * n, device="cuda")
+    sym_out = conccl.empty(world * n)  # push straight into the peers' outputs
+    a2a_in, a2a_out = torch.empty(world * n, device="cuda"), torch.empty(world * n, device="cuda")
+    rs_in = torch.empty(world * n, dtype=torch.bfloat16, device="cuda")
+    rs_out = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    ar = torch.empty(12345, dtype=torch.bfloat16, device="cuda")
+    pers_out = torch.empty(world * n, device="cuda")
+    pers = conccl.persistent_all_gather_into_tensor(pers_out, ag_in)
+
+    def calls():
+        pers.start()
+        conccl.all_gather_into_tensor(ag_out, ag_in)
+        conccl.all_gather_into_tensor(sym_out, ag_in)
+        conccl.all_to_all_single(a2a_out, a2a_in)
+        conccl.reduce_scatter_tensor(rs_out, rs_in)
+        conccl.all_reduce(ar)
+
+    def fill(step):
+        every = {"ag": [seeded(60, r, step, n, torch.float32) for r in range(world)],
+                 "a2a": [seeded(61, r, step, world * n, torch.float32) for r in range(world)],
+                 "rs": [seeded(62, r, step, world * n, torch.bfloat16) for r in range(world)],
+                 "ar": [seeded(63, r, step, ar.numel(), torch.bfloat16) for r in range(world)]}
+        for t, key in ((ag_in, "ag"), (a2a_in, "a2a"), (rs_in, "rs"), (ar, "ar")):
+            t.copy_(every[key][rank])
+        return every
+
+    fill(0)
+    calls()  # eager warm-up: kernels compiled, programs made
+    torch.cuda.synchronize()
+    conccl.reserve_graph_workspace(16 << 20)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for step in range(1, 9):
+        every = fill(step)
+        graph.replay()
+        if step % 3 == 1:  # an eager call between replays
+            side = torch.empty(world * 8, device="cuda")
+            conccl.all_gather_into_tensor(side, torch.full((8,), float(rank), device="cuda"))
+        torch.cuda.synchronize()
+        ag_want = REGISTRY["all_gather"].reference(every["ag"], rank)
+        cases += [(f"graph replay {step} all_gather", bits_equal(ag_out, ag_want)),
+                  (f"graph replay {step} all_gather into symmetric output", bits_equal(sym_out, ag_want)),
+                  (f"graph replay {step} persistent all_gather", bits_equal(pers_out, ag_want)),
+                  (f"graph replay {step} all_to_all", bits_equal(a2a_out, REGISTRY["all_to_all"].reference(every["a2a"], rank))),
+                  (f"graph replay {step} reduce_scatter", bits_equal(rs_out, REGISTRY["reduce_scatter"].reference(every["rs"], rank))),
+                  (f"graph replay {step} all_reduce", bits_equal(ar, REGISTRY["all_reduce"].reference(every["ar"], rank)))]
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    report["graph_kernels"] = sm_kernels(prof)
+    dist.barrier()
+    x, out = torch.randn(1 << 20, device="cuda"), torch.empty(world << 20, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        conccl.all_gather_into_tensor(out, x)
+        torch.cuda.synchronize()
+    report["eager_all_gather_kernels"] = sm_kernels(prof)
+    cases.append(("eager all_gather launches no kernel", not report["eager_all_gather_kernels"]))
+    # Same-GPU copies in a graph may run as the driver's memcpy kernels
+    # (benchmarks/2026-11-23-h100-shared-gpu/graph_copy_probe.py): reported, not failed; anything else is wrong.
+    cases.append(("captured graph launches no kernel but the reduction and the driver's copy kernels",
+                  all(k.startswith("reduce_") or k.startswith("memcpy") for k in report["graph_kernels"])))

@@ -1,0 +1,157 @@
+"""The rig's tensor-parallel parts: ``tp`` (every pipeline schedule of ``conccl.tp`` against the
+serial result, bit for bit; which kernels a pipelined call runs), ``tp_layers`` (the parallel
+linear layers train like the whole block) and ``bench_tp`` (``conccl bench tp``'s multi-rank
+runner on small shapes).
+
+conccl is imported inside each part: the harness also serves scripts/launch_path_bench.py run
+against another checkout's conccl, which may lack what a part uses."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from rig.common import bits_equal, sm_kernels, small_ints
+
+TP_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "auto")
+
+def tp(rank, world, cases, report):
+    """conccl.tp: every pipeline schedule against the serial result, bit for bit; the kernels a
+    pipelined call runs are only its GEMMs' (and the reduction's): no copy or spinning kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from conccl.collectives import REGISTRY
+    from conccl.integrations import tp as ctp
+
+    for dtype in (torch.bfloat16, torch.float16):
+        for rows, K, Ns in ((64, 128, (96, 32)), (5, 64, (48,))):
+            shards = [small_ints((rows, K), 100 + r, dtype) for r in range(world)]
+            weights = [small_ints((K, n), 7 + i, dtype) for i, n in enumerate(Ns)]
+            full = torch.cat(shards)
+            expect = [full @ w for w in weights]
+            a_rs = [small_ints((world * rows, K), 200 + r, dtype) for r in range(world)]
+            partial = [(a @ weights[0]).reshape(-1) for a in a_rs]
+            expect_rs = REGISTRY["reduce_scatter"].reference(partial, rank).view(rows, Ns[0])
+            for name in TP_SCHEDULES:
+                A, outs = ctp.all_gather_matmul(shards[rank], weights, 0, schedule=name, return_gathered=True)
+                torch.cuda.synchronize()
+                cases.append((f"tp ag_gemm {dtype} {rows}x{K} {name}",
+                              bits_equal(A, full) and all(bits_equal(o, e) for o, e in zip(outs, expect))))
+                out = ctp.matmul_reduce_scatter(a_rs[rank], weights[0], 0, schedule=name)
+                torch.cuda.synchronize()
+                cases.append((f"tp gemm_rs {dtype} {rows}x{K} {name}", bits_equal(out, expect_rs)))
+    # Which kernels: the pipeline's GEMM steps run alone (plain torch.mm on the same rows) give
+    # the allowed set; the reduction kernel is the reduce-scatter's only other SM work.
+    from conccl.pipeline import TPSchedule, gemm_steps
+
+    rows, K, N = 512, 256, 384
+    shard, w = small_ints((rows, K), 300 + rank, torch.bfloat16), small_ints((K, N), 9, torch.bfloat16)
+    a = small_ints((world * rows, K), 400 + rank, torch.bfloat16)
+    piped = TPSchedule.parse("direct-p2")
+    ctp.all_gather_matmul(shard, w, 0, schedule=piped)
+    ctp.matmul_reduce_scatter(a, w, 0, schedule=piped)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for start, end, _ in gemm_steps(world, rank, piped, rows) + gemm_steps(world, rank, piped, rows, scatter=True):
+            torch.mm(a[start:end], w)
+        torch.cuda.synchronize()
+    allowed = set(sm_kernels(prof))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ctp.all_gather_matmul(shard, w, 0, schedule=piped)
+        torch.cuda.synchronize()
+    ag_kernels = sm_kernels(prof)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ctp.matmul_reduce_scatter(a, w, 0, schedule=piped)
+        torch.cuda.synchronize()
+    rs_kernels = sm_kernels(prof)
+    report["tp_kernels"] = {"gemm_steps_alone": sorted(allowed), "ag_gemm": ag_kernels, "gemm_rs": rs_kernels}
+    cases.append(("tp ag_gemm runs no kernel but its GEMMs'", bool(ag_kernels) and set(ag_kernels) <= allowed))
+    extra = set(rs_kernels) - allowed
+    cases.append(("tp gemm_rs runs no kernel but its GEMMs' and the reduction's",
+                  bool(rs_kernels) and all(k.startswith("reduce_") for k in extra) and len(extra) <= 1))
+
+
+def tp_layers(rank, world, cases, report):
+    """conccl.tp's autograd layers on CUDA: a SwiGLU MLP block sharded with ColumnParallelLinear
+    and RowParallelLinear (fp32) trains like the unsharded block: each rank's weight shard and
+    the summed loss after 3 SGD steps, against the same block computed whole on this rank."""
+    from conccl.integrations import tp as ctp
+
+    for sched in os.environ.get("CONCCL_SMOKE_TP_LAYERS", "direct-p2,serial,auto").split(","):
+        torch.manual_seed(0)
+        d, f, seq = 64, int(os.environ.get("CONCCL_SMOKE_TP_F", 64 * world)), 8 * world
+        gate, up, down = (torch.randn(f, d, device="cuda") * 0.1, torch.randn(f, d, device="cuda") * 0.1,
+                          torch.randn(d, f, device="cuda") * 0.1)
+        xs = [torch.randn(seq, d, device="cuda") for _ in range(3)]
+        ref = [t.clone().requires_grad_() for t in (gate, up, down)]
+        opt = torch.optim.SGD(ref, lr=0.1)
+        ref_losses = []
+        for x in xs:
+            h = torch.nn.functional.silu(x @ ref[0].t()) * (x @ ref[1].t())
+            loss = ((h @ ref[2].t()) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ref_losses.append(loss.item())
+        col = ctp.ColumnParallelLinear(d, (f, f), world_size=world, schedule=sched, backward_schedule=sched,
+                                       device="cuda", dtype=torch.float32)
+        row = ctp.RowParallelLinear(f, d, world_size=world, schedule=sched, backward_schedule=sched,
+                                    device="cuda", dtype=torch.float32)
+        part, rows = slice(rank * f // world, (rank + 1) * f // world), slice(rank * seq // world, (rank + 1) * seq // world)
+        with torch.no_grad():
+            col.weights[0].copy_(gate[part])
+            col.weights[1].copy_(up[part])
+            row.weight.copy_(down[:, part])
+        opt = torch.optim.SGD(list(col.parameters()) + list(row.parameters()), lr=0.1)
+        losses = []
+        trace = os.environ.get("CONCCL_SMOKE_TRACE")  # where a hang is: each phase synchronized and printed
+        for i, x in enumerate(xs):
+            g_, u_ = col(x[rows])
+            if trace:
+                torch.cuda.synchronize()
+                print(f"rank {rank} {sched} step {i}: column forward done", flush=True)
+            y = row(torch.nn.functional.silu(g_) * u_)
+            local = (y ** 2).sum() / (seq * d)
+            if trace:
+                torch.cuda.synchronize()
+                print(f"rank {rank} {sched} step {i}: row forward done", flush=True)
+            opt.zero_grad()
+            local.backward()
+            if trace:
+                torch.cuda.synchronize()
+                print(f"rank {rank} {sched} step {i}: backward done", flush=True)
+            opt.step()
+            total = torch.tensor([local.item()], dtype=torch.float64)
+            dist.all_reduce(total)
+            losses.append(total.item())
+        torch.cuda.synchronize()
+        same_w = all(torch.allclose(mine, whole, rtol=1e-4, atol=1e-5) for mine, whole in
+                     ((col.weights[0], ref[0].detach()[part]), (col.weights[1], ref[1].detach()[part]),
+                      (row.weight, ref[2].detach()[:, part])))
+        same_loss = all(abs(a - b) <= 1e-4 * abs(b) + 1e-7 for a, b in zip(losses, ref_losses))
+        cases.append((f"tp layers {sched}: a sharded MLP trains like the whole one (weights, losses)", same_w and same_loss))
+
+
+def bench_tp(rank, world, cases, report):
+    """`conccl bench tp`'s multi-rank runner (what issue 31's two-GPU run starts) on small
+    shapes: every conccl implementation runs, agrees with the serial result and is timed.
+    NCCL is the gloo group here, so serial_nccl may be refused (recorded, not counted)."""
+    from conccl.bench import tp as bench_tp
+
+    shape = (world * 256, 256, 384)
+    cfg = bench_tp.TPBenchConfig(shapes={"ag_gemm": (shape,), "gemm_rs": (shape,)},
+                                 schedules=("serial", "ring", "direct-p2", "direct-p4-g2"),
+                                 impls=("gemm_only", "serial_nccl", "serial_conccl", "conccl", "conccl_auto"),
+                                 warmup=1, runs=3)
+    records = bench_tp.run_rank(rank, world, cfg)
+    report["bench_tp"] = [(r.op, r.impl, r.schedule, r.ms, r.wrong, r.error) for r in records]
+    for r in records:
+        if r.impl == "serial_nccl" and r.error:
+            continue  # gloo, not NCCL, on this rig
+        cases.append((f"bench tp {r.op} {r.impl} {r.schedule or ''}",
+                      r.error is None and not r.wrong and r.ms is not None and r.ms > 0))
+    timed = {(r.op, r.impl) for r in records if r.ms}
+    cases.append(("bench tp timed every conccl implementation of both ops",
+                  all((op, impl) in timed for op in ("ag_gemm", "gemm_rs")
+                      for impl in ("gemm_only", "serial_conccl", "conccl", "conccl_auto"))))
