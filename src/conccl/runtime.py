@@ -28,31 +28,51 @@ from .partition import Partitions
 from .persistent import PersistentCollective
 from .planner import Plan, PlanError, plan_strategy, workload
 from .planner import eager as planner_eager
-from .planner.profile import HardwareProfile, load_profile
+from .planner import shipped
+from .planner.profile import HardwareProfile
 
 
 # Plans and profiles are immutable values of their arguments: memoised, not state. What a
 # plan needs at run time (streams, green contexts, NCCL groups) belongs to the conccl group
 # (partitions()), and goes when it is destroyed.
-@functools.lru_cache(maxsize=None)
-def _profile(path: str | None) -> HardwareProfile:
-    return load_profile(path)
+def _device_index() -> int | None:
+    try:
+        return torch.cuda.current_device()
+    except (RuntimeError, AssertionError):  # no CUDA here: no NVLink count to choose by
+        return None
 
 
-def profile_for(path: str | None, device_name: str | None = None) -> HardwareProfile:
-    """The hardware profile at ``path`` (None: the shipped one), checked against the GPU
-    ``device_name`` when given: never a silent fallback to another GPU's profile. Raises
-    ProfileError (or OSError for a file that cannot be read)."""
-    prof = _profile(path)
-    if device_name:
-        prof.check_device(device_name)
-    return prof
+def profile_choice(path: str | None, device_name: str | None = None, world: int | None = None) -> shipped.Choice:
+    """Which hardware profile plans for this GPU (:mod:`conccl.planner.shipped`): ``path`` (or
+    ``$CONCCL_PROFILE``) if given, refused (ProfileError, OSError) if measured on another GPU
+    model; else the shipped profile of this GPU (``device_name``), NVLink count and ``world``;
+    else a fallback with one warning. Never an exception for want of a study."""
+    index = _device_index() if device_name else None
+    return shipped.choose(device_name, world, path, None if index is None else shipped.local_nvlinks(index))
+
+
+def profile_for(path: str | None, device_name: str | None = None, world: int | None = None) -> HardwareProfile:
+    """The profile of :func:`profile_choice`."""
+    return profile_choice(path, device_name, world).profile
+
+
+def agreed_profile(path: str | None = None) -> shipped.Choice:
+    """:func:`profile_choice` for the world group, agreed by its ranks once (a collective call
+    the first time: ranks that chose differently, e.g. GPUs of two models, raise
+    InvalidArgument rather than run different plans), then a lookup."""
+    g = api.get_group()
+
+    def agree():
+        choice = profile_choice(path, torch.cuda.get_device_name(torch.cuda.current_device()), g.world)
+        g.agree(choice.identity(), "hardware profile")
+        return choice
+    return g.resource(f"runtime.profile.{path}", agree)
 
 
 @functools.lru_cache(maxsize=4096)
 def _plan(gemm: tuple, collective: str, size: int, world: int, plan: str, profile: str | None, dtype_bytes: int,
           device_name: str | None) -> Plan:
-    prof = profile_for(profile, device_name)
+    prof = profile_for(profile, device_name, world)
     return plan_strategy(prof, workload(gemm, collective, size, world, dtype_bytes), plan)
 
 
@@ -72,7 +92,7 @@ def plan_cache_info() -> dict:
 
 def clear_plan_cache() -> None:
     _plan.cache_clear()
-    _profile.cache_clear()
+    shipped.forget()
 
 
 EAGER_PATHS = ("auto", "copy_engines")
@@ -85,10 +105,12 @@ def eager_paths(mode: str, world: int, profile: str | None = None, device_name: 
         raise InvalidArgument(f"eager path must be one of {', '.join(EAGER_PATHS)}, got {mode!r}")
     if mode == "copy_engines":
         return {"mode": mode, "nccl_below": {}, "note": None, "profile": None}
-    prof = profile_for(profile, device_name)
+    choice = profile_choice(profile, device_name, world)
+    prof = choice.profile
     table = planner_eager.eager_table(prof, REGISTRY, world)
-    source = {k: prof.source[k] for k in ("machine_kind", "commit", "date") if k in prof.source}
-    return {"mode": mode, **table, "profile": {"device": prof.device, "world": prof.world, **source}}
+    source = {k: prof.source[k] for k in ("machine_kind", "commit", "date", "borrowed_from") if k in prof.source}
+    return {"mode": mode, **table, "profile": {"device": prof.device, "world": prof.world, "chosen": choice.how,
+                                               "file": choice.path, **source}}
 
 
 def set_eager_path(mode: str = "auto", group=None, profile: str | None = None) -> dict:
@@ -96,8 +118,9 @@ def set_eager_path(mode: str = "auto", group=None, profile: str | None = None) -
 
     ``"auto"``: a call whose output bytes per rank are below its collective's crossover goes
     to the process group's own backend (NCCL), where NCCL alone was faster in the hardware
-    profile's size sweep (``profile``: a path, None: the shipped one; refused if measured on
-    another GPU model); larger calls, calls captured into a CUDA graph, persistent ops, calls
+    profile's size sweep (``profile``: a path, refused if measured on another GPU model; None:
+    the shipped profile of this GPU, else a fallback with one warning: see
+    :func:`profile_choice`); larger calls, calls captured into a CUDA graph, persistent ops, calls
     with explicit split sizes, algorithm or stream mode, and the calls ``overlap`` and the
     FSDP hooks make stay on the copy engines. A routed call skips conccl's agreement (its
     arguments are NCCL's to check) and is ordered in the group as any other. A collective
@@ -240,6 +263,8 @@ class Overlap:
         fn, gemm, esize, tensors = self._compute
         coll, output, input, args = self._comm
         world = dist.get_world_size() if dist.is_initialized() else 0
+        if self.plan_name == "auto" and world:
+            agreed_profile(self.profile)  # once per group: every rank plans from the same profile
         try:
             self.plan = get_plan(gemm, coll.name, output.numel() * output.element_size(), world, self.plan_name,
                                  self.profile, esize, torch.cuda.get_device_name(output.device))
@@ -262,8 +287,10 @@ class Overlap:
 
 def overlap(plan: str = "auto", profile: str | None = None) -> Overlap:
     """A block whose one computation and one collective run concurrently under ``plan``:
-    ``"auto"`` (the planner's choice from the hardware profile, default the shipped H200
-    profile; a profile of another GPU model is refused) or a study strategy name."""
+    ``"auto"`` (the planner's choice from the hardware profile: ``profile``, a path, else the
+    shipped profile of this GPU and group size, else a fallback with one warning, see
+    :mod:`conccl.planner.shipped`; a profile named by path that was measured on another GPU
+    model is refused) or a study strategy name."""
     return Overlap(plan, profile)
 
 

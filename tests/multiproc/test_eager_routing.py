@@ -119,4 +119,4 @@ def test_small_calls_go_to_the_fallback_and_large_ones_to_conccl(world):
                 assert path == ("nccl" if routed else "copy_engines"), (name, nbytes, path)
                 assert seq_used == (0 if routed else 1), (name, seq_used)  # a routed call leaves conccl's sequence
             assert res["refused"], res["refused"]
-            assert res["tables"] and "set another table" in res["tables"], res["tables"]
+            assert res["tables"] and "has another nccl_below" in res["tables"], res["tables"]

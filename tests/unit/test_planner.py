@@ -191,10 +191,12 @@ def test_profile_round_trips_through_the_writer_and_reader(h200, tmp_path):
 
 def test_profile_reader_names_the_format_found_and_expected(tmp_path):
     data = json.loads(EMBEDDED.read_text())
-    for fmt in ("conccl-profile/2", None):
+    for fmt in ("conccl-profile/3", None):  # a newer one, or none
         bad = dict(data, format=fmt) if fmt else {k: v for k, v in data.items() if k != "format"}
         with pytest.raises(ProfileError, match=f"format {fmt!r} found, {FORMAT!r} expected"):
             HardwareProfile.from_dict(bad)
+    old = HardwareProfile.from_dict(dict(data, format="conccl-profile/1"))  # an older one is read
+    assert old.format == FORMAT and old.nvlinks == 0
     with pytest.raises(ProfileError, match="missing field.*memory_bytes"):
         HardwareProfile.from_dict({k: v for k, v in data.items() if k != "memory_bytes"})
     with pytest.raises(ProfileError, match="unknown field.*colour"):
@@ -275,17 +277,22 @@ def test_plan_cache_computes_once_per_distinct_workload():
     c = runtime.get_plan((8192, 8192, 8192), "all_gather", 2 * GiB, 4)
     assert a is b and c is not a
     assert runtime.plan_cache_info() == {"hits": 1, "misses": 2, "size": 2}
-    with pytest.raises(ProfileError, match="this GPU is"):
-        runtime.get_plan((8192, 8192, 8192), "all_gather", GiB, 4, device_name="NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ProfileError, match="this GPU is"):  # a profile given by path, of another GPU
+        runtime.get_plan((8192, 8192, 8192), "all_gather", GiB, 4, profile=str(EMBEDDED),
+                         device_name="NVIDIA A100-SXM4-80GB")
 
 
 def test_profile_for_checks_the_gpu_the_study_plans_auto_on():
     # the study asks this before it times `auto` (study/rig.py Rig); a wrong call there
     # once dropped `auto` from a whole GPU study without a word
+    runtime.clear_plan_cache()
     prof = runtime.profile_for(None, None)
-    assert runtime.profile_for(None, prof.device) is prof
+    assert runtime.profile_for(None, prof.device, prof.world) is prof
     with pytest.raises(ProfileError, match="this GPU is"):
-        runtime.profile_for(None, "NVIDIA A100-SXM4-80GB")
+        runtime.profile_for(str(EMBEDDED), "NVIDIA A100-SXM4-80GB")
+    with pytest.warns(UserWarning, match="no shipped hardware profile matches 'NVIDIA A100-SXM4-80GB'"):
+        borrowed = runtime.profile_for(None, "NVIDIA A100-SXM4-80GB", 4)  # no study needed: a fallback
+    assert borrowed.device == "NVIDIA A100-SXM4-80GB" and borrowed.source["borrowed_from"]
 
 
 def test_overlap_rejects_a_non_string_plan():

@@ -307,7 +307,7 @@ def test_profile_from_another_format_is_refused(tmp_path, capsys):
     p = tmp_path / "old.json"
     p.write_text(json.dumps({"format": "conccl-profile/0", "device": "x"}))
     assert main(["study", "--predict", "--profile", str(p), "--out", str(tmp_path / "o")]) == 2
-    assert "not a conccl-profile/1" in capsys.readouterr().err
+    assert "not a conccl-profile/2" in capsys.readouterr().err
 
 
 def test_existing_report_is_not_overwritten(tmp_path, capsys):

@@ -241,13 +241,20 @@ class Group(CollectiveMethods):
         """Install ``options.nccl_below``; a collective call: the ranks' tables are compared on
         the board, and differing ones raise InvalidArgument on every rank (a call routed on one
         rank and not on another would wait for the group's timeout)."""
-        digest = zlib.crc32(repr(sorted(table.items())).encode())
-        rows = self.board.exchange([digest], "conccl nccl_below", self._timeout_s(timeout))
+        self.agree(repr(sorted(table.items())), "nccl_below", "conccl.set_eager_path and set_options(nccl_below=) "
+                   "must be the same on every rank", timeout)
+        self.options.nccl_below = dict(table)
+
+    def agree(self, text: str, what: str, hint: str = "", timeout=None) -> None:
+        """A collective call: every rank passes ``text`` (a digest of it crosses the board);
+        where any differs, every rank raises InvalidArgument naming the first that does
+        (``hint``: what the user must make equal)."""
+        digest = zlib.crc32(text.encode())
+        rows = self.board.exchange([digest], f"conccl {what}", self._timeout_s(timeout))
         differ = [p for p in range(self.world) if rows[p, 0] != digest]
         if differ:
-            raise InvalidArgument(f"conccl nccl_below: rank {differ[0]} set another table than rank {self.rank}; "
-                                  "conccl.set_eager_path and set_options(nccl_below=) must be the same on every rank")
-        self.options.nccl_below = dict(table)
+            raise InvalidArgument(f"conccl {what}: rank {differ[0]} has another {what} than rank {self.rank} ({text[:200]})"
+                                  + (f"; {hint}" if hint else ""))
 
     def all_gather_into_parts(self, output, input, parts, timeout=None) -> Work:
         """An all-gather of ``input`` (each rank's chunk of ``output``, in place) whose bytes land

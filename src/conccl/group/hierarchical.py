@@ -191,6 +191,14 @@ class HierarchicalGroup(CollectiveMethods):
         self._ops.add(op)
         return op
 
+    def agree(self, text: str, what: str, hint: str = "", timeout=None) -> None:
+        """As :meth:`Group.agree`, among this host's ranks (each host plans for its own GPUs)."""
+        self.node.agree(text, what, hint, timeout)
+
+    def resource(self, key: str, make):
+        """As :meth:`Group.resource`: kept on the node-local group, closed with it."""
+        return self.node.resource(key, make)
+
     def set_nccl_below(self, table: dict, timeout=None) -> None:
         if table:
             raise InvalidArgument(f"nccl_below routing is not yet served on a group spanning hosts ({self.layout})")

@@ -5,11 +5,17 @@ its report folder: :func:`conccl.study.profile_fit.profile_from_study`); an H200
 measured on the GPU machines ships with the package (``conccl/data/h200x4_profile.json``) and
 is the default where no GPU is visible.
 
-One reader (:meth:`HardwareProfile.from_dict`, and :func:`load_profile` for a file) and one
-writer (:meth:`HardwareProfile.to_json`). Formats (the ``format`` field):
+Which profile a GPU gets when none is named: :mod:`conccl.planner.shipped`.
 
-- ``conccl-profile/1`` (:data:`FORMAT`): the fields of :class:`HardwareProfile`; profiles from
-  before ``comm_sweep`` and ``interference`` existed load with those tables empty.
+One reader (:meth:`HardwareProfile.from_dict`, and :func:`load_profile` for a file) and one
+writer (:meth:`HardwareProfile.to_json`). Formats (the ``format`` field); a reader reads its
+own and every older one (fields added since take their defaults) and refuses a newer one,
+naming both, so a later conccl that adds fields (latency, TP) bumps the number:
+
+- ``conccl-profile/2`` (:data:`FORMAT`): adds ``nvlinks``, the active NVLinks of the measured
+  GPU (0: not recorded), one of the keys the shipped profiles are chosen by.
+- ``conccl-profile/1``: the fields before; profiles from before ``comm_sweep`` and
+  ``interference`` existed load with those tables empty.
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from ..jsonfile import read_json
 from . import profile_check
 
-FORMAT = "conccl-profile/1"
+FORMAT = "conccl-profile/2"
+OLDER_FORMATS = ("conccl-profile/1",)
 EMBEDDED = pathlib.Path(__file__).parents[1] / "data" / "h200x4_profile.json"
 
 
@@ -57,6 +64,7 @@ class HardwareProfile:
     # {"dtype", "rows_ms": {"MxKxN": {rows: ms}}, "contention": {"MxKxN": {rows: slowdown}}, "source"};
     # empty: conccl.planner.tp uses the embedded one of the GPU
     tp: dict = field(default_factory=dict)
+    nvlinks: int = 0  # active NVLinks of a measured GPU (NVML); 0: not recorded
     source: dict = field(default_factory=dict)
     format: str = FORMAT
 
@@ -75,10 +83,13 @@ class HardwareProfile:
     @classmethod
     def from_dict(cls, data: dict, origin: str = "profile") -> "HardwareProfile":
         """The one reader."""
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        if found in OLDER_FORMATS:  # the fields added since take their defaults
+            data = dict(data, format=FORMAT)
+        elif found != FORMAT:
             raise ProfileError(f"{origin}: not a {FORMAT} hardware profile (format {found!r} found, {FORMAT!r} "
-                               "expected); re-create it with a measured `conccl study`")
+                               f"expected, or an older {', '.join(OLDER_FORMATS)}); re-create it with a measured "
+                               "`conccl study`")
         names = set(cls.__dataclass_fields__)
         missing = [f.name for f in fields(cls)
                    if f.default is MISSING and f.default_factory is MISSING and f.name not in data]

@@ -60,6 +60,8 @@ def check(p) -> None:
         v = getattr(p, name)
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
             raise Refused(f"field {name} must be a whole number from {lo} to {hi:g}, got {v!r}")
+    if not isinstance(p.nvlinks, int) or isinstance(p.nvlinks, bool) or not 0 <= p.nvlinks <= 1024:
+        raise Refused(f"field nvlinks must be a whole number from 0 to 1024, got {p.nvlinks!r}")
     for name in ("bf16_flops", "hbm_bytes_per_s", "nvlink_bytes_per_s"):
         _number(getattr(p, name), name, *RATE)
     if not isinstance(p.source, dict):

@@ -31,6 +31,7 @@ from functools import lru_cache
 
 from ..errors import InvalidArgument
 from ..pipeline import SERIAL, Order, TPSchedule, gemm_steps, split_rows
+from . import shipped
 from .profile import HardwareProfile, load_profile
 
 _DATA = pathlib.Path(__file__).parents[1] / "data"
@@ -226,7 +227,7 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
             raise InvalidArgument(f"{name} must be a whole number >= 1, got {v!r}")
     if M % world:
         raise InvalidArgument(f"M ({M}) must be divisible by the world size ({world})")
-    m = model or _default_model(embedded_gpu(device_name))
+    m = model or _default_model(device_name, world)
     elem = 4 if dtype == "float32" else 2
     ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem)) for tp in candidates(M, world)),
                     key=lambda x: x[1])
@@ -235,9 +236,11 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
                   tuple((tp.name, s) for tp, s in ranked))
 
 
-@lru_cache(maxsize=4)
-def _default_model(gpu: str) -> TPModel:
-    return model_from(table=_embedded_table(gpu))
+@lru_cache(maxsize=16)
+def _default_model(device_name: str | None, world: int) -> TPModel:
+    """The shipped profile of the GPU (:func:`conccl.planner.shipped.choose`: a fallback with one
+    warning where none matches) with its TP characterization, else the GPU's embedded one."""
+    return model_from(shipped.choose(device_name, world).profile, device_name=device_name)
 
 
 def decomposition_s(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, world: int) -> float:

@@ -17,6 +17,7 @@ import torch
 import conccl
 
 from .. import api, runtime
+from ..planner import shipped
 from ..strategy import STRATEGIES, strategies_for
 from . import analysis
 from .cases import CollectiveCase, GemmCase
@@ -81,8 +82,10 @@ class _MeasuredStudy:
         res.skipped = list(cfg.skipped)
         if rig.plan_error:
             res.auto_skipped = rig.plan_error
+        elif rig.plan_choice is not None:
+            res.meta = dict(res.meta, auto_profile=rig.plan_choice.note)
         res.machine = Machine(device=torch.cuda.get_device_name(rig.device), sm_count=rig.sm_count,
-                              memory_bytes=rig.memory, world=world)
+                              memory_bytes=rig.memory, world=world, nvlinks=shipped.local_nvlinks(rig.device.index) or 0)
 
     def _hold_arenas(self, sizes: tuple[int, int]) -> None:
         """Hold symmetric arenas of ``sizes`` (output, input) bytes: the ones held if they are

@@ -79,7 +79,7 @@ def profile_from_study(res: StudyResults) -> HardwareProfile:
     m = res.meta
     prof = HardwareProfile(
         device=res.machine.device, world=world, sm_count=res.machine.sm_count,
-        memory_bytes=res.machine.memory_bytes, bf16_flops=peaks.bf16_flops,
+        memory_bytes=res.machine.memory_bytes, nvlinks=res.machine.nvlinks, bf16_flops=peaks.bf16_flops,
         hbm_bytes_per_s=peaks.hbm_bytes_per_s, nvlink_bytes_per_s=peaks.nvlink_bytes_per_s or 0.0,
         gemm_efficiency={c: statistics.median(v) for c, v in eff.items()}, collectives=colls,
         gemm_sm_loss={c: {k: statistics.median(v) for k, v in sorted(t.items())} for c, t in loss.items()},

@@ -65,6 +65,7 @@ def _method(res: StudyResults) -> str:
             + ", CUDA events, ranks aligned by a barrier before each, median of the slowest rank (spread in results.csv)."
             + (" conccl runs as a persistent op (agreed with the peers once per scenario, then only started), as a "
                "loop over the same buffers would." if cfg.conccl_call == "persistent" else "")
+            + (f" `auto` planned with the {m['auto_profile'].removeprefix('hardware profile: ')}." if m.get("auto_profile") else "")
             + (" A complete run writes profile.json (the planner's hardware profile) beside this report." if res.complete else
                " profile.json is not written: the run is partial."))
 

@@ -91,6 +91,7 @@ class Machine:
     sm_count: int
     memory_bytes: int
     world: int
+    nvlinks: int = 0  # active NVLinks of rank 0's GPU (NVML); 0: not read
 
 
 @dataclass

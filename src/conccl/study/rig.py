@@ -38,9 +38,10 @@ class Rig:
         self.comm_stream = torch.cuda.Stream()
         self.partitions = Partitions(self.device)
         self.device_name = torch.cuda.get_device_name(self.device)
-        self.plan_error = None  # why the "auto" strategy cannot run here (no profile for this GPU)
+        self.plan_error = None  # why the "auto" strategy cannot run here (a given profile of another GPU)
+        self.plan_choice = None  # the profile it plans with (conccl.planner.shipped.Choice)
         try:
-            runtime.profile_for(cfg.plan_profile, self.device_name)
+            self.plan_choice = runtime.profile_choice(cfg.plan_profile, self.device_name, world)
         except (ProfileError, OSError) as e:  # recorded in the results, the rest of the study runs
             self.plan_error = str(e)
 
