@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import types
 import pathlib
 import re
 import shutil
@@ -317,11 +318,21 @@ def test_existing_report_is_not_overwritten(tmp_path, capsys):
     assert "already holds" in capsys.readouterr().err
 
 
-def test_measured_study_needs_two_gpus(tmp_path, capsys, monkeypatch):
+def test_one_gpu_runs_the_one_gpu_study(tmp_path, capsys, monkeypatch):
+    """One GPU: not refused (issue 37) but the one-GPU study: its own part measured, the rest predicted."""
+    from conccl.cli import study as cli_study
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert main(["study", "--quick", "--out", str(tmp_path / "o")]) == 2
-    assert "at least 2 GPUs" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=80 << 30))
+    monkeypatch.setattr(cli_study, "environment", lambda kind, world: {"world": world})
+    calls = []
+    monkeypatch.setattr(cli_study, "one_gpu", lambda *a, **k: calls.append((a, k)))
+    assert main(["study", "--quick", "--out", str(tmp_path / "o")]) == 0
+    (scenarios, out, quick, meta, memory, profile, world), kw = calls[0]
+    assert quick and memory == 80 << 30 and profile is None and world is None and kw == {"own": False}
+    assert main(["study", "--quick", "--side-by-side", "--out", str(tmp_path / "p")]) == 2
+    assert "one-GPU study" in capsys.readouterr().err
 
 
 def test_ncu_csv_groups_kernels_by_gemm():

@@ -272,6 +272,14 @@ def _goal_rows(by: dict, collectives, sizes) -> list[str]:
     return rows
 
 
+def _profile_text(p: dict) -> str:
+    """Which profile ``set_eager_path('auto')`` chose (conccl.planner.shipped), in words."""
+    how = {"shipped": "shipped for this GPU", "fallback": "BORROWED (no shipped profile matches this GPU)",
+           "given": "given"}.get(p.get("chosen"), p.get("chosen", "?"))
+    return (f"{p.get('file', '?')} ({how}; {p.get('device')} x{p.get('world')}, measured on "
+            f"{p.get('machine_kind', '?')} {p.get('date', '?')})")
+
+
 def markdown(doc: dict) -> str:
     """``graphs.md``: per collective and mode, us per call of each implementation by size and
     its ratio to NCCL's in the same mode; issue 22's goals checked at the top."""
@@ -297,6 +305,8 @@ def markdown(doc: dict) -> str:
         "went (Work.path). The JSON has every run and the fastest and slowest.",
         *(["", "conccl_auto (`set_eager_path('auto')`) sends an eager call to NCCL below: "
            + ", ".join(f"{c} {format_size(b)}" for c, b in below.items()) + "."] if below else []),
+        *(["", f"conccl_auto planned with the hardware profile {_profile_text(doc['eager_path']['profile'])}."]
+          if (doc.get("eager_path") or {}).get("profile") else []),
         "", "## Goals (issue 22)", "", "| goal | collective | measured | met |", "| --- | --- | --- | --- |",
         *_goal_rows(by, collectives, sizes),
     ]

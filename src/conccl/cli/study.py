@@ -18,6 +18,7 @@ from ..planner.profile import load_profile
 from ..planner.timing import MAX_WORLD
 from ..study import report
 from ..study.results import RESULTS, ResultsError, StudyResults, load_results
+from ..study.one_gpu import one_gpu
 from ..study.run import measured, predicted
 from ..study.scenarios import SuiteError, load_suite, scenario_from_args, select
 from . import plan_multinode
@@ -138,10 +139,13 @@ def run(args) -> int:
         raise UsageError(f"--gpus {args.gpus}: only {gpus} GPU(s) visible here; give --gpus 2 to {gpus}, "
                          "or --predict for a report modelled from a hardware profile")
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or gpus)
-    if world < 2:
-        raise UsageError(f"a measured study needs at least 2 GPUs linked by NVLink, found {world}; "
-                         "pass --predict for a report modelled from a hardware profile")
     memory = torch.cuda.get_device_properties(0).total_memory
+    if world < 2:  # what one GPU can measure, measured; the collectives' part predicted, labelled
+        if resume is not None or args.side_by_side:
+            raise UsageError("a one-GPU study runs whole in minutes: drop --resume and --side-by-side")
+        one_gpu(scenarios, out, args.quick, environment(args.machine_kind, 1), memory, args.profile, None,
+                own=bool(args.gemm))
+        return EXIT_OK
     res, finished = measured(scenarios, out, world, args.quick, environment(args.machine_kind, world), memory,
                              use_ncu=not args.no_ncu, plan_profile=args.profile, side_by_side=args.side_by_side,
                              resume=resume, own=bool(args.gemm))

@@ -66,6 +66,8 @@ def derive(res: StudyResults) -> StudyResults:
         full = next((b for b in res.coll_ctas if b.collective == r.collective and b.size == r.size
                      and b.impl == "nccl" and b.ctas is None), None)
         r.slowdown = r.time_ms.median / full.time_ms.median if full else None
+    for r in res.copy_beside_gemm:
+        r.efficiency = 100 * max(r.gemm_ms.median, r.copy_ms.median) / r.together_ms.median
     for s in res.scenarios:
         _derive_scenario(res, s)
     res.summary = summarize(res.scenarios)

@@ -10,6 +10,7 @@ it holds (:func:`steps_done`).
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import torch
@@ -24,7 +25,7 @@ from .cases import CollectiveCase, GemmCase
 from .config import (CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK, StudyConfig,
                      StudyError, arena_plan, scenario_bytes, sweep_sizes)
 from .progress import Progress
-from .results import (AutoInTurns, CollCtas, CollSize, GemmSmLoss, HbmBytes, Machine, Run, RunConfig, ScenarioResult,
+from .results import (AutoInTurns, CollCtas, CopyBesideGemm, CollSize, GemmSmLoss, HbmBytes, Machine, Run, RunConfig, ScenarioResult,
                       StudyResults, Timing, save_results)
 from .rig import Rig
 from .scenarios import Scenario
@@ -61,7 +62,7 @@ class _MeasuredStudy:
     arenas every collective case takes its buffers from. Each step is skipped where the
     results hold it whole and saved (rank 0) once done."""
 
-    def __init__(self, rig: Rig, cfg: StudyConfig):
+    def __init__(self, rig: Rig, cfg: StudyConfig, steps: int | None = None):
         self.rig, self.cfg = rig, cfg
         world = rig.world
         self.res = res = cfg.resume or StudyResults(kind="measured", meta=cfg.meta, config=RunConfig(
@@ -72,12 +73,11 @@ class _MeasuredStudy:
         self.done = steps_done(res)
         self.gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
         self.colls = sorted({s.collective for s in cfg.scenarios})
-        self.progress = Progress(2 + len(self.gemms) + len(self.colls) * 2 + len(cfg.scenarios), rig.rank == 0)
+        self.progress = Progress(steps or 2 + len(self.gemms) + len(self.colls) * 2 + len(cfg.scenarios), rig.rank == 0)
         memory = cfg.memory_bytes or rig.memory
         self.sweep_sizes = sweep_sizes(cfg.quick, memory)
-        sweep_arenas, self.arena_sizes = arena_plan(cfg.scenarios, world, cfg.quick, memory)
-        self.arenas = None
-        self._hold_arenas(sweep_arenas)
+        self.sweep_arenas, self.arena_sizes = arena_plan(cfg.scenarios, world, cfg.quick, memory)
+        self.arenas = None  # allocated where the collectives first need them
         res.ncu = cfg.ncu
         res.skipped = list(cfg.skipped)
         if rig.plan_error:
@@ -101,6 +101,10 @@ class _MeasuredStudy:
             self.arenas = None
             torch.cuda.empty_cache()
         self.arenas = tuple(conccl.empty(n, dtype=torch.uint8) for n in sizes)
+        if self.rig.rank == 0:
+            free, _ = torch.cuda.mem_get_info(self.rig.device)
+            print(f"# arenas: {sizes[0] / 2**30:.2f} + {sizes[1] / 2**30:.2f} GiB held, {free / 2**30:.1f} GiB free",
+                  file=sys.stderr, flush=True)
 
     def save(self) -> None:
         if self.rig.rank == 0:
@@ -138,9 +142,34 @@ class _MeasuredStudy:
             self.save()
             self.progress.step(f"GEMM {g.tag} SM sweep")
 
+    def copy_beside_gemm(self, d2d_bytes: int = 1 << 30, h2d_bytes: int = 256 << 20) -> None:
+        """One GPU: every GEMM beside a copy-engine copy, alone and together (two streams): a
+        same-GPU copy (it loads HBM at ~4x an NVLink transfer's rate, so it over-states what a
+        collective costs the GEMM) and a pinned host-to-GPU copy over PCIe (a light load)."""
+        rig = self.rig
+        src = torch.empty(d2d_bytes, dtype=torch.uint8, device=rig.device)
+        dst = torch.empty_like(src)
+        host = torch.empty(h2d_bytes, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(h2d_bytes, dtype=torch.uint8, device=rig.device)
+        copies = {"d2d": (d2d_bytes, lambda: dst.copy_(src, non_blocking=True)),
+                  "h2d": (h2d_bytes, lambda: dev.copy_(host, non_blocking=True))}
+        for g in self.gemms:
+            case = GemmCase(rig, g)
+            gemm = (rig.gemm_stream, case.fn())
+            t_gemm = Timing.of(rig.timed([gemm]))
+            for kind, (nbytes, fn) in copies.items():
+                copy = (rig.comm_stream, fn)
+                self.res.copy_beside_gemm.append(CopyBesideGemm(
+                    gemm=g.tag, mnk=g.mnk, kind=kind, copy_bytes=nbytes, gemm_ms=t_gemm,
+                    copy_ms=Timing.of(rig.timed([copy])), together_ms=Timing.of(rig.timed([gemm, copy]))))
+            del case
+            torch.cuda.empty_cache()
+            self.progress.step(f"GEMM {g.tag} beside copies")
+
     def collective_sweeps(self) -> None:
         """Collectives alone: over sizes (NCCL and conccl), and over the CTAs NCCL may use."""
         res, progress = self.res, self.progress
+        self._hold_arenas(self.sweep_arenas)
         for c in self.colls:
             if ("sizes", c) in self.done and ("ctas", c) in self.done:
                 progress.step(f"{c} size sweep (done before)")

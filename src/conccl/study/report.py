@@ -28,7 +28,14 @@ def is_prediction(res: StudyResults) -> bool:
 
 def banner(res: StudyResults) -> str:
     lines = []
-    if is_prediction(res):
+    if res.parts:
+        measured = [p for p, how in res.parts.items() if how.startswith("measured")]
+        predicted = sorted({how for how in res.parts.values() if not how.startswith("measured")})
+        lines.append(f"> **ONE GPU: part measured, part PREDICTED.** Measured on this GPU: {', '.join(measured)}. "
+                     f"Predicted: {', '.join(p for p, how in res.parts.items() if not how.startswith('measured'))} "
+                     f"({'; '.join(predicted)}, with this GPU's measurements folded in): no collective ran or was "
+                     "checked. A node of two or more GPUs measures it all.")
+    elif is_prediction(res):
         src = res.meta.get("profile", "the embedded profile")
         lines.append(f"> **PREDICTION, not a measurement**: every number is modelled from the hardware profile {src}. "
                      "No GPU ran, timed or checked anything.")
@@ -128,6 +135,7 @@ def markdown(res: StudyResults, figure_names: list[str], figure_note: str | None
             f"- NVLink (copy engines, bus bandwidth per GPU): "
             f"{_f(peaks.nvlink_bytes_per_s and peaks.nvlink_bytes_per_s / 1e9, '{:.0f}')} GB/s ({src})",
             f"- machine op-to-byte: {_f(peaks.op_to_byte)} flop/B", ""]
+    out += _copy_beside_gemm(res)
     out += _scenario_table(res, P, p)
     out += _gemm_notes(res)
     out += ["", _h(P, "by collective and taxonomy"), "",
@@ -147,6 +155,22 @@ def markdown(res: StudyResults, figure_names: list[str], figure_note: str | None
                 "NCCL's copy-engine mode (NCCL 2.28.9 here ran its SM kernel with only the output registered and "
                 "failed with the input registered too; `scripts/nccl_ce_probe.py`)."]
     return "\n".join(out) + "\n"
+
+
+def _copy_beside_gemm(res: StudyResults) -> list[str]:
+    """Measured on one GPU: each GEMM beside a copy-engine copy (no SM taken)."""
+    if not res.copy_beside_gemm:
+        return []
+    out = ["## Measured: GEMMs beside copy-engine copies (one GPU)", "",
+           "A same-GPU copy (d2d) reads and writes HBM at ~4x the rate an NVLink transfer writes it, so it "
+           "over-states what a copy-engine collective costs a GEMM; a pinned host-to-GPU copy (h2d) over PCIe "
+           "loads HBM lightly. Efficiency = max(alone) / together (100%: the shorter wholly hidden).", "",
+           "| GEMM | copy | GEMM alone (ms) | copy alone (ms) | together (ms) | efficiency |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for r in res.copy_beside_gemm:
+        out.append(f"| {r.gemm} ({r.mnk}) | {r.kind} {r.copy_bytes >> 20} MiB | {r.gemm_ms.median:.3f} | "
+                   f"{r.copy_ms.median:.3f} | {r.together_ms.median:.3f} | {_f(r.efficiency)}% |")
+    return out + [""]
 
 
 def _describe(name: str, res: StudyResults) -> str:

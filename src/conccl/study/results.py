@@ -38,7 +38,7 @@ RESULTS = "results.json"
 KINDS = ("measured", "prediction")
 
 __all__ = ["SCHEMA", "RESULTS", "ResultsError", "Timing", "RunConfig", "Machine", "CommFit", "Peaks", "GemmSmLoss",
-           "CollSize", "CollCtas", "GemmInfo", "HbmBytes", "Run", "StrategyResult", "Skipped", "AutoInTurns", "ScenarioResult",
+           "CopyBesideGemm", "CollSize", "CollCtas", "GemmInfo", "HbmBytes", "Run", "StrategyResult", "Skipped", "AutoInTurns", "ScenarioResult",
            "StrategySummary", "GroupSummary", "Summary", "Claim", "StudyResults", "from_dict", "to_dict",
            "load_results", "save_results"]
 
@@ -124,6 +124,22 @@ class GemmSmLoss:
     time_ms: Timing
     sms_asked: int | None = None  # measured only: SMs asked of the green context
     slowdown: float | None = None  # derived: against the same GEMM on every SM
+
+
+@dataclass
+class CopyBesideGemm:
+    """One GPU: a GEMM and a copy-engine copy (``kind``: "d2d", a same-GPU copy, or "h2d",
+    pinned host memory to the GPU) alone and together on two streams: how much of the copy
+    hides behind the GEMM, and what it costs the GEMM (HBM and L2 shared, no SM taken)."""
+
+    gemm: str  # tag
+    mnk: str
+    kind: str
+    copy_bytes: int
+    gemm_ms: Timing
+    copy_ms: Timing
+    together_ms: Timing
+    efficiency: float | None = None  # derived: max(alone) / together, 100% = the shorter hidden
 
 
 @dataclass
@@ -321,6 +337,7 @@ class StudyResults:
     gemm_sm_loss: list[GemmSmLoss] = field(default_factory=list)
     coll_sizes: list[CollSize] = field(default_factory=list)
     coll_ctas: list[CollCtas] = field(default_factory=list)
+    copy_beside_gemm: list[CopyBesideGemm] = field(default_factory=list)  # a one-GPU study's
     scenarios: list[ScenarioResult] = field(default_factory=list)
     wall_s: float | None = None
     error: str | None = None  # why an incomplete run stopped
