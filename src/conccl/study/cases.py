@@ -94,6 +94,10 @@ class CollectiveCase:
             name = dist.group.WORLD.group_name
 
             def run():
+                # The last output goes first (stream-ordered, the allocator hands its block to
+                # the next): held across the call, two outputs would need twice the memory
+                # (a 20 GiB scenario ran out of memory on an 80 GB H100 so).
+                self.lc_out = None
                 out = torch.ops.symm_mem._low_contention_all_gather(self.lc_in, name)
                 self.lc_out = torch.ops._c10d_functional.wait_tensor(out)
             return run
