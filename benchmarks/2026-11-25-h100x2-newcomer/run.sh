@@ -19,7 +19,7 @@ readme_block() {  # the python block after the README heading "$1"
 case "${PART:-study}" in
 study)
   rm -rf study
-  timeout 500 env PYTHONPATH=src python3 -m conccl study --out study > $OUT/study.log 2>&1
+  timeout 420 env PYTHONPATH=src python3 -m conccl study --out study > $OUT/study.log 2>&1
   echo "study exit $? at $((SECONDS-t0)) s"; grep -v "^#" $OUT/study.log | tail -22
   [ -f study/profile.json ] && cp study/profile.json src/conccl/data/h100x2_profile.json
   tar czf $OUT/study.tgz study
@@ -27,9 +27,14 @@ study)
   echo 'print(f"rank {dist.get_rank()}: out ok {bool((out.view(-1, 1 << 20)[:, :1] == out.view(-1, 1 << 20)[:, :1]).all())}, plan {c3.plan.strategy}, profile {conccl.runtime.agreed_profile().note}")' >> /tmp/first.py
   PYTHONPATH=src timeout 90 torchrun --nproc-per-node 2 /tmp/first.py > $OUT/first_example.log 2>&1
   echo "first example exit $? at $((SECONDS-t0)) s"; tail -4 $OUT/first_example.log
-  PYTHONPATH=src timeout $((590-SECONDS+t0)) python3 -m conccl bench graphs --out $OUT/graphs --sizes 4K,64K,1M,16M \
-    --collectives all_gather,all_reduce --impls nccl,conccl,conccl_auto > $OUT/graphs.log 2>&1
-  echo "bench graphs exit $? at $((SECONDS-t0)) s"; grep -E "profile|^\| (4K|64K|1M|16M)" $OUT/graphs/graphs.md | head -12 ;;
+  PYTHONPATH=src timeout 100 python3 -m conccl bench graphs --out $OUT/graphs --sizes 4K,64K,1M,16M \
+    --collectives all_gather,all_reduce --impls nccl,conccl,conccl_auto --runs 3 > /tmp/graphs.log 2>&1
+  echo "bench graphs exit $? at $((SECONDS-t0)) s"; grep -E "profile|^\| (4K|64K|1M|16M)" $OUT/graphs/graphs.md | head -12
+  # one GPU visible: the main job as a one-GPU study (what time is left)
+  rm -rf study1
+  CUDA_VISIBLE_DEVICES=0 timeout $((590-SECONDS+t0)) env PYTHONPATH=src python3 -m conccl study --out study1 > $OUT/study1.log 2>&1
+  echo "one-GPU study exit $? at $((SECONDS-t0)) s"; grep -v "^#" $OUT/study1.log | tail -12
+  cp /tmp/graphs.log study1/ 2>/dev/null; tar czf $OUT/study1.tgz study1 ;;
 tests)
   timeout 600 env PYTHONPATH=src python3 -m pytest -q -rs > $OUT/tests.log 2>&1
   echo "tests exit $? at $((SECONDS-t0)) s"; tail -15 $OUT/tests.log ;;
