@@ -2,6 +2,11 @@
 group's processes on the CPU (:func:`spawn`, for tests), or those of simulated hosts
 (:func:`spawn_hosts`: a reference group per host, gloo between them).
 
+The CPU ranks are forked (cheap, and they see the parent's state as tests set it up); each
+hides the GPUs from itself first, so that nothing in it takes a CUDA path because a GPU is
+visible. A process that has initialised CUDA cannot fork them safely: :func:`spawn` and
+:func:`spawn_hosts` then raise at once instead of leaving ranks that fail or hang.
+
 Every process gets NVLink multicast switched off (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1): it is not needed here and, on
 shared hosts, a program using it can take the host's GPUs out of service.
@@ -160,6 +165,33 @@ def collect_results(queue, procs, world: int, timeout_s: float, join_s: float, a
 
 
 # ------------------------------------------------------------------ the CPU reference harness
+FORK_AFTER_CUDA = ("{what}: {who}; a CPU reference rank forked from such a process inherits a CUDA runtime it "
+                   "cannot use (it fails or hangs). Start CPU reference groups before anything in the process uses "
+                   "CUDA (the test suite runs its CPU tiers before tests/gpu: tests/conftest.py), or from a "
+                   "fresh process.")
+
+
+def _refuse_fork_after_cuda(what: str) -> None:
+    """In the parent, before forking: refuse where CUDA is initialised here."""
+    if torch.cuda.is_initialized():
+        raise RuntimeError(FORK_AFTER_CUDA.format(what=what, who="this process has initialised CUDA"))
+
+
+def _cpu_only_child(what: str) -> None:
+    """First in a forked CPU rank: hide the GPUs from it, before anything asks torch about
+    CUDA (FSDP2, for one, picks the accelerator torch reports: a visible GPU would send a CPU
+    rank down CUDA paths). Both of torch's device counts honour it: NVML's (the env switch
+    keeps ``torch.cuda.is_available`` on that path) and the CUDA runtime's, first computed in
+    this child. A parent that had asked the CUDA runtime (``cudaGetDeviceCount`` or CUDA
+    initialisation) left this child its cached count and a runtime it cannot use: refused."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    if torch.cuda._is_in_bad_fork():
+        raise RuntimeError(FORK_AFTER_CUDA.format(
+            what=what, who="this rank was forked from a process that had asked the CUDA runtime (CUDA initialised, "
+                           "or GPUs counted by cudaGetDeviceCount, as torch.cuda.is_available() does by default)"))
+
+
 def reference_group(prefix: str, rank: int, world: int, timeout: timedelta = timedelta(seconds=60)) -> Group:
     """Join the reference group ``prefix`` (its board ``{prefix}_board`` must exist: see :func:`spawn`)."""
     board = HostBoard(f"{prefix}_board", rank, world, board_row_len(world), create=False)
@@ -187,6 +219,7 @@ def new_reference_group(parent: Group, tag: str, timeout: timedelta | None = Non
 def _reference_child(fn, prefix, rank, world, timeout, args, queue):
     comm = None
     try:
+        _cpu_only_child("conccl.launch.spawn")
         comm = reference_group(prefix, rank, world, timeout)
         report_result(queue, rank, fn(comm, *args))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
@@ -202,8 +235,11 @@ def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), joi
 
     Raises RuntimeError with every failing rank's traceback. Bounded: processes still alive
     after ``join_timeout_s`` are killed and reported. Ranks in ``allow_missing`` may die
-    without reporting (fault tests kill them); their result is None.
+    without reporting (fault tests kill them); their result is None. The ranks are forked and
+    see no GPU; a process that has used CUDA cannot fork them (RuntimeError at once: see the
+    module's docstring).
     """
+    _refuse_fork_after_cuda("conccl.launch.spawn")
     prefix = f"conccl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     board = HostBoard(f"{prefix}_board", 0, world, board_row_len(world), create=True)
     ctx = mp.get_context("fork")
@@ -224,6 +260,7 @@ def spawn(world: int, fn, *args, timeout: timedelta = timedelta(seconds=60), joi
 def _hosts_child(fn, prefix, spec, rank, port, timeout, args, queue):
     comm = None
     try:
+        _cpu_only_child("conccl.launch.spawn_hosts")
         keys = simulated_host_keys(spec)
         layout = host_layout(keys)
         world, host, local = layout.world, layout.host_of(rank), layout.local_of(rank)
@@ -260,6 +297,7 @@ def spawn_hosts(spec: str, fn, *args, timeout: timedelta = timedelta(seconds=60)
     ``timeout``); return per-rank results. Failures and bounds: as :func:`spawn`."""
     keys = simulated_host_keys(spec)
     layout = host_layout(keys)  # a layout the group would refuse raises here, in the parent
+    _refuse_fork_after_cuda("conccl.launch.spawn_hosts")
     prefix = f"conccl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     boards = [HostBoard(f"{prefix}_h{n}_board", 0, layout.per_host, board_row_len(layout.per_host), create=True)
               for n in range(layout.num_hosts)]

@@ -1,6 +1,7 @@
 """conccl.fsdp.enable where conccl cannot serve: FSDP2 on CPU processes (gloo) keeps its own
 collectives, with one warning, and trains as before; a module fully_shard never wrapped is
-refused with a clear error."""
+refused with a clear error. The ranks see no GPU even on a GPU machine (CUDA_VISIBLE_DEVICES
+empty from their start): the situation tested is "no CUDA", whatever the machine has."""
 from __future__ import annotations
 
 import warnings
@@ -38,7 +39,8 @@ def _fallback(rank, world, port, queue):
             comms = fsdp.enable(model)
         model(torch.ones(2, 8)).sum().backward()  # stock collectives still run
         grads = [p.grad is not None for p in model.parameters()]
-        report_result(queue, rank, ([str(w.message) for w in caught], comms.modules, comms.fallback, grads))
+        report_result(queue, rank, ([str(w.message) for w in caught], comms.modules, comms.fallback, grads,
+                                    torch.cuda.is_available()))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         queue.put((rank, "error", f"{type(e).__name__}: {e}"))
     finally:
@@ -46,13 +48,16 @@ def _fallback(rank, world, port, queue):
             dist.destroy_process_group()
 
 
-def test_a_group_conccl_cannot_serve_stays_on_the_stock_collectives_with_one_warning():
+def test_a_group_conccl_cannot_serve_stays_on_the_stock_collectives_with_one_warning(monkeypatch):
     world, port = 2, free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fallback, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for msgs, served, fallback, grads in collect_results(queue, procs, world, timeout_s=120, join_s=10):
+    with monkeypatch.context() as env:
+        env.setenv("CUDA_VISIBLE_DEVICES", "")  # the spawned ranks' environment: no GPU
+        for p in procs:
+            p.start()
+    for msgs, served, fallback, grads, cuda in collect_results(queue, procs, world, timeout_s=120, join_s=10):
+        assert not cuda
         assert len(msgs) == 1 and "keeps its gloo collectives" in msgs[0] and "CUDA" in msgs[0], msgs
         assert served == [] and len(fallback) == 2 and all(grads), (served, fallback)

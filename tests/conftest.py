@@ -1,0 +1,78 @@
+"""The tiers in one pytest process: tests/multiproc (CPU, several processes), tests/unit (no
+device), every other tier, then tests/gpu (one process per GPU) last, whatever order the paths
+are given in.
+
+Why that order: the multi-process tier forks its ranks (:func:`conccl.launch.spawn`), and a
+process that has initialised CUDA cannot fork safely (the child inherits a CUDA runtime it
+cannot use: it fails or hangs; conccl.launch refuses it). So it runs first, before anything
+else has run in this process; the GPU tier, which may initialise CUDA here, runs last. For the
+same reason nothing in collection asks the CUDA runtime: ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
+makes ``torch.cuda.is_available()`` count the GPUs by NVML (its default, ``cudaGetDeviceCount``,
+initialises the driver and marks every later fork bad), and tests/gpu/conftest.py counts them
+in a subprocess.
+
+The CPU tiers (multiproc, unit) run as on a machine without GPUs whatever this one has:
+``torch.cuda.is_available()`` is False and ``torch.cuda.device_count()`` 0 in their tests (a
+test that wants GPUs pretends them with monkeypatch, as several do), so that they test on a GPU
+machine what CI tests.
+
+``--gpu-all`` runs the whole GPU tier where it is not named (tests/gpu/conftest.py: a run that
+reaches it from a folder above, as ``pytest -q`` does, runs a short part of it).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+import pytest
+
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+HERE = pathlib.Path(__file__).parent
+ORDER = {"multiproc": 0, "unit": 1, "gpu": 3}  # any other tier: 2
+CPU_TIERS = ("multiproc", "unit")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--gpu-all", action="store_true",
+                     help="run every test of tests/gpu, also where the command line does not name it (then by "
+                          "default a short part runs; the rest are skipped)")
+
+
+def tier(item) -> str:
+    """The tier (first folder under tests/) of a collected test; '' for one outside them."""
+    try:
+        parts = pathlib.Path(str(item.fspath)).relative_to(HERE).parts
+    except ValueError:
+        return ""
+    return parts[0] if len(parts) > 1 else ""
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: ORDER.get(tier(item), 2))  # stable: each tier keeps its order
+
+
+@pytest.fixture(autouse=True)
+def _cpu_tiers_see_no_gpu(request, monkeypatch):
+    torch = sys.modules.get("torch")
+    if torch is not None and tier(request.node) in CPU_TIERS:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+_first_cuda: list = []  # the test after which this process first had CUDA initialised
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    torch = sys.modules.get("torch")  # never imported here for this
+    if not _first_cuda and torch is not None and torch.cuda.is_initialized():
+        _first_cuda.append((item.nodeid, tier(item)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _first_cuda and _first_cuda[0][1] in CPU_TIERS:
+        terminalreporter.write_line(f"warning: {_first_cuda[0][0]} initialised CUDA in the pytest process; a test "
+                                    "of the CPU tiers must not", yellow=True)
