@@ -72,7 +72,8 @@ def _method(res: StudyResults) -> str:
             + ", CUDA events, ranks aligned by a barrier before each, median of the slowest rank (spread in results.csv)."
             + (" conccl runs as a persistent op (agreed with the peers once per scenario, then only started), as a "
                "loop over the same buffers would." if cfg.conccl_call == "persistent" else "")
-            + (f" `auto` planned with the {m['auto_profile'].removeprefix('hardware profile: ')}." if m.get("auto_profile") else "")
+            + (f" `auto`'s hardware profile: {m['auto_profile'].removeprefix('hardware profile: ').rstrip('.')}."
+               if m.get("auto_profile") else "")
             + (" A complete run writes profile.json (the planner's hardware profile) beside this report." if res.complete else
                " profile.json is not written: the run is partial."))
 
@@ -84,7 +85,9 @@ def markdown(res: StudyResults, figure_names: list[str], figure_note: str | None
     p = "predicted " if pred else ""
     machine = res.machine
     title = f"# conccl study: C3 on {machine.world if machine else '?'} x {machine.device if machine else '?'}"
-    out = [title + (" (PREDICTION from a hardware profile, no GPU ran)" if pred else ""), ""]
+    kind = (" (ONE GPU: its own part measured, the collectives' PREDICTED)" if res.parts else
+            " (PREDICTION from a hardware profile, no GPU ran)" if pred else "")
+    out = [title + kind, ""]
     if banner(res):
         out += [banner(res), ""]
     out += [_method(res), "", "Sizes are bytes of the collective's output per rank (K/M/G = 2^10/2^20/2^30). "
@@ -262,7 +265,8 @@ def write_csv(path, res: StudyResults) -> None:
 def terminal_summary(res: StudyResults, out=None) -> None:
     out = out or sys.stdout
     pred = is_prediction(res)
-    label = "PREDICTION from a hardware profile, no GPU ran" if pred else "measured"
+    label = ("ONE GPU: its own part measured, the collectives' PREDICTED" if res.parts else
+             "PREDICTION from a hardware profile, no GPU ran" if pred else "measured")
     print(f"\nconccl study ({label}, {res.summary.n_scenarios} scenarios"
           + ("" if res.complete else ", PARTIAL: continue with --resume") + ")", file=out)
     if pred:
