@@ -53,12 +53,18 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: ORDER.get(tier(item), 2))  # stable: each tier keeps its order
 
 
-@pytest.fixture(autouse=True)
-def _cpu_tiers_see_no_gpu(request, monkeypatch):
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_tiers_see_no_gpu(request):
+    # module-wide, before the module's own fixtures, and apart from the tests' monkeypatch
+    # (a test's monkeypatch.undo() leaves it in place)
     torch = sys.modules.get("torch")
-    if torch is not None and tier(request.node) in CPU_TIERS:
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    if torch is None or tier(request.node) not in CPU_TIERS:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        patch.setattr(torch.cuda, "device_count", lambda: 0)
+        yield
 
 
 _first_cuda: list = []  # the test after which this process first had CUDA initialised
