@@ -9,7 +9,7 @@ import pytest
 from conccl.api import check_nccl_below
 from conccl.errors import InvalidArgument
 from conccl.planner import eager
-from conccl.planner.profile import ProfileError, load_profile
+from conccl.planner.profile import EMBEDDED, ProfileError, load_profile
 from conccl.runtime import eager_paths
 
 MiB = 1 << 20
@@ -72,8 +72,10 @@ def test_runtime_table_modes_and_profile_checks():
     assert auto["mode"] == "auto" and auto["nccl_below"] and auto["profile"]["device"] == "NVIDIA H200"
     with pytest.raises(InvalidArgument, match="eager path must be one of"):
         eager_paths("fastest", 2)
-    with pytest.raises(ProfileError, match="measured on 'NVIDIA H200'"):
-        eager_paths("auto", 2, device_name="NVIDIA H100 80GB HBM3")
+    h100 = eager_paths("auto", 2, device_name="NVIDIA H100 80GB HBM3")  # the shipped H100 profile, no study
+    assert (h100["profile"]["device"], h100["profile"]["chosen"]) == ("NVIDIA H100 80GB HBM3", "shipped")
+    with pytest.raises(ProfileError, match="measured on 'NVIDIA H200'"):  # a path of another GPU: refused
+        eager_paths("auto", 2, profile=str(EMBEDDED), device_name="NVIDIA H100 80GB HBM3")
 
 
 @pytest.mark.parametrize("bad, match", [
