@@ -36,8 +36,17 @@ study)
   echo "one-GPU study exit $? at $((SECONDS-t0)) s"; grep -v "^#" $OUT/study1.log | tail -12
   cp /tmp/graphs.log study1/ 2>/dev/null; tar czf $OUT/study1.tgz study1 ;;
 tests)
-  timeout 600 env PYTHONPATH=src python3 -m pytest -q -rs > $OUT/tests.log 2>&1
-  echo "tests exit $? at $((SECONDS-t0)) s"; tail -15 $OUT/tests.log ;;
+  # the README's test command with one GPU visible (its GPU tier skips) beside the same with two
+  # (the CPU tiers hide the GPUs; only the two-GPU run's short GPU part uses them): concurrent,
+  # each within 10 minutes as it must be alone
+  (CUDA_VISIBLE_DEVICES=0 timeout 560 env PYTHONPATH=src python3 -m pytest -q > $OUT/tests_1gpu.log 2>&1; \
+   echo "tests, one GPU visible: exit $? at $((SECONDS-t0)) s") &
+  timeout 560 env PYTHONPATH=src python3 -m pytest -q --durations=15 > $OUT/tests.log 2>&1
+  echo "tests, two GPUs: exit $? at $((SECONDS-t0)) s"; wait
+  tail -3 $OUT/tests_1gpu.log; grep -E "passed|failed|^FAILED|^ERROR" $OUT/tests.log | tail -8
+  # the whole GPU tier, as far as the time goes
+  timeout $((590-SECONDS+t0)) env PYTHONPATH=src python3 -m pytest -q tests/gpu --durations=25 > $OUT/tests_gpu.log 2>&1
+  echo "GPU tier exit $? at $((SECONDS-t0)) s"; grep -E "passed|failed|^FAILED|^ERROR|s call" $OUT/tests_gpu.log | tail -30 ;;
 one)
   rm -rf study
   timeout 300 env PYTHONPATH=src python3 -m conccl study --out study > $OUT/study.log 2>&1
