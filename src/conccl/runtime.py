@@ -17,6 +17,7 @@ results. The host does not block. One computation and one collective per block.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.distributed as dist
@@ -29,17 +30,24 @@ from .persistent import PersistentCollective
 from .planner import Plan, PlanError, plan_strategy, workload
 from .planner import eager as planner_eager
 from .planner import shipped
-from .planner.profile import HardwareProfile
+from .planner import tp as tp_planner
+from .planner.profile import HardwareProfile, ProfileError
 
 
 # Plans and profiles are immutable values of their arguments: memoised, not state. What a
 # plan needs at run time (streams, green contexts, NCCL groups) belongs to the conccl group
 # (partitions()), and goes when it is destroyed.
-def _device_index() -> int | None:
-    try:
-        return torch.cuda.current_device()
-    except (RuntimeError, AssertionError):  # no CUDA here: no NVLink count to choose by
+def _nvlinks() -> int | None:
+    """This process's GPU's active NVLinks, where CUDA is already in use here (never the first
+    to initialise it: the CPU tiers and the CLI on a GPU machine must not)."""
+    if not torch.cuda.is_initialized():
         return None
+    return shipped.local_nvlinks(torch.cuda.current_device())
+
+
+def _given(path: str | None) -> str | None:
+    """The profile named by path, else by $CONCCL_PROFILE: resolved before any memo is keyed."""
+    return path or os.environ.get(shipped.ENV) or None
 
 
 def profile_choice(path: str | None, device_name: str | None = None, world: int | None = None) -> shipped.Choice:
@@ -47,8 +55,7 @@ def profile_choice(path: str | None, device_name: str | None = None, world: int 
     ``$CONCCL_PROFILE``) if given, refused (ProfileError, OSError) if measured on another GPU
     model; else the shipped profile of this GPU (``device_name``), NVLink count and ``world``;
     else a fallback with one warning. Never an exception for want of a study."""
-    index = _device_index() if device_name else None
-    return shipped.choose(device_name, world, path, None if index is None else shipped.local_nvlinks(index))
+    return shipped.choose(device_name, world, _given(path), _nvlinks() if device_name else None)
 
 
 def profile_for(path: str | None, device_name: str | None = None, world: int | None = None) -> HardwareProfile:
@@ -61,10 +68,18 @@ def agreed_profile(path: str | None = None) -> shipped.Choice:
     the first time: ranks that chose differently, e.g. GPUs of two models, raise
     InvalidArgument rather than run different plans), then a lookup."""
     g = api.get_group()
+    path = _given(path)
 
     def agree():
-        choice = profile_choice(path, torch.cuda.get_device_name(torch.cuda.current_device()), g.world)
-        g.agree(choice.identity(), "hardware profile")
+        try:
+            choice, error = profile_choice(path, torch.cuda.get_device_name(torch.cuda.current_device()), g.world), None
+            identity = choice.identity()
+        except (ProfileError, OSError) as e:  # still take part: the peers must not wait for this rank
+            choice, error, identity = None, e, f"refused: {e}"
+        g.agree(identity, "hardware profile", "every rank must plan from the same profile (GPUs of one model, "
+                "the same profile= or CONCCL_PROFILE)")
+        if error is not None:
+            raise error
         return choice
     return g.resource(f"runtime.profile.{path}", agree)
 
@@ -80,7 +95,7 @@ def get_plan(gemm, collective: str, size: int, world: int, plan: str = "auto", p
              dtype_bytes: int = 2, device_name: str | None = None) -> Plan:
     """The plan for a GEMM (M, N, K) beside ``collective`` of ``size`` output bytes per rank,
     computed once per distinct arguments and cached (a dictionary lookup afterwards)."""
-    return _plan(tuple(int(x) for x in gemm), collective, int(size), int(world), plan, profile, dtype_bytes,
+    return _plan(tuple(int(x) for x in gemm), collective, int(size), int(world), plan, _given(profile), dtype_bytes,
                  device_name)
 
 
@@ -93,6 +108,7 @@ def plan_cache_info() -> dict:
 def clear_plan_cache() -> None:
     _plan.cache_clear()
     shipped.forget()
+    tp_planner.forget()
 
 
 EAGER_PATHS = ("auto", "copy_engines")

@@ -153,7 +153,8 @@ def test_the_embedded_characterization_follows_the_gpu(tmp_path, capsys):
     from conccl.planner import tp as tpp
 
     assert tpp.embedded_gpu("NVIDIA H100 80GB HBM3") == "H100" and tpp.embedded_gpu("NVIDIA H200") == "H200"
-    assert tpp.embedded_gpu(None) == tpp.embedded_gpu("NVIDIA A100-SXM4-80GB") == "H200"
+    assert tpp.embedded_gpu(None) == "H200"  # no GPU: the H200's profile and table
+    assert tpp.embedded_gpu("NVIDIA A100-SXM4-80GB") == "H100"  # another GPU borrows the H100's, table too
     h100 = tpp.model_from(device_name="NVIDIA H100 80GB HBM3")
     h200 = tpp.model_from(device_name="NVIDIA H200")
     assert h100.rows_ms != h200.rows_ms  # two measured tables, not one

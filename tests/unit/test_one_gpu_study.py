@@ -59,3 +59,44 @@ def test_measured_numbers_replace_the_profiles_and_the_report_labels_each_part(t
     assert back.parts == res.parts and len(back.copy_beside_gemm) == len(gemms)
     assert all(abs(r.efficiency - 100 * max(r.gemm_ms.median, 0.5) / r.together_ms.median) < 1e-9
                for r in back.copy_beside_gemm)
+
+
+def test_one_gpu_predicts_a_node_of_the_profile_chosen_for_this_gpu(tmp_path, monkeypatch):
+    """one_gpu() whole, with the GPU's worker pretended: the shipped H100 profile is chosen for an
+    H100, the node predicted at its world, the measured rows kept, the report written."""
+    import torch
+
+    from conccl.study import one_gpu as mod
+
+    monkeypatch.delenv("CONCCL_PROFILE", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    scenarios = select(load_suite(), quick=True)
+    gemms = list({s.gemm.tag: s.gemm for s in scenarios}.values())
+    own = _own(load_profile(EMBEDDED), gemms, slower=1.1)
+    monkeypatch.setattr(mod, "run_per_gpu", lambda fn, cfg, nprocs, timeout_s: [own] if nprocs == 1 else None)
+    res = mod.one_gpu(scenarios, tmp_path, True, {"date": "d", "commit": "c"}, 80 << 30, None, None)
+    assert res.kind == "prediction" and res.world == 2 and res.machine.device == "NVIDIA H100 80GB HBM3"
+    assert set(res.parts) == {*MEASURED, *PREDICTED} and "h100x2_profile.json" in res.parts["scenarios"]
+    assert res.gemm_sm_loss is own.gemm_sm_loss and len(res.scenarios) == len(scenarios)
+    assert res.peaks.hbm_bytes_per_s == 3.0e12
+    back = load_results(tmp_path)
+    assert back.parts == res.parts and (tmp_path / "report.md").exists()
+
+
+def test_a_broken_copy_row_is_refused_where_it_is_read(tmp_path):
+    import json
+
+    import pytest
+
+    from conccl.study.results import ResultsError
+
+    prof = load_profile(EMBEDDED)
+    scenarios = select(load_suite(), quick=True)
+    res = predict(prof, scenarios, 2, True, {})
+    res.copy_beside_gemm = _own(prof, [scenarios[0].gemm], 1.0).copy_beside_gemm
+    save_results(tmp_path, res)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    doc["copy_beside_gemm"][0]["together_ms"]["median"] = 0
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match=r"copy_beside_gemm\[0\]\.together_ms"):
+        load_results(tmp_path)

@@ -42,8 +42,9 @@ def add_parser(sub) -> None:
     s.add_argument("--size", metavar="BYTES", help="your own scenario: collective output bytes per rank, e.g. 1G")
     s.add_argument("--collective", default="all", help=f"your own scenario: {', '.join(REGISTRY)}, or all ({', '.join(COLLECTIVES)})")
     s.add_argument("--predict", action="store_true", help="predict from a hardware profile even if GPUs are visible")
-    s.add_argument("--profile", metavar="FILE", help="hardware profile to predict from, and that the 'auto' strategy "
-                                                     "plans with (default: the embedded H200 x4)")
+    s.add_argument("--profile", metavar="FILE", help="hardware profile to predict from (default: the shipped H200 x4), "
+                                                     "or that a measured or one-GPU study plans 'auto' with (default: "
+                                                     "the one chosen for this GPU)")
     s.add_argument("--report", metavar="DIR", help="only re-draw the report of an earlier run from its results.json")
     s.add_argument("--force", action="store_true", help="write into --out even if it holds a report (starts over)")
     s.add_argument("--resume", action="store_true",

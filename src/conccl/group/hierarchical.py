@@ -49,6 +49,7 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
+import zlib
 
 import torch
 
@@ -192,8 +193,16 @@ class HierarchicalGroup(CollectiveMethods):
         return op
 
     def agree(self, text: str, what: str, hint: str = "", timeout=None) -> None:
-        """As :meth:`Group.agree`, among this host's ranks (each host plans for its own GPUs)."""
+        """As :meth:`Group.agree`, over every host: this host's ranks on its board, then the
+        ranks of this local index across hosts (so every rank of the group, in two steps); a
+        host that differs raises InvalidArgument on every rank of this column."""
         self.node.agree(text, what, hint, timeout)
+        digest = zlib.crc32(text.encode())
+        hosts = [row[0] for row in self.cross.exchange([digest])]
+        differ = [h for h, d in enumerate(hosts) if d != digest]
+        if differ:
+            raise InvalidArgument(f"conccl {what}: host {differ[0]} has another {what} than host {self.host} "
+                                  f"({text[:200]})" + (f"; {hint}" if hint else ""))
 
     def resource(self, key: str, make):
         """As :meth:`Group.resource`: kept on the node-local group, closed with it."""

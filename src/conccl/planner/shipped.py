@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import os
 import warnings
@@ -46,9 +47,10 @@ class Choice:
     note: str  # one line: what was chosen, and why
 
     def identity(self) -> str:
-        """What every rank of a group must agree on."""
-        src = self.profile.source
-        return f"{self.how}|{self.path}|{self.profile.device}|{self.profile.world}|{src.get('commit')}|{src.get('date')}"
+        """What every rank of a group must agree on: how it was chosen and the profile's content
+        (the same file at another path, or a copy per node, is the same profile)."""
+        digest = hashlib.sha256(self.profile.to_json().encode()).hexdigest()[:16]
+        return f"{self.how} {self.profile.device} x{self.profile.world} {digest}"
 
 
 @functools.lru_cache(maxsize=1)

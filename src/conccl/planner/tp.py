@@ -25,6 +25,7 @@ import bisect
 import dataclasses
 import json
 import math
+import os
 import pathlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,6 +41,7 @@ _DATA = pathlib.Path(__file__).parents[1] / "data"
 # takes the user's own).
 EMBEDDED_TP = {"H100": _DATA / "h100_tp.json", "H200": _DATA / "h200_tp.json"}
 DEFAULT_GPU = "H200"
+FALLBACK_GPU = "H100"
 DEFAULT_CONTENTION = 1.03
 COPY_LATENCY_S = 8e-6  # one copy-engine copy's fixed cost on the GPU (H200: batched peer copies)
 OPS = ("ag_gemm", "gemm_rs")
@@ -94,8 +96,11 @@ def _interpolate(table: dict, rows: int) -> float:
 
 
 def embedded_gpu(device_name: str | None) -> str:
-    """The key of :data:`EMBEDDED_TP` for a CUDA device name ("NVIDIA H100 80GB HBM3" -> "H100")."""
-    return next((k for k in EMBEDDED_TP if device_name and k in device_name.upper()), DEFAULT_GPU)
+    """The key of :data:`EMBEDDED_TP` for a CUDA device name ("NVIDIA H100 80GB HBM3" -> "H100");
+    no GPU: the H200 (as the profile then is), another GPU: the H100 (as its borrowed profile is,
+    :data:`conccl.planner.shipped.FALLBACK_DEVICE`)."""
+    found = next((k for k in EMBEDDED_TP if device_name and k in device_name.upper()), None)
+    return found or (FALLBACK_GPU if device_name else DEFAULT_GPU)
 
 
 @lru_cache(maxsize=4)
@@ -219,7 +224,7 @@ class Choice:
 
 
 def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16", *,
-           model: TPModel | None = None, device_name: str | None = None) -> Choice:
+           model: TPModel | None = None, device_name: str | None = None, nvlinks: int | None = None) -> Choice:
     """The fastest predicted schedule for ``op`` on this shape and world (``auto``); ``model``
     None: the embedded one of the GPU named ``device_name`` (:func:`embedded_gpu`)."""
     for name, v in (("M", M), ("K", K), ("N", N), ("world", world)):
@@ -227,7 +232,7 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
             raise InvalidArgument(f"{name} must be a whole number >= 1, got {v!r}")
     if M % world:
         raise InvalidArgument(f"M ({M}) must be divisible by the world size ({world})")
-    m = model or _default_model(device_name, world)
+    m = model or _default_model(device_name, world, nvlinks, os.environ.get(shipped.ENV) or None)
     elem = 4 if dtype == "float32" else 2
     ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem)) for tp in candidates(M, world)),
                     key=lambda x: x[1])
@@ -237,10 +242,16 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
 
 
 @lru_cache(maxsize=16)
-def _default_model(device_name: str | None, world: int) -> TPModel:
-    """The shipped profile of the GPU (:func:`conccl.planner.shipped.choose`: a fallback with one
-    warning where none matches) with its TP characterization, else the GPU's embedded one."""
-    return model_from(shipped.choose(device_name, world).profile, device_name=device_name)
+def _default_model(device_name: str | None, world: int, nvlinks: int | None, path: str | None) -> TPModel:
+    """The profile the runtime plans with (:func:`conccl.planner.shipped.choose`: the shipped one
+    of the GPU, a path given by $CONCCL_PROFILE, or a fallback with one warning) with its TP
+    characterization, else the GPU's embedded one."""
+    return model_from(shipped.choose(device_name, world, path, nvlinks).profile, device_name=device_name)
+
+
+def forget() -> None:
+    """Drop the memoised models (``runtime.clear_plan_cache``)."""
+    _default_model.cache_clear()
 
 
 def decomposition_s(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, world: int) -> float:

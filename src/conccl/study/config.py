@@ -18,7 +18,8 @@ CTA_SIZES_QUICK = (1 << 20, 1 << 28)
 SM_LOSS = (0, 8, 16, 32, 64)
 SM_LOSS_QUICK = (0, 16, 64)
 # NCCL's communicators (one per CTA cap and priority the strategies use), verification
-# temporaries, allocator slack: 4.6 GiB beside the arenas and operands at the end of a two-H100 run
+# temporaries, allocator slack: 4.6 GiB beside the arenas and operands when a two-H100 run first
+# ran out of memory (what a whole run holds beside them grows later: benchmarks/2026-11-25-h100x2-newcomer)
 HEADROOM = 5 << 30
 
 
@@ -89,7 +90,7 @@ def arena_plan(scenarios: list[Scenario], world: int, quick: bool,
     allocations are collective and must have equal sizes on every rank. The arenas held grow
     to take the next scenario where the grown arenas still fit beside it; otherwise they are
     released and allocated exactly for it. So every scenario that fits alone runs (the largest
-    default one needs 74.4 GiB of an 80 GB H100 at two ranks), with nothing shrunk."""
+    default one needs 76.4 GiB of an 80 GB H100 at two ranks), with nothing shrunk."""
     sweep = max(sweep_sizes(quick, memory_bytes), default=0)
     held = (sweep, sweep)
     plan = []

@@ -98,8 +98,10 @@ class _MeasuredStudy:
             self.rig.dist.barrier()  # no peer still copies from or into them
             for a in self.arenas:
                 api.release(a)
-            self.arenas = None
+            self.arenas = a = None
             torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+            self.rig.dist.barrier()  # every peer has unmapped them too: their memory is free
         self.arenas = tuple(conccl.empty(n, dtype=torch.uint8) for n in sizes)
         if self.rig.rank == 0:
             free, _ = torch.cuda.mem_get_info(self.rig.device)

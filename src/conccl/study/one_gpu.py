@@ -24,7 +24,7 @@ from .. import runtime
 from ..launch import run_per_gpu
 from ..planner.profile import HardwareProfile
 from . import analysis, report
-from .config import StudyConfig
+from .config import StudyConfig, StudyError
 from .measure import _MeasuredStudy
 from .model import gemm_ms, predict
 from .results import StudyResults, save_results
@@ -85,7 +85,10 @@ def one_gpu(scenarios, out_dir, quick: bool, meta: dict, memory_bytes: int, prof
           f"{choice.note}", file=sys.stderr, flush=True)
     cfg = StudyConfig(scenarios=scenarios, quick=quick, out_dir=str(out_dir), meta=meta, memory_bytes=memory_bytes,
                       plan_profile=profile_path)
-    own_res = run_per_gpu(one_gpu_worker, cfg, nprocs=1, timeout_s=6 * 3600)[0]
+    try:
+        own_res = run_per_gpu(one_gpu_worker, cfg, nprocs=1, timeout_s=6 * 3600)[0]
+    except RuntimeError as e:  # the worker's traceback: one line here, the rest with --debug
+        raise StudyError(f"the one-GPU study failed: {str(e).splitlines()[0][:300]}") from e
     local = fold_in(choice.profile, own_res)
     source = describe_profile(choice.profile, choice.path)
     res = predict(local, scenarios, world, quick, dict(meta, world=world, profile=f"{source}, with this "

@@ -31,7 +31,8 @@ from ..jsonfile import read_json
 from . import results_check
 
 SCHEMA = "conccl-study-results/4"
-# Read too: /3 lacks ``skipped`` and ``parts`` (they take their defaults), /2 also the efficiency fields.
+# Read too: /3 lacks ``skipped``, ``parts``, ``copy_beside_gemm`` and ``machine.nvlinks`` (they
+# take their defaults), /2 also the efficiency fields.
 OLDER_SCHEMAS = ("conccl-study-results/3", "conccl-study-results/2")
 V1_FORMAT = "conccl-study/1"
 RESULTS = "results.json"
@@ -331,7 +332,7 @@ class StudyResults:
     skipped: list[Skipped] = field(default_factory=list)  # suite scenarios not run, with why
     # Where each part of the report came from, where not all of it is of ``kind``: a one-GPU
     # study measures the GPU's own parts and predicts the collectives' from a profile.
-    # part ("hbm", "gemm_sm_loss", "copy_engine_beside_gemm", "collectives", "scenarios") ->
+    # part ("hbm", "gemm_sm_loss", "copy_beside_gemm", "collectives", "scenarios") ->
     # "measured" | "predicted from <profile>"
     parts: dict[str, str] = field(default_factory=dict)
     gemm_sm_loss: list[GemmSmLoss] = field(default_factory=list)

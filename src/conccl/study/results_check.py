@@ -68,6 +68,10 @@ def check(res) -> None:
     for table in ("gemm_sm_loss", "coll_sizes", "coll_ctas"):
         for i, r in enumerate(getattr(res, table)):
             _timing(r.time_ms, f"{table}[{i}].time_ms")
+    for i, r in enumerate(res.copy_beside_gemm):
+        for name in ("gemm_ms", "copy_ms", "together_ms"):
+            _timing(getattr(r, name), f"copy_beside_gemm[{i}].{name}")
+        _number(r.copy_bytes, f"copy_beside_gemm[{i}].copy_bytes")
     for i, s in enumerate(res.scenarios):
         where, note = f"scenarios[{i}]", f" (scenario {s.id})"
         if s.t_gemm is None:

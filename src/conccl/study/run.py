@@ -1,6 +1,7 @@
 """``conccl study``: measured on the GPUs here, or predicted from a hardware profile without them."""
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 
@@ -34,10 +35,12 @@ def fitting(scenarios: list[Scenario], world: int, memory_bytes: int, own: bool 
             raise StudyError(f"scenario {s.id} {why}; give a smaller --gemm or --size")
         skipped.append(Skipped(id=s.id, reason=why))
     if not run:
-        raise StudyError(f"no selected scenario fits in a GPU of {memory_bytes / 2**30:.1f} GiB "
-                         f"(the smallest {skipped[0].reason if skipped else 'needs more'}); select smaller ones with --only")
-    for sk in skipped:
-        print(f"conccl study: skipping {sk.id}: it {sk.reason}", file=sys.stderr)
+        least = min(scenario_bytes(s, world) for s in scenarios)
+        raise StudyError(f"no selected scenario fits in a GPU of {memory_bytes / 2**30:.1f} GiB (the smallest needs "
+                         f"{least / 2**30:.1f} GiB at {world} ranks); select smaller ones with --only")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, once
+        for sk in skipped:
+            print(f"conccl study: skipping {sk.id}: it {sk.reason}", file=sys.stderr)
     return run, skipped
 
 

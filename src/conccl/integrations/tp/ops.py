@@ -7,6 +7,7 @@ flat all-gather or reduce-scatter, cut into a pipeline with the GEMM (:mod:`conc
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import torch
@@ -16,6 +17,7 @@ from ...errors import InvalidArgument
 from ...group import Group
 from ...group.pipelined import all_gather_then_compute, compute_then_reduce_scatter
 from ...pipeline import TPSchedule, gemm_steps
+from ...planner import shipped
 from ...planner import tp as tp_planner
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -31,22 +33,26 @@ def _group(group) -> Group:
 
 def resolve_schedule(schedule, op: str, M: int, K: int, N: int, world: int, dtype, device=None) -> TPSchedule:
     """``schedule`` as a :class:`TPSchedule`: "auto" asks the planner (the measured losses of
-    ``device``'s kind of GPU where conccl ships them, H100 and H200, else the H200's; the
-    hardware profile's bandwidths), a name is parsed, a TPSchedule is taken as it is."""
+    ``device``'s kind of GPU where conccl ships them, H100 and H200, else the H100's; the
+    bandwidths of the hardware profile chosen for it, :mod:`conccl.planner.shipped`), a name
+    is parsed, a TPSchedule is taken as it is."""
     if isinstance(schedule, TPSchedule):
         return schedule
     if not isinstance(schedule, str):
         raise InvalidArgument(f"schedule must be 'auto', a schedule name or a conccl.tp.TPSchedule, got {schedule!r}")
     if schedule == "auto":
-        return _auto(op, M, K, N, world, str(dtype).removeprefix("torch."), _device_name(device))
+        return _auto(op, M, K, N, world, str(dtype).removeprefix("torch."), _device_name(device),
+                     os.environ.get(shipped.ENV))
     return TPSchedule.parse(schedule)
 
 
 @lru_cache(maxsize=1024)
-def _auto(op: str, M: int, K: int, N: int, world: int, dtype: str, device_name) -> TPSchedule:
+def _auto(op: str, M: int, K: int, N: int, world: int, dtype: str, device_name, profile_env) -> TPSchedule:
     """The planner's pick, made once per shape: weighing every candidate costs milliseconds of
     host time, on the path of every call (a pure function of its arguments and the shipped table)."""
-    return tp_planner.choose(op, M, K, N, world, dtype, device_name=device_name).schedule
+    live = device_name and torch.cuda.is_initialized()  # never the first to initialise CUDA
+    nvlinks = shipped.local_nvlinks(torch.cuda.current_device()) if live else None
+    return tp_planner.choose(op, M, K, N, world, dtype, device_name=device_name, nvlinks=nvlinks).schedule
 
 
 @lru_cache(maxsize=16)
