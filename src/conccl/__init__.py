@@ -22,6 +22,7 @@ returns a :class:`Work`):
 Memory and groups:
 
 - ``empty(*size, dtype, device, group)``: a tensor every peer can read and write (enables push).
+- ``release(tensor, group=None)``: give such a tensor back (its memory returns once dropped).
 - ``set_options(group, algorithm=, stream_mode=, timeout=, checks=, nccl_below=)``: a group's defaults on this rank.
 - ``set_eager_path("auto" | "copy_engines", group=None, profile=None)``: small eager calls to NCCL where it is faster alone.
 - ``get_group(group=None)``: the ``Group`` conccl keeps for a process group (made on first use).
@@ -76,7 +77,7 @@ def __getattr__(name):
     # `import conccl` light for the CLI and the pure parts (plans, reference executor).
     if name in {"all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor", "all_reduce",
                 "persistent_all_gather_into_tensor", "persistent_all_to_all_single",
-                "persistent_reduce_scatter_tensor", "persistent_all_reduce", "reserve_graph_workspace", "empty", "set_options", "destroy", "get_communicator",
+                "persistent_reduce_scatter_tensor", "persistent_all_reduce", "reserve_graph_workspace", "empty", "release", "set_options", "destroy", "get_communicator",
                 "get_group"}:
         from . import api
 
@@ -136,6 +137,7 @@ __all__ = [
     "reserve_graph_workspace",
     "PersistentCollective",
     "empty",
+    "release",
     "set_options",
     "destroy",
     "get_group",
