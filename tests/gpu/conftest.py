@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from cmdline import names
+
 HERE = pathlib.Path(__file__).parent
 GPU_ALL = "PYTHONPATH=src python3 -m pytest -q tests/gpu"
 SHORT = {
@@ -44,11 +46,7 @@ def gpus() -> int:
 
 def named(config) -> bool:
     """Whether the command line names this tier or something in it (not only a folder above)."""
-    for arg in config.args:
-        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
-        if path == HERE or HERE in path.parents:
-            return True
-    return False
+    return names(config.args, config.invocation_params.dir, HERE)
 
 
 def pytest_collection_modifyitems(config, items):

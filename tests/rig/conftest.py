@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from cmdline import names
 from rig.harness import BY_NAME, PARTS, fits, run
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -28,15 +29,7 @@ TIMEOUT = float(os.environ.get("CONCCL_RIG_TIMEOUT", "600"))
 
 def opted_in(args, cwd, env) -> bool:
     """Asked for: CONCCL_RIG=1, or a command-line path at or under tests/rig."""
-    if env.get("CONCCL_RIG") == "1":
-        return True
-    for arg in args:
-        if arg.startswith("-"):
-            continue
-        path = pathlib.Path(cwd, arg.split("::")[0]).resolve()
-        if path == HERE or HERE in path.parents:
-            return True
-    return False
+    return env.get("CONCCL_RIG") == "1" or names(args, cwd, HERE)
 
 
 def tier_cases(worlds=WORLDS) -> list[tuple[str, int]]:
