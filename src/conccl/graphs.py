@@ -8,10 +8,13 @@ own region of workspace, so nothing it touches is shared with another call. On t
 
 * every signal writes 1, every wait waits for 1 and then writes 0 into the word it waited on
   (the waiter resets: each word is waited on exactly once per replay);
-* the eager schedule's wait for the previous call's DONE (which guards a reused workspace)
-  is dropped, and every captured call instead ends with a wait for DONE from every peer:
-  when it completes on a rank's stream, no peer touches that rank's memory any more, so the
-  next replay, or any other call, may reuse it.
+* the eager schedule's release (waits for the previous call's DONE, FREE writes: they
+  double-buffer the shared workspace) is dropped, and every captured call instead ends with a
+  wait for DONE from every peer: when it completes on a rank's stream, no peer touches that
+  rank's memory any more, so the next replay, or any other call, may reuse it;
+* a push into the peers' workspace waits for their READY of this replay instead of their
+  FREE of an earlier call, and every rank sends READY first (the region is free: its previous
+  replay ended with the DONE waits above).
 
 Why a reset can never erase the next replay's signal: every word's next write is causally
 after its reset. A waiter resets before the operations that follow its wait; the writer's next
@@ -41,20 +44,29 @@ def graph_schedule(schedule: Schedule) -> Schedule:
     if schedule.parts:  # its buffers are many tensors by offset: conccl.group.parts refuses capture
         raise ValueError("a parts call (all_gather_into_parts, reduce_scatter_from_parts) cannot be captured")
     slots = []
+    pushes = False  # into the peers' workspace: READY of this replay stands in for FREE
     for ops in schedule.slots:
         out = []
         for op in ops:
             if isinstance(op, WaitSignal):
+                if op.kind is Signal.FREE:
+                    pushes = True
+                    out += [WaitSignal(op.peer, Signal.READY), ResetSignal(op.peer, Signal.READY)]
+                    continue
                 if op.seq_delta != 0:
                     continue  # guards the previous call's use of shared memory: nothing is shared
                 out += [op, ResetSignal(op.peer, op.kind)]
             elif isinstance(op, SetSignal):
+                if op.kind is Signal.FREE:
+                    continue  # the eager release: a captured call's region is its own
                 if op.seq_delta != 0:
                     raise ValueError(f"a captured call cannot signal another call's number: {op}")
                 out.append(op)
             else:
                 out.append(op)
         slots.append(out)
+    if pushes:
+        slots[0][:0] = [SetSignal(p, Signal.READY) for p in range(world) if p != rank]
     awaited = {op.peer for ops in schedule.slots for op in ops
                if isinstance(op, WaitSignal) and op.kind is Signal.DONE and op.seq_delta == 0}
     for p in range(world):

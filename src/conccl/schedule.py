@@ -27,6 +27,33 @@ A collective of two phases (the all-reduce: push, reduce, pull) orders its middl
 more kinds, ``PUSHED`` and ``REDUCED``; DONE keeps its meaning (every transfer of the call
 that touches the pad owner's memory is over), so any collective can follow any other.
 
+The workspace is double-buffered for calls that need at most
+:data:`DOUBLE_BUFFER_MAX_BYTES` of it (``Schedule.double_buffered``, where latency counts):
+call ``seq`` uses half ``seq % 2`` of every rank's workspace (:func:`workspace_half`), so it
+never waits for its predecessor to be done with the workspace, only for the one before that,
+which in steady state finished long ago. That leaves one one-way signal on a call's critical
+path where the data allows it:
+
+* a staged pull (all-gather, all-to-all of plain tensors) stages into its own half and sends
+  READY (the data is there); nothing guards the staging: the release below, run by this rank
+  in call ``seq - 1``, already waited for every peer to be done with the half (DONE(seq-2));
+* a push into the peers' workspace (reduce-scatter, all-reduce) needs no READY: it waits for
+  ``FREE`` from the peer, which the peer sent during call ``seq - 1``.
+
+``FREE`` (the *release*, :func:`release_ops`): in every call ``c`` each rank waits for DONE(c-1)
+of every peer (they no longer touch the half call ``c - 1`` used, which call ``c + 1`` reuses;
+its own use of it ended before call ``c`` began, in stream order) and then writes ``c - 1``
+into its FREE word on every peer; a push of call ``s`` waits for FREE >= ``s - 2``. Each
+schedule places the release right after a wait that already implies DONE(c-1) (a peer's
+READY(c) or PUSHED(c) is written after its DONE(c-1), in stream order, behind a fence), so
+in steady state it waits for nothing and rides in a signal batch the call makes anyway.
+A larger call uses the whole workspace (where copies take milliseconds, a signal is noise,
+and a second half would cost memory): it waits for DONE(seq-1) of every peer before its
+staging or its READY, pushes wait for READY, and it ends with DONE(seq) of every peer and
+only then makes its release, so the calls on either side of it, of either kind, find the
+workspace free. Why a fast rank cannot overwrite what a slow one still reads:
+``tests/multiproc/test_double_buffer.py`` holds one rank back mid-call and checks.
+
 Marks (tensor-parallel pipelines, :mod:`conccl.pipeline`): after the signal words of every
 graph slot, each pad has :data:`MARK_WORDS` words that only its own rank's streams write and
 wait on. A :class:`Mark` says a piece has landed (all-gather) or been computed (before a
@@ -45,6 +72,9 @@ class Signal(enum.IntEnum):
     # Two-phase collectives (all-reduce) only: between READY and DONE.
     PUSHED = 2   # src has written its part of call seq into the pad owner's workspace
     REDUCED = 3  # src's share of call seq's result is in src's own workspace, for peers to read
+    # Written with seq - 1 during call seq: the pad owner may write into src's workspace half
+    # in calls up to seq + 1 (see the module doc: double buffering).
+    FREE = 4
 
 
 NUM_SIGNAL_KINDS = len(Signal)
@@ -57,6 +87,31 @@ def signal_word(kind: Signal, src: int, world: int) -> int:
 
 def signal_pad_words(world: int) -> int:
     return NUM_SIGNAL_KINDS * world
+
+
+WORKSPACE_HALVES = 2  # the workspace is double-buffered (module doc)
+# Calls needing at most this much workspace are double-buffered (module doc): what a 16 MiB
+# collective needs with 8 ranks, where one signal is still a tenth of the call.
+DOUBLE_BUFFER_MAX_BYTES = 64 << 20
+
+
+def double_buffer(workspace_bytes: int) -> bool:
+    """Whether a call needing ``workspace_bytes`` of workspace is double-buffered."""
+    return 0 < workspace_bytes <= DOUBLE_BUFFER_MAX_BYTES
+
+
+def workspace_half(seq: int, capacity: int) -> int:
+    """Byte offset of the workspace half eager call ``seq`` uses in a workspace of
+    ``capacity`` bytes (every rank's alike: the capacity is agreed)."""
+    return (seq & 1) * (capacity // WORKSPACE_HALVES)
+
+
+def release_ops(peers, done_awaited: bool = False) -> list:
+    """The release every eager call makes (module doc): wait for DONE(seq-1) of every peer,
+    then FREE (``seq - 1``) to every peer. ``done_awaited``: the schedule waits for DONE(seq)
+    of every peer before this point, which implies DONE(seq-1)."""
+    waits = [] if done_awaited else [WaitSignal(p, Signal.DONE, -1) for p in peers]
+    return waits + [SetSignal(p, Signal.FREE, -1) for p in peers]
 
 
 def mark_index(word: int, world: int, graph_slots: int) -> int:
@@ -212,6 +267,13 @@ class Schedule:
     # The own input (reduce_scatter.from_parts) or output (all_gather.into_parts) is several
     # tensors, named by byte offset from the lowest one: an executor reaches them by address.
     parts: bool = False
+    # Its workspace is half seq % 2 of the group's (module doc); it needs twice workspace_bytes.
+    double_buffered: bool = False
+
+    @property
+    def workspace_need(self) -> int:
+        """Bytes of group workspace this call needs mapped (both halves if double-buffered)."""
+        return self.workspace_bytes * (WORKSPACE_HALVES if self.double_buffered else 1)
 
     @property
     def transfers(self) -> tuple[Transfer, ...]:

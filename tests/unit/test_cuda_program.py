@@ -96,9 +96,10 @@ def test_push_all_gather_is_eight_driver_calls_on_four_ranks():
     s = plan_all_gather(4, 1, 1 << 18, algorithm=Algorithm.PUSH, stream_mode=StreamMode.SINGLE,
                         input_symmetric=True, output_symmetric=True)
     (steps,) = lower(s, _address, _pads(4))
-    # READY to peers + wait READY | 3 peer copies | DONE to peers | own shard | wait DONE
+    # READY to peers + wait READY + the release (wait DONE(s-1), FREE to peers) | 3 peer copies
+    # | DONE to peers | own shard | wait DONE
     assert _kinds(steps) == [SignalBatch, CopyStep, CopyStep, CopyStep, SignalBatch, CopyStep, SignalBatch]
-    assert [len(step.signals) for step in steps if isinstance(step, SignalBatch)] == [6, 3, 3]
+    assert [len(step.signals) for step in steps if isinstance(step, SignalBatch)] == [12, 3, 3]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
@@ -150,9 +151,10 @@ def test_push_all_gather_of_1mib_is_three_driver_calls_on_four_ranks():
     s = plan_all_gather(4, 1, 1 << 18, algorithm=Algorithm.PUSH, stream_mode=StreamMode.BATCH,
                         input_symmetric=True, output_symmetric=True)
     (steps,) = lower(s, _address, _pads(4))
-    # READY to peers + wait READY | 3 peer copies and the own shard | DONE to peers + wait DONE
+    # READY to peers + wait READY + the release | 3 peer copies and the own shard | DONE to
+    # peers + wait DONE
     assert _kinds(steps) == [SignalBatch, CopyBatch, SignalBatch]
-    assert [len(steps[0].signals), len(steps[1].copies), len(steps[2].signals)] == [6, 4, 6]
+    assert [len(steps[0].signals), len(steps[1].copies), len(steps[2].signals)] == [12, 4, 6]
     # a larger own shard keeps its place after the DONE writes, off the critical path
     big = plan_all_gather(4, 1, 2 * cuda_program.HOIST_LOCAL_MAX_BYTES, algorithm=Algorithm.PUSH,
                           stream_mode=StreamMode.BATCH, input_symmetric=True, output_symmetric=True)
@@ -273,7 +275,7 @@ def test_a_failed_driver_call_is_named_with_its_slot_and_step(monkeypatch):
     s = plan_all_gather(4, 1, 1 << 18, algorithm=Algorithm.PUSH, stream_mode=StreamMode.SINGLE,
                         input_symmetric=True, output_symmetric=True)
     lowered = lower(s, _address, _pads(4))
-    for index, what in ((0, "cuStreamBatchMemOp of 6 ops"), (2, "cuMemcpyAsync of 262144 bytes")):
+    for index, what in ((0, "cuStreamBatchMemOp of 12 ops"), (2, "cuMemcpyAsync of 262144 bytes")):
         cu = _RecordingDriver(fail_at=index)
         with pytest.raises(RuntimeError, match=rf"CUDA_ERROR_TEST in {what} \(slot 0, step {index} of 7\)"):
             cuda_program.CompiledProgram(lowered, cu, 0).launch_slot(0, "stream", 1)

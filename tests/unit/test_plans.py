@@ -9,7 +9,7 @@ from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.all_reduce import plan_all_reduce
 from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
-from conccl.schedule import Algorithm, Buf, Copy, Phase, SetSignal, Signal, StreamMode, WaitSignal
+from conccl.schedule import DOUBLE_BUFFER_MAX_BYTES, Algorithm, Buf, Copy, Phase, SetSignal, Signal, StreamMode, WaitSignal
 from conccl.validate import InvalidArgument
 
 MODES = list(StreamMode)
@@ -73,27 +73,35 @@ def test_all_to_all_uneven_and_zero_splits(world, algo, sym_out):
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 @pytest.mark.parametrize("mode", MODES)
 def test_every_wait_has_a_matching_signal(world, mode):
-    one_phase = (Signal.READY, Signal.DONE)
+    # Each collective's kinds: pulls announce READY, pushes into the workspace wait for FREE
+    # instead (double buffering), every call makes the release (FREE) and reports DONE.
+    one_phase = {Signal.READY, Signal.DONE, Signal.FREE}
     for plans, kinds in (([plan_all_gather(world, r, 10, stream_mode=mode) for r in range(world)], one_phase),
                          ([plan_all_to_all(world, r, equal_split_matrix(world, 0), stream_mode=mode)
                            for r in range(world)], one_phase),
                          ([plan_reduce_scatter(world, r, 32, "float32", stream_mode=mode) for r in range(world)],
-                          one_phase),
+                          {Signal.DONE, Signal.FREE}),
                          # an all-reduce of fewer elements than ranks: some chunks are empty
                          ([plan_all_reduce(world, r, 3, 4, "float32", stream_mode=mode) for r in range(world)],
-                          tuple(Signal))):
+                          set(Signal) - {Signal.READY})):
         sets = {(r, op.peer, op.kind, op.seq_delta) for r, p in enumerate(plans) for ops in p.slots for op in ops
                 if isinstance(op, SetSignal)}
         for r, p in enumerate(plans):
+            assert p.double_buffered == (p.workspace_bytes > 0)
             for ops in p.slots:
                 for op in ops:
                     if isinstance(op, WaitSignal) and op.seq_delta == 0:
                         assert (op.peer, r, op.kind, 0) in sets
+                    elif isinstance(op, WaitSignal) and op.kind is Signal.FREE:
+                        # FREE >= s-2 is what the peer wrote (s'-1) in its call s' = s-1
+                        assert op.seq_delta == -2 and (op.peer, r, Signal.FREE, -1) in sets
+                    elif isinstance(op, WaitSignal):  # the release's wait for the previous call
+                        assert (op.kind, op.seq_delta) == (Signal.DONE, -1)
             # every rank reports every kind its collective uses to every peer, every call, even
-            # with no bytes; one-phase collectives use READY and DONE only
-            assert {op.kind for ops in p.slots for op in ops if isinstance(op, SetSignal)} == set(kinds)
+            # with no bytes
+            assert {op.kind for ops in p.slots for op in ops if isinstance(op, SetSignal)} == kinds
             for peer, kind in itertools.product(set(range(world)) - {r}, kinds):
-                assert (r, peer, kind, 0) in sets
+                assert (r, peer, kind, -1 if kind is Signal.FREE else 0) in sets
 
 
 def test_single_stream_puts_own_shard_after_peer_copies():
@@ -113,11 +121,25 @@ def test_per_peer_mode_uses_one_slot_per_peer_and_numbers_them():
     assert first_peer == 1
 
 
-def test_staged_pull_waits_for_previous_readers_before_staging():
+def test_staged_pull_stages_into_its_half_without_waiting():
+    """Double-buffered: the staging of call s writes the half call s-2 used, which the release
+    of call s-1 (waits for DONE(s-2)) freed, so nothing waits before it; a call too large to
+    double-buffer waits for the previous call's readers first, and for every peer at its end."""
     ops = plan_all_gather(3, 0, 8, stream_mode=StreamMode.SINGLE).slots[0]
+    stage_at = next(i for i, op in enumerate(ops) if isinstance(op, Copy))
+    assert stage_at == 0
+    release = [(op.peer, op.kind, op.seq_delta) for op in ops if isinstance(op, (WaitSignal, SetSignal))
+               and op.kind in (Signal.FREE,) or (isinstance(op, WaitSignal) and op.seq_delta == -1)]
+    assert sorted(release) == [(1, Signal.DONE, -1), (1, Signal.FREE, -1), (2, Signal.DONE, -1), (2, Signal.FREE, -1)]
+    big = plan_all_gather(3, 0, DOUBLE_BUFFER_MAX_BYTES + 16, stream_mode=StreamMode.SINGLE)
+    assert not big.double_buffered
+    ops = big.slots[0]
     stage_at = next(i for i, op in enumerate(ops) if isinstance(op, Copy))
     waits = [op for op in ops[:stage_at] if isinstance(op, WaitSignal)]
     assert {(w.peer, w.kind, w.seq_delta) for w in waits} == {(1, Signal.DONE, -1), (2, Signal.DONE, -1)}
+    # ends: DONE(s) of every peer, then the release (FREE only: DONE(s) implies DONE(s-1))
+    assert [(op.peer, op.kind) for op in ops[-4:]] == [(1, Signal.DONE), (2, Signal.DONE), (1, Signal.FREE),
+                                                        (2, Signal.FREE)]
 
 
 def test_symmetric_input_call_ends_after_peers_read_it():

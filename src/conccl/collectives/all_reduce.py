@@ -3,13 +3,19 @@
 How it moves (a reduce-scatter into the group workspace, then an all-gather pulled out of it;
 the workspace is peer-reachable on every rank, so no tensor needs to be symmetric)::
 
-    rank r, call s:  wait DONE(s-1) of every peer (it no longer touches our workspace)
-                     READY(s) -> every peer                      (our workspace may be written)
-    push, per peer:  wait READY(s) of p · input[chunk p] -> workspace@p[slot r] · PUSHED(s) -> p
-    reduce:          wait PUSHED(s) of every peer · workspace[slot r] = reduce(chunk r of every rank)
+    push, per peer:  wait FREE(s-2) of p (p's half s % 2 is free: sent during call s-1) ·
+                     input[chunk p] -> workspace@p[half s % 2][slot r] · PUSHED(s) -> p
+    reduce:          wait PUSHED(s) of every peer · release (wait DONE(s-1), already implied;
+                     FREE(s-1) -> every peer) · workspace[slot r] = reduce(chunk r of every rank)
                      REDUCED(s) -> every peer                    (our chunk of the result is ready)
     pull, per peer:  wait REDUCED(s) of p · workspace@p[slot p] -> output[chunk p] · DONE(s) -> p
     own chunk:       workspace[slot r] -> output[chunk r]
+
+Two one-way signals (PUSHED, REDUCED) on the critical path in steady state: the workspace is
+double-buffered (:mod:`conccl.schedule`), so no READY round trip and no wait for the previous
+call precede the pushes. A call whose workspace exceeds
+:data:`~conccl.schedule.DOUBLE_BUFFER_MAX_BYTES` takes the whole workspace the long way: wait
+for DONE(s-1), READY(s) instead of FREE, DONE(s) of every peer at the end, then the release.
 
 Copy engines move every byte (``2 (world-1) / world`` of the tensor in and out of each GPU,
 as a ring all-reduce); the reduction is the one step that takes an SM. The result lands in
@@ -28,7 +34,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..schedule import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
-                        WaitSignal)
+                        WaitSignal, double_buffer, release_ops)
 from ..validate import InvalidArgument, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import number_slots, peer_order
@@ -75,27 +81,39 @@ def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, s
         srcs = tuple((Buf.INPUT, own_off) if s == rank else (Buf.WORKSPACE, s * slot) for s in range(world))
         reduce = [Reduce((Buf.WORKSPACE, rank * slot), srcs, own_bytes, dtype, scale)]
         own = [Copy(Transfer(rank, Buf.WORKSPACE, rank * slot, rank, Buf.OUTPUT, own_off, own_bytes, 0, Phase.LOCAL))]
-    # The workspace is shared by every call of the group: before peers may write into it, they
-    # must be done with the previous call's use of it (a staged all-gather's reads, our pulls).
-    ready = [WaitSignal(p, Signal.DONE, -1) for p in peers] + [SetSignal(p, Signal.READY) for p in peers]
-    middle = ([WaitSignal(p, Signal.PUSHED) for p in peers] + reduce
-              + [SetSignal(p, Signal.REDUCED) for p in peers])
+    double = double_buffer(world * slot)
+    if double:
+        # Pushes go into the peers' halves of this call, freed by their release in the previous
+        # call; our release rides behind the PUSHED waits (a peer's PUSHED(s) follows its DONE(s-1)).
+        head, gate, tail = [], Signal.FREE, []
+        middle = ([WaitSignal(p, Signal.PUSHED) for p in peers] + release_ops(peers) + reduce
+                  + [SetSignal(p, Signal.REDUCED) for p in peers])
+    else:
+        # The whole workspace, the long way (conccl.schedule): peers done with the previous call
+        # before READY, every peer done with this one before the release.
+        head = [WaitSignal(p, Signal.DONE, -1) for p in peers] + [SetSignal(p, Signal.READY) for p in peers]
+        gate, tail = Signal.READY, [WaitSignal(p, Signal.DONE) for p in peers] + release_ops(peers, done_awaited=True)
+        middle = [WaitSignal(p, Signal.PUSHED) for p in peers] + reduce + [SetSignal(p, Signal.REDUCED) for p in peers]
+
+    def wait_gate(p) -> WaitSignal:
+        return WaitSignal(p, gate, -2 if gate is Signal.FREE else 0)
+
     if stream_mode is StreamMode.PER_PEER:
-        slots = [ready + middle + own]
+        slots = [head + middle + own + tail]
         for p in peers:
-            slots.append([WaitSignal(p, Signal.READY), *push(p), SetSignal(p, Signal.PUSHED),
+            slots.append([wait_gate(p), *push(p), SetSignal(p, Signal.PUSHED),
                           WaitSignal(p, Signal.REDUCED), *pull(p), SetSignal(p, Signal.DONE)])
     else:
-        ops = ready + [WaitSignal(p, Signal.READY) for p in peers]
+        ops = head + [wait_gate(p) for p in peers]
         for p in peers:
             ops += push(p)
         ops += [SetSignal(p, Signal.PUSHED) for p in peers] + middle + [WaitSignal(p, Signal.REDUCED) for p in peers]
         for p in peers:
             ops += pull(p)
-        ops += [SetSignal(p, Signal.DONE) for p in peers] + own
+        ops += [SetSignal(p, Signal.DONE) for p in peers] + own + tail
         slots = [ops]
     return Schedule(collective=NAME, world=world, rank=rank, slots=number_slots(slots), algorithm=Algorithm.PUSH,
-                    stream_mode=stream_mode, staged=True, workspace_bytes=world * slot)
+                    stream_mode=stream_mode, staged=True, workspace_bytes=world * slot, double_buffered=double)
 
 
 def check_all_reduce(output, input, device_type: str) -> bool:

@@ -19,6 +19,8 @@ from ..schedule import (
     StreamMode,
     Transfer,
     WaitSignal,
+    double_buffer,
+    release_ops,
 )
 
 
@@ -49,48 +51,78 @@ def build_direct_schedule(
     workspace_bytes: int,
     wait_done: bool | None = None,
     finish: tuple[Op, ...] = (),
+    into_workspace: bool = False,
 ) -> Schedule:
     """Assemble one rank's schedule.
 
     ``peer_transfers[p]`` is the transfer exchanged with peer ``p`` (None when it is empty);
-    its slot is assigned here. ``staged`` says the input goes through the group workspace,
-    which is reused across calls: before the staging copy of call s overwrites it, every peer
-    must have finished reading it in call s-1 (DONE >= s-1). Without staging, a pull reads the
-    caller's own symmetric input, so the call ends only once every peer has read it (DONE >= s);
-    a push writes into peers' outputs, so the call ends once every peer has written (DONE >= s).
+    its slot is assigned here. ``staged``: the call uses the group workspace (a pull stages
+    its input there). Up to :data:`~conccl.schedule.DOUBLE_BUFFER_MAX_BYTES` it uses its own
+    half (double-buffered, see :mod:`conccl.schedule`: no wait guards the staging, the
+    release of the previous call did) and ends when its own copies have; a larger call takes
+    the whole workspace the long way (waits for DONE(s-1) first and for DONE(s) last). Without
+    staging, a pull reads the caller's own symmetric input, so the call ends only once every
+    peer has read it (DONE >= s); a push writes into peers' outputs, so the call ends once
+    every peer has written (DONE >= s).
 
-    ``wait_done`` overrides that last rule (None: wait for DONE >= s unless staged): a
-    collective that reuses the workspace *and* consumes what peers wrote needs both waits.
-    ``finish``: ops run on slot 0 after every wait, e.g. a reduction of what peers wrote.
+    ``into_workspace``: the peer transfers write into the peers' workspace (a reduce-scatter):
+    each waits for the peer's FREE (sent during the previous call) instead of a READY of this
+    one, so no READY is sent. ``wait_done`` overrides the end rule (None: wait for DONE >= s
+    unless staged): a collective that consumes what peers wrote needs it. ``finish``: ops run
+    on slot 0 after every wait, e.g. a reduction of what peers wrote.
+
+    Every schedule makes the release (:func:`~conccl.schedule.release_ops`) where it costs
+    nothing in steady state: after the waits for READY(s) (which a peer writes after its
+    DONE(s-1)), after the waits for DONE(s), or, into the workspace, first (the previous
+    call of a reduce-scatter loop waited for DONE(s-1) already).
     """
     peers = peer_order(world, rank)
-    pre: list[Op] = []
-    post: list[Op] = []
-    if staged:
-        pre += [WaitSignal(p, Signal.DONE, -1) for p in peers]
+    double = staged and double_buffer(workspace_bytes)
+    whole = staged and not double  # the whole workspace, guarded the long way (conccl.schedule)
+    into_workspace = into_workspace and double  # a whole call's pushes wait for READY
+    pre: list[Op] = [WaitSignal(p, Signal.DONE, -1) for p in peers] if whole else []
     if stage is not None:
         pre.append(Copy(stage))
-    pre += [SetSignal(p, Signal.READY) for p in peers]
-    if (not staged) if wait_done is None else wait_done:
-        post += [WaitSignal(p, Signal.DONE) for p in peers]
-    post += list(finish)
+    if not into_workspace:
+        pre += [SetSignal(p, Signal.READY) for p in peers]
+    awaits_done = whole or ((not staged) if wait_done is None else wait_done)
+    post: list[Op] = [WaitSignal(p, Signal.DONE) for p in peers] if awaits_done else []
+
+    def gate(p) -> WaitSignal:
+        return WaitSignal(p, Signal.FREE, -2) if into_workspace else WaitSignal(p, Signal.READY)
 
     def copy(t: Transfer | None) -> list[Op]:
         return [] if t is None else [Copy(t)]
 
     if stream_mode is StreamMode.PER_PEER:
-        slots: list[list[Op]] = [pre + post]
+        if whole:  # freed only once its own reads (the finish) are over too
+            head = pre + post + list(finish) + release_ops(peers, done_awaited=True)
+        elif into_workspace:
+            head = release_ops(peers) + pre + post + list(finish)
+        elif awaits_done:
+            head = pre + post + release_ops(peers, done_awaited=True) + list(finish)
+        else:
+            head = pre + release_ops(peers) + list(finish)
+        slots: list[list[Op]] = [head]
         for p in peers:
-            slots.append([WaitSignal(p, Signal.READY), *copy(peer_transfers.get(p)), SetSignal(p, Signal.DONE)])
+            slots.append([gate(p), *copy(peer_transfers.get(p)), SetSignal(p, Signal.DONE)])
         slots.append(copy(local))
     else:
         # One stream: every wait first, then every peer copy back to back (a batch when
         # StreamMode.BATCH), the own shard last so that a same-GPU copy never delays a peer.
-        ops: list[Op] = pre + [WaitSignal(p, Signal.READY) for p in peers]
+        gates = [gate(p) for p in peers]
+        if whole:
+            ops: list[Op] = pre + gates
+        elif into_workspace:
+            ops = release_ops(peers) + pre + gates
+        else:
+            ops = pre + gates + release_ops(peers)
         for p in peers:
             ops += copy(peer_transfers.get(p))
         ops += [SetSignal(p, Signal.DONE) for p in peers]
-        ops += copy(local) + post
+        ops += copy(local) + post + list(finish)
+        if whole:
+            ops += release_ops(peers, done_awaited=True)
         slots = [ops]
 
     numbered = number_slots(slots)
@@ -103,4 +135,5 @@ def build_direct_schedule(
         stream_mode=stream_mode,
         staged=staged,
         workspace_bytes=workspace_bytes,
+        double_buffered=double,
     )

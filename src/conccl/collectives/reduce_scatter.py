@@ -3,10 +3,14 @@
 How it moves (push, the only algorithm: the group workspace is peer-reachable on every rank,
 so no input needs staging and no output needs to be symmetric)::
 
-    rank r, call s:  wait DONE(s-1) of every peer (its reads of our workspace are over)
-                     READY(s) -> every peer           (our workspace may be written)
-    slot of peer p:  wait READY(s) of p · input[chunk p] -> workspace@p[chunk r] · DONE(s) -> p
+    rank r, call s:  release: wait DONE(s-1) of every peer · FREE(s-1) -> every peer
+                     (the workspace half of call s-1 may be written by call s+1's pushes)
+    slot of peer p:  wait FREE(s-2) of p (p's half s % 2 is free) · input[chunk p] ->
+                     workspace@p[half s % 2][chunk r] · DONE(s) -> p
     slot 0:          wait DONE(s) of every peer · output = reduce(chunk r of every rank, rank order)
+
+One one-way signal (DONE) on the critical path in steady state: FREE was sent a call ago
+(double buffering, :mod:`conccl.schedule`).
 
 Copy engines move every byte; the reduction is the one step that takes an SM (a small kernel
 on CUDA). Order of summation: rank 0, 1, ..., world-1, accumulated in fp32 and rounded to the
@@ -81,11 +85,12 @@ def plan_reduce_scatter(world: int, rank: int, chunk_bytes: int, dtype: str, sca
         srcs = tuple((Buf.INPUT, rank * chunk_bytes) if s == rank else (Buf.WORKSPACE, s * slot)
                      for s in range(world))
         finish = (Reduce((Buf.OUTPUT, 0), srcs, chunk_bytes, dtype, scale),)
-    # The workspace is reused by every call of the group: wait until peers are done with the
-    # previous call's (staged=True), and for their writes of this one before reducing.
+    # Pushes into the peers' workspace halves (guarded by their FREE), and a wait for their
+    # writes of this call before reducing.
     return build_direct_schedule(
         NAME, world, rank, algorithm=Algorithm.PUSH, stream_mode=stream_mode, peer_transfers=peers,
-        stage=None, local=None, staged=True, workspace_bytes=world * slot, wait_done=True, finish=finish)
+        stage=None, local=None, staged=True, workspace_bytes=world * slot, wait_done=True, finish=finish,
+        into_workspace=True)
 
 
 def check_reduce_scatter(output, input, world: int, rank: int, device_type: str) -> bool:
@@ -218,10 +223,11 @@ def from_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int,
     k = home[0]
     whole = Transfer(rank, Buf.INPUT, rank * chunk, rank, Buf.WORKSPACE, rank * slot, chunk, k, Phase.LOCAL)
     own = [Copy(p) for p in pieces(whole, rank, 0)]
-    # The own slot may still be read by peers finishing the group's previous call (an all-reduce's
-    # reduced chunk, a staged all-gather's input): write it only after their DONE of that call.
-    # Before the waits for this call's DONE (so, in one stream, after this rank's DONE to its
-    # peers: the own copy never delays a peer's reduction), else just before the reduction.
+    # The own slot is in this call's workspace half, which the release of the previous call
+    # freed (DONE(s-2) of every peer: double buffering); kept after this call's release all
+    # the same. Before the waits for this call's DONE (so, in one stream, after this rank's
+    # DONE to its peers: the own copy never delays a peer's reduction), else just before the
+    # reduction.
     ops = slots[k]
     waits = [i for i, op in enumerate(ops) if isinstance(op, WaitSignal) and op.kind is Signal.DONE and op.seq_delta == 0]
     at = waits[0] if waits else home[1]

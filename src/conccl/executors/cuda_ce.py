@@ -38,7 +38,7 @@ from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
 from ..schedule import (MARK_WORDS, Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, signal_pad_words,
-                        signal_word)
+                        signal_word, workspace_half)
 from ..work import NCCL, Work
 from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
@@ -136,7 +136,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._last_stream = None
         self._ws = None
         self._ws_handle = None
-        self._ws_key = None
+        self._ws_keys = (None, None)
         self._programs: dict = {}
         # Programs compiled for eager and persistent calls since start (not captured ones): a
         # loop whose buffers move compiles on every call.
@@ -179,17 +179,22 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         ws = self.symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
         self._ws_handle = self.symm_mem.rendezvous(ws, self.group_name)
         self._ws = ws
-        self._ws_key = tuple(self._ws_handle.buffer_ptrs)
+        # Every rank's workspace as a call of each parity reaches it: a double-buffered call uses
+        # half seq % 2 (conccl.schedule), a whole one the base (the even entry).
+        self._ws_keys = tuple(tuple(p + workspace_half(parity, nbytes) for p in self._ws_handle.buffer_ptrs)
+                              for parity in (0, 1))
 
-    def _program(self, schedule: Schedule, input, output, views) -> CompiledProgram:
+    def _program(self, schedule: Schedule, input, output, views, seq: int) -> CompiledProgram:
         """``schedule`` compiled against these buffers (cached: loops reuse their tensors).
 
         Keyed by the identity of ``schedule`` and ``views``, which the communicator keeps while
         a call's arguments and its peers' do not change (hashing the views' addresses would
         cost more than the lookup saves); the hit is checked against the objects themselves,
-        as an id can name a collected object, and against the current workspace."""
-        ws = self._ws_key  # every rank's workspace address (None before the first staging)
-        key = (id(schedule), id(views), input.data_ptr(), output.data_ptr())
+        as an id can name a collected object, and against the current workspace. A
+        double-buffered call alternates between two programs, one per workspace half."""
+        parity = seq & 1 if schedule.double_buffered else 0
+        ws = self._ws_keys[parity]  # every rank's workspace address (None before the first staging)
+        key = (id(schedule), id(views), input.data_ptr(), output.data_ptr(), parity)
         hit = self._programs.get(key)
         if hit is not None and hit[0] is schedule and hit[1] is views and hit[2] is ws:
             return hit[3]
@@ -236,7 +241,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         ordered after the caller's work and before its later work with no event at all.
         """
         caller = self._current_stream()
-        program = self._program(schedule, input, output, views)
+        program = self._program(schedule, input, output, views, seq)
         # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
         ctrl = self._control_stream(caller, async_op or (caller.cuda_stream == 0 and (
             schedule.stream_mode is StreamMode.BATCH or not self._default_stream_ok)))

@@ -21,7 +21,7 @@ from ..errors import CollectiveTimeout
 from ..collectives.reduce_scatter import reduce_chunks
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
 from ..schedule import (MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetSignal, Schedule, SetSignal,
-                        WaitSignal, mark_index, signal_pad_words, signal_word)
+                        WaitSignal, mark_index, signal_pad_words, signal_word, workspace_half)
 from ..work import NCCL, Work
 from .base import GrowingWorkspace
 
@@ -83,6 +83,7 @@ class ReferenceExecutor(GrowingWorkspace):
         self._peer_allocs: dict[tuple[str, int], np.ndarray] = {}
         self._deferred: list[_Deferred] = []  # async calls not run yet, in call order
         self._ws_now = None  # a captured call's own workspace while it runs
+        self._ws_half = 0  # byte offset of the running call's workspace half
         self._reach: dict = {}  # the running schedule's reach into the own input and output (_reach)
 
     # ------------------------------------------------------------ shared memory
@@ -175,7 +176,7 @@ class ReferenceExecutor(GrowingWorkspace):
     # ------------------------------------------------------------ execution
     def _bytes(self, rank: int, buf: Buf, input, output, views) -> np.ndarray:
         if buf is Buf.WORKSPACE:
-            return (self._ws_now or self._ws)[rank]
+            return self._ws_now[rank] if self._ws_now else self._ws[rank][self._ws_half:]
         t, view = (input, views[0]) if buf is Buf.INPUT else (output, views[1])
         if rank == self.rank:
             own = t.view(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
@@ -241,6 +242,8 @@ class ReferenceExecutor(GrowingWorkspace):
     def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views, pads=None,
                  ws=None, compute=None) -> None:
         self._ws_now, self._reach = ws, _reach(schedule) if schedule.parts else {}
+        # An eager double-buffered call's half (conccl.schedule); a captured call has its own region.
+        self._ws_half = workspace_half(seq, self._ws_cap) if schedule.double_buffered and ws is None else 0
         if schedule.computes and compute is None:
             raise ValueError(f"a {schedule.collective} pipeline runs the caller's computation: pass compute=")
         try:

@@ -453,7 +453,7 @@ class Group(CollectiveMethods):
         try:
             with self._lock:  # the watchdog releases under this lock: no call slips in between
                 self._check_usable()
-                self.executor.ensure_workspace(schedule.workspace_bytes)
+                self.executor.ensure_workspace(schedule.workspace_need)
                 self.seq = seq
                 if compute is None:
                     work = self.executor.run(schedule, input, output, seq, async_op, timeout_s, flight, views)
