@@ -36,10 +36,12 @@ def test_the_wait_is_an_acquire_load_bounded_in_time_and_abortable():
     assert "%%globaltimer" in src  # a literal % in inline asm, else NVRTC rejects it
     assert "globaltimer() - start > timeout_ns" in body and "st_relaxed(timed_out_word, 1u); return;" in body
     assert "ld_relaxed(abort_word)" in body and "if (aborted) return;" in body
-    assert body.rstrip().endswith('asm volatile("fence.acq_rel.sys;" ::: "memory");')
-    write = _body("conccl_signal_write")
-    assert write.index("fence.acq_rel.sys") < write.index("st_release(")
-    assert 'asm volatile("st.release.sys.global.u32' in src
+    # the end fence: compiled in only where asked (END_FENCE), and then last
+    assert body.rstrip().endswith('#if END_FENCE\n    asm volatile("fence.acq_rel.sys;" ::: "memory");\n#endif')
+    assert cuda_spin.END_FENCE is False
+    write = _body("conccl_signal_write")  # the release pattern: one system-scope fence, then the stores
+    assert write.count("fence.acq_rel.sys") == 1 and write.index("fence.acq_rel.sys") < write.index("st_relaxed(")
+    assert 'asm volatile("st.relaxed.sys.global.u32' in src
     assert "__launch_bounds__(32) conccl_spin_wait" in src and cuda_spin.THREADS == 32
 
 
@@ -97,7 +99,7 @@ def _read(params: int, sizes: list[int]) -> list[int]:
 
 
 def test_launch_parameters_follow_the_kernel_and_take_the_sequence_number(monkeypatch):
-    monkeypatch.setattr(cuda_spin, "_module", lambda device, sleep=cuda_spin.POLL_SLEEP_NS: ("m", "spin", "write"))
+    monkeypatch.setattr(cuda_spin, "_module", lambda device, sleep, fence: ("m", "spin", "write"))
     sizes = _kernel_param_sizes("conccl_spin_wait")
     assert len(sizes) == 20 and len(_kernel_param_sizes("conccl_signal_write")) == 17
     spin = cuda_spin.SpinWaitLaunch(3, (0x1000, 0x2000, 0x3000), (0, -1, 5), 0x4000, 0x5000, 7 * 10**9)

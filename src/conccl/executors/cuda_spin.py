@@ -2,11 +2,14 @@
 
 A copy-engine collective orders its ranks with 32-bit signal words in each rank's pad: a peer
 writes the word, the owner waits until ``(int32)(word - value) >= 0`` (GEQ: sequence numbers may
-wrap). ``cuStreamWaitValue32`` costs about 7 us one way on an H100; a kernel polling the word
-with acquire loads should cost 1-2 us. This module holds that kernel (``conccl_spin_wait``) and,
-for measuring kernel writes against ``cuStreamWriteValue32``, a writing one
-(``conccl_signal_write``). Compiled once per process and device with NVRTC, without headers,
-like :mod:`conccl.executors.cuda_reduce`.
+wrap). A kernel polling the word with acquire loads wakes sooner than ``cuStreamWaitValue32``:
+on 2 x H100, a ping-pong of ``cuStreamWriteValue32`` signals took 2.85 us one way with this
+kernel waiting, 6.50 with the memop (benchmarks/2026-11-26-h100x2-latency, eager; 5.4 against
+9.9 in a CUDA graph). With a 64 KiB peer copy queued after each wait the gain was gone (10.5
+against 9.8 us): a copy after a kernel starts later than after a memop. This module holds that
+kernel (``conccl_spin_wait``) and, for comparing kernel writes with ``cuStreamWriteValue32``
+(slower: 4.2 us one way against 2.85), a writing one (``conccl_signal_write``). Compiled once per
+process and device with NVRTC, without headers, like :mod:`conccl.executors.cuda_reduce`.
 
 What a wait costs and what bounds it:
 
@@ -35,17 +38,17 @@ import os
 from .._driver import check, driver
 
 MAX_WAITS = 8  # words per launch: one per peer of an 8-GPU NVLink node
-THREADS = 32  # one warp, the smallest CTA an SM schedules; thread 0 polls, the rest exit
+THREADS = 32  # one warp (a smaller CTA still takes one); thread 0 polls, the rest exit
 DEFAULT_TIMEOUT_S = 300
 # Between polls. __nanosleep(20) takes the warp off its scheduler between polls, for a wait that
-# may share an SM with a GEMM for milliseconds, and costs no latency measured: 2 x H100, 200
-# round trips (benchmarks/2026-11-26-h100x2-latency/probe_signal.py), 8.89 us a round trip
-# against 8.86 unslept (memop writes; 13.83 against 13.91 in a graph). 0 compiles the sleep out.
+# may share an SM with a GEMM for milliseconds (not measured), at about no latency: 2 x H100,
+# 200 round trips (benchmarks/2026-11-26-h100x2-latency), 5.71 us a round trip against 5.69
+# unslept, eager; 11.2 against 10.8 in a graph (runs 10.8-11.6 and 10.7-10.9). 0 compiles it out.
 POLL_SLEEP_NS = 20
 # A system-scope fence after the waits: off. It would order only this thread's later accesses,
 # and it has none (what the stream runs next starts after the kernel has ended), yet it cost
-# 1.6 us of a satisfied wait's 3.6 us back to back on one stream (one H100; an empty kernel:
-# 1.6). SpinWaitLaunch(end_fence=True) puts it back.
+# 1.6 us a wait (same probe: a satisfied wait 3.68 us back to back against 2.10; round trip
+# 8.83 against 5.71). SpinWaitLaunch(end_fence=True) puts it back.
 END_FENCE = False
 
 
@@ -120,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(32) conccl_spin_wait(WORDS(const), 
 // Writes v_i into *w_i for every i < n: what cuStreamWriteValue32 with default flags does
 // (a system-scope fence, then the write), run by one thread so the two can be compared. One
 // fence, then relaxed stores: the PTX release pattern, st.release's meaning for every word at
-// the price of one fence (st.release after the fence paid for two: 4.9 us back to back, 3.4).
+// the price of one fence (st.release after the fence paid for two: 4.9 us back to back, now 3.5).
 extern "C" __global__ void __launch_bounds__(32) conccl_signal_write(WORDS(), VALUES, int n) {
     if (threadIdx.x != 0) return;
     // Copies queued before the kernel finished before it started (stream order); the fence is
