@@ -16,6 +16,16 @@ own region of workspace, so nothing it touches is shared with another call. On t
   FREE of an earlier call, and every rank sends READY first (the region is free: its previous
   replay ended with the DONE waits above).
 
+A staged pull (an all-gather or all-to-all of plain tensors: peers read only this call's own
+workspace region) does better: its end wait is the one-way signal that would sit between
+every pair of captured calls, so it moves to the start of the *next* replay of the same call,
+the only one that writes that region again. Each peer sends FREE after its copies instead of
+DONE, and the call starts with a wait for FREE from every peer (and its reset) before its
+staging copy. The first replay finds the words primed: every graph slot's FREE words are
+set to :data:`GRAPH_VALUE` when the group's pad is made (:func:`primed_free_words`), and
+after every complete replay they hold it again (each peer's last FREE is never consumed), so
+a slot is primed whatever call of whatever kind held it before.
+
 Why a reset can never erase the next replay's signal: every word's next write is causally
 after its reset. A waiter resets before the operations that follow its wait; the writer's next
 write of that word comes after the writer has waited, in the same or the next replay, for a
@@ -30,19 +40,58 @@ never replays leaves the stream waiting; the watchdog sees only eager calls).
 """
 from __future__ import annotations
 
-from .schedule import ResetSignal, Schedule, SetSignal, Signal, WaitSignal
+from .schedule import ResetSignal, Schedule, SetSignal, Signal, WaitSignal, signal_pad_words, signal_word
 
 # Captured calls a group can hold (graph slots); each takes one block of signal words.
 GRAPH_SLOTS = 512
 GRAPH_VALUE = 1  # what every captured signal writes and every captured wait waits for
 
 
+def primed_free_words(world: int) -> list[int]:
+    """Indices, in a pad, of every graph slot's FREE words (primed with :data:`GRAPH_VALUE`)."""
+    words = signal_pad_words(world)
+    return [words * (1 + slot) + signal_word(Signal.FREE, src, world) for slot in range(GRAPH_SLOTS)
+            for src in range(world)]
+
+
+def _staged_pull(schedule: Schedule) -> bool:
+    """A double-buffered staged pull: peers read only the call's own workspace, and it ends
+    with no wait for their DONE (see the module doc)."""
+    return (schedule.staged and schedule.double_buffered and not any(
+        isinstance(op, WaitSignal) and (op.kind is Signal.FREE or (op.kind is Signal.DONE and op.seq_delta == 0))
+        for ops in schedule.slots for op in ops))
+
+
 def graph_schedule(schedule: Schedule) -> Schedule:
     """``schedule`` as a captured call runs it (see the module doc): waits for the previous
-    call dropped, a reset after every wait, DONE from every peer awaited at the end."""
+    call dropped, a reset after every wait, DONE from every peer awaited at the end (a staged
+    pull: FREE from every peer awaited at the start instead)."""
     world, rank = schedule.world, schedule.rank
     if schedule.parts:  # its buffers are many tensors by offset: conccl.group.parts refuses capture
         raise ValueError("a parts call (all_gather_into_parts, reduce_scatter_from_parts) cannot be captured")
+    if _staged_pull(schedule):
+        peers = [p for p in range(world) if p != rank]
+        slots = []
+        for ops in schedule.slots:
+            out = []
+            for op in ops:
+                if isinstance(op, WaitSignal):
+                    if op.seq_delta == 0:
+                        out += [op, ResetSignal(op.peer, op.kind)]
+                elif isinstance(op, SetSignal):
+                    if op.kind is Signal.DONE:
+                        out.append(SetSignal(op.peer, Signal.FREE))  # done reading the peer's region
+                    elif op.kind is not Signal.FREE:
+                        out.append(op)
+                else:
+                    out.append(op)
+            slots.append(out)
+        wait_free = [x for p in peers for x in (WaitSignal(p, Signal.FREE), ResetSignal(p, Signal.FREE))]
+        slots[0][:0] = wait_free
+        return Schedule(collective=schedule.collective, world=world, rank=rank,
+                        slots=tuple(tuple(s) for s in slots), algorithm=schedule.algorithm,
+                        stream_mode=schedule.stream_mode, staged=schedule.staged,
+                        workspace_bytes=schedule.workspace_bytes)
     slots = []
     pushes = False  # into the peers' workspace: READY of this replay stands in for FREE
     for ops in schedule.slots:

@@ -36,7 +36,7 @@ from torch.distributed import _symmetric_memory as symm_mem
 
 from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
-from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
+from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
 from ..schedule import (MARK_WORDS, Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, signal_pad_words,
                         signal_word, workspace_half)
 from ..work import NCCL, Work
@@ -117,6 +117,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # The eager words, then one block per graph slot (conccl.graphs), then the pipelines' marks.
         pad = symm_mem.empty(mark_index(MARK_WORDS, world, GRAPH_SLOTS), dtype=torch.int32, device=device)
         pad.zero_()  # set-up only; collectives never launch a kernel
+        pad[torch.tensor(primed_free_words(world), device=device)] = GRAPH_VALUE  # conccl.graphs: staged pulls
         torch.cuda.synchronize(device)
         self._pad = pad
         self._pad_handle = symm_mem.rendezvous(pad, group_name)  # collective: peers zeroed theirs too

@@ -19,7 +19,7 @@ from .. import _shm
 from ..board import HostBoard
 from ..errors import CollectiveTimeout
 from ..collectives.reduce_scatter import reduce_chunks
-from ..graphs import GRAPH_SLOTS, GRAPH_VALUE
+from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
 from ..schedule import (MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetSignal, Schedule, SetSignal,
                         WaitSignal, mark_index, signal_pad_words, signal_word, workspace_half)
 from ..work import NCCL, Work
@@ -72,7 +72,9 @@ class ReferenceExecutor(GrowingWorkspace):
         # The eager words, then one block per graph slot (conccl.graphs), then the marks, as on CUDA.
         words = signal_pad_words(world) * (1 + GRAPH_SLOTS) + MARK_WORDS
         self._pad_shm = self._create(f"{prefix}_sig_r{rank}", words * 4)
-        np.ndarray(words, np.uint32, self._pad_shm.buf)[:] = 0
+        pad = np.ndarray(words, np.uint32, self._pad_shm.buf)
+        pad[:] = 0
+        pad[primed_free_words(world)] = GRAPH_VALUE  # as on CUDA (conccl.graphs: staged pulls)
         self._barrier()
         self._all_pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
         self._pads = [pad[:signal_pad_words(world)] for pad in self._all_pads]
