@@ -91,7 +91,7 @@ def graph_schedule(schedule: Schedule) -> Schedule:
         return Schedule(collective=schedule.collective, world=world, rank=rank,
                         slots=tuple(tuple(s) for s in slots), algorithm=schedule.algorithm,
                         stream_mode=schedule.stream_mode, staged=schedule.staged,
-                        workspace_bytes=schedule.workspace_bytes)
+                        workspace_bytes=schedule.workspace_bytes, one_shot=schedule.one_shot)
     slots = []
     pushes = False  # into the peers' workspace: READY of this replay stands in for FREE
     for ops in schedule.slots:

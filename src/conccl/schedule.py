@@ -198,6 +198,9 @@ class Reduce:
     nbytes: int
     dtype: str  # "bfloat16", "float16" or "float32"
     scale: float = 1.0  # every operand is multiplied by it first (AVG: 1/world; PREMUL_SUM: the factor)
+    # Whose buffer each operand is (None: all this rank's own). Only a one-shot schedule
+    # (Schedule.one_shot) reads peers' operands: the kernel loads them over NVLink.
+    src_ranks: tuple[int, ...] | None = None
 
 
 # Words per pad for marks: a pipeline's pieces (world x pieces per shard) each take one.
@@ -269,6 +272,9 @@ class Schedule:
     parts: bool = False
     # Its workspace is half seq % 2 of the group's (module doc); it needs twice workspace_bytes.
     double_buffered: bool = False
+    # The whole call is one small SM kernel (conccl.collectives.one_shot): the CUDA executor
+    # runs its ops as one launch, the reference executor one by one.
+    one_shot: bool = False
 
     @property
     def workspace_need(self) -> int:

@@ -30,9 +30,10 @@ def _fill(t, rank, step, salt):
     t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
 
 
-def _graph_of_every_collective(comm, mode, replays, jitter):
+def _graph_of_every_collective(comm, mode, replays, jitter, one_shot=False):
     w, r = comm.world, comm.rank
     comm.options.stream_mode = mode
+    comm.options.one_shot_below = (1 << 20) if one_shot else 0
     ex = comm.executor
     rng = random.Random(r)
     # the graph's buffers (a captured call keeps its tensors, as in CUDA graphs)
@@ -77,10 +78,12 @@ def _graph_of_every_collective(comm, mode, replays, jitter):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("mode", [StreamMode.BATCH, StreamMode.PER_PEER])
+@pytest.mark.parametrize("mode", [StreamMode.BATCH, StreamMode.PER_PEER, "one_shot"])
 def test_a_captured_graph_replays_right_with_new_inputs_and_eager_calls_between(world, mode):
     replays = 4
-    for ok in spawn(world, _graph_of_every_collective, mode, replays, world == 3):
+    one_shot = mode == "one_shot"  # every call a one-shot schedule (conccl.collectives.one_shot)
+    for ok in spawn(world, _graph_of_every_collective, StreamMode.BATCH if one_shot else mode, replays, world == 3,
+                    one_shot):
         assert ok == [True] * (2 * replays), ok
 
 

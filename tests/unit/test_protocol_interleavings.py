@@ -24,6 +24,8 @@ import pytest
 from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.all_reduce import plan_all_reduce
 from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
+from conccl.collectives.one_shot import (plan_one_shot_all_gather, plan_one_shot_all_reduce,
+                                         plan_one_shot_all_to_all, plan_one_shot_reduce_scatter)
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
 from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, Buf, Copy, Reduce, SetSignal, StreamMode, WaitSignal,
                              signal_pad_words, signal_word, workspace_half)
@@ -32,6 +34,11 @@ CAPACITY = 1 << 12  # the model's workspace per rank: two halves of 2 KiB
 
 
 def _plans(world, rank, kind, mode):
+    if kind.startswith("os_"):  # one-shot: one slot whatever the mode (conccl.collectives.one_shot)
+        return {"os_ag": lambda: plan_one_shot_all_gather(world, rank, 64, False),
+                "os_a2a": lambda: plan_one_shot_all_to_all(world, rank, equal_split_matrix(world, 32)),
+                "os_rs": lambda: plan_one_shot_reduce_scatter(world, rank, 64, "float32", 1.0),
+                "os_ar": lambda: plan_one_shot_all_reduce(world, rank, 256, "float32", 1.0)}[kind]()
     if kind == "ag":
         return plan_all_gather(world, rank, 64, stream_mode=mode)  # plain tensors: staged
     if kind == "ag_sym":
@@ -74,7 +81,8 @@ def _run(world, calls, mode, seed, half=workspace_half):
                 reads = [(t.src_rank, t.src, t.src_offset, t.nbytes)]
                 writes = [(t.dst_rank, t.dst, t.dst_offset, t.nbytes)]
             else:
-                reads = [(r, buf, off, op.nbytes) for buf, off in op.srcs]
+                ranks = op.src_ranks or (r,) * len(op.srcs)
+                reads = [(who, buf, off, op.nbytes) for who, (buf, off) in zip(ranks, op.srcs)]
                 writes = [(r, op.dst[0], op.dst[1], op.nbytes)]
             for who, buf, off, n in reads:
                 if buf is Buf.WORKSPACE:
@@ -117,7 +125,7 @@ def _run(world, calls, mode, seed, half=workspace_half):
     return "did not finish"
 
 
-KINDS = ("ag", "rs", "ar", "a2a", "ag_sym")
+KINDS = ("ag", "rs", "ar", "a2a", "ag_sym", "os_ag", "os_a2a", "os_rs", "os_ar")
 
 
 @pytest.mark.parametrize("mode", list(StreamMode))

@@ -107,15 +107,21 @@ class SymmetricRegistry:
 
 
 
+SPIN_WORDS = 2  # after the marks: a one-shot kernel's abort word (the watchdog's) and timeout flag
+
+
 class CudaCopyEngineExecutor(GrowingWorkspace):
     device_type = "cuda"
     tracks_flights = True
+    one_shot = True  # runs one-shot schedules as one kernel (conccl.collectives.one_shot)
 
     def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
         self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
         self.symmetric = SymmetricRegistry()  # this group's conccl.empty tensors
         # The eager words, then one block per graph slot (conccl.graphs), then the pipelines' marks.
-        pad = symm_mem.empty(mark_index(MARK_WORDS, world, GRAPH_SLOTS), dtype=torch.int32, device=device)
+        # ... and the spin words of one-shot kernels (the watchdog's abort, the kernel's timeout flag).
+        spin = mark_index(MARK_WORDS, world, GRAPH_SLOTS)
+        pad = symm_mem.empty(spin + SPIN_WORDS, dtype=torch.int32, device=device)
         pad.zero_()  # set-up only; collectives never launch a kernel
         pad[torch.tensor(primed_free_words(world), device=device)] = GRAPH_VALUE  # conccl.graphs: staged pulls
         torch.cuda.synchronize(device)
@@ -123,6 +129,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._pad_handle = symm_mem.rendezvous(pad, group_name)  # collective: peers zeroed theirs too
         self._pads = list(self._pad_handle.buffer_ptrs)
         self._marks = self._pads[rank] + 4 * mark_index(0, world, GRAPH_SLOTS)
+        self._spin_index = spin
+        self._spin_words = self._pads[rank] + 4 * spin
         self._device_index = device.index if device.index is not None else torch.cuda.current_device()
         self._caller_streams: dict[int, object] = {}  # raw handle -> torch Stream
         # Slot streams: a pipeline's (conccl.pipeline) has one per peer, the own copy's, its GEMM's.
@@ -201,8 +209,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             return hit[3]
         t0 = time.perf_counter()
         address = _addresses(self.rank, input, output, views, ws)
-        program = CompiledProgram(lower(schedule, address, self._pads, self.batching, marks=self._marks), driver(),
-                                  self._device_index)
+        program = CompiledProgram(lower(schedule, address, self._pads, self.batching, marks=self._marks,
+                                        spin_words=self._spin_words), driver(), self._device_index)
         self.programs_compiled += 1
         self.program_compile_s += time.perf_counter() - t0
         if len(self._programs) >= _MAX_PROGRAMS:
@@ -361,8 +369,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         pads = [p + words for p in self._pads]
         # Stream memory ops, batched or single, copies and the reduction kernel are captured
         # (scripts/graph_memops_probe.py on H200); cuMemcpyBatchAsync is not.
-        program = CompiledProgram(lower(schedule, address, pads, self.batching, batch_copies=False), driver(),
-                                  self._device_index)
+        program = CompiledProgram(lower(schedule, address, pads, self.batching, batch_copies=False,
+                                        spin_words=self._spin_words), driver(), self._device_index)
         caller = torch.cuda.current_stream(self.device)
         events = [torch.cuda.Event() for _ in range(len(program.slots))]
         if len(program.slots) > 1:
@@ -422,6 +430,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         words = signal_pad_words(self.world)
         for word in range(words):
             self._watch_ops.write_value32(own + 4 * word, seq)
+        self._watch_ops.write_value32(self._spin_words, 1)  # a one-shot kernel's spins end
         with torch.cuda.stream(self._watch_stream):  # a failure path: a fill kernel is fine here
             # A pipeline's GEMM steps wait on marks that a stuck copy will never write.
             self._pad[mark_index(0, self.world, GRAPH_SLOTS):].fill_(seq)

@@ -38,8 +38,8 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from .._driver import check, signal_flags
-from ..schedule import (AwaitMark, Compute, Copy, Mark, Phase, Reduce, ResetSignal, Schedule, SetSignal, StreamMode,
-                        WaitSignal, signal_word)
+from ..schedule import (AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, ResetSignal, Schedule, SetSignal, Signal,
+                        StreamMode, WaitSignal, signal_word)
 from .cuda_reduce import ReduceLaunch
 
 # cuStreamBatchMemOp takes fewer than 256 operations per call.
@@ -80,6 +80,67 @@ class ReduceStep(NamedTuple):
     nbytes: int
     dtype: str
     scale: float
+
+
+class OneShotStep(NamedTuple):
+    """A whole one-shot call (``Schedule.one_shot``) as one launch of the one-CTA kernel
+    (:mod:`conccl.executors.cuda_oneshot`): plain values, every address resolved."""
+
+    kind: int  # 0 gather, 1 reduce
+    dtype: str  # the reduction's ("" for a gather)
+    scale: float
+    graph: bool  # a captured call: signals write 1, waits reset (conccl.graphs)
+    rank: int
+    world: int
+    staged: tuple[int, ...]  # every rank's staged input, as this rank reaches it
+    signal_to: tuple[int, ...]  # READY words in the peers' pads (own entry unused)
+    done_to: tuple[int, ...]  # DONE words (FREE in a graph)
+    free_to: tuple[int, ...]  # the eager release's FREE words
+    wait_signal: tuple[int, ...]  # the own pad's READY words
+    wait_done: tuple[int, ...]
+    wait_free: tuple[int, ...]
+    src_off: tuple[int, ...]  # per rank (a reduction: entry 0 for every rank)
+    dst_off: tuple[int, ...]
+    nbytes: tuple[int, ...]
+    input: int
+    output: int
+    stage_bytes: int
+    abort_word: int  # the own pad's spin words: the watchdog's abort, the kernel's timeout flag
+    timed_out_word: int
+
+
+def lower_one_shot(schedule: Schedule, address: Callable[[int, object], int], pads: list[int],
+                   spin_words: int) -> tuple:
+    """A one-shot schedule (one slot: stage, own piece, READY, the peers' pieces or the
+    reduction, DONE, the release; as a captured call, with resets and FREE) as one
+    :class:`OneShotStep`; ``spin_words``: the address of the own pad's abort word."""
+    world, rank = schedule.world, schedule.rank
+    (ops,) = schedule.slots
+    graph = any(isinstance(op, ResetSignal) for op in ops)
+    src_off, dst_off, nbytes = [0] * world, [0] * world, [0] * world
+    stage_bytes, kind, dtype, scale = 0, 0, "", 1.0
+    for op in ops:
+        if isinstance(op, Copy):
+            t = op.transfer
+            if t.phase is Phase.STAGE:
+                stage_bytes = t.nbytes
+            else:  # the own piece (from the input) or a peer's (from its staged input)
+                src_off[t.src_rank], dst_off[t.src_rank], nbytes[t.src_rank] = t.src_offset, t.dst_offset, t.nbytes
+        elif isinstance(op, Reduce):
+            kind, dtype, scale = 1, op.dtype, op.scale
+            src_off[0], dst_off[0], nbytes[0] = op.srcs[0][1], op.dst[1], op.nbytes
+
+    def words(on_peer: bool, kind_):
+        return tuple(0 if p == rank else (pads[p] + 4 * signal_word(kind_, rank, world) if on_peer
+                                          else pads[rank] + 4 * signal_word(kind_, p, world)) for p in range(world))
+
+    return (OneShotStep(kind, dtype, scale, graph, rank, world,
+                        tuple(address(q, Buf.WORKSPACE) if stage_bytes else 0 for q in range(world)),
+                        words(True, Signal.READY), words(True, Signal.FREE if graph else Signal.DONE),
+                        words(True, Signal.FREE), words(False, Signal.READY), words(False, Signal.DONE),
+                        words(False, Signal.FREE), tuple(src_off), tuple(dst_off), tuple(nbytes),
+                        address(rank, Buf.INPUT), address(rank, Buf.OUTPUT), stage_bytes, spin_words,
+                        spin_words + 4),)
 
 
 class ComputeStep(NamedTuple):
@@ -169,6 +230,8 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             steps.append(ComputeStep(op))
             continue
         if isinstance(op, Reduce):
+            if op.src_ranks is not None:
+                raise TypeError(f"{op!r}: peers' operands are a one-shot schedule's, lowered as one kernel")
             flush_signals()
             steps.append(ReduceStep(address(rank, op.dst[0]) + op.dst[1],
                                     tuple(address(rank, b) + off for b, off in op.srcs), op.nbytes, op.dtype, op.scale))
@@ -196,9 +259,14 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
 
 
 def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[int], batching: str = "all",
-          batch_copies: bool | None = None, marks: int | None = None) -> tuple:
+          batch_copies: bool | None = None, marks: int | None = None, spin_words: int | None = None) -> tuple:
     """Every slot of ``schedule`` lowered (see :func:`lower_slot`); ``batch_copies`` None: as
-    its stream mode says (a captured call passes False: cuMemcpyBatchAsync cannot be captured)."""
+    its stream mode says (a captured call passes False: cuMemcpyBatchAsync cannot be captured).
+    A one-shot schedule is one kernel launch (:func:`lower_one_shot`)."""
+    if schedule.one_shot:
+        if spin_words is None:
+            raise TypeError("a one-shot schedule lowered without the pad's spin words")
+        return (lower_one_shot(schedule, address, pads, spin_words),)
     batch = schedule.stream_mode is StreamMode.BATCH if batch_copies is None else batch_copies
     return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch, batching, marks)
                  for ops in schedule.slots)
@@ -319,6 +387,35 @@ class _ReduceCall:
         return "the reduction kernel's launch"
 
 
+class _OneShotCall:
+    __slots__ = ("cu", "kernel", "step")
+
+    def __init__(self, step: OneShotStep, cu, flags: tuple, device_index):
+        from . import cuda_oneshot, cuda_spin
+
+        args = cuda_oneshot.make_args(
+            world=step.world, rank=step.rank, kind=step.kind, dtype=_ONE_SHOT_DTYPES[step.dtype], graph=step.graph,
+            staged=step.staged, signal_to=step.signal_to, done_to=step.done_to, free_to=step.free_to,
+            wait_signal=step.wait_signal, wait_done=step.wait_done, wait_free=step.wait_free, src_off=step.src_off,
+            dst_off=step.dst_off, nbytes=step.nbytes, input=step.input, output=step.output,
+            stage_bytes=step.stage_bytes, scale=step.scale, abort_word=step.abort_word,
+            timed_out_word=step.timed_out_word, timeout_ns=max(cuda_spin.timeout_ns(), ONE_SHOT_BOUND_NS))
+        self.cu, self.kernel, self.step = cu, cuda_oneshot.OneShotLaunch(device_index, args), step
+
+    def launch(self, stream, seq: int):
+        return self.kernel.launch(self.cu, stream, seq)
+
+    def what(self) -> str:
+        return "the one-shot kernel's launch"
+
+
+_ONE_SHOT_DTYPES = {"": 0, "float32": 0, "bfloat16": 1, "float16": 2}
+# A one-shot kernel's spins end at the latest after this: longer than a group's default
+# timeout (10 minutes), so the watchdog, which reads the pad and names the missing peers,
+# acts first and releases them (its abort word); the bound is for groups without checks.
+ONE_SHOT_BOUND_NS = 20 * 60 * 10**9
+
+
 class _ComputeCall:
     __slots__ = ("op",)
 
@@ -330,7 +427,7 @@ class _ComputeCall:
 
 
 _COMPILERS = {SignalBatch: _SignalBatchCall, SignalStep: _SignalCall, CopyStep: _CopyCall, CopyBatch: _CopyBatchCall,
-              ReduceStep: _ReduceCall, ComputeStep: _ComputeCall}
+              ReduceStep: _ReduceCall, ComputeStep: _ComputeCall, OneShotStep: _OneShotCall}
 
 
 BATCHING_MODES = ("all", "waits", "none")  # most batched first

@@ -64,6 +64,7 @@ def _reach(schedule: Schedule) -> dict:
 
 class ReferenceExecutor(GrowingWorkspace):
     device_type = "cpu"
+    one_shot = True  # runs a one-shot schedule's ops one by one (conccl.collectives.one_shot)
 
     def __init__(self, prefix: str, rank: int, world: int, board: HostBoard, timeout_s: float):
         self.prefix, self.rank, self.world, self.board, self.timeout_s = prefix, rank, world, board, timeout_s
@@ -233,11 +234,12 @@ class ReferenceExecutor(GrowingWorkspace):
         """``op`` as the CUDA kernel computes it: operands in order, fp32 accumulation, one rounding."""
         dtype = getattr(torch, op.dtype)
 
-        def operand(buf, offset):
-            raw = self._bytes(self.rank, buf, input, output, views)[offset:offset + op.nbytes]
+        def operand(rank, buf, offset):
+            raw = self._bytes(rank, buf, input, output, views)[offset:offset + op.nbytes]
             return torch.from_numpy(raw.copy()).view(dtype)
 
-        result = reduce_chunks([operand(*src) for src in op.srcs], op.scale).to(dtype)
+        ranks = op.src_ranks or (self.rank,) * len(op.srcs)  # a one-shot's operands are the peers'
+        result = reduce_chunks([operand(r, *src) for r, src in zip(ranks, op.srcs)], op.scale).to(dtype)
         dst = self._bytes(self.rank, op.dst[0], input, output, views)
         dst[op.dst[1]:op.dst[1] + op.nbytes] = result.view(torch.uint8).numpy()
 

@@ -27,6 +27,7 @@ every later call raises :class:`~conccl.errors.GroupBroken` at once with the ori
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 import zlib
@@ -39,11 +40,13 @@ import torch
 
 from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
 from ..collectives import REGISTRY, Collective, LocalCall, PeerCalls
+from ..collectives.one_shot import one_shot_plan
 from ..collectives.reduce_scatter import reduce_op
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
+from ..units import parse_size
 from ..graphs import GRAPH_SLOTS, graph_schedule
 from ..persistent import PersistentCollective
-from ..schedule import Algorithm, StreamMode
+from ..schedule import DOUBLE_BUFFER_MAX_BYTES, Algorithm, StreamMode
 from ..watchdog import Flight, Watchdog
 from . import parts as parts_mod
 from .methods import CollectiveMethods
@@ -144,6 +147,20 @@ class Options:
     # (conccl.set_eager_path("auto") fills it from a hardware profile). Empty: copy engines
     # always. Every rank must hold the same table (the ranks must route a call alike).
     nccl_below: dict = _field(default_factory=dict)
+    # Output bytes per rank up to which a call runs as one small SM kernel instead of copy
+    # engines (conccl.collectives.one_shot): 0 never (the default: copy engines only, no SM).
+    # Every rank must hold the same value. CONCCL_ONE_SHOT_BELOW sets it for new groups.
+    one_shot_below: int = _field(default_factory=lambda: _one_shot_env())
+
+
+def _one_shot_env() -> int:
+    raw = os.environ.get("CONCCL_ONE_SHOT_BELOW", "").strip()
+    if not raw:
+        return 0
+    try:
+        return parse_size(raw)
+    except ValueError:
+        raise InvalidArgument(f"CONCCL_ONE_SHOT_BELOW must be a size such as 256K or 0, got {raw!r}") from None
 
 
 def board_row_len(world: int) -> int:
@@ -316,7 +333,7 @@ class Group(CollectiveMethods):
             key = (coll, output.data_ptr(), input.data_ptr(), output.shape, input.shape, output.stride(),
                    input.stride(), output.dtype, input.dtype, output.device, input.device,
                    self.executor.views_generation, self.options.algorithm, self.options.stream_mode,
-                   self.options.checks, *map(_plain, args))
+                   self.options.checks, self.options.one_shot_below, *map(_plain, args))
             return key, self._locals.get(key)  # hashes the key once; raises if it cannot
         except (AttributeError, TypeError, RuntimeError):  # not tensors, odd splits: not remembered
             return None, None
@@ -419,7 +436,17 @@ class Group(CollectiveMethods):
             algorithm=local.coll.algorithm(local.algorithm or self.options.algorithm, bool(all_flags & _SYM_OUT)),
             stream_mode=local.stream_mode, input_symmetric=bool(all_flags & _SYM_IN),
             output_symmetric=bool(all_flags & _SYM_OUT), peers_in_place=bool(all_flags & _IN_PLACE))
+        if self._one_shot(local, peers, schedule):
+            schedule = one_shot_plan(local.coll.name, w, self.rank, local.call, peers) or schedule
         return schedule, _peer_views(local.views, rows, all_flags)
+
+    def _one_shot(self, local: "_Local", peers, schedule) -> bool:
+        """Whether the call runs as a one-shot kernel: below the group's size, on an executor
+        that has one, with no algorithm or stream mode asked for (what the caller chose runs)."""
+        return (0 < max(peers.output_bytes, default=0) <= self.options.one_shot_below
+                and schedule.workspace_need <= DOUBLE_BUFFER_MAX_BYTES
+                and getattr(self.executor, "one_shot", False)
+                and local.algorithm is None and local.stream_mode is self.options.stream_mode)
 
     def _disagreement(self, coll, dtype, seq, rows):
         graph = rows[:, _F_FLAGS] & _GRAPH
