@@ -135,7 +135,8 @@ def lower_one_shot(schedule: Schedule, address: Callable[[int, object], int], pa
                                           else pads[rank] + 4 * signal_word(kind_, p, world)) for p in range(world))
 
     return (OneShotStep(kind, dtype, scale, graph, rank, world,
-                        tuple(address(q, Buf.WORKSPACE) if stage_bytes else 0 for q in range(world)),
+                        # every rank's, even where this one stages nothing (an all-to-all it only receives in)
+                        tuple(address(q, Buf.WORKSPACE) if schedule.workspace_bytes else 0 for q in range(world)),
                         words(True, Signal.READY), words(True, Signal.FREE if graph else Signal.DONE),
                         words(True, Signal.FREE), words(False, Signal.READY), words(False, Signal.DONE),
                         words(False, Signal.FREE), tuple(src_off), tuple(dst_off), tuple(nbytes),
