@@ -75,3 +75,15 @@ def test_lowered_one_shot_is_one_launch_with_the_protocol_words():
         lower(s, _address, PADS)
     with pytest.raises(TypeError, match="one-shot"):  # peers' operands never reach the copy-engine lowering
         lower_slot(plan_one_shot_all_reduce(2, 0, 64, "float32", 1.0).slots[0], _address, PADS, 0, 2, False)
+
+
+def test_the_one_shot_limit_comes_from_the_environment(monkeypatch):
+    from conccl.errors import InvalidArgument
+    from conccl.group.group import Options
+
+    for raw, limit in (("", 0), ("0", 0), ("256K", 256 << 10), ("1M", 1 << 20)):
+        monkeypatch.setenv("CONCCL_ONE_SHOT_BELOW", raw)
+        assert Options().one_shot_below == limit
+    monkeypatch.setenv("CONCCL_ONE_SHOT_BELOW", "lots")
+    with pytest.raises(InvalidArgument, match="CONCCL_ONE_SHOT_BELOW"):
+        Options()

@@ -155,7 +155,7 @@ class Options:
 
 def _one_shot_env() -> int:
     raw = os.environ.get("CONCCL_ONE_SHOT_BELOW", "").strip()
-    if not raw:
+    if raw in ("", "0"):
         return 0
     try:
         return parse_size(raw)
