@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+from argparse import ArgumentTypeError
 import threading
 import weakref
 import zlib
@@ -159,7 +160,7 @@ def _one_shot_env() -> int:
         return 0
     try:
         return parse_size(raw)
-    except ValueError:
+    except (ValueError, TypeError, ArgumentTypeError):
         raise InvalidArgument(f"CONCCL_ONE_SHOT_BELOW must be a size such as 256K or 0, got {raw!r}") from None
 
 
