@@ -114,7 +114,9 @@ def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout
     A peer calling with another size, dtype or collective raises :class:`conccl.CollectiveError`
     on every rank before anything moves.
 
-    SMs used: none (copy engines and stream memory operations only).
+    SMs used: none (copy engines and stream memory operations only); with
+    ``CONCCL_ONE_SHOT_BELOW`` set, a call whose output is smaller runs as one kernel of one CTA
+    instead (conccl.collectives.one_shot; docs/api.md), where every rank's would.
     Workspace: ``input`` bytes of symmetric memory per rank unless every rank's input was
     allocated with :func:`conccl.empty` (or is in place in such an output); none with push.
     """
@@ -134,7 +136,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             sends rank b what b expects from a), or every rank raises before anything moves.
         group, async_op, timeout: as in :func:`all_gather_into_tensor`.
 
-    Stream semantics, failures, SMs used (none): as :func:`all_gather_into_tensor`.
+    Stream semantics, failures, SMs used (none; one CTA for a one-shot call): as
+    :func:`all_gather_into_tensor`.
     Workspace: the largest input of any rank, in symmetric memory, unless every input was
     allocated with :func:`conccl.empty`; none with push.
     """
@@ -162,7 +165,8 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, *,
     Stream semantics and failures: as :func:`all_gather_into_tensor`.
 
     SMs used: the reduction kernel, at most half the GPU's SMs' worth of CTAs (66 on H100/H200),
-    after the copies; copies use none.
+    after the copies; copies use none (one CTA for the whole call when it runs one-shot: see
+    :func:`all_gather_into_tensor`).
     Workspace: ``input`` bytes of symmetric memory per rank (peers push their chunks there).
     In `conccl bench`; not yet in `conccl study` or the planner (no profile data).
     """
@@ -190,7 +194,8 @@ def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
     :func:`all_gather_into_tensor`.
 
     SMs used: the reduction kernel, at most half the GPU's SMs' worth of CTAs, on one chunk
-    (1/world of the tensor); copies use none. Workspace: the tensor's bytes (rounded up to 256 per chunk) of symmetric
+    (1/world of the tensor); copies use none (one CTA for the whole call when it runs
+    one-shot: see :func:`all_gather_into_tensor`). Workspace: the tensor's bytes (rounded up to 256 per chunk) of symmetric
     memory per rank. In `conccl bench`; not yet in `conccl study` or the planner.
     """
     return get_group(group).call(ALL_REDUCE, tensor, tensor, (op,), async_op, timeout=timeout,

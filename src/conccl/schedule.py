@@ -18,10 +18,11 @@ Every rank owns a small *signal pad* of 32-bit words that all peers can write. W
   memory (for *pull*: it has read the owner's buffer; for *push*: it has written into it).
 
 Every call of every collective on a group takes the next sequence number, and every rank
-writes READY and DONE to every peer in every call, even with zero bytes to move. Waits are
+writes DONE (and READY, where its collective's peers wait for it: not a double-buffered push)
+to every peer in every call, even with zero bytes to move. Waits are
 "word >= value", so a slow reader can never mistake an older call for the current one and
 words never need resetting. Operations carry a ``seq_delta`` (0 = this call, -1 = the previous
-call) so one schedule serves every call with the same shapes and can be cached.
+call's number) so one schedule serves every call with the same shapes and can be cached.
 
 A collective of two phases (the all-reduce: push, reduce, pull) orders its middle with two
 more kinds, ``PUSHED`` and ``REDUCED``; DONE keeps its meaning (every transfer of the call
@@ -42,8 +43,10 @@ path where the data allows it:
 
 ``FREE`` (the *release*, :func:`release_ops`): in every call ``c`` each rank waits for DONE(c-1)
 of every peer (they no longer touch the half call ``c - 1`` used, which call ``c + 1`` reuses;
-its own use of it ended before call ``c`` began, in stream order) and then writes ``c - 1``
-into its FREE word on every peer; a push of call ``s`` waits for FREE >= ``s - 2``. Each
+its own use of it ended before call ``c`` began, in stream order) and then writes ``c`` into
+its FREE word on every peer; a push of call ``s`` waits for FREE >= ``s - 1`` (0 for call 1,
+whose half no call used before; call 2's waits for call 1's release, which a call taking the
+whole workspace makes only at its end). Each
 schedule places the release right after a wait that already implies DONE(c-1) (a peer's
 READY(c) or PUSHED(c) is written after its DONE(c-1), in stream order, behind a fence), so
 in steady state it waits for nothing and rides in a signal batch the call makes anyway.
@@ -52,7 +55,8 @@ and a second half would cost memory): it waits for DONE(seq-1) of every peer bef
 staging or its READY, pushes wait for READY, and it ends with DONE(seq) of every peer and
 only then makes its release, so the calls on either side of it, of either kind, find the
 workspace free. Why a fast rank cannot overwrite what a slow one still reads:
-``tests/multiproc/test_double_buffer.py`` holds one rank back mid-call and checks.
+``tests/unit/test_protocol_interleavings.py`` runs every rank's schedules of mixed calls in
+random orders (a slow rank, whole calls among double-buffered ones) and checks every read.
 
 Marks (tensor-parallel pipelines, :mod:`conccl.pipeline`): after the signal words of every
 graph slot, each pad has :data:`MARK_WORDS` words that only its own rank's streams write and
@@ -72,8 +76,8 @@ class Signal(enum.IntEnum):
     # Two-phase collectives (all-reduce) only: between READY and DONE.
     PUSHED = 2   # src has written its part of call seq into the pad owner's workspace
     REDUCED = 3  # src's share of call seq's result is in src's own workspace, for peers to read
-    # Written with seq - 1 during call seq: the pad owner may write into src's workspace half
-    # in calls up to seq + 1 (see the module doc: double buffering).
+    # Written with seq during call seq: the pad owner may write into src's workspace half in
+    # calls up to seq + 1 (see the module doc: double buffering).
     FREE = 4
 
 
@@ -108,10 +112,13 @@ def workspace_half(seq: int, capacity: int) -> int:
 
 def release_ops(peers, done_awaited: bool = False) -> list:
     """The release every eager call makes (module doc): wait for DONE(seq-1) of every peer,
-    then FREE (``seq - 1``) to every peer. ``done_awaited``: the schedule waits for DONE(seq)
-    of every peer before this point, which implies DONE(seq-1)."""
+    then FREE (``seq``) to every peer. ``done_awaited``: the schedule waits for DONE(seq) of
+    every peer before this point, which implies DONE(seq-1)."""
     waits = [] if done_awaited else [WaitSignal(p, Signal.DONE, -1) for p in peers]
-    return waits + [SetSignal(p, Signal.FREE, -1) for p in peers]
+    return waits + [SetSignal(p, Signal.FREE) for p in peers]
+
+
+FREE_WAIT_DELTA = -1  # a push of call s waits for the peer's FREE >= s - 1 (module doc)
 
 
 def mark_index(word: int, world: int, graph_slots: int) -> int:

@@ -5,7 +5,7 @@ words in rank 0's pad set), so the kernel runs to its end alone. Checked: the ga
 (own piece from the input, the peers' from their staging buffers; aligned, odd sizes, byte and
 word paths, 2, 3 and 8 ranks), the sum for fp32/bf16/fp16 bit for bit against torch's fp32 sum
 rounded once and against cuda_reduce's kernel on the same operands, the words it writes in the
-peers' pads (eager: READY seq, DONE seq, FREE seq - 1; graph: FREE and READY 1, its own words
+peers' pads (eager: READY seq, DONE seq, FREE seq; graph: FREE and READY 1, its own words
 reset to 0), a captured launch replayed, the time bound and the abort word, and one kernel per
 launch in the profiler.
 
@@ -101,7 +101,7 @@ def _cases(rank, world):
                             (f"own FREE from {p}", self.word(0, FREE, p), 0)]
                 else:
                     out += [(f"DONE on {p}", self.word(p, DONE, 0), seq & 0xFFFFFFFF),
-                            (f"FREE on {p}", self.word(p, FREE, 0), (seq - 1) & 0xFFFFFFFF)]
+                            (f"FREE on {p}", self.word(p, FREE, 0), seq & 0xFFFFFFFF)]
             out.append(("timed out", int(self.pads[0][TIMED_OUT]), 0))
             return [w for w in out if w[1] != w[2]]
 

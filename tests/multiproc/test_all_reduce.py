@@ -170,6 +170,6 @@ def test_the_plan_moves_every_byte_by_copy_and_reduces_only_its_own_chunk():
         # a pull waits for that peer's REDUCED, which it sends only after everyone's PUSHED; a
         # push for the peer's FREE of an earlier call (double buffering), the release for DONE(s-1)
         waits = [op for ops in s.slots for op in ops if isinstance(op, WaitSignal)]
-        assert {(w.kind, w.seq_delta) for w in waits} == {(Signal.DONE, -1), (Signal.FREE, -2), (Signal.PUSHED, 0),
+        assert {(w.kind, w.seq_delta) for w in waits} == {(Signal.DONE, -1), (Signal.FREE, -1), (Signal.PUSHED, 0),
                                                           (Signal.REDUCED, 0)}
         assert s.workspace_bytes == world * 512  # 500 bytes per chunk, slots of 256-byte multiples

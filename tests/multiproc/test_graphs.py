@@ -43,14 +43,18 @@ def _graph_of_every_collective(comm, mode, replays, jitter, one_shot=False):
     ar = torch.empty(13)
     sym_out = ex.empty((7 * w,), torch.float32)  # a peer-reachable output: the all-gather pushes
     persistent = comm.persistent(ALL_GATHER, torch.empty(7 * w), ag_in, ())  # agreed eagerly, started in the graph
+    captured = []  # whether each captured call is one-shot
+    real_capture_call = ex.capture_call
+    ex.capture_call = lambda schedule, *a: (captured.append(schedule.one_shot), real_capture_call(schedule, *a))
     with ex.capture() as graph:
         persistent.start()
-        comm.call(ALL_GATHER, ag_out, ag_in, ())
-        comm.call(ALL_TO_ALL, a2a_out, a2a_in, (None, None))
-        comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,))
-        comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,))
-        comm.call(ALL_GATHER, sym_out, ag_in, ())
+        comm.call(ALL_GATHER, ag_out, ag_in, (), route=one_shot)  # route: a public function's call
+        comm.call(ALL_TO_ALL, a2a_out, a2a_in, (None, None), route=one_shot)
+        comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,), route=one_shot)
+        comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,), route=one_shot)
+        comm.call(ALL_GATHER, sym_out, ag_in, (), route=one_shot)
     assert comm.seq == 0 and comm.graph_slots == 6  # capturing took no sequence number
+    assert captured == [False] + [one_shot] * 5, captured  # the persistent op's start stays on copy engines
     ok = []
     for step in range(replays):
         # every rank's inputs for this replay (each rank knows all of them, for the expected values)

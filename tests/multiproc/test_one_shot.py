@@ -17,6 +17,7 @@ from conccl.collectives.all_reduce import ALL_REDUCE  # noqa: E402
 from conccl.collectives.all_to_all import ALL_TO_ALL  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
 from conccl.launch import spawn  # noqa: E402
+from conccl.schedule import StreamMode  # noqa: E402
 
 LIMIT = 4096  # output bytes per rank up to which the test's group runs one-shot calls
 
@@ -48,10 +49,10 @@ def _mixed(comm, steps, seed):
             coll, out, args = REDUCE_SCATTER, torch.empty(n, dtype=x.dtype), (ReduceOp.SUM,)
         else:
             coll, out, args = ALL_REDUCE, x, (ReduceOp.AVG,)
-        comm.call(coll, out, x, args)
+        comm.call(coll, out, x, args, route=True)  # as the public functions call (only they may go one-shot)
         expected = coll.reference(ins, r, [args] * w)
         out_bytes = out.numel() * out.element_size()
-        want = 0 < out_bytes <= comm.options.one_shot_below
+        want = 0 < out_bytes < comm.options.one_shot_below
         if not torch.equal(out.view(torch.uint8), expected.view(torch.uint8)):
             bad.append((step, what, n, "wrong"))
         if ran[-1] != (coll.name, want):
@@ -64,3 +65,36 @@ def test_one_shot_calls_are_right_and_mix_with_copy_engine_calls(world):
     for bad, one_shots in spawn(world, _mixed, 60, 5):
         assert bad == [], bad[:5]
         assert one_shots > 10  # the path under test ran
+
+
+def _ranks_disagree(comm):
+    """What a rank alone decides must not split the group between the two protocols (found in
+    review): one rank asking for a stream mode, ranks with different limits, calls that are
+    not the public functions'. Each such call runs on copy engines on every rank, right."""
+    w, r = comm.world, comm.rank
+    ran = []
+    real_run = comm.executor.run
+
+    def run(schedule, *args, **kwargs):
+        ran.append(schedule.one_shot)
+        return real_run(schedule, *args, **kwargs)
+    comm.executor.run = run
+    ok = []
+    x = torch.full((64,), float(r))
+    expected = torch.arange(w).repeat_interleave(64).float()
+    for limit, mode, route in ((LIMIT, StreamMode.SINGLE if r == 0 else None, True),  # one rank names a mode
+                               (LIMIT if r == 0 else 0, None, True),  # different limits
+                               (LIMIT, None, False),  # not a public function's call (overlap, FSDP hooks)
+                               (LIMIT, None, True)):  # the control: every rank would
+        comm.options.one_shot_below = limit
+        out = torch.empty(w * 64)
+        comm.call(ALL_GATHER, out, x, (), stream_mode=mode, route=route)
+        ok.append(torch.equal(out, expected))
+    return ok, ran
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_call_runs_one_shot_only_where_every_rank_would(world):
+    for ok, ran in spawn(world, _ranks_disagree):
+        assert ok == [True] * 4
+        assert ran == [False, False, False, True]

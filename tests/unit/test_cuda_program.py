@@ -143,8 +143,8 @@ def test_a_reduce_scatter_from_parts_is_one_batch_of_copies_per_run(world, row):
         else:
             assert kinds == [SignalBatch, CopyBatch, SignalBatch, CopyBatch, SignalBatch, ReduceStep], kinds
             assert n == [3 * (world - 1), 3]
-        first = steps[0].signals  # the DONE(-1) waits come before every copy
-        assert sum(1 for w, _, d in first if w and d == -1) == world - 1
+        first = steps[0].signals  # the release's DONE(-1) waits and the pushes' FREE(-1) waits come before every copy
+        assert sum(1 for w, _, d in first if w and d == -1) == 2 * (world - 1)
 
 
 def test_push_all_gather_of_1mib_is_three_driver_calls_on_four_ranks():

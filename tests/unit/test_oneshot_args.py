@@ -201,7 +201,7 @@ def test_the_waits_are_acquire_loads_bounded_in_time_and_abortable():
     assert kernel.count("wait_geq(") == 3  # FREE (graph), READY, DONE(seq - 1) (eager)
     assert "wait_geq(a, a.wait_signal[t], v, start)" in kernel and "wait_geq(a, a.wait_free[t], 1u, start)" in kernel
     assert "wait_geq(a, a.wait_done[t], a.seq - 1u, start)" in kernel
-    assert "st_release((u32*)a.free_to[t], a.seq - 1u)" in kernel
+    assert "st_release((u32*)a.free_to[t], a.seq)" in kernel
 
 
 def test_every_signal_follows_a_system_scope_fence_after_a_barrier():

@@ -93,15 +93,15 @@ def test_every_wait_has_a_matching_signal(world, mode):
                     if isinstance(op, WaitSignal) and op.seq_delta == 0:
                         assert (op.peer, r, op.kind, 0) in sets
                     elif isinstance(op, WaitSignal) and op.kind is Signal.FREE:
-                        # FREE >= s-2 is what the peer wrote (s'-1) in its call s' = s-1
-                        assert op.seq_delta == -2 and (op.peer, r, Signal.FREE, -1) in sets
+                        # FREE >= s-1 is what the peer wrote (s') in its call s' = s-1
+                        assert op.seq_delta == -1 and (op.peer, r, Signal.FREE, 0) in sets
                     elif isinstance(op, WaitSignal):  # the release's wait for the previous call
                         assert (op.kind, op.seq_delta) == (Signal.DONE, -1)
             # every rank reports every kind its collective uses to every peer, every call, even
             # with no bytes
             assert {op.kind for ops in p.slots for op in ops if isinstance(op, SetSignal)} == kinds
             for peer, kind in itertools.product(set(range(world)) - {r}, kinds):
-                assert (r, peer, kind, -1 if kind is Signal.FREE else 0) in sets
+                assert (r, peer, kind, 0) in sets
 
 
 def test_single_stream_puts_own_shard_after_peer_copies():
@@ -130,7 +130,7 @@ def test_staged_pull_stages_into_its_half_without_waiting():
     assert stage_at == 0
     release = [(op.peer, op.kind, op.seq_delta) for op in ops if isinstance(op, (WaitSignal, SetSignal))
                and op.kind in (Signal.FREE,) or (isinstance(op, WaitSignal) and op.seq_delta == -1)]
-    assert sorted(release) == [(1, Signal.DONE, -1), (1, Signal.FREE, -1), (2, Signal.DONE, -1), (2, Signal.FREE, -1)]
+    assert sorted(release) == [(1, Signal.DONE, -1), (1, Signal.FREE, 0), (2, Signal.DONE, -1), (2, Signal.FREE, 0)]
     big = plan_all_gather(3, 0, DOUBLE_BUFFER_MAX_BYTES + 16, stream_mode=StreamMode.SINGLE)
     assert not big.double_buffered
     ops = big.slots[0]

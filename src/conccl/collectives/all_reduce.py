@@ -3,10 +3,10 @@
 How it moves (a reduce-scatter into the group workspace, then an all-gather pulled out of it;
 the workspace is peer-reachable on every rank, so no tensor needs to be symmetric)::
 
-    push, per peer:  wait FREE(s-2) of p (p's half s % 2 is free: sent during call s-1) ·
+    push, per peer:  wait FREE(s-1) of p (p's half s % 2 is free: sent during call s-1) ·
                      input[chunk p] -> workspace@p[half s % 2][slot r] · PUSHED(s) -> p
     reduce:          wait PUSHED(s) of every peer · release (wait DONE(s-1), already implied;
-                     FREE(s-1) -> every peer) · workspace[slot r] = reduce(chunk r of every rank)
+                     FREE(s) -> every peer) · workspace[slot r] = reduce(chunk r of every rank)
                      REDUCED(s) -> every peer                    (our chunk of the result is ready)
     pull, per peer:  wait REDUCED(s) of p · workspace@p[slot p] -> output[chunk p] · DONE(s) -> p
     own chunk:       workspace[slot r] -> output[chunk r]
@@ -34,7 +34,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..schedule import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
-                        WaitSignal, double_buffer, release_ops)
+                        WaitSignal, double_buffer, release_ops, FREE_WAIT_DELTA)
 from ..validate import InvalidArgument, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import number_slots, peer_order
@@ -96,7 +96,7 @@ def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, s
         middle = [WaitSignal(p, Signal.PUSHED) for p in peers] + reduce + [SetSignal(p, Signal.REDUCED) for p in peers]
 
     def wait_gate(p) -> WaitSignal:
-        return WaitSignal(p, gate, -2 if gate is Signal.FREE else 0)
+        return WaitSignal(p, gate, FREE_WAIT_DELTA if gate is Signal.FREE else 0)
 
     if stream_mode is StreamMode.PER_PEER:
         slots = [head + middle + own + tail]

@@ -21,6 +21,7 @@ from ..schedule import (
     WaitSignal,
     double_buffer,
     release_ops,
+    FREE_WAIT_DELTA,
 )
 
 
@@ -89,7 +90,7 @@ def build_direct_schedule(
     post: list[Op] = [WaitSignal(p, Signal.DONE) for p in peers] if awaits_done else []
 
     def gate(p) -> WaitSignal:
-        return WaitSignal(p, Signal.FREE, -2) if into_workspace else WaitSignal(p, Signal.READY)
+        return WaitSignal(p, Signal.FREE, FREE_WAIT_DELTA) if into_workspace else WaitSignal(p, Signal.READY)
 
     def copy(t: Transfer | None) -> list[Op]:
         return [] if t is None else [Copy(t)]

@@ -11,9 +11,10 @@ engine path's bits), sends DONE and makes the release. One signal on the critica
 one launch, one SM (:mod:`conccl.executors.cuda_oneshot`); the CPU reference executor runs
 the same ops one by one, so the protocol is tested where the kernel cannot run.
 
-The cost is the SM: beside a GEMM the kernel waits for an SM to free up (launched on a
-high-priority stream it takes the next one), where a copy-engine call does not. So it is
-opt-in, per group, below a size: ``Options.one_shot_below`` (``CONCCL_ONE_SHOT_BELOW``).
+The cost is the SM: beside a GEMM the kernel (on the call's stream) waits for an SM to free
+up, where a copy-engine call does not. So it is opt-in, per group, below a size:
+``Options.one_shot_below`` (``CONCCL_ONE_SHOT_BELOW``), for the public functions' calls only,
+where every rank's call would (the ranks agree per call on the board: conccl.group.group).
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 How it moves (push, the only algorithm: the group workspace is peer-reachable on every rank,
 so no input needs staging and no output needs to be symmetric)::
 
-    rank r, call s:  release: wait DONE(s-1) of every peer · FREE(s-1) -> every peer
+    rank r, call s:  release: wait DONE(s-1) of every peer · FREE(s) -> every peer
                      (the workspace half of call s-1 may be written by call s+1's pushes)
-    slot of peer p:  wait FREE(s-2) of p (p's half s % 2 is free) · input[chunk p] ->
+    slot of peer p:  wait FREE(s-1) of p (p's half s % 2 is free) · input[chunk p] ->
                      workspace@p[half s % 2][chunk r] · DONE(s) -> p
     slot 0:          wait DONE(s) of every peer · output = reduce(chunk r of every rank, rank order)
 

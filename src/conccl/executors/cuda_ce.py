@@ -1,4 +1,5 @@
-"""CUDA copy-engine executor: runs a Schedule with no SM kernel at all.
+"""CUDA copy-engine executor: runs a Schedule with no SM kernel at all (but a reduction's sum,
+and a one-shot schedule's single kernel: conccl.collectives.one_shot).
 
 Peer-reachable memory comes from PyTorch symmetric memory (CUDA backend). Each slot of the
 schedule runs on its own stream, so transfers to different peers can go to different copy
@@ -9,7 +10,7 @@ into a peer's pad and ``cuStreamWaitValue32`` on the own pad, batched where the 
 Streams of one call (PER_PEER, 4 ranks, rank 0, pull from staged inputs)::
 
     caller  ──work──●                                          ◆──later work
-    slot 0           ╰─wait DONE(s-1) · stage in→ws · READY(s)→1,2,3 ─ join ─╯
+    slot 0           ╰─stage in→ws[half s%2] · READY(s)→1,2,3 · release ─ join ─╯
     slot 1           ╰─wait READY(s) of 1 · ws@1 → out[1] · DONE(s)→1 ─╯
     slot 2           ╰─wait READY(s) of 2 · ws@2 → out[2] · DONE(s)→2 ─╯
     slot 3           ╰─wait READY(s) of 3 · ws@3 → out[3] · DONE(s)→3 ─╯
@@ -122,7 +123,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # ... and the spin words of one-shot kernels (the watchdog's abort, the kernel's timeout flag).
         spin = mark_index(MARK_WORDS, world, GRAPH_SLOTS)
         pad = symm_mem.empty(spin + SPIN_WORDS, dtype=torch.int32, device=device)
-        pad.zero_()  # set-up only; collectives never launch a kernel
+        pad.zero_()  # set-up only: a copy-engine collective launches no kernel
         pad[torch.tensor(primed_free_words(world), device=device)] = GRAPH_VALUE  # conccl.graphs: staged pulls
         torch.cuda.synchronize(device)
         self._pad = pad
@@ -361,7 +362,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
                     f"a captured conccl {schedule.collective} needs {schedule.workspace_bytes} bytes of graph workspace "
                     f"and {self._graph_ws_cap - self._graph_ws_used} are left: call "
                     "conccl.reserve_graph_workspace(nbytes) with what every captured call needs before capturing "
-                    "(tensors from conccl.empty need none for all-gather and all-to-all)")
+                    "(tensors from conccl.empty need none for all-gather and all-to-all, unless CONCCL_ONE_SHOT_BELOW "
+                    "makes the call one-shot: it stages its input)")
             ws_base = [p + self._graph_ws_used for p in self._graph_ws_handle.buffer_ptrs]
             self._graph_ws_used += need
         address = _addresses(self.rank, input, output, views, ws_base)
@@ -433,7 +435,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._watch_ops.write_value32(self._spin_words, 1)  # a one-shot kernel's spins end
         with torch.cuda.stream(self._watch_stream):  # a failure path: a fill kernel is fine here
             # A pipeline's GEMM steps wait on marks that a stuck copy will never write.
-            self._pad[mark_index(0, self.world, GRAPH_SLOTS):].fill_(seq)
+            self._pad[mark_index(0, self.world, GRAPH_SLOTS):self._spin_index].fill_(seq)
             if self._graph_slots_used:
                 self._pad[words:words * (1 + self._graph_slots_used)].fill_(GRAPH_VALUE)
         self._watch_stream.synchronize()

@@ -30,7 +30,7 @@ What it costs and needs:
 
 Signals (words ``kind * world + src`` in the owner's pad, waits GEQ with wrap-around:
 ``(int)(word - value) >= 0``). Eager (``graph == 0``): READY and DONE carry ``seq``; at its end
-the call waits for every peer's DONE(seq - 1) and writes FREE = ``seq - 1`` to every peer (the
+the call waits for every peer's DONE(seq - 1) and writes FREE = ``seq`` to every peer (the
 release of :func:`conccl.schedule.release_ops`). Captured (``graph == 1``: one graph replayed,
 the sequence number frozen): every signal writes 1 and every waiter resets the word to 0 once
 it has seen it; the call starts by waiting for each peer's FREE (>= 1, then reset: the peer
@@ -400,10 +400,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) conccl_one_shot(const __gr
         fence_sys();
         for (int p = 0; p < w; ++p) if (p != r) st_relaxed((u32*)a.done_to[p], v);
     }
-    // 7. the eager release: DONE(seq - 1) of peer t, then FREE = seq - 1 to it
+    // 7. the eager release: DONE(seq - 1) of peer t, then FREE = seq to it (conccl.schedule)
     if (!a.graph && waiter) {
         wait_geq(a, a.wait_done[t], a.seq - 1u, start);
-        st_release((u32*)a.free_to[t], a.seq - 1u);
+        st_release((u32*)a.free_to[t], a.seq);
     }
 }
 """

@@ -35,6 +35,7 @@ built once.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, NamedTuple
 
 from .._driver import check, signal_flags
@@ -400,7 +401,8 @@ class _OneShotCall:
             wait_signal=step.wait_signal, wait_done=step.wait_done, wait_free=step.wait_free, src_off=step.src_off,
             dst_off=step.dst_off, nbytes=step.nbytes, input=step.input, output=step.output,
             stage_bytes=step.stage_bytes, scale=step.scale, abort_word=step.abort_word,
-            timed_out_word=step.timed_out_word, timeout_ns=max(cuda_spin.timeout_ns(), ONE_SHOT_BOUND_NS))
+            timed_out_word=step.timed_out_word,
+            timeout_ns=cuda_spin.timeout_ns() if os.environ.get("CONCCL_SPIN_TIMEOUT_S") else UNBOUNDED_NS)
         self.cu, self.kernel, self.step = cu, cuda_oneshot.OneShotLaunch(device_index, args), step
 
     def launch(self, stream, seq: int):
@@ -411,10 +413,11 @@ class _OneShotCall:
 
 
 _ONE_SHOT_DTYPES = {"": 0, "float32": 0, "bfloat16": 1, "float16": 2}
-# A one-shot kernel's spins end at the latest after this: longer than a group's default
-# timeout (10 minutes), so the watchdog, which reads the pad and names the missing peers,
-# acts first and releases them (its abort word); the bound is for groups without checks.
-ONE_SHOT_BOUND_NS = 20 * 60 * 10**9
+# A one-shot kernel waits as a stream memory operation does: until the peer signals or the
+# group's watchdog, which reads the pad and names the missing peers, breaks the group and
+# releases it (the abort word). A bound of its own would let a call whose peer is merely late
+# end with garbage and no error; CONCCL_SPIN_TIMEOUT_S sets one all the same (experiments).
+UNBOUNDED_NS = 1 << 62
 
 
 class _ComputeCall:

@@ -70,6 +70,7 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)  # torch.distributed's default for NCCL 
 (_F_SEQ, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_FLAGS, _F_ALGO, _F_IN_OFF, _F_OUT_OFF, _F_ARG, _F_IN_BLK, _F_OUT_BLK,
  _NFIXED) = range(13)
 _SYM_IN, _SYM_OUT, _IN_PLACE, _GRAPH = 1, 2, 4, 8  # _GRAPH: the call is being captured into a graph
+_ONE_SHOT = 16  # this rank would run the call one-shot: it does where every rank would (an AND)
 
 
 _MAX_REMEMBERED = 64  # argument sets (and peers' rows per set) a group remembers
@@ -148,9 +149,10 @@ class Options:
     # (conccl.set_eager_path("auto") fills it from a hardware profile). Empty: copy engines
     # always. Every rank must hold the same table (the ranks must route a call alike).
     nccl_below: dict = _field(default_factory=dict)
-    # Output bytes per rank up to which a call runs as one small SM kernel instead of copy
-    # engines (conccl.collectives.one_shot): 0 never (the default: copy engines only, no SM).
-    # Every rank must hold the same value. CONCCL_ONE_SHOT_BELOW sets it for new groups.
+    # Output bytes per rank below which a call of the public functions runs as one small SM
+    # kernel instead of copy engines (conccl.collectives.one_shot): 0 never (the default: copy
+    # engines only, no SM). A call runs one-shot only where every rank's would (agreed on the
+    # board per call). CONCCL_ONE_SHOT_BELOW sets it for new groups.
     one_shot_below: int = _field(default_factory=lambda: _one_shot_env())
 
 
@@ -219,10 +221,21 @@ class Group(CollectiveMethods):
         local = self._local_step(coll, output, input, args, algorithm, stream_mode)
         self._check_usable()
         timeout_s = self._timeout_s(timeout)
+        # Only the public functions' calls may run one-shot: a call beside a computation (the
+        # same as for NCCL routing above) is planned to spare the SMs.
+        one_shot = route and self._wants_one_shot(output, algorithm, stream_mode)
         if self.executor.capturing():
-            return self._capture(local, input, output, timeout_s)
-        schedule, views = self._agree(local, timeout_s)
+            return self._capture(local, input, output, timeout_s, one_shot)
+        schedule, views = self._agree(local, timeout_s, one_shot)
         return self._execute(schedule, input, output, async_op, timeout_s, views)
+
+    def _wants_one_shot(self, output, algorithm, stream_mode) -> bool:
+        """Whether this rank would run the call as a one-shot kernel (conccl.collectives.one_shot):
+        its output below the group's ``one_shot_below``, no algorithm or stream mode asked for,
+        on an executor that has the kernel. The ranks agree on it on the board (``_ONE_SHOT``)."""
+        limit = self.options.one_shot_below
+        return (limit > 0 and algorithm is None and stream_mode is None and getattr(self.executor, "one_shot", False)
+                and 0 < output.numel() * output.element_size() < limit)
 
     def _routes_to_fallback(self, coll: Collective, output, args, algorithm, stream_mode) -> bool:
         """Whether this call goes to the fallback backend: eager, its output bytes per rank
@@ -367,9 +380,11 @@ class Group(CollectiveMethods):
                *call.send, *call.recv]
         return _Local(coll, dtype, row, views, algorithm, stream_mode or self.options.stream_mode, call)
 
-    def _agree(self, local: "_Local", timeout_s: float) -> tuple:
-        """(schedule, views) every rank derives from every rank's row for the next call."""
+    def _agree(self, local: "_Local", timeout_s: float, one_shot: bool = False) -> tuple:
+        """(schedule, views) every rank derives from every rank's row for the next call;
+        ``one_shot``: this rank would run it one-shot (it does where every rank would)."""
         seq = self.seq + 1
+        local.row[_F_FLAGS] = (local.row[_F_FLAGS] & ~_ONE_SHOT) | (_ONE_SHOT * one_shot)
         rows = self._exchange(local, seq, timeout_s)
         rows[:, _F_SEQ] -= seq  # the rows as an earlier call with the same peers' arguments saw them
         key = rows.tobytes()
@@ -382,7 +397,7 @@ class Group(CollectiveMethods):
             local.settled[key] = settled
         return settled
 
-    def _capture(self, local: "_Local", input, output, timeout_s: float) -> Work:
+    def _capture(self, local: "_Local", input, output, timeout_s: float, one_shot: bool = False) -> Work:
         """A call made while the caller's stream is being captured into a graph: agreed with the
         peers now (they must be capturing the same call), run at every replay on a graph slot
         of its own (:mod:`conccl.graphs`). Takes no sequence number: eager calls go on as if
@@ -393,7 +408,7 @@ class Group(CollectiveMethods):
         row = list(local.row)
         row[_F_FLAGS] |= _GRAPH
         captured = _Local(local.coll, local.dtype, row, local.views, local.algorithm, local.stream_mode, local.call)
-        schedule, views = self._agree(captured, timeout_s)
+        schedule, views = self._agree(captured, timeout_s, one_shot)
         return self.capture_schedule(schedule, input, output, views, timeout_s)
 
     def capture_schedule(self, schedule, input, output, views, timeout_s: float) -> Work:
@@ -437,17 +452,11 @@ class Group(CollectiveMethods):
             algorithm=local.coll.algorithm(local.algorithm or self.options.algorithm, bool(all_flags & _SYM_OUT)),
             stream_mode=local.stream_mode, input_symmetric=bool(all_flags & _SYM_IN),
             output_symmetric=bool(all_flags & _SYM_OUT), peers_in_place=bool(all_flags & _IN_PLACE))
-        if self._one_shot(local, peers, schedule):
-            schedule = one_shot_plan(local.coll.name, w, self.rank, local.call, peers) or schedule
+        if all_flags & _ONE_SHOT:  # every rank would: a pure function of the rows, alike everywhere
+            shot = one_shot_plan(local.coll.name, w, self.rank, local.call, peers)
+            if shot is not None and shot.workspace_need <= DOUBLE_BUFFER_MAX_BYTES:
+                schedule = shot
         return schedule, _peer_views(local.views, rows, all_flags)
-
-    def _one_shot(self, local: "_Local", peers, schedule) -> bool:
-        """Whether the call runs as a one-shot kernel: below the group's size, on an executor
-        that has one, with no algorithm or stream mode asked for (what the caller chose runs)."""
-        return (0 < max(peers.output_bytes, default=0) <= self.options.one_shot_below
-                and schedule.workspace_need <= DOUBLE_BUFFER_MAX_BYTES
-                and getattr(self.executor, "one_shot", False)
-                and local.algorithm is None and local.stream_mode is self.options.stream_mode)
 
     def _disagreement(self, coll, dtype, seq, rows):
         graph = rows[:, _F_FLAGS] & _GRAPH
@@ -490,6 +499,13 @@ class Group(CollectiveMethods):
                                              compute=compute)
         except (CollectiveTimeout, GroupBroken) as e:  # the reference executor waits on the host
             self.fail(e)
+            raise
+        except Exception as e:
+            # The call took its sequence number but may have signalled nothing (a driver or
+            # compile error): its peers would wait for good and the next call for words that
+            # never come. Break the group instead, so every rank gets an error.
+            if self.seq == seq:
+                self.fail(e)
             raise
         if flight is not None and flight.end is not None:
             self.watchdog.track(flight)
