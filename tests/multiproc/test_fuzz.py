@@ -206,7 +206,7 @@ class _Fuzz:
         self.mismatches: list = []
         self.count = 0
         self.coverage = {k: 0 for k in ("calls", "expected_errors", "empty", "persistent_starts", "remakes",
-                                        "address_reused", "replays", "async")}
+                                        "address_reused", "replays", "async", "one_shot")}
         for name in REGISTRY:
             self.coverage[name] = 0
         self.recent: list[Spec] = []
@@ -514,9 +514,24 @@ class _Fuzz:
         coll = REGISTRY[spec.coll]
         fn = getattr(self.comm, coll.api_name)
         kw = {"algorithm": spec.algorithm, "stream_mode": spec.stream_mode}
-        self._run(spec, lambda out, inp: fn(out, inp, *spec.args[self.rank], async_op=spec.async_op, **kw),
-                  self._path(spec))
+        path = self._path(spec)
+        if self.rng.random() < 0.3:  # as the public functions call: may run one-shot (conccl.collectives.one_shot)
+            go = lambda out, inp: self.comm.call(coll, out, inp, tuple(spec.args[self.rank]),  # noqa: E731
+                                                 async_op=spec.async_op, route=True, **kw)
+            if path is not None and self._one_shot(spec):
+                path = (Algorithm.PULL, StreamMode.SINGLE, True)
+                self.coverage["one_shot"] += 1
+        else:
+            go = lambda out, inp: fn(out, inp, *spec.args[self.rank], async_op=spec.async_op, **kw)  # noqa: E731
+        self._run(spec, go, path)
         self.recent = (self.recent + [spec])[-16:]
+
+    def _one_shot(self, spec: Spec) -> bool:
+        """Whether a routed call runs one-shot: on every rank, its output below the group's
+        limit, with no algorithm or stream mode asked for."""
+        limit = self.comm.options.one_shot_below
+        return (spec.algorithm is None and spec.stream_mode is None and limit > 0
+                and all(0 < _nbytes(shape, spec.dtype) < limit for shape in spec.out_shapes))
 
     def _persist_make(self) -> None:
         spec = self._again() if self.recent and self.rng.random() < 0.5 else self._draw()
@@ -577,6 +592,7 @@ class _Fuzz:
         r = self.rng
         self.comm.options.algorithm = None if r.random() < 0.8 else r.choice((Algorithm.PULL, Algorithm.PUSH))
         self.comm.options.stream_mode = r.choice(list(StreamMode))
+        self.comm.options.one_shot_below = r.choice((0, 4096, 1 << 20))
 
     def run(self, steps: int) -> None:
         r = self.rng
@@ -640,3 +656,4 @@ def test_fuzz_every_call_matches_the_reference(world):
         # what the mix must reach for the caches to be exercised at all
         assert cov["calls"] > steps // 2 and cov["expected_errors"] and cov["empty"] and cov["persistent_starts"]
         assert cov["remakes"] and cov["replays"] and all(cov[name] for name in REGISTRY), cov
+        assert cov["one_shot"], cov
