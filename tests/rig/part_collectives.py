@@ -1,12 +1,12 @@
 """The rig's collective parts: ``eager`` (every collective, dtype, size and op), ``persistent``
 (persistent ops started with new contents, eager calls between), ``graph`` (the calls captured
 into one CUDA graph, replayed with new inputs; which kernels a replay launches).
+With ``CONCCL_ONE_SHOT_BELOW`` set the small calls run as one-shot kernels (``graph`` then
+allows their kernel): ``CUDA_VISIBLE_DEVICES=0 CONCCL_ONE_SHOT_BELOW=1M pytest -q tests/rig``.
 
 conccl is imported inside each part: the harness also serves scripts/launch_path_bench.py run
 against another checkout's conccl, which may lack what a part uses."""
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.distributed as dist
@@ -154,7 +154,8 @@ def graph(rank, world, cases, report):
     cases.append(("eager all_gather launches no kernel", not report["eager_all_gather_kernels"]))
     # Same-GPU copies in a graph may run as the driver's memcpy kernels
     # (benchmarks/2026-11-23-h100-shared-gpu/graph_copy_probe.py): reported, not failed; anything else is wrong.
-    # With CONCCL_ONE_SHOT_BELOW set, small calls are one-shot kernels (conccl.collectives.one_shot).
-    one_shot = ("conccl_one_shot",) if os.environ.get("CONCCL_ONE_SHOT_BELOW", "0").strip() not in ("", "0") else ()
+    # With a one-shot limit (CONCCL_ONE_SHOT_BELOW), small calls are one-shot kernels
+    # (conccl.collectives.one_shot).
+    one_shot = ("conccl_one_shot",) if conccl.get_group().options.one_shot_below else ()
     cases.append(("captured graph launches no kernel but the reduction and the driver's copy kernels",
                   all(k.startswith(("reduce_", "memcpy", *one_shot)) for k in report["graph_kernels"])))
