@@ -35,8 +35,10 @@ Computation beside communication:
   (``conccl.tp.all_gather_matmul``, ``matmul_reduce_scatter``, ``ColumnParallelLinear``,
   ``RowParallelLinear``).
 - ``fsdp``: FSDP2 on copy engines (``conccl.fsdp.enable(model)``).
+- ``ep``: expert parallelism, a MoE layer's dispatch and combine (``conccl.ep.dispatch``,
+  ``combine``); CPU-tested, not yet measured on GPUs.
 
-``tp`` and ``fsdp`` load on first use, as attributes (``conccl.tp.X``) or as modules
+``tp``, ``fsdp`` and ``ep`` load on first use, as attributes (``conccl.tp.X``) or as modules
 (``import conccl.tp``, ``from conccl.fsdp import enable``); ``conccl.tp`` is
 :mod:`conccl.integrations.tp` under its short name, the same module object.
 
@@ -82,7 +84,7 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
-    if name in {"tp", "fsdp"}:  # the submodule loads (and becomes this attribute) on first use
+    if name in {"tp", "fsdp", "ep"}:  # the submodule loads (and becomes this attribute) on first use
         return importlib.import_module(f"{__name__}.{name}")
     if name in {"overlap", "run_concurrently", "get_plan", "plan_cache_info", "set_eager_path"}:
         from . import runtime
@@ -96,7 +98,7 @@ class _ShortNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     (the integrations keep their code under integrations/ and are used by their short names):
     the module object itself, never a second copy of it, so its classes and state are one."""
 
-    SHORT = {f"{__name__}.tp": f"{__name__}.integrations.tp"}
+    SHORT = {f"{__name__}.tp": f"{__name__}.integrations.tp", f"{__name__}.ep": f"{__name__}.integrations.ep"}
 
     def __init__(self):
         self._own_specs = {}

@@ -1,0 +1,172 @@
+"""Expert parallelism: a MoE layer's dispatch and combine over one node's ranks.
+
+``dispatch(x, topk_idx, topk_weights, num_experts)`` sends every token row once to each rank
+holding one of its experts and returns, on every rank, the rows its local experts must process,
+grouped by local expert (``counts[e]`` rows each: what ``torch._grouped_mm`` takes), and a
+handle; ``combine(expert_out, handle)`` brings the expert outputs back and returns ``[T, H]``,
+the weighted sum over each token's experts. Both are autograd functions: dispatch's backward
+is a combine (unweighted) and combine's a dispatch (with the weights' gradient), so a training
+step works. Layouts: :mod:`conccl.integrations.ep.layout`.
+
+How it moves (this version): the routing counts first (a small all-to-all; the host reads
+them, a device-to-host sync per call), then the token rows, their top-k slots and weights by
+conccl's uneven ``all_to_all_single`` (copy engines), with the permutations into and out of
+expert order as gathers on the caller's stream (SM kernels, memory-bound). Arithmetic, alike
+on every path: a receiving rank sums its experts' outputs for a token in top-k slot order in
+fp32, weights first (``w * y``), and rounds the partial to the dtype; the token's rank sums the
+partials of the ranks in rank order in fp32 and rounds once.
+
+Status: CPU-tested over the reference executor (tests/multiproc/test_ep.py); not yet run or
+measured on GPUs (issue 41).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...collectives.all_to_all import ALL_TO_ALL
+from .layout import Expansion, SendLayout, experts_per_rank, plan_expansion, plan_send
+
+__all__ = ["dispatch", "combine", "DispatchHandle", "plan_send", "plan_expansion"]
+
+
+@dataclass
+class DispatchHandle:
+    """What combine (and the backward passes) need of a dispatch: both layouts, the rows'
+    counts each way and the weights as the experts' ranks received them."""
+
+    group: object
+    send: SendLayout
+    recv_counts: list  # rows received from each rank
+    expansion: Expansion
+    recv_weights: torch.Tensor  # [received rows, k]
+    tokens: int
+    counts: list  # expanded rows per local expert
+
+
+def _group(group):
+    if group is not None and hasattr(group, "call"):
+        return group  # a conccl Group (or the CPU reference's)
+    from ...api import get_group
+
+    return get_group(group)
+
+
+def _exchange(g, rows: torch.Tensor, send_counts: list, recv_counts: list) -> torch.Tensor:
+    """``rows`` sent ``send_counts[d]`` to rank d (in order), received ``recv_counts[s]`` from s."""
+    out = torch.empty((sum(recv_counts), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+    g.call(ALL_TO_ALL, out, rows.contiguous(), (list(recv_counts), list(send_counts)))
+    return out
+
+
+def _rank_sum(returned: torch.Tensor, send: SendLayout, tokens: int, dtype) -> torch.Tensor:
+    """[tokens, H]: each token's returned rows summed over ranks in rank order, fp32, rounded once."""
+    acc = torch.zeros((tokens, *returned.shape[1:]), dtype=torch.float32, device=returned.device)
+    start = 0
+    for n in send.counts:  # one row per token per rank: no index repeats within a rank's rows
+        idx = send.order[start:start + n]
+        acc[idx] = acc[idx] + returned[start:start + n].float()
+        start += n
+    return acc.to(dtype)
+
+
+def _slot_sum(values: torch.Tensor, position: torch.Tensor, weights: torch.Tensor | None, dtype) -> torch.Tensor:
+    """[received rows, H]: per received row, its slots' expanded rows (times their weights) summed
+    in slot order, fp32, rounded to ``dtype`` once."""
+    acc = torch.zeros((position.shape[0], *values.shape[1:]), dtype=torch.float32, device=values.device)
+    for j in range(position.shape[1]):
+        pos = position[:, j]
+        has = pos >= 0
+        if not has.any():
+            continue
+        v = values[pos.clamp(min=0)].float()
+        if weights is not None:
+            v = weights[:, j, None] * v
+        acc = acc + torch.where(has[:, None], v, torch.zeros_like(v))
+    return acc.to(dtype)
+
+
+class _Dispatch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, handle: DispatchHandle):
+        ctx.handle = handle
+        h = handle
+        received = _exchange(h.group, x[h.send.order], h.send.counts, h.recv_counts)
+        return received[h.expansion.rows]
+
+    @staticmethod
+    def backward(ctx, grad):
+        h = ctx.handle
+        per_row = _slot_sum(grad, h.expansion.position, None, grad.dtype)
+        returned = _exchange(h.group, per_row, h.recv_counts, h.send.counts)
+        return _rank_sum(returned, h.send, h.tokens, grad.dtype), None
+
+
+class _Combine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, expert_out, topk_weights, handle: DispatchHandle):
+        ctx.handle = handle
+        ctx.save_for_backward(expert_out)
+        h = handle
+        partial = _slot_sum(expert_out, h.expansion.position, h.recv_weights, expert_out.dtype)
+        returned = _exchange(h.group, partial, h.recv_counts, h.send.counts)
+        return _rank_sum(returned, h.send, h.tokens, expert_out.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h = ctx.handle
+        (expert_out,) = ctx.saved_tensors
+        g_rows = _exchange(h.group, grad[h.send.order], h.send.counts, h.recv_counts)  # [received rows, H]
+        pos = h.expansion.position
+        grad_out = torch.zeros_like(expert_out)
+        grad_w_rows = torch.zeros(pos.shape, dtype=torch.float32, device=grad.device)
+        for j in range(pos.shape[1]):
+            has = pos[:, j] >= 0
+            rows, at = has.nonzero().flatten(), pos[has, j]
+            g = g_rows[rows].float()
+            grad_out[at] = (h.recv_weights[rows, j, None] * g).to(expert_out.dtype)
+            grad_w_rows[rows, j] = (g * expert_out[at].float()).sum(dim=-1)
+        # the weights' gradient goes back to the token's rank, slot by slot
+        back = _exchange(h.group, grad_w_rows, h.recv_counts, h.send.counts)  # collective: always
+        if not ctx.needs_input_grad[1]:
+            return grad_out, None, None
+        grad_w = torch.zeros((h.tokens, pos.shape[1]), dtype=torch.float32, device=grad.device)
+        held = h.send.slots >= 0
+        start = 0
+        for n in h.send.counts:  # a token's slots are held by one rank each: no sum
+            idx = h.send.order[start:start + n]
+            grad_w[idx] = grad_w[idx] + torch.where(held[start:start + n], back[start:start + n],
+                                                    torch.zeros_like(back[start:start + n]))
+            start += n
+        return grad_out, grad_w, None
+
+
+def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_experts: int,
+             group=None):
+    """Send ``x`` [T, H]'s rows to the ranks of their experts (``topk_idx`` [T, k], -1: none;
+    ``topk_weights`` [T, k] or None) and return ``(expert_x, counts, handle)``: ``expert_x``
+    [N, H] the rows this rank's ``num_experts / world`` local experts process, grouped by local
+    expert with ``counts[e]`` rows each (a token routed to two of them is sent once and appears
+    in both groups). Differentiable in ``x``. ``group``: a conccl Group or a process group
+    (default: the world). Collective: every rank calls it, in the same order."""
+    g = _group(group)
+    epr = experts_per_rank(num_experts, g.world)
+    send = plan_send(topk_idx, topk_weights, num_experts, g.world)
+    counts_out = torch.tensor(send.counts, dtype=torch.int64, device=x.device)
+    counts_in = _exchange(g, counts_out, [1] * g.world, [1] * g.world)
+    recv_counts = counts_in.tolist()  # the host needs the sizes: a device-to-host sync
+    slots = _exchange(g, send.slots, send.counts, recv_counts)
+    weights = _exchange(g, send.weights, send.counts, recv_counts)
+    expansion = plan_expansion(slots, epr)
+    handle = DispatchHandle(g, send, recv_counts, expansion, weights, x.shape[0], expansion.counts)
+    return _Dispatch.apply(x, handle), expansion.counts, handle
+
+
+def combine(expert_out: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Tensor | None = None):
+    """The tokens' outputs ``[T, H]`` on their own ranks: each token's expert outputs
+    (``expert_out`` [N, H], rows as :func:`dispatch` returned them) times their weights, summed
+    (module doc: the order). Pass the ``topk_weights`` given to dispatch for their gradient
+    (they are used as dispatch sent them either way). Collective, as dispatch."""
+    w = topk_weights if topk_weights is not None else torch.zeros(0)
+    return _Combine.apply(expert_out, w, handle)
