@@ -17,7 +17,8 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 # what `import conccl` must not load: the integrations, the API and the CUDA executor behind
 # it, torch's FSDP and symmetric memory
-HEAVY = ["conccl.api", "conccl.integrations", "conccl.tp", "conccl.fsdp", "conccl.executors.cuda_ce", "conccl.runtime",
+HEAVY = ["conccl.api", "conccl.integrations", "conccl.tp", "conccl.fsdp", "conccl.ep", "conccl.executors.cuda_ce",
+         "conccl.runtime",
          "torch.distributed.fsdp", "torch.distributed._symmetric_memory"]
 LIGHT = f"""
 import sys
@@ -74,4 +75,13 @@ assert callable(conccl.fsdp.enable)
 from conccl import fsdp, tp
 import conccl.integrations.tp
 assert fsdp is conccl.fsdp and tp is conccl.integrations.tp
+""")
+
+
+def test_conccl_ep_by_attribute_and_by_import_is_one_module():
+    _run(LIGHT + """
+assert callable(conccl.ep.dispatch) and callable(conccl.ep.combine)
+assert conccl.ep is sys.modules["conccl.ep"] is sys.modules["conccl.integrations.ep"]
+import conccl.ep as again
+assert again is conccl.ep
 """)
