@@ -59,7 +59,7 @@ def test_a_one_shot_all_to_all_reads_its_chunk_of_every_peer():
 def test_lowered_one_shot_is_one_launch_with_the_protocol_words():
     s = plan_one_shot_all_gather(4, 1, 256, False)
     ((step,),) = lower(s, _address, PADS, spin_words=0xBEEF0)
-    assert isinstance(step, OneShotStep) and not step.graph and step.kind == 0
+    assert isinstance(step, OneShotStep) and not step.graph and step.kind == "gather"
     assert step.staged == tuple(_address(q, Buf.WORKSPACE) for q in range(4))
     assert step.signal_to[2] == PADS[2] + 4 * signal_word(Signal.READY, 1, 4) and step.signal_to[1] == 0
     assert step.done_to[0] == PADS[0] + 4 * signal_word(Signal.DONE, 1, 4)

@@ -230,6 +230,7 @@ def test_both_kinds_and_every_dtype_are_there():
 
 def test_the_sum_is_cuda_reduces_arithmetic():
     mine, theirs = cuda_oneshot._SOURCE, cuda_reduce._SOURCE
+    assert mine.count(cuda_reduce.CONVERSIONS) == theirs.count(cuda_reduce.CONVERSIONS) == 1  # one text, included
     for name in ("half_to_float", "to_half", "unpack", "pack"):
         assert _function(name, mine) == _function(name, theirs), name
     vec = _function("reduce_vec", mine)

@@ -18,6 +18,7 @@ where every rank's call would (the ranks agree per call on the board: conccl.gro
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from ..schedule import (Algorithm, Buf, Copy, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
@@ -66,8 +67,8 @@ def plan_one_shot_all_to_all(world: int, rank: int, matrix: tuple) -> Schedule:
     pieces = {p: (sum(matrix[p][:rank]), sum(matrix[k][rank] for k in range(p)), matrix[p][rank])
               for p in range(world)}
     # every rank stages its whole input; the workspace must be alike on every rank: the largest
-    return _with_workspace(build_one_shot("all_to_all", world, rank, sum(matrix[rank]), pieces),
-                           max(sum(row) for row in matrix))
+    return replace(build_one_shot("all_to_all", world, rank, sum(matrix[rank]), pieces),
+                   workspace_bytes=max(sum(row) for row in matrix))
 
 
 @lru_cache(maxsize=1024)
@@ -79,11 +80,6 @@ def plan_one_shot_reduce_scatter(world: int, rank: int, chunk: int, dtype: str, 
 @lru_cache(maxsize=1024)
 def plan_one_shot_all_reduce(world: int, rank: int, nbytes: int, dtype: str, scale: float) -> Schedule:
     return build_one_shot("all_reduce", world, rank, nbytes, {}, (0, 0, nbytes, dtype, scale))
-
-
-def _with_workspace(schedule: Schedule, nbytes: int) -> Schedule:
-    from dataclasses import replace
-    return replace(schedule, workspace_bytes=nbytes)
 
 
 def one_shot_plan(name: str, world: int, rank: int, local, peers) -> Schedule | None:

@@ -49,7 +49,8 @@ import ctypes
 import functools
 from collections.abc import Sequence
 
-from .._driver import check, driver
+from .._driver import check, driver, load_module
+from .cuda_reduce import CONVERSIONS
 from .cuda_spin import POLL_SLEEP_NS
 
 MAX_WORLD = 8  # the kernel's arrays: an NVLink node's GPUs
@@ -165,39 +166,8 @@ __device__ __forceinline__ u32 ld_cg1(const void* p) {  // a byte, zero-extended
     u32 v; asm volatile("ld.global.cg.u8 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
 }
 
-// --- conversions: cuda_reduce's, copied (the sum must be its bits) ---
-__device__ __forceinline__ float half_to_float(u16 h, int bf16) {
-    if (bf16) return __uint_as_float(((u32)h) << 16);
-    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
-__device__ __forceinline__ u16 to_half(float f, int bf16) {
-    if (bf16) {
-        u32 u = __float_as_uint(f);
-        if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);  // NaN stays a quiet NaN
-        u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-        return (u16)(u >> 16);
-    }
-    u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}
-// KIND 0: fp32 (4 per 16-byte vector), 1: bf16, 2: fp16 (8 per vector)
-template <int KIND> __device__ __forceinline__ void unpack(uint4 v, float* f) {
-    u32 w[4] = {v.x, v.y, v.z, v.w};
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        if (KIND == 0) { f[j] = __uint_as_float(w[j]); }
-        else { f[2 * j] = half_to_float((u16)(w[j] & 0xffffu), KIND == 1);
-               f[2 * j + 1] = half_to_float((u16)(w[j] >> 16), KIND == 1); }
-    }
-}
-template <int KIND> __device__ __forceinline__ uint4 pack(const float* f) {
-    u32 w[4];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        if (KIND == 0) w[j] = __float_as_uint(f[j]);
-        else w[j] = (u32)to_half(f[2 * j], KIND == 1) | ((u32)to_half(f[2 * j + 1], KIND == 1) << 16);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
+// --- conversions: cuda_reduce's own text (the sum must be its bits) ---
+""" + CONVERSIONS + r"""
 
 // --- copies ---
 // n bytes by the threads tid, tid + stride, ...: 16-byte vectors where both addresses allow
@@ -412,36 +382,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) conccl_one_shot(const __gr
 @functools.lru_cache(maxsize=None)
 def _module(device_index: int):
     """(module, kernel) on ``device_index``'s primary context (current when torch runs there)."""
-    from cuda.bindings import nvrtc  # optional dependency: loaded where a launch is first built
-
     cu = driver()
-    _, dev = cu.cuDeviceGet(device_index)
-    major = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-    minor = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    err, prog = nvrtc.nvrtcCreateProgram(_defines().encode() + _SOURCE.encode(), b"conccl_oneshot.cu", 0, [], [])
-    _nvrtc_check(nvrtc, err)
-    opts = [f"--gpu-architecture=compute_{major}{minor}".encode(), b"--std=c++17"]
-    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"conccl: compiling the one-shot kernel failed:\n{log.decode(errors='replace')}")
-    _, size = nvrtc.nvrtcGetPTXSize(prog)
-    ptx = b" " * size
-    _nvrtc_check(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx)[0])
-    nvrtc.nvrtcDestroyProgram(prog)
-    module = check(cu.cuModuleLoadData(ptx))
+    module = load_module(device_index, _defines() + _SOURCE, "conccl_oneshot.cu", "the one-shot kernel")
     return module, check(cu.cuModuleGetFunction(module, b"conccl_one_shot"))
 
 
 def _defines() -> str:
     return f"#define THREADS {THREADS}\n#define POLL_SLEEP_NS {int(POLL_SLEEP_NS)}\n"
-
-
-def _nvrtc_check(nvrtc, err) -> None:
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"conccl: NVRTC error {err}")
 
 
 def _code(value, names: dict, what: str) -> int:

@@ -87,8 +87,8 @@ class OneShotStep(NamedTuple):
     """A whole one-shot call (``Schedule.one_shot``) as one launch of the one-CTA kernel
     (:mod:`conccl.executors.cuda_oneshot`): plain values, every address resolved."""
 
-    kind: int  # 0 gather, 1 reduce
-    dtype: str  # the reduction's ("" for a gather)
+    kind: str  # "gather" or "reduce" (cuda_oneshot.KINDS)
+    dtype: str  # the reduction's (a gather's is ignored)
     scale: float
     graph: bool  # a captured call: signals write 1, waits reset (conccl.graphs)
     rank: int
@@ -119,7 +119,7 @@ def lower_one_shot(schedule: Schedule, address: Callable[[int, object], int], pa
     (ops,) = schedule.slots
     graph = any(isinstance(op, ResetSignal) for op in ops)
     src_off, dst_off, nbytes = [0] * world, [0] * world, [0] * world
-    stage_bytes, kind, dtype, scale = 0, 0, "", 1.0
+    stage_bytes, kind, dtype, scale = 0, "gather", "float32", 1.0
     for op in ops:
         if isinstance(op, Copy):
             t = op.transfer
@@ -128,7 +128,7 @@ def lower_one_shot(schedule: Schedule, address: Callable[[int, object], int], pa
             else:  # the own piece (from the input) or a peer's (from its staged input)
                 src_off[t.src_rank], dst_off[t.src_rank], nbytes[t.src_rank] = t.src_offset, t.dst_offset, t.nbytes
         elif isinstance(op, Reduce):
-            kind, dtype, scale = 1, op.dtype, op.scale
+            kind, dtype, scale = "reduce", op.dtype, op.scale
             src_off[0], dst_off[0], nbytes[0] = op.srcs[0][1], op.dst[1], op.nbytes
 
     def words(on_peer: bool, kind_):
@@ -396,7 +396,7 @@ class _OneShotCall:
         from . import cuda_oneshot, cuda_spin
 
         args = cuda_oneshot.make_args(
-            world=step.world, rank=step.rank, kind=step.kind, dtype=_ONE_SHOT_DTYPES[step.dtype], graph=step.graph,
+            world=step.world, rank=step.rank, kind=step.kind, dtype=step.dtype, graph=step.graph,
             staged=step.staged, signal_to=step.signal_to, done_to=step.done_to, free_to=step.free_to,
             wait_signal=step.wait_signal, wait_done=step.wait_done, wait_free=step.wait_free, src_off=step.src_off,
             dst_off=step.dst_off, nbytes=step.nbytes, input=step.input, output=step.output,
@@ -412,7 +412,6 @@ class _OneShotCall:
         return "the one-shot kernel's launch"
 
 
-_ONE_SHOT_DTYPES = {"": 0, "float32": 0, "bfloat16": 1, "float16": 2}
 # A one-shot kernel waits as a stream memory operation does: until the peer signals or the
 # group's watchdog, which reads the pad and names the missing peers, breaks the group and
 # releases it (the abort word). A bound of its own would let a call whose peer is merely late

@@ -17,7 +17,7 @@ import ctypes
 import functools
 import os
 
-from .._driver import check, driver
+from .._driver import check, driver, load_module
 
 MAX_OPERANDS = 8  # world sizes up to 8, as an NVLink node has
 # The grid. Beside a GEMM, a sum costs it HBM bandwidth and SMs for as long as it runs, so a
@@ -64,6 +64,43 @@ def grid_bound(device_index: int) -> int:
 THREADS = 1024  # the pair and the scalar kernels
 THREADS_MANY = 512  # the general vector kernels
 
+# The bf16/fp16 conversions and 16-byte (un)packing every sum uses, shared with the one-shot
+# kernel (conccl.executors.cuda_oneshot): one text, so both round alike.
+CONVERSIONS = r"""
+__device__ __forceinline__ float half_to_float(u16 h, int bf16) {
+    if (bf16) return __uint_as_float(((u32)h) << 16);
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ u16 to_half(float f, int bf16) {
+    if (bf16) {
+        u32 u = __float_as_uint(f);
+        if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);  // NaN stays a quiet NaN
+        u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+        return (u16)(u >> 16);
+    }
+    u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+// KIND 0: fp32 (4 per 16-byte vector), 1: bf16, 2: fp16 (8 per vector)
+template <int KIND> __device__ __forceinline__ void unpack(uint4 v, float* f) {
+    u32 w[4] = {v.x, v.y, v.z, v.w};
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (KIND == 0) { f[j] = __uint_as_float(w[j]); }
+        else { f[2 * j] = half_to_float((u16)(w[j] & 0xffffu), KIND == 1);
+               f[2 * j + 1] = half_to_float((u16)(w[j] >> 16), KIND == 1); }
+    }
+}
+template <int KIND> __device__ __forceinline__ uint4 pack(const float* f) {
+    u32 w[4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (KIND == 0) w[j] = __float_as_uint(f[j]);
+        else w[j] = (u32)to_half(f[2 * j], KIND == 1) | ((u32)to_half(f[2 * j + 1], KIND == 1) << 16);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+"""
+
 _SOURCE = r"""
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -104,46 +141,15 @@ __device__ __forceinline__ void st_evict_first(uint4* p, uint4 v) { *p = v; }
 #define STV(p, v) st_evict_first(p, v)
 #endif
 
+""" + CONVERSIONS + r"""
 __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float half_to_float(u16 h, int bf16) {
-    if (bf16) return __uint_as_float(((u32)h) << 16);
-    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
 __device__ __forceinline__ float load(const u16* p, long long i, int bf16) { return half_to_float(p[i], bf16); }
-__device__ __forceinline__ u16 to_half(float f, int bf16) {
-    if (bf16) {
-        u32 u = __float_as_uint(f);
-        if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);  // NaN stays a quiet NaN
-        u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-        return (u16)(u >> 16);
-    }
-    u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}
 
 #define OPERANDS const void* s0, const void* s1, const void* s2, const void* s3, \
                  const void* s4, const void* s5, const void* s6, const void* s7
 #define PICK(k) ((k) == 0 ? s0 : (k) == 1 ? s1 : (k) == 2 ? s2 : (k) == 3 ? s3 : \
                  (k) == 4 ? s4 : (k) == 5 ? s5 : (k) == 6 ? s6 : s7)
 
-// KIND 0: fp32 (4 per 16-byte vector), 1: bf16, 2: fp16 (8 per vector)
-template <int KIND> __device__ __forceinline__ void unpack(uint4 v, float* f) {
-    u32 w[4] = {v.x, v.y, v.z, v.w};
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        if (KIND == 0) { f[j] = __uint_as_float(w[j]); }
-        else { f[2 * j] = half_to_float((u16)(w[j] & 0xffffu), KIND == 1);
-               f[2 * j + 1] = half_to_float((u16)(w[j] >> 16), KIND == 1); }
-    }
-}
-template <int KIND> __device__ __forceinline__ uint4 pack(const float* f) {
-    u32 w[4];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        if (KIND == 0) w[j] = __float_as_uint(f[j]);
-        else w[j] = (u32)to_half(f[2 * j], KIND == 1) | ((u32)to_half(f[2 * j + 1], KIND == 1) << 16);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 // Every kernel carries __launch_bounds__ of the CTA it is launched with (THREADS_PER_CTA, or
 // THREADS_MANY_PER_CTA for the general vector kernels): at 1024 threads a thread has 64 registers.
@@ -270,35 +276,13 @@ _PAIR = {dtype: name.replace("reduce_", "reduce_vec2_") for dtype, (name, _) in 
 @functools.lru_cache(maxsize=None)
 def _module(device_index: int):
     """The compiled module on ``device_index``'s primary context (current when torch runs there)."""
-    from cuda.bindings import nvrtc  # optional dependency: loaded where a reduction first runs
-
     cu = driver()
-    _, dev = cu.cuDeviceGet(device_index)
-    major = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-    minor = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    err, prog = nvrtc.nvrtcCreateProgram(f"#define THREADS_PER_CTA {THREADS}\n#define THREADS_MANY_PER_CTA {THREADS_MANY}\n{_SOURCE}".encode(), b"conccl_reduce.cu", 0, [], [])
-    _nvrtc_check(nvrtc, err)
-    opts = [f"--gpu-architecture=compute_{major}{minor}".encode(), b"--std=c++17"]
-    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"conccl: compiling the reduction kernel failed:\n{log.decode(errors='replace')}")
-    _, size = nvrtc.nvrtcGetPTXSize(prog)
-    ptx = b" " * size
-    _nvrtc_check(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx)[0])
-    nvrtc.nvrtcDestroyProgram(prog)
-    module = check(cu.cuModuleLoadData(ptx))
+    module = load_module(device_index, f"#define THREADS_PER_CTA {THREADS}\n#define THREADS_MANY_PER_CTA {THREADS_MANY}\n"
+                         f"{_SOURCE}", "conccl_reduce.cu", "the reduction kernel")
     scalar = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, (name, _) in _KERNELS.items()}
     vector = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _VECTOR.items()}
     pair = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _PAIR.items()}
     return module, scalar, vector, pair
-
-
-def _nvrtc_check(nvrtc, err) -> None:
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"conccl: NVRTC error {err}")
 
 
 class ReduceLaunch:

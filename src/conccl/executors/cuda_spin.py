@@ -35,7 +35,7 @@ import functools
 import math
 import os
 
-from .._driver import check, driver
+from .._driver import check, driver, load_module
 
 MAX_WAITS = 8  # words per launch: one per peer of an 8-GPU NVLink node
 THREADS = 32  # one warp (a smaller CTA still takes one); thread 0 polls, the rest exit
@@ -138,34 +138,11 @@ extern "C" __global__ void __launch_bounds__(32) conccl_signal_write(WORDS(), VA
 def _module(device_index: int, poll_sleep_ns: int = POLL_SLEEP_NS, end_fence: bool = END_FENCE):
     """(module, spin wait, signal write) on ``device_index``'s primary context (current when
     torch runs there). Called with every argument positional: one cache entry per variant."""
-    from cuda.bindings import nvrtc  # optional dependency: loaded where a wait is first built
-
     cu = driver()
-    _, dev = cu.cuDeviceGet(device_index)
-    major = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-    minor = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
     defines = f"#define POLL_SLEEP_NS {int(poll_sleep_ns)}\n#define END_FENCE {int(bool(end_fence))}\n"
-    err, prog = nvrtc.nvrtcCreateProgram(f"{defines}{_SOURCE}".encode(), b"conccl_spin.cu", 0, [], [])
-    _nvrtc_check(nvrtc, err)
-    opts = [f"--gpu-architecture=compute_{major}{minor}".encode(), b"--std=c++17"]
-    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"conccl: compiling the spin-wait kernel failed:\n{log.decode(errors='replace')}")
-    _, size = nvrtc.nvrtcGetPTXSize(prog)
-    ptx = b" " * size
-    _nvrtc_check(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx)[0])
-    nvrtc.nvrtcDestroyProgram(prog)
-    module = check(cu.cuModuleLoadData(ptx))
+    module = load_module(device_index, defines + _SOURCE, "conccl_spin.cu", "the spin-wait kernel")
     return module, check(cu.cuModuleGetFunction(module, b"conccl_spin_wait")), \
         check(cu.cuModuleGetFunction(module, b"conccl_signal_write"))
-
-
-def _nvrtc_check(nvrtc, err) -> None:
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"conccl: NVRTC error {err}")
 
 
 def _words(addresses: tuple[int, ...], deltas: tuple[int, ...], what: str) -> None:
