@@ -143,8 +143,19 @@ def test_bench_fsdp_flags_are_checked_before_any_gpu_is_asked_for(capsys, tmp_pa
     assert "needs at least 2 CUDA GPUs" in capsys.readouterr().err
 
 
+def test_bench_moe_flags_are_checked_before_any_gpu_is_asked_for(capsys, tmp_path, monkeypatch):
+    out = str(tmp_path / "m")
+    for argv, says in ((["--topk", "9"], "more than --experts"), (["--impls", "nope"], "known: conccl"),
+                       (["--routings", "flat"], "--routings: flat")):
+        assert main(["bench", "moe", "--out", out, *argv]) == cli.EXIT_USAGE, argv
+        assert "conccl bench moe: " in (err := capsys.readouterr().err) and says in err, (argv, err)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert main(["bench", "moe", "--out", out]) == cli.EXIT_USAGE
+    assert "needs at least 2 CUDA GPUs" in capsys.readouterr().err
+
+
 def test_every_command_is_a_module_with_add_parser_and_run():
-    assert list(cli.COMMANDS) == ["bench", "bench-fsdp", "bench-graphs", "bench-tp", "study", "study-tp", "plan", "plan-tp"]
+    assert list(cli.COMMANDS) == ["bench", "bench-fsdp", "bench-graphs", "bench-moe", "bench-tp", "study", "study-tp", "plan", "plan-tp"]
     for name, module in cli.COMMANDS.items():
         assert module.__name__ == f"conccl.cli.{name.replace('-', '_')}"
         assert callable(module.add_parser) and callable(module.run)

@@ -18,13 +18,13 @@ from ..planner.profile import ProfileError
 from ..study.config import StudyError
 from ..study.results import ResultsError
 from ..study.scenarios import SuiteError
-from . import bench, bench_fsdp, bench_graphs, bench_tp, plan, plan_tp, study, study_tp
+from . import bench, bench_fsdp, bench_graphs, bench_moe, bench_tp, plan, plan_tp, study, study_tp
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError, debug_wanted, fail
 
-COMMANDS = {"bench": bench, "bench-fsdp": bench_fsdp, "bench-graphs": bench_graphs, "bench-tp": bench_tp, "study": study,
+COMMANDS = {"bench": bench, "bench-fsdp": bench_fsdp, "bench-graphs": bench_graphs, "bench-moe": bench_moe, "bench-tp": bench_tp, "study": study,
             "study-tp": study_tp, "plan": plan, "plan-tp": plan_tp}  # in --help's order
 # `conccl bench NAME` runs the command bench-NAME.
-BENCH_MODES = ("fsdp", "graphs", "tp")
+BENCH_MODES = ("fsdp", "graphs", "moe", "tp")
 # `conccl study NAME` runs the command study-NAME.
 STUDY_MODES = ("tp",)
 # `conccl plan tp` runs the command plan-tp.

@@ -9,9 +9,9 @@ is a combine (unweighted) and combine's a dispatch (with the weights' gradient),
 step works. Layouts: :mod:`conccl.integrations.ep.layout`.
 
 How it moves (this version): the routing counts first (a small all-to-all; the host reads
-them, a device-to-host sync per call), then the token rows, their top-k slots and weights by
-conccl's uneven ``all_to_all_single`` (copy engines), with the permutations into and out of
-expert order as gathers on the caller's stream (SM kernels, memory-bound). Arithmetic, alike
+them, a device-to-host sync per call), then the rows' top-k slots and weights (one int32
+tensor) and the token rows by conccl's uneven ``all_to_all_single`` (copy engines), with the
+permutations into and out of expert order as gathers on the caller's stream (SM kernels, memory-bound). Arithmetic, alike
 on every path: a receiving rank sums its experts' outputs for a token in top-k slot order in
 fp32, weights first (``w * y``), and rounds the partial to the dtype; the token's rank sums the
 partials of the ranks in rank order in fp32 and rounds once.
@@ -77,9 +77,7 @@ def _slot_sum(values: torch.Tensor, position: torch.Tensor, weights: torch.Tenso
     acc = torch.zeros((position.shape[0], *values.shape[1:]), dtype=torch.float32, device=values.device)
     for j in range(position.shape[1]):
         pos = position[:, j]
-        has = pos >= 0
-        if not has.any():
-            continue
+        has = pos >= 0  # (no early exit on has.any(): a device-to-host sync per slot)
         v = values[pos.clamp(min=0)].float()
         if weights is not None:
             v = weights[:, j, None] * v
@@ -156,8 +154,11 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
     counts_out = torch.tensor(send.counts, dtype=torch.int64, device=x.device)
     counts_in = _exchange(g, counts_out, [1] * g.world, [1] * g.world)
     recv_counts = counts_in.tolist()  # the host needs the sizes: a device-to-host sync
-    slots = _exchange(g, send.slots, send.counts, recv_counts)
-    weights = _exchange(g, send.weights, send.counts, recv_counts)
+    # the rows' slots and weights in one call: int32 [rows, 2k], the weights' fp32 bits after the slots
+    k = send.slots.shape[1]
+    meta = torch.cat([send.slots, send.weights.contiguous().view(torch.int32)], dim=1)
+    meta = _exchange(g, meta, send.counts, recv_counts)
+    slots, weights = meta[:, :k], meta[:, k:].contiguous().view(torch.float32)
     expansion = plan_expansion(slots, epr)
     handle = DispatchHandle(g, send, recv_counts, expansion, weights, x.shape[0], expansion.counts)
     return _Dispatch.apply(x, handle), expansion.counts, handle

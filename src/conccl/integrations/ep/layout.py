@@ -58,16 +58,19 @@ def plan_send(topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_exp
     weights = torch.ones(idx.shape, dtype=torch.float32, device=idx.device) if topk_weights is None \
         else topk_weights.float()
     owner = torch.where(idx >= 0, idx // epr, torch.full_like(idx, -1))  # [T, k]
-    order, counts, slots, wts = [], [], [], []
-    for d in range(world):
-        mine = owner == d  # [T, k]
-        tokens = mine.any(dim=1).nonzero().flatten()
-        order.append(tokens)
-        counts.append(int(tokens.numel()))
-        m = mine[tokens]
-        slots.append(torch.where(m, idx[tokens] % epr, torch.full_like(idx[tokens], -1)))
-        wts.append(torch.where(m, weights[tokens], torch.zeros_like(weights[tokens])))
-    return SendLayout(torch.cat(order), counts, torch.cat(slots).to(torch.int32), torch.cat(wts))
+    tokens = idx.shape[0]
+    # (rank, token) pairs with any slot there, destination-major and token-ascending: one
+    # nonzero over a [world, T] mask instead of one per rank
+    mine = torch.zeros((world, tokens), dtype=torch.bool, device=idx.device)
+    live = owner >= 0
+    token_of = torch.arange(tokens, device=idx.device)[:, None].expand_as(owner)
+    mine[owner[live], token_of[live]] = True
+    dest, order = mine.nonzero(as_tuple=True)
+    counts = torch.bincount(dest, minlength=world).tolist() if dest.numel() else [0] * world
+    held = owner[order] == dest[:, None]  # [rows, k]: the slots the destination holds
+    slots = torch.where(held, idx[order] % epr, torch.full_like(held, -1, dtype=idx.dtype))
+    wts = torch.where(held, weights[order], torch.zeros((), dtype=weights.dtype, device=weights.device))
+    return SendLayout(order, counts, slots.to(torch.int32), wts)
 
 
 def plan_expansion(slots: torch.Tensor, local_experts: int) -> Expansion:

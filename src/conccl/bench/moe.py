@@ -1,0 +1,283 @@
+"""``conccl bench moe``: a MoE layer's dispatch and combine (conccl.ep) against the NCCL
+reference dispatcher, alone and beside the expert GEMM.
+
+Per routing (``random``: each token's top-k of random logits, a fixed seed per rank; ``skewed``:
+experts drawn with Zipf-like probabilities, so one rank receives most rows) and implementation:
+
+- ``conccl``: :func:`conccl.ep.dispatch` / :func:`conccl.ep.combine` (a token crosses a link once
+  per rank holding its experts; rows on copy engines);
+- ``reference``: :mod:`conccl.bench.moe_reference`, built as torchtitan's default dispatcher
+  (one row per (token, expert) pair by NCCL's ``all_to_all_single``);
+- ``nccl_a2a`` / ``conccl_a2a``: one uneven ``all_to_all_single`` of the reference's rows alone,
+  by NCCL and by conccl (the transport without the layout work).
+
+Timing: every call is wall time between CUDA events on the caller's stream, host syncs
+included (both dispatchers read counts on the host); the ranks meet at a barrier before each
+timed call; rounds run each implementation once, in turn; per rank the median, then the
+slowest rank's. Correctness: conccl.ep's expert rows, counts and combined output equal the
+reference's bit for bit on every rank. ``kernel_us``: the CUDA kernels' time in one call (the
+SM work; copy-engine copies are not kernels). ``link_GBps``: bytes sent to other ranks over
+the slowest rank's time. Beside compute: the expert GEMM (rows [N, hidden] times each local
+expert's [hidden, ffn], grouped by expert) on the caller's stream, repeated to last about as
+long as one dispatch and combine, while those run on a second stream; its time against alone.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+
+IMPLS = ("conccl", "reference", "nccl_a2a", "conccl_a2a")
+ROUTINGS = ("random", "skewed")
+
+
+@dataclass(frozen=True)
+class MoEBenchConfig:
+    tokens: int = 4096
+    hidden: int = 7168
+    experts: int = 8
+    topk: int = 2
+    ffn: int = 2048  # the expert GEMM's width, for the beside-compute figure
+    dtype: str = "bfloat16"
+    routings: tuple = ROUTINGS
+    impls: tuple = IMPLS
+    warmup: int = 3
+    runs: int = 10
+    seed: int = 0
+
+
+@dataclass
+class Record:
+    routing: str
+    impl: str
+    dispatch_ms: float | None = None
+    dispatch_spread: float | None = None
+    combine_ms: float | None = None
+    combine_spread: float | None = None
+    rows_sent: int | None = None  # rows sent to other ranks, summed over ranks
+    link_GBps: float | None = None  # dispatch: bytes to other ranks per second, slowest rank
+    kernel_us: float | None = None  # CUDA kernel time in one dispatch + combine (rank 0)
+    gemm_alone_ms: float | None = None
+    gemm_beside_ms: float | None = None
+    gemm_slowdown: float | None = None
+    wrong: bool = False
+    error: str | None = None
+
+
+def routing(torch, kind: str, tokens: int, experts: int, k: int, seed: int, device):
+    """``(topk_idx [T, k] int64, topk_weights [T, k] fp32)``: distinct experts per token."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "random":
+        logits = torch.randn(tokens, experts, generator=g)
+    elif kind == "skewed":  # Zipf-like popularity: expert e drawn ~ 1 / (e + 1)^1.5
+        p = 1.0 / torch.arange(1, experts + 1, dtype=torch.float32) ** 1.5
+        logits = torch.log(p)[None, :] - torch.log(-torch.log(torch.rand(tokens, experts, generator=g)))  # Gumbel
+    else:
+        raise ValueError(f"routing {kind!r}: one of {', '.join(ROUTINGS)}")
+    top = torch.topk(logits, k, dim=1)
+    w = torch.softmax(top.values, dim=1)
+    return top.indices.to(device), w.to(device)
+
+
+def _median_spread(ms: list[float]) -> tuple[float, float]:
+    m = statistics.median(ms)
+    return m, (max(ms) - min(ms)) / m if m else 0.0
+
+
+def _slowest(dist, world, ms):
+    every = [None] * world
+    dist.all_gather_object(every, _median_spread(ms))
+    return max(every)
+
+
+def _timed(torch, dist, fn) -> float:
+    """One call's wall time on the caller's stream, the ranks started together."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _kernel_us(torch, fn) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    return float(sum(e.device_time for e in kernels))
+
+
+def _grouped_gemm(torch, rows, weights, counts):
+    """rows [N, H] grouped by expert (``counts``) times ``weights`` [E, H, F]: [N, F]."""
+    if hasattr(torch, "_grouped_mm") and rows.is_cuda and rows.dtype == torch.bfloat16:
+        offs = torch.cumsum(torch.tensor(counts, device=rows.device), 0).to(torch.int32)
+        return torch._grouped_mm(rows, weights, offs=offs)
+    out, start = [], 0
+    for e, n in enumerate(counts):
+        out.append(rows[start:start + n] @ weights[e])
+        start += n
+    return torch.cat(out)
+
+
+def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
+    """Every case on this rank (collective); the records (identical on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    import conccl
+    from ..integrations import ep
+    from .moe_reference import reference_combine, reference_dispatch
+
+    dt = getattr(torch, cfg.dtype)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    epr = ep.layout.experts_per_rank(cfg.experts, world)
+    elt = torch.empty((), dtype=dt).element_size()
+    gen = torch.Generator(device=dev).manual_seed(cfg.seed * 1000 + rank)
+    x = torch.randn(cfg.tokens, cfg.hidden, device=dev, generator=gen).to(dt)
+    w_experts = (torch.randn(epr, cfg.hidden, cfg.ffn, device=dev, generator=gen) / cfg.hidden ** 0.5).to(dt)
+    side = torch.cuda.Stream()
+    records = []
+    for kind in cfg.routings:
+        idx, wts = routing(torch, kind, cfg.tokens, cfg.experts, cfg.topk, cfg.seed * 1000 + rank, dev)
+        rx, rcounts, rhandle = reference_dispatch(x, idx, wts, cfg.experts)
+        scale = torch.repeat_interleave(torch.arange(1, epr + 1, device=dev, dtype=torch.float32) / epr,
+                                        torch.tensor(rcounts, device=dev))[:, None]
+        ry = (rx.float() * scale).to(dt)  # the experts' outputs: the same rows on both paths
+        rout = reference_combine(ry, rhandle)
+        ref_rows = torch.empty((sum(rhandle.recv_counts), cfg.hidden), dtype=dt, device=dev)
+        ref_send = x[rhandle.pairs[:, 0]].contiguous()
+        state = {}
+
+        def conccl_dispatch():
+            state["c"] = ep.dispatch(x, idx, wts, cfg.experts)
+
+        def conccl_combine():
+            state["cout"] = ep.combine(ry, state["c"][2])
+
+        def ref_dispatch():
+            state["r"] = reference_dispatch(x, idx, wts, cfg.experts)
+
+        def ref_combine():
+            state["rout"] = reference_combine(ry, rhandle)
+
+        def nccl_a2a():
+            dist.all_to_all_single(ref_rows, ref_send, rhandle.recv_counts, rhandle.send_counts)
+
+        def conccl_a2a():
+            conccl.all_to_all_single(ref_rows, ref_send, rhandle.recv_counts, rhandle.send_counts)
+
+        calls = {"conccl": (conccl_dispatch, conccl_combine), "reference": (ref_dispatch, ref_combine),
+                 "nccl_a2a": (nccl_a2a, None), "conccl_a2a": (conccl_a2a, None)}
+        impls = [i for i in cfg.impls if i in calls]
+        recs = {i: Record(kind, i) for i in impls}
+        times = {i: ([], []) for i in impls}
+        for r in range(cfg.warmup + cfg.runs):
+            for i in impls:
+                d, c = calls[i]
+                td = _timed(torch, dist, d)
+                tc = _timed(torch, dist, c) if c else None
+                if r >= cfg.warmup:
+                    times[i][0].append(td)
+                    if tc is not None:
+                        times[i][1].append(tc)
+        if "conccl" in recs:
+            cx, ccounts, chandle = state["c"]
+            wrong = not (torch.equal(cx, rx) and ccounts == rcounts and torch.equal(state["cout"], rout))
+            every = [None] * world
+            dist.all_gather_object(every, wrong)
+            recs["conccl"].wrong = any(every)
+        sent = {"conccl": sum(n for d, n in enumerate(state["c"][2].send.counts) if d != rank) if "c" in state else 0,
+                "reference": sum(n for d, n in enumerate(rhandle.send_counts) if d != rank)}
+        sent["nccl_a2a"] = sent["conccl_a2a"] = sent["reference"]
+        for i in impls:
+            rec = recs[i]
+            rec.dispatch_ms, rec.dispatch_spread = _slowest(dist, world, times[i][0])
+            if times[i][1]:
+                rec.combine_ms, rec.combine_spread = _slowest(dist, world, times[i][1])
+            every = [None] * world
+            dist.all_gather_object(every, sent[i])
+            rec.rows_sent = sum(every)
+            rec.link_GBps = max(every) * cfg.hidden * elt / (rec.dispatch_ms * 1e6)
+            d, c = calls[i]
+            rec.kernel_us = _kernel_us(torch, lambda: (d(), c() if c else None))
+        # beside compute: the expert GEMM on this stream, a dispatch + combine on the side stream
+        gemm = lambda: _grouped_gemm(torch, rx, w_experts, rcounts)  # noqa: E731
+        for i in impls:
+            rec = recs[i]
+            d, c = calls[i]
+            comm_ms = (rec.dispatch_ms or 0) + (rec.combine_ms or 0)
+            one = statistics.median([_timed(torch, dist, gemm) for _ in range(5)])
+            reps = max(1, round(comm_ms / max(one, 1e-3)))
+            loop = lambda: [gemm() for _ in range(reps)]  # noqa: E731
+            alone, beside = [], []
+            for _ in range(cfg.runs):
+                alone.append(_timed(torch, dist, loop))
+                torch.cuda.synchronize()
+                dist.barrier()
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                loop()  # queued first: the GEMMs hold the SMs when the communication arrives
+                end.record()
+                with torch.cuda.stream(side):
+                    d()
+                    if c:
+                        c()
+                end.synchronize()
+                torch.cuda.synchronize()
+                beside.append(start.elapsed_time(end))
+            rec.gemm_alone_ms = _slowest(dist, world, alone)[0]
+            rec.gemm_beside_ms = _slowest(dist, world, beside)[0]
+            rec.gemm_slowdown = rec.gemm_beside_ms / rec.gemm_alone_ms
+        for i in impls:
+            records.append(recs[i])
+            if progress and rank == 0:
+                progress(recs[i])
+    return records
+
+
+def document(meta: dict, cfg: MoEBenchConfig, records: list) -> dict:
+    return {"machine_kind": meta.get("machine_kind"), "commit": meta.get("commit"), "torch": meta.get("torch"),
+            "meta": meta, "config": asdict(cfg), "results": [asdict(r) for r in records]}
+
+
+def _f(v, fmt=".3f"):
+    return "" if v is None else format(v, fmt)
+
+
+def markdown(doc: dict) -> str:
+    meta, c = doc["meta"], doc["config"]
+    lines = [f"# conccl bench moe ({meta.get('machine_kind')}, {meta.get('device')}, world {meta.get('world')})", "",
+             f"{meta.get('date')}, commit {str(doc.get('commit'))[:12]}, torch {doc.get('torch')}, NCCL "
+             f"{meta.get('nccl')}. {c['tokens']} tokens per rank, hidden {c['hidden']}, {c['experts']} experts, "
+             f"top-{c['topk']}, {c['dtype']}; the slowest rank's median of {c['runs']} runs (ms, wall time "
+             f"with host syncs); GEMM: the grouped expert GEMM (ffn {c['ffn']}) alone and beside one dispatch "
+             "and combine.", "",
+             "| routing | impl | dispatch ms | spread | combine ms | spread | rows to peers | link GB/s | "
+             "kernel us | GEMM alone ms | beside ms | slowdown | wrong |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in doc["results"]:
+        if r["error"]:
+            lines.append(f"| {r['routing']} | {r['impl']} | error: {r['error'][:80]} |" + " |" * 10)
+            continue
+        spread = lambda v: "" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+        lines.append(f"| {r['routing']} | {r['impl']} | {_f(r['dispatch_ms'])} | {spread(r['dispatch_spread'])} | "
+                     f"{_f(r['combine_ms'])} | {spread(r['combine_spread'])} | {r['rows_sent']} | "
+                     f"{_f(r['link_GBps'], '.1f')} | {_f(r['kernel_us'], '.0f')} | {_f(r['gemm_alone_ms'])} | "
+                     f"{_f(r['gemm_beside_ms'])} | {_f(r['gemm_slowdown'])} | {'WRONG' if r['wrong'] else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(out, doc: dict) -> None:
+    from ..jsonfile import write_text
+
+    write_text(out / "moe.json", json.dumps(doc, indent=1))
+    write_text(out / "moe.md", markdown(doc))
