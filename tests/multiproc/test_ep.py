@@ -91,3 +91,47 @@ def test_dispatch_and_combine_forward_and_backward(world, experts, k, dtype):
     for rank, (bad, _) in enumerate(results):
         assert bad == [], (rank, bad)
     assert sum(n for _, n in results) > 0  # rows moved
+
+
+def _bad_input(comm, which):
+    r = comm.rank
+    x = torch.randn(6, H)
+    idx = torch.randint(0, 4, (6, 2))
+    if r == 1 and which == "expert":
+        idx[2, 1] = 4  # 4 experts: 0..3
+    if r == 1 and which == "shape":
+        idx = idx[:5]
+    try:
+        ep.dispatch(x, idx, None, 4, group=comm)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("which", ["expert", "shape"])
+def test_bad_input_on_one_rank_stops_every_rank_without_a_hang(which):
+    says = spawn(2, _bad_input, which, join_timeout_s=60)
+    assert all(says), says  # both ranks raised
+    assert ("outside" in says[1]) if which == "expert" else ("with x's 6 tokens" in says[1])
+    assert "rank(s) [1]" in says[0]
+
+
+def _edges(comm, case):
+    w_, r = comm.world, comm.rank
+    tokens = 0 if (case == "empty rank" and r == 1) else 7
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(r))
+    idx = torch.zeros(tokens, 2, dtype=torch.int64)
+    idx[:, 1] = 1 if case == "one rank" else -1  # "one rank": experts 0 and 1, both on rank 0
+    ex, counts, handle = ep.dispatch(x, idx, None, 4, group=comm)
+    out = ep.combine(ex * 2, handle)
+    want = x * 2 * (2 if case == "one rank" else 1)  # exact: powers of two
+    return torch.equal(out, want), counts
+
+
+@pytest.mark.parametrize("case", ["empty rank", "one expert", "one rank"])
+def test_empty_ranks_and_all_tokens_to_one_expert_or_rank(case):
+    results = spawn(2, _edges, case)
+    assert all(ok for ok, _ in results), results
+    assert results[1][1] == [0, 0]  # rank 1's experts (2, 3) got nothing
+    rows_to_0 = {"empty rank": 7, "one expert": 14, "one rank": 14}[case]
+    assert results[0][1] == ([rows_to_0, 0] if case != "one rank" else [14, 14])

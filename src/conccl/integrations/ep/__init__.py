@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ...collectives.all_to_all import ALL_TO_ALL
-from .layout import Expansion, SendLayout, experts_per_rank, plan_expansion, plan_send
+from .layout import Expansion, SendLayout, experts_per_rank, plan_expansion, plan_send, route, send_layout
 
 __all__ = ["dispatch", "combine", "DispatchHandle", "plan_send", "plan_expansion"]
 
@@ -140,6 +140,21 @@ class _Combine(torch.autograd.Function):
         return grad_out, grad_w, None
 
 
+def _problem(x, topk_idx, topk_weights) -> str | None:
+    """What is wrong with one rank's inputs, found on the host (no sync), or None."""
+    if x.dim() != 2:
+        return f"x must be [tokens, hidden], got shape {tuple(x.shape)}"
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != x.shape[0]:
+        return f"topk_idx must be [tokens, k] with x's {x.shape[0]} tokens, got shape {tuple(topk_idx.shape)}"
+    if topk_idx.dtype.is_floating_point or topk_idx.dtype == torch.bool:
+        return f"topk_idx must hold integers, got {topk_idx.dtype}"
+    if topk_weights is not None and tuple(topk_weights.shape) != tuple(topk_idx.shape):
+        return f"topk_weights must be shaped as topk_idx {tuple(topk_idx.shape)}, got {tuple(topk_weights.shape)}"
+    if topk_idx.device != x.device or (topk_weights is not None and topk_weights.device != x.device):
+        return f"x, topk_idx and topk_weights must be on one device (x on {x.device})"
+    return None
+
+
 def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_experts: int,
              group=None):
     """Send ``x`` [T, H]'s rows to the ranks of their experts (``topk_idx`` [T, k], -1: none;
@@ -147,19 +162,38 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
     [N, H] the rows this rank's ``num_experts / world`` local experts process, grouped by local
     expert with ``counts[e]`` rows each (a token routed to two of them is sent once and appears
     in both groups). Differentiable in ``x``. ``group``: a conccl Group or a process group
-    (default: the world). Collective: every rank calls it, in the same order."""
+    (default: the world). Collective: every rank calls it, in the same order.
+
+    One device-to-host sync (the sizes, after the first exchange). Bad input on any rank (a
+    shape, an expert outside -1..E-1) raises ValueError on every rank, after that exchange, so
+    no rank is left waiting."""
     g = _group(group)
-    epr = experts_per_rank(num_experts, g.world)
-    send = plan_send(topk_idx, topk_weights, num_experts, g.world)
-    counts_out = torch.tensor(send.counts, dtype=torch.int64, device=x.device)
-    counts_in = _exchange(g, counts_out, [1] * g.world, [1] * g.world)
-    recv_counts = counts_in.tolist()  # the host needs the sizes: a device-to-host sync
+    world = g.world
+    epr = experts_per_rank(num_experts, world)
+    problem = _problem(x, topk_idx, topk_weights)
+    if problem is None:
+        rt = route(topk_idx, num_experts, world)
+        table = torch.cat([rt.table, rt.bad.clamp(max=1).expand(world, 1)], dim=1)
+    else:
+        table = torch.zeros((world, epr + 2), dtype=torch.int64, device=x.device)
+        table[:, -1] = 1
+    # per destination: rows, pairs per its local expert, a "bad input" flag
+    got = _exchange(g, table, [1] * world, [1] * world)
+    host = torch.cat([table[:, 0], got.flatten()]).tolist()  # the host needs the sizes: the one sync
+    send_counts, recv = host[:world], [host[world + s * (epr + 2):world + (s + 1) * (epr + 2)] for s in range(world)]
+    bad_ranks = [s for s in range(world) if recv[s][-1]]
+    if bad_ranks:
+        raise ValueError(problem or f"rank(s) {bad_ranks} called conccl.ep.dispatch with bad input "
+                         f"(a shape, or an expert outside -1..{num_experts - 1}); every rank stops here")
+    recv_counts = [recv[s][0] for s in range(world)]
+    expert_counts = [sum(recv[s][1 + e] for s in range(world)) for e in range(epr)]
+    send = send_layout(rt, topk_idx, topk_weights, send_counts, num_experts)
     # the rows' slots and weights in one call: int32 [rows, 2k], the weights' fp32 bits after the slots
     k = send.slots.shape[1]
     meta = torch.cat([send.slots, send.weights.contiguous().view(torch.int32)], dim=1)
     meta = _exchange(g, meta, send.counts, recv_counts)
     slots, weights = meta[:, :k], meta[:, k:].contiguous().view(torch.float32)
-    expansion = plan_expansion(slots, epr)
+    expansion = plan_expansion(slots, epr, expert_counts)
     handle = DispatchHandle(g, send, recv_counts, expansion, weights, x.shape[0], expansion.counts)
     return _Dispatch.apply(x, handle), expansion.counts, handle
 

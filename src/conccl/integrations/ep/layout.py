@@ -46,44 +46,81 @@ def experts_per_rank(num_experts: int, world: int) -> int:
     return num_experts // world
 
 
-def plan_send(topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_experts: int, world: int) -> SendLayout:
-    """The send layout of a rank whose tokens picked ``topk_idx`` [T, k] (expert numbers; -1: no
-    expert) with ``topk_weights`` [T, k] (None: ones)."""
+@dataclass(frozen=True)
+class Routing:
+    """A rank's routing on its device, before the host knows any size (made with no
+    device-to-host sync): ``order`` / ``dest`` [world * T] the (token, rank) pairs, those to be
+    sent first (rank-major, then token); ``table`` [world, 1 + experts per rank] int64, per
+    destination the rows sent there, then the (token, slot) pairs per its local expert; ``bad``
+    [] int64 the slots naming an expert outside -1..E-1 (ignored in the rest)."""
+
+    order: torch.Tensor
+    dest: torch.Tensor
+    table: torch.Tensor
+    bad: torch.Tensor
+
+
+def route(topk_idx: torch.Tensor, num_experts: int, world: int) -> Routing:
+    """The :class:`Routing` of ``topk_idx`` [T, k] (expert numbers; -1: no expert)."""
     if topk_idx.dim() != 2:
         raise ValueError(f"topk_idx must be [tokens, k], got shape {tuple(topk_idx.shape)}")
     epr = experts_per_rank(num_experts, world)
     idx = topk_idx.long()
-    if ((idx < -1) | (idx >= num_experts)).any():
-        raise ValueError(f"topk_idx holds an expert outside -1..{num_experts - 1}")
+    tokens, dev = idx.shape[0], idx.device
+    valid = (idx >= 0) & (idx < num_experts)
+    bad = ((idx < -1) | (idx >= num_experts)).sum()
+    owner = torch.where(valid, idx // epr, world)  # world: no rank
+    # [T, world + 1] one-hot of the ranks a token goes to, by scatter (a mask index would sync)
+    mine = torch.zeros((tokens, world + 1), dtype=torch.bool, device=dev).scatter_(1, owner, True)[:, :world]
+    flat = mine.t().reshape(-1)  # rank-major, then token
+    perm = torch.sort((~flat).to(torch.int8), stable=True).indices  # the sent pairs first, in order
+    pairs = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev).scatter_add_(
+        0, torch.where(valid, idx, num_experts).flatten(), torch.ones(idx.numel(), dtype=torch.int64, device=dev))
+    table = torch.cat([mine.sum(dim=0)[:, None].to(torch.int64), pairs[:num_experts].view(world, epr)], dim=1)
+    return Routing(perm % max(tokens, 1), perm // max(tokens, 1), table, bad)
+
+
+def send_layout(routing: Routing, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, counts: list,
+                num_experts: int) -> SendLayout:
+    """The :class:`SendLayout` once the host knows ``counts`` (rows per destination, from
+    ``routing.table[:, 0]``): no device-to-host sync."""
+    world = len(counts)
+    epr = experts_per_rank(num_experts, world)
+    idx = topk_idx.long()
     weights = torch.ones(idx.shape, dtype=torch.float32, device=idx.device) if topk_weights is None \
         else topk_weights.float()
-    owner = torch.where(idx >= 0, idx // epr, torch.full_like(idx, -1))  # [T, k]
-    tokens = idx.shape[0]
-    # (rank, token) pairs with any slot there, destination-major and token-ascending: one
-    # nonzero over a [world, T] mask instead of one per rank
-    mine = torch.zeros((world, tokens), dtype=torch.bool, device=idx.device)
-    live = owner >= 0
-    token_of = torch.arange(tokens, device=idx.device)[:, None].expand_as(owner)
-    mine[owner[live], token_of[live]] = True
-    dest, order = mine.nonzero(as_tuple=True)
-    counts = torch.bincount(dest, minlength=world).tolist() if dest.numel() else [0] * world
+    rows = sum(counts)
+    order, dest = routing.order[:rows], routing.dest[:rows]
+    owner = torch.where((idx >= 0) & (idx < num_experts), idx // epr, -1)
     held = owner[order] == dest[:, None]  # [rows, k]: the slots the destination holds
     slots = torch.where(held, idx[order] % epr, torch.full_like(held, -1, dtype=idx.dtype))
     wts = torch.where(held, weights[order], torch.zeros((), dtype=weights.dtype, device=weights.device))
-    return SendLayout(order, counts, slots.to(torch.int32), wts)
+    return SendLayout(order, list(counts), slots.to(torch.int32), wts)
 
 
-def plan_expansion(slots: torch.Tensor, local_experts: int) -> Expansion:
-    """The expansion of received rows whose slots (local expert or -1, [rows, k]) are ``slots``."""
+def plan_send(topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_experts: int, world: int) -> SendLayout:
+    """The send layout of a rank whose tokens picked ``topk_idx`` [T, k] (expert numbers; -1: no
+    expert) with ``topk_weights`` [T, k] (None: ones). One device-to-host sync (the sizes)."""
+    rt = route(topk_idx, num_experts, world)
+    host = torch.cat([rt.bad.view(1), rt.table[:, 0]]).tolist()
+    if host[0]:
+        raise ValueError(f"topk_idx holds an expert outside -1..{num_experts - 1}")
+    return send_layout(rt, topk_idx, topk_weights, host[1:], num_experts)
+
+
+def plan_expansion(slots: torch.Tensor, local_experts: int, counts: list | None = None) -> Expansion:
+    """The expansion of received rows whose slots (local expert or -1, [rows, k]) are ``slots``.
+    ``counts``: the pairs per local expert where the host knows them (no sync then)."""
     rows_n, k = slots.shape
-    s = slots.long()
-    flat = s.flatten()  # (row, slot) pairs in row-major order: row, then slot
-    pairs = (flat >= 0).nonzero().flatten()
-    experts = flat[pairs]
+    s = slots.long().flatten()  # (row, slot) pairs in row-major order: row, then slot
+    key = torch.where(s >= 0, s, local_experts)
+    if counts is None:
+        per = torch.zeros(local_experts + 1, dtype=torch.int64, device=s.device).scatter_add_(
+            0, key, torch.ones_like(key))
+        counts = per[:local_experts].tolist()
+    n = sum(counts)
     # group by expert, keeping (row, slot) order within it: a stable sort
-    order = torch.sort(experts, stable=True).indices
-    pairs = pairs[order]
-    counts = torch.bincount(experts, minlength=local_experts).tolist() if experts.numel() else [0] * local_experts
+    pairs = torch.sort(key, stable=True).indices[:n]
     position = torch.full((rows_n * k,), -1, dtype=torch.long, device=slots.device)
-    position[pairs] = torch.arange(pairs.numel(), device=slots.device)
-    return Expansion(pairs // max(k, 1), counts, position.view(rows_n, k))
+    position[pairs] = torch.arange(n, device=slots.device)
+    return Expansion(pairs // max(k, 1), list(counts), position.view(rows_n, k))
