@@ -8,16 +8,20 @@ the weighted sum over each token's experts. Both are autograd functions: dispatc
 is a combine (unweighted) and combine's a dispatch (with the weights' gradient), so a training
 step works. Layouts: :mod:`conccl.integrations.ep.layout`.
 
-How it moves (this version): the routing counts first (a small all-to-all; the host reads
-them, a device-to-host sync per call), then the rows' top-k slots and weights (one int32
-tensor) and the token rows by conccl's uneven ``all_to_all_single`` (copy engines), with the
-permutations into and out of expert order as gathers on the caller's stream (SM kernels, memory-bound). Arithmetic, alike
-on every path: a receiving rank sums its experts' outputs for a token in top-k slot order in
-fp32, weights first (``w * y``), and rounds the partial to the dtype; the token's rank sums the
-partials of the ranks in rank order in fp32 and rounds once.
+How it moves: dispatch exchanges a small table first (per destination: rows, pairs per local
+expert, a bad-input flag) and the host reads it (the one device-to-host sync per dispatch);
+then the rows' top-k slots and weights (one int32 tensor) and the token rows go by conccl's
+uneven ``all_to_all_single`` (copy engines). SM work, on the caller's stream: the routing
+(sorts and scatters), the permutations into and out of expert order (gathers, memory-bound),
+and each weighted sum of combine and of dispatch's backward, one kernel
+(:mod:`conccl.executors.cuda_gather_sum`, at most half the SMs; the torch form on the CPU).
 
-Status: CPU-tested over the reference executor (tests/multiproc/test_ep.py); not yet run or
-measured on GPUs (issue 41).
+Arithmetic, alike on every path: a receiving rank sums its experts' outputs for a token in
+top-k slot order in fp32, weights first (``w * y``), and rounds the partial to the dtype; the
+token's rank sums the partials of the ranks in rank order in fp32 and rounds once.
+
+Status: CPU-tested over the reference executor (tests/multiproc/test_ep.py) and against the
+NCCL reference dispatcher on GPUs (tests/gpu/test_gpu_ep.py); speed: ``conccl bench moe``.
 """
 from __future__ import annotations
 
@@ -60,8 +64,23 @@ def _exchange(g, rows: torch.Tensor, send_counts: list, recv_counts: list) -> to
     return out
 
 
+def _kernel(t: torch.Tensor) -> bool:
+    """Whether the gathered-sum kernel (conccl.executors.cuda_gather_sum) does a sum on ``t``."""
+    return t.is_cuda and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.dim() == 2
+
+
 def _rank_sum(returned: torch.Tensor, send: SendLayout, tokens: int, dtype) -> torch.Tensor:
     """[tokens, H]: each token's returned rows summed over ranks in rank order, fp32, rounded once."""
+    if _kernel(returned):
+        from ...executors.cuda_gather_sum import gather_sum
+
+        world, rows = len(send.counts), returned.shape[0]
+        dest = torch.repeat_interleave(torch.arange(world, device=returned.device),
+                                       torch.tensor(send.counts, device=returned.device), output_size=rows)
+        index = torch.full((tokens * world,), -1, dtype=torch.int64, device=returned.device)
+        index[send.order * world + dest] = torch.arange(rows, device=returned.device)  # [token, rank]: its row
+        out = torch.empty((tokens, returned.shape[1]), dtype=dtype, device=returned.device)
+        return gather_sum(out, returned.contiguous(), index.view(tokens, world))
     acc = torch.zeros((tokens, *returned.shape[1:]), dtype=torch.float32, device=returned.device)
     start = 0
     for n in send.counts:  # one row per token per rank: no index repeats within a rank's rows
@@ -74,6 +93,12 @@ def _rank_sum(returned: torch.Tensor, send: SendLayout, tokens: int, dtype) -> t
 def _slot_sum(values: torch.Tensor, position: torch.Tensor, weights: torch.Tensor | None, dtype) -> torch.Tensor:
     """[received rows, H]: per received row, its slots' expanded rows (times their weights) summed
     in slot order, fp32, rounded to ``dtype`` once."""
+    if _kernel(values) and values.dtype == dtype:
+        from ...executors.cuda_gather_sum import gather_sum
+
+        out = torch.empty((position.shape[0], values.shape[1]), dtype=dtype, device=values.device)
+        return gather_sum(out, values.contiguous(), position.contiguous(),
+                          None if weights is None else weights.contiguous())
     acc = torch.zeros((position.shape[0], *values.shape[1:]), dtype=torch.float32, device=values.device)
     for j in range(position.shape[1]):
         pos = position[:, j]
