@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rig import part_collectives, part_fsdp, part_hier, part_tp
+from rig import part_collectives, part_ep, part_fsdp, part_hier, part_tp
 from rig.common import RankLeaves
 
 
@@ -57,6 +57,7 @@ PARTS = (
     Part("tp", part_tp.tp),
     Part("tp_layers", part_tp.tp_layers),
     Part("bench_tp", part_tp.bench_tp),
+    Part("ep", part_ep.ep),
     Part("hier", part_hier.hier, hosts=True),
     Part("fsdp_hosts", part_fsdp.fsdp_hosts, hosts=True),
     Part("fsdp", part_fsdp.fsdp, default=False),  # the CLI's --fsdp

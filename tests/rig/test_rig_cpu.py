@@ -28,7 +28,7 @@ def test_parts_parse_in_run_order():
 
 
 def test_defaults_and_every_part_a_test():
-    assert default_parts(2) == ("eager", "persistent", "graph", "tp", "tp_layers", "bench_tp")
+    assert default_parts(2) == ("eager", "persistent", "graph", "tp", "tp_layers", "bench_tp", "ep")
     assert default_parts(4) == default_parts(2) + ("hier", "fsdp_hosts")
     assert {part for part, _ in conftest.tier_cases()} == set(BY_NAME)
     assert ("hier", 2) not in conftest.tier_cases() and ("fsdp", 3) in conftest.tier_cases()

@@ -1,0 +1,70 @@
+"""The rig's expert-parallel part: ``ep`` (conccl.ep's dispatch and combine, forward and
+dispatch's backward, against the module doc's arithmetic applied to every rank's inputs, bit for
+bit; the combine's sums are the gathered-sum kernel's on CUDA).
+
+conccl is imported inside the part: the harness also serves scripts/launch_path_bench.py run
+against another checkout's conccl, which may lack what a part uses."""
+from __future__ import annotations
+
+import torch
+
+from rig.common import bits_equal
+
+H = 40  # 80 bytes a bf16 row: the kernel's vector rows (fp32: 160)
+
+
+def _inputs(src, experts, k, dtype):
+    g = torch.Generator().manual_seed(500 + src)
+    tokens = 6 + 5 * src
+    idx = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+    idx[torch.rand(tokens, k, generator=g) < 0.15] = -1
+    return (torch.randn(tokens, H, generator=g).to(dtype), idx, torch.rand(tokens, k, generator=g),
+            torch.randn(tokens, H, generator=g).to(dtype))
+
+
+def _expected(every, rank, world, experts, k, dtype, scale):
+    """Dispatch's rows, combine's output and x's gradient on ``rank``, by loops on the CPU."""
+    epr = experts // world
+    rows = [every[s][0][t] for e in range(epr) for s in range(world) for t in range(every[s][1].shape[0])
+            for j in range(k) if every[s][1][t, j] == rank * epr + e]
+    x, idx, w, grad = every[rank]
+    out, gx = torch.empty_like(x), torch.empty_like(x)
+    for t in range(x.shape[0]):
+        acc, gacc = torch.zeros(H), torch.zeros(H)
+        for d in range(world):
+            held = [j for j in range(k) if idx[t, j] >= 0 and idx[t, j] // epr == d]
+            if not held:
+                continue
+            part, gpart = torch.zeros(H), torch.zeros(H)
+            for j in held:
+                y = (x[t].float() * scale(int(idx[t, j]))).to(dtype)
+                part = part + w[t, j] * y.float()
+                gpart = gpart + ((w[t, j] * grad[t].float()).to(dtype).float() * scale(int(idx[t, j]))).to(dtype).float()
+            acc, gacc = acc + part.to(dtype).float(), gacc + gpart.to(dtype).float()
+        out[t], gx[t] = acc.to(dtype), gacc.to(dtype)
+    return (torch.stack(rows) if rows else torch.empty(0, H, dtype=dtype)), out, gx
+
+
+def ep(rank, world, cases, report):
+    """conccl.ep on ranks sharing one GPU: dispatch's rows, combine's output and x's gradient."""
+    from conccl.integrations import ep as cep
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for experts, k in ((2 * world, 2), (4 * world, 3)):
+            epr = experts // world
+            scale = lambda e: (e + 1) * 0.25  # noqa: E731 - expert e's output: its rows times this
+            every = [_inputs(s, experts, k, dtype) for s in range(world)]
+            x, idx, w, grad = (t.cuda() for t in every[rank])
+            x.requires_grad_()
+            ex, counts, handle = cep.dispatch(x, idx, w, experts)
+            factors = torch.repeat_interleave(torch.tensor([scale(rank * epr + e) for e in range(epr)]),
+                                              torch.tensor(counts)).cuda()[:, None]
+            y = (ex.float() * factors).to(dtype)
+            out = cep.combine(y, handle)
+            (out.float() * grad.float()).sum().backward()
+            torch.cuda.synchronize()
+            want_rows, want_out, want_gx = _expected(every, rank, world, experts, k, dtype, scale)
+            name = f"ep {dtype} {experts} experts top-{k}"
+            cases.append((f"{name} dispatch", bits_equal(ex.detach().cpu(), want_rows)))
+            cases.append((f"{name} combine", bits_equal(out.detach().cpu(), want_out)))
+            cases.append((f"{name} dispatch backward", bits_equal(x.grad.cpu(), want_gx)))
