@@ -44,6 +44,7 @@ class MoEBenchConfig:
     warmup: int = 3
     runs: int = 10
     seed: int = 0
+    train_steps: int = 20  # the small MoE model (bench/moe_model.py) on both dispatchers; 0: none
 
 
 @dataclass
@@ -119,7 +120,10 @@ def _grouped_gemm(torch, rows, weights, counts):
     """rows [N, H] grouped by expert (``counts``) times ``weights`` [E, H, F]: [N, F]."""
     if hasattr(torch, "_grouped_mm") and rows.is_cuda and rows.dtype == torch.bfloat16:
         offs = torch.cumsum(torch.tensor(counts, device=rows.device), 0).to(torch.int32)
-        return torch._grouped_mm(rows, weights, offs=offs)
+        try:
+            return torch._grouped_mm(rows, weights, offs=offs)
+        except RuntimeError:  # a torch build or layout it refuses: the loop below
+            pass
     out, start = [], 0
     for e, n in enumerate(counts):
         out.append(rows[start:start + n] @ weights[e])
@@ -127,8 +131,46 @@ def _grouped_gemm(torch, rows, weights, counts):
     return torch.cat(out)
 
 
+def train_both(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
+    """The small MoE model (4 layers, dim 2048, ``cfg``'s experts and top-k, ``cfg.tokens`` per
+    rank, bf16) trained ``cfg.train_steps`` AdamW steps on each dispatcher, their steps in turn:
+    per dispatcher the slowest rank's median step (ms, after 3) and whether the losses and the
+    final parameters are equal bit for bit."""
+    import torch
+    import torch.distributed as dist
+
+    from . import moe_model
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    seq = max(1, cfg.tokens // 4)
+    mcfg = moe_model.MoEConfig(layers=4, experts=cfg.experts, topk=cfg.topk, dim=2048, ffn=1024, seq=seq, batch=4,
+                               seed=cfg.seed)
+    runs = {}
+    for name in moe_model.DISPATCHERS:
+        model = moe_model.build(mcfg, name, device=dev, dtype=getattr(torch, cfg.dtype))
+        runs[name] = {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=3e-3), "ms": [], "losses": []}
+    for step in range(cfg.train_steps):
+        tokens, targets = moe_model.batch(mcfg, rank, step, dev)
+        for name, r in runs.items():
+            ms = _timed(torch, dist, lambda: r["losses"].append(moe_model.train_step(r["model"], r["opt"], tokens, targets)))
+            if step >= 3:
+                r["ms"].append(ms)
+    c, ref = runs["conccl"], runs["reference"]
+    same_loss = all(torch.equal(a, b) for a, b in zip(c["losses"], ref["losses"]))
+    pc, pr = c["model"].state_dict(), ref["model"].state_dict()
+    same_params = all(torch.equal(pc[n], pr[n]) for n in pc)
+    every = [None] * world
+    dist.all_gather_object(every, same_loss and same_params)
+    out = {"config": {"layers": 4, "dim": 2048, "ffn": 1024, "tokens_per_rank": 4 * seq, "steps": cfg.train_steps},
+           "equal": all(every), "first_loss": float(c["losses"][0]), "last_loss": float(c["losses"][-1])}
+    for name, r in runs.items():
+        out[name] = dict(zip(("step_ms", "spread"), _slowest(dist, world, r["ms"]))) if r["ms"] else {}
+    return out
+
+
 def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
-    """Every case on this rank (collective); the records (identical on every rank)."""
+    """Every case on this rank (collective); the records (identical on every rank), and the
+    training figures (:func:`train_both`) last when ``cfg.train_steps``."""
     import torch
     import torch.distributed as dist
 
@@ -241,12 +283,19 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
             records.append(recs[i])
             if progress and rank == 0:
                 progress(recs[i])
+    if cfg.train_steps:
+        try:
+            records.append(train_both(rank, world, cfg))
+        except Exception as e:  # noqa: BLE001 - the figures above are kept; the record says why
+            records.append({"error": f"{type(e).__name__}: {e}", "equal": False})
     return records
 
 
 def document(meta: dict, cfg: MoEBenchConfig, records: list) -> dict:
+    train = [r for r in records if isinstance(r, dict)]
     return {"machine_kind": meta.get("machine_kind"), "commit": meta.get("commit"), "torch": meta.get("torch"),
-            "meta": meta, "config": asdict(cfg), "results": [asdict(r) for r in records]}
+            "meta": meta, "config": asdict(cfg), "results": [asdict(r) for r in records if not isinstance(r, dict)],
+            "training": train[0] if train else None}
 
 
 def _f(v, fmt=".3f"):
@@ -273,6 +322,18 @@ def markdown(doc: dict) -> str:
                      f"{_f(r['combine_ms'])} | {spread(r['combine_spread'])} | {r['rows_sent']} | "
                      f"{_f(r['link_GBps'], '.1f')} | {_f(r['kernel_us'], '.0f')} | {_f(r['gemm_alone_ms'])} | "
                      f"{_f(r['gemm_beside_ms'])} | {_f(r['gemm_slowdown'])} | {'WRONG' if r['wrong'] else ''} |")
+    t = doc.get("training")
+    if t and t.get("error"):
+        lines += ["", f"Training failed: {t['error'][:300]}"]
+    elif t:
+        lines += ["", f"Training: the small MoE model ({t['config']['layers']} layers, dim {t['config']['dim']}, ffn "
+                      f"{t['config']['ffn']}, {t['config']['tokens_per_rank']} tokens per rank), "
+                      f"{t['config']['steps']} AdamW steps on each dispatcher in turn; losses and parameters "
+                      f"{'equal bit for bit' if t['equal'] else 'NOT EQUAL'}; loss {t['first_loss']:.4f} -> "
+                      f"{t['last_loss']:.4f}.", "", "| dispatcher | step ms | spread |", "| --- | ---: | ---: |"]
+        for name in ("conccl", "reference"):
+            if t.get(name):
+                lines.append(f"| {name} | {t[name]['step_ms']:.3f} | {100 * t[name]['spread']:.1f}% |")
     return "\n".join(lines) + "\n"
 
 
