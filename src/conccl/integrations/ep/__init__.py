@@ -12,7 +12,8 @@ How it moves: dispatch exchanges a small table first (per destination: rows, pai
 expert, a bad-input flag) and the host reads it (the one device-to-host sync per dispatch);
 then the rows' top-k slots and weights (one int32 tensor) and the token rows go by conccl's
 uneven ``all_to_all_single`` (copy engines). SM work, on the caller's stream: the routing
-(sorts and scatters), the permutations into and out of expert order (gathers, memory-bound),
+(one kernel of one CTA on GPUs, :mod:`conccl.executors.cuda_moe_route`; sorts and scatters on
+the CPU), the permutations into and out of expert order (gathers, memory-bound),
 and each weighted sum of combine and of dispatch's backward, one kernel
 (:mod:`conccl.executors.cuda_gather_sum`, at most half the SMs; the torch form on the CPU).
 
@@ -47,6 +48,7 @@ class DispatchHandle:
     recv_weights: torch.Tensor  # [received rows, k]
     tokens: int
     counts: list  # expanded rows per local expert
+    rank_index: torch.Tensor | None = None  # GPUs: [tokens, world], each token's row among those sent to a rank, or -1
 
 
 def _group(group):
@@ -69,18 +71,23 @@ def _kernel(t: torch.Tensor) -> bool:
     return t.is_cuda and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.dim() == 2
 
 
-def _rank_sum(returned: torch.Tensor, send: SendLayout, tokens: int, dtype) -> torch.Tensor:
+def _rank_index(send_counts: torch.Tensor, order: torch.Tensor, tokens: int) -> torch.Tensor:
+    """[tokens, world] int64: the row of each token among those sent (so returned) in rank order,
+    or -1; ``send_counts`` on the device (no host-to-device copy)."""
+    world, rows = send_counts.shape[0], order.shape[0]
+    dest = torch.repeat_interleave(torch.arange(world, device=order.device), send_counts, output_size=rows)
+    index = torch.full((tokens * world,), -1, dtype=torch.int64, device=order.device)
+    index[order * world + dest] = torch.arange(rows, device=order.device)
+    return index.view(tokens, world)
+
+
+def _rank_sum(returned: torch.Tensor, send: SendLayout, tokens: int, dtype, rank_index=None) -> torch.Tensor:
     """[tokens, H]: each token's returned rows summed over ranks in rank order, fp32, rounded once."""
-    if _kernel(returned):
+    if _kernel(returned) and rank_index is not None:
         from ...executors.cuda_gather_sum import gather_sum
 
-        world, rows = len(send.counts), returned.shape[0]
-        dest = torch.repeat_interleave(torch.arange(world, device=returned.device),
-                                       torch.tensor(send.counts, device=returned.device), output_size=rows)
-        index = torch.full((tokens * world,), -1, dtype=torch.int64, device=returned.device)
-        index[send.order * world + dest] = torch.arange(rows, device=returned.device)  # [token, rank]: its row
         out = torch.empty((tokens, returned.shape[1]), dtype=dtype, device=returned.device)
-        return gather_sum(out, returned.contiguous(), index.view(tokens, world))
+        return gather_sum(out, returned.contiguous(), rank_index)
     acc = torch.zeros((tokens, *returned.shape[1:]), dtype=torch.float32, device=returned.device)
     start = 0
     for n in send.counts:  # one row per token per rank: no index repeats within a rank's rows
@@ -123,7 +130,7 @@ class _Dispatch(torch.autograd.Function):
         h = ctx.handle
         per_row = _slot_sum(grad, h.expansion.position, None, grad.dtype)
         returned = _exchange(h.group, per_row, h.recv_counts, h.send.counts)
-        return _rank_sum(returned, h.send, h.tokens, grad.dtype), None
+        return _rank_sum(returned, h.send, h.tokens, grad.dtype, h.rank_index), None
 
 
 class _Combine(torch.autograd.Function):
@@ -134,7 +141,7 @@ class _Combine(torch.autograd.Function):
         h = handle
         partial = _slot_sum(expert_out, h.expansion.position, h.recv_weights, expert_out.dtype)
         returned = _exchange(h.group, partial, h.recv_counts, h.send.counts)
-        return _rank_sum(returned, h.send, h.tokens, expert_out.dtype)
+        return _rank_sum(returned, h.send, h.tokens, expert_out.dtype, h.rank_index)
 
     @staticmethod
     def backward(ctx, grad):
@@ -196,7 +203,13 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
     world = g.world
     epr = experts_per_rank(num_experts, world)
     problem = _problem(x, topk_idx, topk_weights)
-    if problem is None:
+    routed = None  # the routing kernel's (order, meta) on GPUs
+    if problem is None and x.is_cuda:
+        from ...executors.cuda_moe_route import route as route_kernel
+
+        table, order_all, meta_all = route_kernel(topk_idx, topk_weights, num_experts, world)
+        routed = order_all, meta_all
+    elif problem is None:
         rt = route(topk_idx, num_experts, world)
         table = torch.cat([rt.table, rt.bad.clamp(max=1).expand(world, 1)], dim=1)
     else:
@@ -212,14 +225,20 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
                          f"(a shape, or an expert outside -1..{num_experts - 1}); every rank stops here")
     recv_counts = [recv[s][0] for s in range(world)]
     expert_counts = [sum(recv[s][1 + e] for s in range(world)) for e in range(epr)]
-    send = send_layout(rt, topk_idx, topk_weights, send_counts, num_experts)
-    # the rows' slots and weights in one call: int32 [rows, 2k], the weights' fp32 bits after the slots
-    k = send.slots.shape[1]
-    meta = torch.cat([send.slots, send.weights.contiguous().view(torch.int32)], dim=1)
+    # the rows' slots and weights go in one call: int32 [rows, 2k], the weights' fp32 bits after the slots
+    k = topk_idx.shape[1]
+    if routed is not None:
+        rows = sum(send_counts)
+        order, meta = routed[0][:rows], routed[1][:rows]
+        send = SendLayout(order, send_counts, meta[:, :k], meta[:, k:].view(torch.float32))
+    else:
+        send = send_layout(rt, topk_idx, topk_weights, send_counts, num_experts)
+        meta = torch.cat([send.slots, send.weights.contiguous().view(torch.int32)], dim=1)
     meta = _exchange(g, meta, send.counts, recv_counts)
     slots, weights = meta[:, :k], meta[:, k:].contiguous().view(torch.float32)
     expansion = plan_expansion(slots, epr, expert_counts)
-    handle = DispatchHandle(g, send, recv_counts, expansion, weights, x.shape[0], expansion.counts)
+    rank_index = _rank_index(table[:, 0], send.order, x.shape[0]) if x.is_cuda else None
+    handle = DispatchHandle(g, send, recv_counts, expansion, weights, x.shape[0], expansion.counts, rank_index)
     return _Dispatch.apply(x, handle), expansion.counts, handle
 
 

@@ -1,0 +1,158 @@
+"""A MoE dispatch's send layout made by one kernel of one CTA: what
+:func:`conccl.integrations.ep.layout.route` and :func:`~conccl.integrations.ep.layout.send_layout`
+compute with about forty torch operations (sorts, scatters, gathers, each a launch and ~20 us of
+host time), made here with no sort and one launch.
+
+From ``topk_idx`` [T, k] int64 (expert numbers, -1 none) and fp32 weights [T, k] (or none: ones)
+for ``world`` ranks of ``experts / world`` experts each, it writes
+
+- ``table`` [world, experts/world + 2] int64: per destination rank the rows sent there (a token
+  once per rank holding any of its experts), the (token, slot) pairs per its local expert, and
+  in the last column 1 if any slot names an expert outside -1..E-1 (those slots are ignored);
+- ``order`` [capacity] int64: the token of each sent row, rank-major then token-ascending;
+- ``meta`` [capacity, 2k] int32: per sent row its top-k slots there (local expert or -1), then
+  the slots' weights there as fp32 bits (0.0 where not held).
+
+Rows beyond the table's total are left as they were. ``capacity = T * min(k, world)``, the most
+rows a rank can send. How: one pass counts (shared-memory atomics); a second walks the tokens
+in blocks of the CTA, and per destination a block-wide exclusive scan (warp ballots) gives each
+sent token its row. One CTA of 1024 threads: ``world`` scans per 1024 tokens. No workspace
+beyond the outputs.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from .._driver import check, driver, load_module
+
+THREADS = 1024
+MAX_WORLD = 64  # a token's ranks as one 64-bit mask
+
+_SOURCE = r"""
+typedef long long i64;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 ranks_of(const i64* idx, int t, int k, int experts, int epr) {
+    u64 mask = 0;
+    for (int j = 0; j < k; ++j) {
+        const i64 e = idx[(i64)t * k + j];
+        if (e >= 0 && e < experts) mask |= 1ull << (int)(e / epr);
+    }
+    return mask;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_route(
+        const i64* idx, const float* weights, int tokens, int k, int experts, int world,
+        i64* table, i64* order, int* meta) {
+    extern __shared__ int sh[];
+    const int epr = experts / world;
+    int* count = sh;                 // [world] rows per destination
+    int* pairs = count + world;      // [experts] pairs per expert
+    int* bad = pairs + experts;      // [1]
+    int* total = bad + 1;            // [1] the block's sent tokens to the current destination
+    int* warp_sum = total + 1;       // [32] then each warp's exclusive prefix
+    int* base = warp_sum + 32;       // [world] next row of each destination
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    for (int i = tid; i < world + experts + 1; i += blockDim.x) sh[i] = 0;
+    __syncthreads();
+    for (int t = tid; t < tokens; t += blockDim.x) {
+        u64 mask = 0;
+        for (int j = 0; j < k; ++j) {
+            const i64 e = idx[(i64)t * k + j];
+            if (e < -1 || e >= experts) atomicAdd(bad, 1);
+            else if (e >= 0) { mask |= 1ull << (int)(e / epr); atomicAdd(&pairs[e], 1); }
+        }
+        for (int d = 0; d < world; ++d) if ((mask >> d) & 1ull) atomicAdd(&count[d], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int running = 0;
+        for (int d = 0; d < world; ++d) { base[d] = running; running += count[d]; }
+    }
+    const int cols = epr + 2;
+    for (int i = tid; i < world * cols; i += blockDim.x) {
+        const int d = i / cols, c = i - d * cols;
+        table[i] = c == 0 ? count[d] : c <= epr ? pairs[d * epr + c - 1] : (*bad > 0);
+    }
+    __syncthreads();
+    for (int chunk = 0; chunk < tokens; chunk += blockDim.x) {
+        const int t = chunk + tid;
+        const u64 mask = t < tokens ? ranks_of(idx, t, k, experts, epr) : 0ull;
+        for (int d = 0; d < world; ++d) {
+            const int flag = (int)((mask >> d) & 1ull);
+            const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+            const int before = __popc(ballot & ((1u << lane) - 1u));
+            if (lane == 0) warp_sum[warp] = __popc(ballot);
+            __syncthreads();
+            if (warp == 0) {  // exclusive scan of the warps' counts
+                const int v = lane < warps ? warp_sum[lane] : 0;
+                int incl = v;
+                for (int o = 1; o < 32; o <<= 1) {
+                    const int u = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o) incl += u;
+                }
+                warp_sum[lane] = incl - v;
+                if (lane == 31) *total = incl;
+            }
+            __syncthreads();
+            if (flag) {
+                const i64 row = (i64)base[d] + warp_sum[warp] + before;
+                order[row] = t;
+                int* m = meta + row * 2 * k;
+                for (int j = 0; j < k; ++j) {
+                    const i64 e = idx[(i64)t * k + j];
+                    const bool held = e >= 0 && e < experts && (int)(e / epr) == d;
+                    m[j] = held ? (int)(e % epr) : -1;
+                    m[k + j] = held ? __float_as_int(weights ? weights[(i64)t * k + j] : 1.0f) : 0;
+                }
+            }
+            __syncthreads();
+            if (tid == 0) base[d] += *total;
+            __syncthreads();
+        }
+    }
+}
+"""
+
+
+def source() -> str:
+    """The kernel's CUDA C, as compiled (for compile checks without a GPU)."""
+    return f"#define THREADS_PER_CTA {THREADS}\n{_SOURCE}"
+
+
+@functools.lru_cache(maxsize=None)
+def _function(device_index: int):
+    module = load_module(device_index, source(), "conccl_moe_route.cu", "the MoE routing kernel")
+    return check(driver().cuModuleGetFunction(module, b"moe_route"))
+
+
+def route(topk_idx, topk_weights, experts: int, world: int, stream=None):
+    """``(table, order, meta)`` (module doc) for ``topk_idx`` [T, k] on its GPU, queued on
+    ``stream`` (default: torch's current stream); no host sync. ``topk_weights``: [T, k] (any
+    float dtype, converted to fp32) or None."""
+    import torch
+
+    if not 1 <= world <= MAX_WORLD or experts % world:
+        raise ValueError(f"moe route: {experts} experts over {world} ranks (at most {MAX_WORLD}, evenly)")
+    tokens, k = topk_idx.shape
+    dev = topk_idx.device
+    idx = topk_idx.to(torch.int64).contiguous()
+    w = None if topk_weights is None else topk_weights.to(torch.float32).contiguous()
+    epr = experts // world
+    capacity = tokens * min(k, world)
+    table = torch.empty((world, epr + 2), dtype=torch.int64, device=dev)
+    order = torch.empty(capacity, dtype=torch.int64, device=dev)
+    meta = torch.empty((capacity, 2 * k), dtype=torch.int32, device=dev)
+    values = [ctypes.c_void_p(idx.data_ptr()), ctypes.c_void_p(0 if w is None else w.data_ptr()),
+              ctypes.c_int(tokens), ctypes.c_int(k), ctypes.c_int(experts), ctypes.c_int(world),
+              ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr())]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    shared = 4 * (2 * world + experts + 2 + 32)
+    s = (stream if stream is not None else torch.cuda.current_stream(dev)).cuda_stream
+    fn = _function(dev.index)
+    cu = driver()
+    if shared > 48 * 1024:
+        check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared))
+    check(cu.cuLaunchKernel(fn, 1, 1, 1, THREADS, 1, 1, shared, s, ctypes.addressof(params), 0))
+    return table, order, meta

@@ -1,0 +1,35 @@
+"""GPU tier: the MoE routing kernel (conccl.executors.cuda_moe_route) against the torch form
+conccl.ep uses on the CPU (layout.route and layout.send_layout), exactly: the table (rows,
+pairs per expert, the bad-input flag), every sent row's token, slots and weight bits. Worlds
+2-8, 8-256 experts, top-1 to top-8, more tokens than the CTA has threads. One GPU."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("world,experts,k,tokens", [(2, 8, 2, 4099), (3, 12, 3, 100), (4, 64, 8, 2500),
+                                                    (8, 256, 4, 3000), (8, 8, 1, 1), (2, 4, 2, 0)])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_kernel_equals_the_torch_form(world, experts, k, tokens, weighted):
+    from conccl.executors.cuda_moe_route import route as route_kernel
+    from conccl.integrations.ep.layout import route, send_layout
+
+    g = torch.Generator(device="cuda").manual_seed(world * 1000 + k)
+    idx = torch.randint(0, experts, (tokens, k), device="cuda", generator=g)
+    idx[torch.rand(tokens, k, device="cuda", generator=g) < 0.1] = -1
+    w = torch.rand(tokens, k, device="cuda", generator=g) if weighted else None
+    table, order, meta = route_kernel(idx, w, experts, world)
+    rt = route(idx, experts, world)
+    want_table = torch.cat([rt.table, rt.bad.clamp(max=1).expand(world, 1)], dim=1)
+    assert torch.equal(table, want_table)
+    counts = want_table[:, 0].tolist()
+    send = send_layout(rt, idx, w, counts, experts)
+    rows = sum(counts)
+    assert torch.equal(order[:rows], send.order)
+    assert torch.equal(meta[:rows, :k], send.slots)
+    assert torch.equal(meta[:rows, k:], send.weights.contiguous().view(torch.int32))
+    if tokens:  # a bad expert number sets the flag on every row of the table
+        idx[0, 0] = experts
+        assert route_kernel(idx, w, experts, world)[0][:, -1].tolist() == [1] * world
