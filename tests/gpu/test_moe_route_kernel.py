@@ -33,3 +33,19 @@ def test_kernel_equals_the_torch_form(world, experts, k, tokens, weighted):
     if tokens:  # a bad expert number sets the flag on every row of the table
         idx[0, 0] = experts
         assert route_kernel(idx, w, experts, world)[0][:, -1].tolist() == [1] * world
+
+
+@pytest.mark.parametrize("rows,k,experts", [(3000, 2, 4), (700, 8, 128), (5, 3, 320), (1, 1, 1), (0, 2, 4)])
+def test_expansion_kernel_equals_the_stable_sort(rows, k, experts):
+    from conccl.executors.cuda_moe_route import expand
+    from conccl.integrations.ep.layout import plan_expansion
+
+    g = torch.Generator(device="cuda").manual_seed(rows + k)
+    slots = torch.randint(-1, experts, (rows, k), device="cuda", generator=g, dtype=torch.int32)
+    packed = torch.zeros((rows, 3 * k + 1), dtype=torch.int32, device="cuda")  # rows strided as they arrive
+    packed[:, 1:k + 1] = slots
+    view = packed[:, 1:k + 1]
+    want = plan_expansion(slots, experts)
+    position, expanded = expand(view, experts, sum(want.counts))
+    assert torch.equal(position, want.position)
+    assert torch.equal(expanded, want.rows)

@@ -135,3 +135,19 @@ def test_empty_ranks_and_all_tokens_to_one_expert_or_rank(case):
     assert results[1][1] == [0, 0]  # rank 1's experts (2, 3) got nothing
     rows_to_0 = {"empty rank": 7, "one expert": 14, "one rank": 14}[case]
     assert results[0][1] == ([rows_to_0, 0] if case != "one rank" else [14, 14])
+
+
+def _odd_rows(comm):
+    r = comm.rank
+    x = (torch.randint(-4, 5, (5, 7)) * 0.5).to(torch.bfloat16)  # 14-byte rows: slots and weights sent apart
+    idx = torch.tensor([[0, 3], [1, -1], [2, 3], [3, 0], [1, 2]]) if r == 0 else torch.tensor([[3, 2]] * 5)
+    ex, counts, handle = ep.dispatch(x, idx, None, 4, group=comm)
+    out = ep.combine(ex, handle)
+    want = x * (idx >= 0).sum(dim=1, keepdim=True).to(torch.bfloat16)  # exact: small multiples of 0.5
+    return torch.equal(out, want), counts
+
+
+def test_rows_whose_bytes_are_not_a_multiple_of_4():
+    results = spawn(2, _odd_rows)
+    assert all(ok for ok, _ in results), results
+    assert results[0][1] == [2, 2] and results[1][1] == [7, 8]

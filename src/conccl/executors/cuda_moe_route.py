@@ -1,4 +1,4 @@
-"""A MoE dispatch's send layout made by one kernel of one CTA: what
+"""A MoE dispatch's layouts made by kernels of one CTA each. ``route``: the sender's, what
 :func:`conccl.integrations.ep.layout.route` and :func:`~conccl.integrations.ep.layout.send_layout`
 compute with about forty torch operations (sorts, scatters, gathers, each a launch and ~20 us of
 host time), made here with no sort and one launch.
@@ -18,6 +18,10 @@ rows a rank can send. How: one pass counts (shared-memory atomics); a second wal
 in blocks of the CTA, and per destination a block-wide exclusive scan (warp ballots) gives each
 sent token its row. One CTA of 1024 threads: ``world`` scans per 1024 tokens. No workspace
 beyond the outputs.
+
+``expand``: the receiver's, what :func:`~conccl.integrations.ep.layout.plan_expansion` computes
+with a stable sort: each received (row, slot) pair's place in the expert-grouped rows, by a
+stable counting sort in one CTA (the kernel's comment says how).
 """
 from __future__ import annotations
 
@@ -113,7 +117,73 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_route(
         }
     }
 }
+
+// The receiver's expansion: received rows' slots (int32, row stride `stride`, local expert or -1)
+// into one row per (row, slot) pair grouped by expert, then by (row, slot) order: a stable
+// counting sort. Pass 1 counts per expert; pass 2 walks the pairs in blocks of the CTA, each
+// pair's place = its expert's start + the pairs of that expert in earlier blocks + in earlier
+// warps of this block (a per-warp, per-expert count table, scanned over warps) + in earlier lanes
+// of its warp (__match_any_sync). Shared memory: (2 + 32) ints per expert.
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_expand(
+        const int* slots, long long stride, long long rows, int k, int experts, i64* position, i64* expanded) {
+    extern __shared__ int sh[];
+    int* base = sh;                  // [experts] next place of each expert
+    int* chunk_total = base + experts;  // [experts]
+    int* wc = chunk_total + experts;  // [32][experts]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const i64 pairs = rows * k;
+    for (int i = tid; i < experts; i += blockDim.x) base[i] = 0;
+    __syncthreads();
+    for (i64 p = tid; p < pairs; p += blockDim.x) {
+        const i64 r = p / k; const int j = (int)(p - r * k);
+        const int e = slots[r * stride + j];
+        if (e >= 0 && e < experts) atomicAdd(&base[e], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int running = 0;
+        for (int e = 0; e < experts; ++e) { const int c = base[e]; base[e] = running; running += c; }
+    }
+    __syncthreads();
+    for (i64 chunk = 0; chunk < pairs; chunk += blockDim.x) {
+        const i64 p = chunk + tid;
+        int e = -1;
+        i64 r = 0;
+        if (p < pairs) {
+            r = p / k;
+            const int j = (int)(p - r * k);
+            e = slots[r * stride + j];
+            if (e < 0 || e >= experts) e = -1;
+        }
+        const unsigned same = __match_any_sync(0xffffffffu, e);
+        const int before = __popc(same & ((1u << lane) - 1u));
+        for (int i = lane; i < experts; i += 32) wc[warp * experts + i] = 0;
+        __syncwarp();
+        if (e >= 0 && before == 0) wc[warp * experts + e] = __popc(same);
+        __syncthreads();
+        for (int i = tid; i < experts; i += blockDim.x) {  // exclusive scan over the warps, per expert
+            int run = 0;
+            for (int w = 0; w < warps; ++w) { const int c = wc[w * experts + i]; wc[w * experts + i] = run; run += c; }
+            chunk_total[i] = run;
+        }
+        __syncthreads();
+        if (p < pairs) {
+            if (e >= 0) {
+                const i64 at = (i64)base[e] + wc[warp * experts + e] + before;
+                position[p] = at;
+                expanded[at] = r;
+            } else {
+                position[p] = -1;
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < experts; i += blockDim.x) base[i] += chunk_total[i];
+        __syncthreads();
+    }
+}
 """
+
+MAX_EXPAND_EXPERTS = 320  # (2 + 32) ints each in shared memory: 43.5 KB, under the default 48 KB
 
 
 def source() -> str:
@@ -122,9 +192,40 @@ def source() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _function(device_index: int):
-    module = load_module(device_index, source(), "conccl_moe_route.cu", "the MoE routing kernel")
-    return check(driver().cuModuleGetFunction(module, b"moe_route"))
+def _functions(device_index: int) -> dict:
+    module = load_module(device_index, source(), "conccl_moe_route.cu", "the MoE routing kernels")
+    return {name: check(driver().cuModuleGetFunction(module, name.encode())) for name in ("moe_route", "moe_expand")}
+
+
+def _launch(fn, shared: int, stream, values) -> None:
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    cu = driver()
+    if shared > 48 * 1024:
+        check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared))
+    check(cu.cuLaunchKernel(fn, 1, 1, 1, THREADS, 1, 1, shared, stream, ctypes.addressof(params), 0))
+
+
+def expand(slots, local_experts: int, total: int, stream=None):
+    """``(position [R, k] int64, rows [total] int64)``: the receiver's expansion (what
+    :func:`conccl.integrations.ep.layout.plan_expansion` computes) of ``slots`` [R, k] int32
+    (a view whose rows may be strided, its last dimension contiguous) for ``local_experts``
+    experts (at most :data:`MAX_EXPAND_EXPERTS`), ``total`` valid pairs in all; no host sync."""
+    import torch
+
+    rows, k = slots.shape
+    if slots.dtype != torch.int32 or (k > 1 and slots.stride(1) != 1) or not 0 < local_experts <= MAX_EXPAND_EXPERTS:
+        raise ValueError(f"moe expand: slots {slots.dtype} strides {slots.stride()}, {local_experts} experts "
+                         f"(int32 rows, at most {MAX_EXPAND_EXPERTS})")
+    dev = slots.device
+    position = torch.empty((rows, k), dtype=torch.int64, device=dev)
+    expanded = torch.empty(total, dtype=torch.int64, device=dev)
+    if rows * k:
+        s = (stream if stream is not None else torch.cuda.current_stream(dev)).cuda_stream
+        _launch(_functions(dev.index)["moe_expand"], 4 * 34 * local_experts, s,
+                [ctypes.c_void_p(slots.data_ptr()), ctypes.c_longlong(slots.stride(0)), ctypes.c_longlong(rows),
+                 ctypes.c_int(k), ctypes.c_int(local_experts), ctypes.c_void_p(position.data_ptr()),
+                 ctypes.c_void_p(expanded.data_ptr())])
+    return position, expanded
 
 
 def route(topk_idx, topk_weights, experts: int, world: int, stream=None):
@@ -144,15 +245,10 @@ def route(topk_idx, topk_weights, experts: int, world: int, stream=None):
     table = torch.empty((world, epr + 2), dtype=torch.int64, device=dev)
     order = torch.empty(capacity, dtype=torch.int64, device=dev)
     meta = torch.empty((capacity, 2 * k), dtype=torch.int32, device=dev)
-    values = [ctypes.c_void_p(idx.data_ptr()), ctypes.c_void_p(0 if w is None else w.data_ptr()),
-              ctypes.c_int(tokens), ctypes.c_int(k), ctypes.c_int(experts), ctypes.c_int(world),
-              ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr())]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     shared = 4 * (2 * world + experts + 2 + 32)
     s = (stream if stream is not None else torch.cuda.current_stream(dev)).cuda_stream
-    fn = _function(dev.index)
-    cu = driver()
-    if shared > 48 * 1024:
-        check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared))
-    check(cu.cuLaunchKernel(fn, 1, 1, 1, THREADS, 1, 1, shared, s, ctypes.addressof(params), 0))
+    _launch(_functions(dev.index)["moe_route"], shared, s,
+            [ctypes.c_void_p(idx.data_ptr()), ctypes.c_void_p(0 if w is None else w.data_ptr()),
+             ctypes.c_int(tokens), ctypes.c_int(k), ctypes.c_int(experts), ctypes.c_int(world),
+             ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr())])
     return table, order, meta

@@ -10,12 +10,13 @@ step works. Layouts: :mod:`conccl.integrations.ep.layout`.
 
 How it moves: dispatch exchanges a small table first (per destination: rows, pairs per local
 expert, a bad-input flag) and the host reads it (the one device-to-host sync per dispatch);
-then the rows' top-k slots and weights (one int32 tensor) and the token rows go by conccl's
-uneven ``all_to_all_single`` (copy engines). SM work, on the caller's stream: the routing
-(one kernel of one CTA on GPUs, :mod:`conccl.executors.cuda_moe_route`; sorts and scatters on
-the CPU), the permutations into and out of expert order (gathers, memory-bound),
-and each weighted sum of combine and of dispatch's backward, one kernel
-(:mod:`conccl.executors.cuda_gather_sum`, at most half the SMs; the torch form on the CPU).
+then the token rows, with their top-k slots and weights at each row's end, go by one call of
+conccl's uneven ``all_to_all_single`` (copy engines; two calls where a row's bytes are not a
+multiple of 4). SM work, on the caller's stream: the routing and the expansion into expert
+order (one kernel of one CTA each on GPUs, :mod:`conccl.executors.cuda_moe_route`; sorts and
+scatters on the CPU), the permutations into and out of expert order (gathers, memory-bound),
+and each weighted sum of combine and of dispatch's backward (one kernel of at most half the
+SMs, :mod:`conccl.executors.cuda_gather_sum`; the torch form on the CPU).
 
 Arithmetic, alike on every path: a receiving rank sums its experts' outputs for a token in
 top-k slot order in fp32, weights first (``w * y``), and rounds the partial to the dtype; the
@@ -44,10 +45,10 @@ class DispatchHandle:
     group: object
     send: SendLayout
     recv_counts: list  # rows received from each rank
-    expansion: Expansion
-    recv_weights: torch.Tensor  # [received rows, k]
+    expansion: Expansion | None  # set when the rows arrive
+    recv_weights: torch.Tensor | None  # [received rows, k], set then too
     tokens: int
-    counts: list  # expanded rows per local expert
+    counts: list | None  # expanded rows per local expert, set then too
     rank_index: torch.Tensor | None = None  # GPUs: [tokens, world], each token's row among those sent to a rank, or -1
 
 
@@ -117,12 +118,40 @@ def _slot_sum(values: torch.Tensor, position: torch.Tensor, weights: torch.Tenso
     return acc.to(dtype)
 
 
+def _receive(h: "DispatchHandle", x: torch.Tensor, meta: torch.Tensor):
+    """Send this rank's rows (``x[order]``) and their slots and weights (``meta`` int32 [rows, 2k])
+    to their ranks; return (the received rows [R, H], their meta [R, 2k]). One call where a row's
+    bytes keep the meta 4-byte aligned (the meta rides at the end of each row), else two."""
+    rows = x[h.send.order]
+    row_bytes = x.shape[1] * x.element_size()
+    if row_bytes % 4:
+        return _exchange(h.group, rows, h.send.counts, h.recv_counts), _exchange(h.group, meta, h.send.counts,
+                                                                                  h.recv_counts)
+    packed = torch.cat([rows.view(torch.uint8), meta.view(torch.uint8)], dim=1)
+    got = _exchange(h.group, packed, h.send.counts, h.recv_counts)
+    return got[:, :row_bytes].view(x.dtype), got[:, row_bytes:].view(torch.int32)
+
+
+def _expand(slots: torch.Tensor, local_experts: int, counts: list) -> Expansion:
+    """The expansion of received rows: the counting-sort kernel on GPUs, the torch form else."""
+    if slots.is_cuda:
+        from ...executors.cuda_moe_route import MAX_EXPAND_EXPERTS, expand
+
+        if local_experts <= MAX_EXPAND_EXPERTS:
+            position, rows = expand(slots, local_experts, sum(counts))
+            return Expansion(rows, list(counts), position)
+    return plan_expansion(slots, local_experts, counts)
+
+
 class _Dispatch(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, handle: DispatchHandle):
-        ctx.handle = handle
-        h = handle
-        received = _exchange(h.group, x[h.send.order], h.send.counts, h.recv_counts)
+    def forward(ctx, x, handle: DispatchHandle, meta, local_experts: int, expert_counts: list):
+        ctx.handle = h = handle
+        received, rmeta = _receive(h, x.contiguous(), meta)
+        k = meta.shape[1] // 2
+        h.recv_weights = rmeta[:, k:].contiguous().view(torch.float32)
+        h.expansion = _expand(rmeta[:, :k], local_experts, expert_counts)
+        h.counts = h.expansion.counts
         return received[h.expansion.rows]
 
     @staticmethod
@@ -130,7 +159,7 @@ class _Dispatch(torch.autograd.Function):
         h = ctx.handle
         per_row = _slot_sum(grad, h.expansion.position, None, grad.dtype)
         returned = _exchange(h.group, per_row, h.recv_counts, h.send.counts)
-        return _rank_sum(returned, h.send, h.tokens, grad.dtype, h.rank_index), None
+        return _rank_sum(returned, h.send, h.tokens, grad.dtype, h.rank_index), None, None, None, None
 
 
 class _Combine(torch.autograd.Function):
@@ -225,21 +254,19 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
                          f"(a shape, or an expert outside -1..{num_experts - 1}); every rank stops here")
     recv_counts = [recv[s][0] for s in range(world)]
     expert_counts = [sum(recv[s][1 + e] for s in range(world)) for e in range(epr)]
-    # the rows' slots and weights go in one call: int32 [rows, 2k], the weights' fp32 bits after the slots
-    k = topk_idx.shape[1]
+    # the rows' slots and weights travel with them: int32 [rows, 2k], the weights' fp32 bits after the slots
     if routed is not None:
         rows = sum(send_counts)
         order, meta = routed[0][:rows], routed[1][:rows]
+        k = topk_idx.shape[1]
         send = SendLayout(order, send_counts, meta[:, :k], meta[:, k:].view(torch.float32))
     else:
         send = send_layout(rt, topk_idx, topk_weights, send_counts, num_experts)
         meta = torch.cat([send.slots, send.weights.contiguous().view(torch.int32)], dim=1)
-    meta = _exchange(g, meta, send.counts, recv_counts)
-    slots, weights = meta[:, :k], meta[:, k:].contiguous().view(torch.float32)
-    expansion = plan_expansion(slots, epr, expert_counts)
     rank_index = _rank_index(table[:, 0], send.order, x.shape[0]) if x.is_cuda else None
-    handle = DispatchHandle(g, send, recv_counts, expansion, weights, x.shape[0], expansion.counts, rank_index)
-    return _Dispatch.apply(x, handle), expansion.counts, handle
+    handle = DispatchHandle(g, send, recv_counts, None, None, x.shape[0], None, rank_index)
+    expert_x = _Dispatch.apply(x, handle, meta, epr, expert_counts)
+    return expert_x, handle.counts, handle
 
 
 def combine(expert_out: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Tensor | None = None):
