@@ -13,13 +13,17 @@ experts drawn with Zipf-like probabilities, so one rank receives most rows) and 
 
 Timing: every call is wall time between CUDA events on the caller's stream, host syncs
 included (both dispatchers read counts on the host); the ranks meet at a barrier before each
-timed call; rounds run each implementation once, in turn; per rank the median, then the
-slowest rank's. Correctness: conccl.ep's expert rows, counts and combined output equal the
-reference's bit for bit on every rank. ``kernel_us``: the CUDA kernels' time in one call (the
+timed call; rounds run each implementation once, in turn, each round on a new routing (as
+every training step routes anew: nothing a call remembers from the last one fits; one routing
+for all with ``fresh_routing=False``); per rank the median, then the slowest rank's.
+Correctness: conccl.ep's expert rows, counts and combined output equal the reference's bit for
+bit on every rank, every round. ``kernel_us``: the CUDA kernels' time in one call (the
 SM work; copy-engine copies are not kernels). ``link_GBps``: bytes sent to other ranks over
 the slowest rank's time. Beside compute: the expert GEMM (rows [N, hidden] times each local
 expert's [hidden, ffn], grouped by expert) on the caller's stream, repeated to last about as
-long as one dispatch and combine, while those run on a second stream; its time against alone.
+long as one dispatch and combine, queued first, then those on a second stream: the GEMMs' time
+against alone, and the dispatch and combine's own time there (``comm_beside_ms``: an SM
+kernel in their path waits for the GEMMs' blocks).
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ class MoEBenchConfig:
     warmup: int = 3
     runs: int = 10
     seed: int = 0
+    fresh_routing: bool = True  # a new routing every round (as training routes), or one for all
     train_steps: int = 20  # the small MoE model (bench/moe_model.py) on both dispatchers; 0: none
 
 
@@ -61,6 +66,7 @@ class Record:
     gemm_alone_ms: float | None = None
     gemm_beside_ms: float | None = None
     gemm_slowdown: float | None = None
+    comm_beside_ms: float | None = None  # the dispatch + combine's time on the side stream beside the GEMMs
     wrong: bool = False
     error: str | None = None
 
@@ -152,7 +158,8 @@ def train_both(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
     for step in range(cfg.train_steps):
         tokens, targets = moe_model.batch(mcfg, rank, step, dev)
         for name, r in runs.items():
-            ms = _timed(torch, dist, lambda: r["losses"].append(moe_model.train_step(r["model"], r["opt"], tokens, targets)))
+            one_step = lambda: r["losses"].append(moe_model.train_step(r["model"], r["opt"], tokens, targets))  # noqa: E731
+            ms = _timed(torch, dist, one_step)
             if step >= 3:
                 r["ms"].append(ms)
     c, ref = runs["conccl"], runs["reference"]
@@ -166,6 +173,20 @@ def train_both(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
     for name, r in runs.items():
         out[name] = dict(zip(("step_ms", "spread"), _slowest(dist, world, r["ms"]))) if r["ms"] else {}
     return out
+
+
+def _case(torch, ep, reference_dispatch, reference_combine, kind, x, cfg, rank, epr, seed, dev) -> dict:
+    """One routing and what the reference makes of it (untimed): the rows, counts and combined
+    output every conccl result must equal, the experts' outputs, the raw all-to-all's buffers."""
+    idx, wts = routing(torch, kind, cfg.tokens, cfg.experts, cfg.topk, seed, dev)
+    rx, rcounts, rhandle = reference_dispatch(x, idx, wts, cfg.experts)
+    scale = torch.repeat_interleave(torch.arange(1, epr + 1, device=dev, dtype=torch.float32) / epr,
+                                    torch.tensor(rcounts, device=dev))[:, None]
+    ry = (rx.float() * scale).to(x.dtype)  # the experts' outputs: the same rows on both paths
+    return {"idx": idx, "wts": wts, "rx": rx, "rcounts": rcounts, "rhandle": rhandle, "ry": ry,
+            "rout": reference_combine(ry, rhandle),
+            "ref_rows": torch.empty((sum(rhandle.recv_counts), x.shape[1]), dtype=x.dtype, device=dev),
+            "ref_send": x[rhandle.pairs[:, 0]].contiguous()}
 
 
 def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
@@ -187,41 +208,45 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
     w_experts = (torch.randn(epr, cfg.hidden, cfg.ffn, device=dev, generator=gen) / cfg.hidden ** 0.5).to(dt)
     side = torch.cuda.Stream()
     records = []
+    rounds = cfg.warmup + cfg.runs
     for kind in cfg.routings:
-        idx, wts = routing(torch, kind, cfg.tokens, cfg.experts, cfg.topk, cfg.seed * 1000 + rank, dev)
-        rx, rcounts, rhandle = reference_dispatch(x, idx, wts, cfg.experts)
-        scale = torch.repeat_interleave(torch.arange(1, epr + 1, device=dev, dtype=torch.float32) / epr,
-                                        torch.tensor(rcounts, device=dev))[:, None]
-        ry = (rx.float() * scale).to(dt)  # the experts' outputs: the same rows on both paths
-        rout = reference_combine(ry, rhandle)
-        ref_rows = torch.empty((sum(rhandle.recv_counts), cfg.hidden), dtype=dt, device=dev)
-        ref_send = x[rhandle.pairs[:, 0]].contiguous()
+        # one routing per round (a training step routes anew each time), or one for all
+        cases = [_case(torch, ep, reference_dispatch, reference_combine, kind, x, cfg, rank, epr,
+                       cfg.seed * 1000 + rank + (7919 * r if cfg.fresh_routing else 0), dev)
+                 for r in range(rounds if cfg.fresh_routing else 1)]
         state = {}
 
+        def case():
+            return cases[state["round"] % len(cases)]
+
         def conccl_dispatch():
-            state["c"] = ep.dispatch(x, idx, wts, cfg.experts)
+            state["c"] = ep.dispatch(x, case()["idx"], case()["wts"], cfg.experts)
 
         def conccl_combine():
-            state["cout"] = ep.combine(ry, state["c"][2])
+            state["cout"] = ep.combine(case()["ry"], state["c"][2])
 
         def ref_dispatch():
-            state["r"] = reference_dispatch(x, idx, wts, cfg.experts)
+            state["r"] = reference_dispatch(x, case()["idx"], case()["wts"], cfg.experts)
 
         def ref_combine():
-            state["rout"] = reference_combine(ry, rhandle)
+            state["rout"] = reference_combine(case()["ry"], case()["rhandle"])
 
         def nccl_a2a():
-            dist.all_to_all_single(ref_rows, ref_send, rhandle.recv_counts, rhandle.send_counts)
+            h = case()["rhandle"]
+            dist.all_to_all_single(case()["ref_rows"], case()["ref_send"], h.recv_counts, h.send_counts)
 
         def conccl_a2a():
-            conccl.all_to_all_single(ref_rows, ref_send, rhandle.recv_counts, rhandle.send_counts)
+            h = case()["rhandle"]
+            conccl.all_to_all_single(case()["ref_rows"], case()["ref_send"], h.recv_counts, h.send_counts)
 
         calls = {"conccl": (conccl_dispatch, conccl_combine), "reference": (ref_dispatch, ref_combine),
                  "nccl_a2a": (nccl_a2a, None), "conccl_a2a": (conccl_a2a, None)}
         impls = [i for i in cfg.impls if i in calls]
         recs = {i: Record(kind, i) for i in impls}
         times = {i: ([], []) for i in impls}
-        for r in range(cfg.warmup + cfg.runs):
+        wrong = False
+        for r in range(rounds):
+            state["round"] = r
             for i in impls:
                 d, c = calls[i]
                 td = _timed(torch, dist, d)
@@ -230,14 +255,18 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
                     times[i][0].append(td)
                     if tc is not None:
                         times[i][1].append(tc)
+            if "conccl" in recs:  # every round's results against the reference's
+                cx, ccounts, _ = state["c"]
+                want = case()
+                wrong = wrong or not (torch.equal(cx, want["rx"]) and ccounts == want["rcounts"]
+                                      and torch.equal(state["cout"], want["rout"]))
         if "conccl" in recs:
-            cx, ccounts, chandle = state["c"]
-            wrong = not (torch.equal(cx, rx) and ccounts == rcounts and torch.equal(state["cout"], rout))
             every = [None] * world
             dist.all_gather_object(every, wrong)
             recs["conccl"].wrong = any(every)
+        last = case()
         sent = {"conccl": sum(n for d, n in enumerate(state["c"][2].send.counts) if d != rank) if "c" in state else 0,
-                "reference": sum(n for d, n in enumerate(rhandle.send_counts) if d != rank)}
+                "reference": sum(n for d, n in enumerate(last["rhandle"].send_counts) if d != rank)}
         sent["nccl_a2a"] = sent["conccl_a2a"] = sent["reference"]
         for i in impls:
             rec = recs[i]
@@ -250,8 +279,9 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
             rec.link_GBps = max(every) * cfg.hidden * elt / (rec.dispatch_ms * 1e6)
             d, c = calls[i]
             rec.kernel_us = _kernel_us(torch, lambda: (d(), c() if c else None))
-        # beside compute: the expert GEMM on this stream, a dispatch + combine on the side stream
-        gemm = lambda: _grouped_gemm(torch, rx, w_experts, rcounts)  # noqa: E731
+        # beside compute: the expert GEMM queued on this stream first, then a dispatch + combine
+        # on the side stream: the GEMMs' time against alone, and the communication's
+        gemm = lambda: _grouped_gemm(torch, last["rx"], w_experts, last["rcounts"])  # noqa: E731
         for i in impls:
             rec = recs[i]
             d, c = calls[i]
@@ -259,26 +289,29 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
             one = statistics.median([_timed(torch, dist, gemm) for _ in range(5)])
             reps = max(1, round(comm_ms / max(one, 1e-3)))
             loop = lambda: [gemm() for _ in range(reps)]  # noqa: E731
-            alone, beside = [], []
+            alone, beside, comm = [], [], []
             for _ in range(cfg.runs):
                 alone.append(_timed(torch, dist, loop))
                 torch.cuda.synchronize()
                 dist.barrier()
                 torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+                ev[0].record()
                 loop()  # queued first: the GEMMs hold the SMs when the communication arrives
-                end.record()
+                ev[1].record()
                 with torch.cuda.stream(side):
+                    ev[2].record()
                     d()
                     if c:
                         c()
-                end.synchronize()
+                    ev[3].record()
                 torch.cuda.synchronize()
-                beside.append(start.elapsed_time(end))
+                beside.append(ev[0].elapsed_time(ev[1]))
+                comm.append(ev[2].elapsed_time(ev[3]))
             rec.gemm_alone_ms = _slowest(dist, world, alone)[0]
             rec.gemm_beside_ms = _slowest(dist, world, beside)[0]
             rec.gemm_slowdown = rec.gemm_beside_ms / rec.gemm_alone_ms
+            rec.comm_beside_ms = _slowest(dist, world, comm)[0]
         for i in impls:
             records.append(recs[i])
             if progress and rank == 0:
@@ -307,21 +340,24 @@ def markdown(doc: dict) -> str:
     lines = [f"# conccl bench moe ({meta.get('machine_kind')}, {meta.get('device')}, world {meta.get('world')})", "",
              f"{meta.get('date')}, commit {str(doc.get('commit'))[:12]}, torch {doc.get('torch')}, NCCL "
              f"{meta.get('nccl')}. {c['tokens']} tokens per rank, hidden {c['hidden']}, {c['experts']} experts, "
-             f"top-{c['topk']}, {c['dtype']}; the slowest rank's median of {c['runs']} runs (ms, wall time "
+             f"top-{c['topk']}, {c['dtype']}, "
+             f"{'a new routing every run' if c.get('fresh_routing', True) else 'one routing'}; "
+             f"the slowest rank's median of {c['runs']} runs (ms, wall time "
              f"with host syncs); GEMM: the grouped expert GEMM (ffn {c['ffn']}) alone and beside one dispatch "
              "and combine.", "",
              "| routing | impl | dispatch ms | spread | combine ms | spread | rows to peers | link GB/s | "
-             "kernel us | GEMM alone ms | beside ms | slowdown | wrong |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "kernel us | GEMM alone ms | beside ms | slowdown | comm beside ms | wrong |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in doc["results"]:
         if r["error"]:
-            lines.append(f"| {r['routing']} | {r['impl']} | error: {r['error'][:80]} |" + " |" * 10)
+            lines.append(f"| {r['routing']} | {r['impl']} | error: {r['error'][:80]} |" + " |" * 11)
             continue
         spread = lambda v: "" if v is None else f"{100 * v:.1f}%"  # noqa: E731
         lines.append(f"| {r['routing']} | {r['impl']} | {_f(r['dispatch_ms'])} | {spread(r['dispatch_spread'])} | "
                      f"{_f(r['combine_ms'])} | {spread(r['combine_spread'])} | {r['rows_sent']} | "
                      f"{_f(r['link_GBps'], '.1f')} | {_f(r['kernel_us'], '.0f')} | {_f(r['gemm_alone_ms'])} | "
-                     f"{_f(r['gemm_beside_ms'])} | {_f(r['gemm_slowdown'])} | {'WRONG' if r['wrong'] else ''} |")
+                     f"{_f(r['gemm_beside_ms'])} | {_f(r['gemm_slowdown'])} | {_f(r.get('comm_beside_ms'))} | "
+                     f"{'WRONG' if r['wrong'] else ''} |")
     t = doc.get("training")
     if t and t.get("error"):
         lines += ["", f"Training failed: {t['error'][:300]}"]

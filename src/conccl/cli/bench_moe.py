@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
     b.add_argument("--runs", type=int_range(1, 10_000), default=d.runs)
     b.add_argument("--warmup", type=int_range(0, 10_000), default=d.warmup)
     b.add_argument("--seed", type=int_range(0, 1 << 30), default=d.seed)
+    b.add_argument("--same-routing", action="store_true",
+                   help="one routing for every run (default: a new one every run, as training routes)")
     b.add_argument("--train-steps", type=int_range(0, 10_000), default=d.train_steps,
                    help="AdamW steps of the small MoE model on each dispatcher (0: none)")
     b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
@@ -55,7 +57,8 @@ def config(args) -> bench_moe.MoEBenchConfig:
                                     ffn=args.ffn, dtype=args.dtype,
                                     routings=_list(args.routings, bench_moe.ROUTINGS, "--routings"),
                                     impls=_list(args.impls, bench_moe.IMPLS, "--impls"), warmup=args.warmup,
-                                    runs=args.runs, seed=args.seed, train_steps=args.train_steps)
+                                    runs=args.runs, seed=args.seed, fresh_routing=not args.same_routing,
+                                    train_steps=args.train_steps)
 
 
 def _progress(r) -> None:

@@ -66,7 +66,8 @@ template <int KIND, int VEC> __device__ __forceinline__ void gather_sum(
 
 #define KERNEL(name, KIND, VEC) \
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) name( \
-        void* dst, const void* src, const long long* index, const float* weights, int n, long long rows, long long h) { \
+        void* dst, const void* src, const long long* index, const float* weights, int n, long long rows, \
+        long long h) { \
     gather_sum<KIND, VEC>(dst, src, index, weights, n, rows, h); }
 KERNEL(gather_sum_f32, 0, 0)
 KERNEL(gather_sum_bf16, 1, 0)

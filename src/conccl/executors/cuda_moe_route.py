@@ -201,7 +201,8 @@ def _launch(fn, shared: int, stream, values) -> None:
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     cu = driver()
     if shared > 48 * 1024:
-        check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared))
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(cu.cuFuncSetAttribute(fn, attr, shared))
     check(cu.cuLaunchKernel(fn, 1, 1, 1, THREADS, 1, 1, shared, stream, ctypes.addressof(params), 0))
 
 
