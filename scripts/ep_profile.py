@@ -24,16 +24,23 @@ def _rank(rank, world, a):
 
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(a.tokens, a.hidden, device=dev).to(torch.bfloat16)
-    idx, w = routing(torch, "random", a.tokens, 8, 2, rank, dev)
+    routes = [routing(torch, "random", a.tokens, 8, 2, rank + 7919 * i, dev) for i in range(10)]
+    turn = [0]
+
+    def route():  # a new routing every call, as training has (a.same: one for all)
+        turn[0] += 1
+        return routes[0 if a.same else turn[0] % len(routes)]
     g = conccl.get_group()
     ex = g.executor
     out = []
 
     def c_both():
+        idx, w = route()
         e, counts, h = ep.dispatch(x, idx, w, 8)
         return ep.combine(e, h)
 
     def r_both():
+        idx, w = route()
         e, counts, h = reference_dispatch(x, idx, w, 8)
         return reference_combine(e, h)
 
@@ -42,7 +49,7 @@ def _rank(rank, world, a):
             fn()
         torch.cuda.synchronize()
         dist.barrier()
-        compiled = getattr(ex, "programs_compiled", 0)
+        compiled, compile_s = getattr(ex, "programs_compiled", 0), getattr(ex, "program_compile_s", 0.0)
         t0 = time.perf_counter()
         prof = cProfile.Profile()
         prof.enable()
@@ -52,9 +59,10 @@ def _rank(rank, world, a):
         prof.disable()
         wall = (time.perf_counter() - t0) / 10 * 1e3
         s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(40)
         out.append(f"== {name}: {wall:.3f} ms per dispatch+combine (host wall, profiled), "
-                   f"programs compiled in 10 calls: {getattr(ex, 'programs_compiled', 0) - compiled}\n{s.getvalue()}")
+                   f"programs compiled in 10 calls: {getattr(ex, 'programs_compiled', 0) - compiled} "
+                   f"({1e3 * (getattr(ex, 'program_compile_s', 0.0) - compile_s):.2f} ms)\n{s.getvalue()}")
     return out if rank == 0 else None
 
 
@@ -62,6 +70,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--same", action="store_true", help="one routing for every call (default: a new one each)")
     a = ap.parse_args()
     from conccl.launch import run_per_gpu
 
