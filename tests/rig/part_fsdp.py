@@ -57,11 +57,13 @@ def _fsdp_run(rank, world, cases, report, direct):
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
     g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
     executors = [p.group.executor for p in comms.pools.values()]
-    compiled = []  # copy-engine programs compiled per step: buffers that move recompile
+    compiled = []  # copy-engine programs compiled per step: buffers that move re-address programs instead
+    readdressed = []
     peaks = []  # bytes the sharded model's forward + backward allocated above its start, per step
     for _ in range(4):
         x = torch.randn(64, dim, device="cuda", generator=g)
         start = sum(e.programs_compiled for e in executors)
+        start_re = sum(e.programs_readdressed for e in executors)
         for m, opt in zip((model, ref), opts):
             if m is model:
                 torch.cuda.synchronize()
@@ -74,7 +76,11 @@ def _fsdp_run(rank, world, cases, report, direct):
             opt.step()
             opt.zero_grad()
         compiled.append(sum(e.programs_compiled for e in executors) - start)
+        readdressed.append(sum(e.programs_readdressed for e in executors) - start_re)
     report[name]["programs_compiled_per_step"] = compiled
+    report[name]["programs_readdressed_per_step"] = readdressed
+    cases.append((f"{name}: no copy-engine program compiled in the last step (re-addressed: {readdressed})",
+                  compiled[-1] == 0))
     report[name]["step_peak_bytes"] = peaks
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile

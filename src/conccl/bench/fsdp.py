@@ -111,14 +111,16 @@ def build(config: str, shape: ModelShape, device):
     return model, comms
 
 
-def _compiled(comms) -> tuple[int, float]:
-    """(copy-engine programs conccl's groups have compiled, host seconds spent compiling them):
-    a call whose buffers moved compiles."""
+def _compiled(comms) -> tuple[int, float, int]:
+    """(copy-engine programs conccl's groups have compiled, host seconds spent compiling or
+    re-addressing them, programs re-addressed): a call whose buffers moved re-addresses a
+    program of its shape, or compiles one where there is none yet."""
     if comms is None:
-        return 0, 0.0
+        return 0, 0.0, 0
     executors = [p.group.executor for p in comms.pools.values()]
     return (sum(getattr(e, "programs_compiled", 0) for e in executors),
-            sum(getattr(e, "program_compile_s", 0.0) for e in executors))
+            sum(getattr(e, "program_compile_s", 0.0) for e in executors),
+            sum(getattr(e, "programs_readdressed", 0) for e in executors))
 
 
 def _train(model, x, cfg: FsdpConfig, comms=None):
@@ -150,7 +152,8 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
     # the allocated count at once but is reused only once the other stream caught up
     peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
     now = _compiled(comms)
-    host = {"programs_compiled": now[0] - compiled[0], "compile_s": now[1] - compiled[1], "host_ms": host_ms}
+    host = {"programs_compiled": now[0] - compiled[0], "compile_s": now[1] - compiled[1], "host_ms": host_ms,
+            "programs_readdressed": now[2] - compiled[2]}
     with torch.no_grad():
         final = model(x).float().pow(2).mean().item()
     return times, peak, final, opt, host
@@ -221,7 +224,8 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                    "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
                                                          "memory": comms.memory(), "direct": direct,
                                                          "programs_compiled_timed": host["programs_compiled"],
-                                                         "program_compile_s_timed": host["compile_s"]}}
+                                                         "program_compile_s_timed": host["compile_s"],
+                                                         "programs_readdressed_timed": host["programs_readdressed"]}}
             if cfg.profile and rank == 0:
                 rec["profile"] = _profile_step(model, x)
             elif cfg.profile:
@@ -297,7 +301,9 @@ def markdown(doc: dict) -> str:
         said = []
         if "programs_compiled_timed" in c:  # buffers that move between steps compile on every call
             spent = c.get("program_compile_s_timed")
-            said.append(f"{c['programs_compiled_timed']} copy-engine programs compiled during the timed steps"
+            said.append(f"{c['programs_compiled_timed']} copy-engine programs compiled"
+                        + (f" and {c['programs_readdressed_timed']} re-addressed" if "programs_readdressed_timed" in c
+                           else "") + " during the timed steps"
                         + (f" ({1e3 * spent:.1f} ms of host time)" if spent is not None else ""))
         if r.get("host_ms") is not None:
             said.append(f"the host queued a step's forward and backward in {r['host_ms']:.2f} ms (median, slowest rank)")

@@ -42,9 +42,13 @@ from ..schedule import (MARK_WORDS, Buf, Schedule, Signal, StreamMode, awaited_p
                         signal_word, workspace_half)
 from ..work import NCCL, Work
 from .base import GrowingWorkspace
-from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching
+from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape
 
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
+# Programs kept per shape before a new one is patched from the oldest: a loop alternating between
+# a few buffer sets (the two workspace halves of a double-buffered call, ping-pong buffers) keeps
+# hitting its programs; a stream of new buffers or sizes (FSDP, MoE) re-addresses, never compiles.
+_PROGRAMS_PER_SHAPE = 4
 
 
 def _addresses(own_rank: int, input, output, views, workspace):
@@ -151,7 +155,12 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # Programs compiled for eager and persistent calls since start (not captured ones): a
         # loop whose buffers move compiles on every call.
         self.programs_compiled = 0
-        self.program_compile_s = 0.0  # host seconds spent compiling them
+        self.program_compile_s = 0.0  # host seconds spent compiling or re-addressing them
+        # The programs of each shape (cuda_program.shape) with their keys, oldest first: a miss
+        # whose lowering has a shape that already has _PROGRAMS_PER_SHAPE patches the oldest
+        # instead of compiling (programs_readdressed).
+        self._by_shape: dict = {}
+        self.programs_readdressed = 0
         self._graph_ws = self._graph_ws_handle = None  # reserve_graph_workspace()'s arena
         self._graph_ws_cap = self._graph_ws_used = 0
         self._graph_keep: list = []  # what captured calls refer to (programs, events)
@@ -210,12 +219,26 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             return hit[3]
         t0 = time.perf_counter()
         address = _addresses(self.rank, input, output, views, ws)
-        program = CompiledProgram(lower(schedule, address, self._pads, self.batching, marks=self._marks,
-                                        spin_words=self._spin_words), driver(), self._device_index)
-        self.programs_compiled += 1
+        lowered = lower(schedule, address, self._pads, self.batching, marks=self._marks, spin_words=self._spin_words)
+        form = shape(lowered)
+        pool = self._by_shape.setdefault(form, [])
+        if len(pool) >= _PROGRAMS_PER_SHAPE:
+            # The oldest program of this shape (other buffers, other sizes: an FSDP step's new
+            # parameters, a MoE layer's new routing) is patched and moved to this key.
+            old_key, program = pool.pop(0)
+            if self._programs.get(old_key, (None,) * 4)[3] is program:
+                del self._programs[old_key]
+            program.readdress(lowered, driver(), self._device_index)
+            self.programs_readdressed += 1
+        else:
+            program = CompiledProgram(lowered, driver(), self._device_index)
+            self.programs_compiled += 1
+        pool.append((key, program))
         self.program_compile_s += time.perf_counter() - t0
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
+            self._by_shape.clear()
+            self._by_shape[form] = [(key, program)]
         self._programs[key] = (schedule, views, ws, program)
         return program
 
@@ -453,4 +476,5 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._pad = self._pad_handle = None
         self.symmetric = SymmetricRegistry()
         self._programs.clear()
+        self._by_shape.clear()
 
