@@ -6,15 +6,19 @@ that a GEMM feeds, pipelined with it.
 - :func:`matmul_reduce_scatter`: row-parallel: GEMM, then reduce-scatter, as
   ``fused_matmul_reduce_scatter``;
 - :class:`ColumnParallelLinear`, :class:`RowParallelLinear`: sequence-parallel layers whose
-  forward and backward run these (:mod:`conccl.integrations.tp.layers`).
+  forward and backward run these (:mod:`conccl.integrations.tp.layers`);
+- ``torch.ops.conccl.all_gather_matmul`` / ``torch.ops.conccl.matmul_reduce_scatter``: the two
+  as custom ops for ``torch.compile``, groups named by :func:`op_group`
+  (:mod:`conccl.integrations.tp.compiled`).
 
 ``schedule``: ``"auto"`` (the planner's choice from the hardware profile:
 :mod:`conccl.planner.tp`), a name (``serial``, ``ring``, ``direct``, ``direct-p4-g2``, ...;
 :class:`conccl.pipeline.TPSchedule`) or a ``TPSchedule``.
 """
 from ...pipeline import Order, TPSchedule
+from .compiled import op_group
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .ops import all_gather_matmul, matmul_reduce_scatter, resolve_schedule
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "ColumnParallelLinear", "RowParallelLinear", "TPSchedule",
-           "Order", "resolve_schedule"]
+           "Order", "resolve_schedule", "op_group"]

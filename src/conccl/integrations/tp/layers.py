@@ -17,20 +17,44 @@ and the weight gradient is one more GEMM over the gathered rows (kept from the f
 column layer, gathered by the backward's own pipeline in the row layer). Weights are stored as
 ``torch.nn.Linear``'s, ``[out_features, in_features]`` per rank shard; no bias (Llama-style
 blocks have none; a sequence-parallel row layer's bias gradient would need one more
-all-reduce).
+all-reduce). Under ``torch.compile`` they trace their collectives as custom ops
+(:mod:`conccl.integrations.tp.compiled`): no graph break.
 """
 from __future__ import annotations
 
 import torch
 
+from .compiled import _group, op_group, schedule_name
 from .ops import all_gather_matmul, matmul_reduce_scatter
 
 
+def _traced(t) -> bool:
+    """Whether ``t`` is being traced (torch.compile, export: fake or functional tensors): the
+    ops then go through their custom ops (:mod:`conccl.integrations.tp.compiled`), which trace
+    as single nodes; eager, the Python ops, without a custom op's dispatch."""
+    return torch.compiler.is_compiling() or type(t) not in (torch.Tensor, torch.nn.Parameter)
+
+
+def _ag_mm(x, weights, group: str, schedule: str):
+    """(gathered x, [gathered x @ w for w in weights]) over the group named ``group``."""
+    if _traced(x):
+        res = torch.ops.conccl.all_gather_matmul(x, weights, 0, group, schedule, True)
+        return res[0], res[1:]
+    return all_gather_matmul(x, weights, 0, _group(group), schedule=schedule, return_gathered=True)
+
+
+def _mm_rs(x, weight, group: str, schedule: str):
+    if _traced(x):
+        return torch.ops.conccl.matmul_reduce_scatter(x, weight, 0, group, schedule, "sum")
+    return matmul_reduce_scatter(x, weight, 0, None, _group(group), schedule=schedule)
+
+
+# Group and schedules travel by name (strings): what torch.compile traces through an
+# autograd.Function's arguments and what the custom ops take.
 class _ColumnParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_shard, group, schedule, bwd_schedule, *weights):
-        gathered, outs = all_gather_matmul(x_shard, [w.t() for w in weights], 0, group, schedule=schedule,
-                                           return_gathered=True)
+    def forward(ctx, x_shard, group: str, schedule: str, bwd_schedule: str, *weights):
+        gathered, outs = _ag_mm(x_shard, [w.t() for w in weights], group, schedule)
         ctx.save_for_backward(gathered, *weights)
         ctx.group, ctx.bwd_schedule = group, bwd_schedule
         return tuple(outs)
@@ -43,7 +67,7 @@ class _ColumnParallel(torch.autograd.Function):
         # weights stacked along K (dY_i side by side times [W_1; W_2; ...]).
         dy = grads[0] if len(grads) == 1 else torch.cat(grads, dim=-1)
         w = weights[0] if len(weights) == 1 else torch.cat(weights, dim=0)
-        dx = matmul_reduce_scatter(dy, w, 0, None, ctx.group, schedule=ctx.bwd_schedule)
+        dx = _mm_rs(dy, w, ctx.group, ctx.bwd_schedule)
         g2 = gathered.reshape(-1, gathered.shape[-1])
         dws = [g.reshape(-1, g.shape[-1]).t() @ g2 for g in grads]
         return (dx, None, None, None, *dws)
@@ -51,16 +75,15 @@ class _ColumnParallel(torch.autograd.Function):
 
 class _RowParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, group, schedule, bwd_schedule):
+    def forward(ctx, x, weight, group: str, schedule: str, bwd_schedule: str):
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.bwd_schedule = group, bwd_schedule
-        return matmul_reduce_scatter(x, weight.t(), 0, None, group, schedule=schedule)
+        return _mm_rs(x, weight.t(), group, schedule)
 
     @staticmethod
     def backward(ctx, dy_shard):
         x, weight = ctx.saved_tensors
-        dy, (dx,) = all_gather_matmul(dy_shard.contiguous(), [weight], 0, ctx.group, schedule=ctx.bwd_schedule,
-                                      return_gathered=True)
+        dy, (dx,) = _ag_mm(dy_shard.contiguous(), [weight], ctx.group, ctx.bwd_schedule)
         dw = dy.reshape(-1, dy.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
         return dx, dw, None, None, None
 
@@ -82,12 +105,13 @@ class ColumnParallelLinear(torch.nn.Module):
         if any(n % world_size for n in outs):
             raise ValueError(f"out_features {outs} must be divisible by the world size {world_size}")
         self.group, self.schedule, self.backward_schedule = group, schedule, backward_schedule
+        self._names = (op_group(group), schedule_name(schedule), schedule_name(backward_schedule))
         self.single = isinstance(out_features, int)
         self.weights = torch.nn.ParameterList(
             torch.nn.Parameter(torch.empty(n // world_size, in_features, device=device, dtype=dtype)) for n in outs)
 
     def forward(self, x):
-        outs = _ColumnParallel.apply(x, self.group, self.schedule, self.backward_schedule, *self.weights)
+        outs = _ColumnParallel.apply(x, *self._names, *self.weights)
         return outs[0] if self.single else outs
 
 
@@ -102,8 +126,9 @@ class RowParallelLinear(torch.nn.Module):
         if in_features % world_size:
             raise ValueError(f"in_features {in_features} must be divisible by the world size {world_size}")
         self.group, self.schedule, self.backward_schedule = group, schedule, backward_schedule
+        self._names = (op_group(group), schedule_name(schedule), schedule_name(backward_schedule))
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features // world_size, device=device,
                                                      dtype=dtype))
 
     def forward(self, x):
-        return _RowParallel.apply(x, self.weight, self.group, self.schedule, self.backward_schedule)
+        return _RowParallel.apply(x, self.weight, *self._names)
