@@ -177,27 +177,29 @@ class _Combine(torch.autograd.Function):
         h = ctx.handle
         (expert_out,) = ctx.saved_tensors
         g_rows = _exchange(h.group, grad[h.send.order], h.send.counts, h.recv_counts)  # [received rows, H]
-        pos = h.expansion.position
-        grad_out = torch.zeros_like(expert_out)
-        grad_w_rows = torch.zeros(pos.shape, dtype=torch.float32, device=grad.device)
-        for j in range(pos.shape[1]):
-            has = pos[:, j] >= 0
-            rows, at = has.nonzero().flatten(), pos[has, j]
-            g = g_rows[rows].float()
-            grad_out[at] = (h.recv_weights[rows, j, None] * g).to(expert_out.dtype)
-            grad_w_rows[rows, j] = (g * expert_out[at].float()).sum(dim=-1)
+        pos, rows_e = h.expansion.position, h.expansion.rows
+        n, k = expert_out.shape[0], pos.shape[1]
+        valid = pos >= 0
+        # each expanded row's slot, scattered from the positions (the unused ones to a spare entry):
+        # no mask index, so no device-to-host sync
+        slot_e = torch.empty(n + 1, dtype=torch.int64, device=pos.device).scatter_(
+            0, torch.where(valid, pos, n).flatten(), torch.arange(k, device=pos.device).repeat(pos.shape[0]))[:n]
+        g = g_rows[rows_e].float()  # [N, H], expert order
+        grad_out = (h.recv_weights[rows_e, slot_e][:, None] * g).to(expert_out.dtype)
+        # the weights' gradient: one sum over H for all expanded rows (the reference makes the same call)
+        grad_w_e = (g * expert_out.float()).sum(dim=-1)
+        grad_w_rows = (torch.where(valid, grad_w_e[pos.clamp(min=0)], 0.0) if n
+                       else torch.zeros(pos.shape, dtype=torch.float32, device=pos.device))
         # the weights' gradient goes back to the token's rank, slot by slot
         back = _exchange(h.group, grad_w_rows, h.recv_counts, h.send.counts)  # collective: always
         if not ctx.needs_input_grad[1]:
             return grad_out, None, None
-        grad_w = torch.zeros((h.tokens, pos.shape[1]), dtype=torch.float32, device=grad.device)
+        # a token's slots are each held by one rank: a scatter, then + 0 as the sum from zero makes -0 (+0)
+        tokens = h.tokens
         held = h.send.slots >= 0
-        start = 0
-        for n in h.send.counts:  # a token's slots are held by one rank each: no sum
-            idx = h.send.order[start:start + n]
-            grad_w[idx] = grad_w[idx] + torch.where(held[start:start + n], back[start:start + n],
-                                                    torch.zeros_like(back[start:start + n]))
-            start += n
+        at = torch.where(held, h.send.order[:, None] * k + torch.arange(k, device=held.device), tokens * k)
+        grad_w = torch.zeros(tokens * k + 1, dtype=torch.float32, device=grad.device).scatter_(
+            0, at.flatten(), back.flatten())[:tokens * k].view(tokens, k) + 0.0
         return grad_out, grad_w, None
 
 
