@@ -1,6 +1,7 @@
-"""No-device tier: a compiled program re-addressed (cuda_program.shape / CompiledProgram.readdress,
+"""No-device tier: a compiled program re-addressed (cuda_program.shape / CompiledProgram.readdressed,
 what the CUDA executor does on a cache miss whose lowering has a known shape) makes the driver
-calls a fresh compile of the new lowering makes, and keeps its signal calls as they were."""
+calls a fresh compile of the new lowering makes, shares the template's signal calls, and leaves
+the template's own calls as they were."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -66,15 +67,23 @@ def test_new_buffers_and_sizes_of_one_shape_readdress_to_a_fresh_compile():
     assert shape(first) == shape(second) and first != second
     cu, calls = _fake_cu()
     program = CompiledProgram(first, cu)
-    signals_before = [c for slot in program.slots for c in slot if not isinstance(c, cuda_program._READDRESSED_CALLS)]
-    program.readdress(second, cu)
     _launch_all(program, cu)
+    original = _copies(calls)
+    calls.clear()
+    other = program.readdressed(second, cu)
+    _launch_all(other, cu)
     patched = _copies(calls)
     calls.clear()
     _launch_all(CompiledProgram(second, cu), cu)
-    assert patched == _copies(calls) and patched  # the same copies as a fresh compile
-    signals_after = [c for slot in program.slots for c in slot if not isinstance(c, cuda_program._READDRESSED_CALLS)]
-    assert signals_after == signals_before and signals_before  # the signal calls kept, not rebuilt
+    assert patched == _copies(calls) and patched  # the same copies as a fresh compile of the new lowering
+    calls.clear()
+    _launch_all(program, cu)
+    assert _copies(calls) == original != patched  # the template still makes its own copies
+
+    def signals(p):
+        return [c for slot in p.slots for c in slot if not isinstance(c, cuda_program._READDRESSED_CALLS)]
+
+    assert signals(other) == signals(program) and signals(program)  # shared, not rebuilt
 
 
 def test_another_shape_is_told_apart():

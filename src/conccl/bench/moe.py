@@ -110,9 +110,11 @@ def _timed(torch, dist, fn) -> float:
     return start.elapsed_time(end)
 
 
-def _kernel_us(torch, fn) -> float:
+def _kernel_us(torch, dist, fn) -> float:
     from torch.profiler import ProfilerActivity, profile
 
+    torch.cuda.synchronize()
+    dist.barrier()  # the ranks start together: a kernel that waits for a late peer is not timed waiting
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
@@ -158,7 +160,9 @@ def train_both(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
     for step in range(cfg.train_steps):
         tokens, targets = moe_model.batch(mcfg, rank, step, dev)
         for name, r in runs.items():
-            one_step = lambda: r["losses"].append(moe_model.train_step(r["model"], r["opt"], tokens, targets))  # noqa: E731
+            def one_step(r=r):
+                r["losses"].append(moe_model.train_step(r["model"], r["opt"], tokens, targets))
+
             ms = _timed(torch, dist, one_step)
             if step >= 3:
                 r["ms"].append(ms)
@@ -211,13 +215,15 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
     rounds = cfg.warmup + cfg.runs
     for kind in cfg.routings:
         # one routing per round (a training step routes anew each time), or one for all
-        cases = [_case(torch, ep, reference_dispatch, reference_combine, kind, x, cfg, rank, epr,
-                       cfg.seed * 1000 + rank + (7919 * r if cfg.fresh_routing else 0), dev)
-                 for r in range(rounds if cfg.fresh_routing else 1)]
         state = {}
 
+        def new_case(r):  # made untimed before round r; the last one stays for what follows
+            state["case"] = None  # the previous round's tensors go first
+            state["case"] = _case(torch, ep, reference_dispatch, reference_combine, kind, x, cfg, rank, epr,
+                                  cfg.seed * 1000 + rank + (7919 * r if cfg.fresh_routing else 0), dev)
+
         def case():
-            return cases[state["round"] % len(cases)]
+            return state["case"]
 
         def conccl_dispatch():
             state["c"] = ep.dispatch(x, case()["idx"], case()["wts"], cfg.experts)
@@ -246,7 +252,8 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
         times = {i: ([], []) for i in impls}
         wrong = False
         for r in range(rounds):
-            state["round"] = r
+            if r == 0 or cfg.fresh_routing:
+                new_case(r)
             for i in impls:
                 d, c = calls[i]
                 td = _timed(torch, dist, d)
@@ -278,7 +285,7 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
             rec.rows_sent = sum(every)
             rec.link_GBps = max(every) * cfg.hidden * elt / (rec.dispatch_ms * 1e6)
             d, c = calls[i]
-            rec.kernel_us = _kernel_us(torch, lambda: (d(), c() if c else None))
+            rec.kernel_us = _kernel_us(torch, dist, lambda: (d(), c() if c else None))
         # beside compute: the expert GEMM queued on this stream first, then a dispatch + combine
         # on the side stream: the GEMMs' time against alone, and the communication's
         gemm = lambda: _grouped_gemm(torch, last["rx"], w_experts, last["rcounts"])  # noqa: E731

@@ -45,10 +45,6 @@ from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape
 
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
-# Programs kept per shape before a new one is patched from the oldest: a loop alternating between
-# a few buffer sets (the two workspace halves of a double-buffered call, ping-pong buffers) keeps
-# hitting its programs; a stream of new buffers or sizes (FSDP, MoE) re-addresses, never compiles.
-_PROGRAMS_PER_SHAPE = 4
 
 
 def _addresses(own_rank: int, input, output, views, workspace):
@@ -156,9 +152,10 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # loop whose buffers move compiles on every call.
         self.programs_compiled = 0
         self.program_compile_s = 0.0  # host seconds spent compiling or re-addressing them
-        # The programs of each shape (cuda_program.shape) with their keys, oldest first: a miss
-        # whose lowering has a shape that already has _PROGRAMS_PER_SHAPE patches the oldest
-        # instead of compiling (programs_readdressed).
+        # The first program compiled of each shape (cuda_program.shape): a miss whose lowering
+        # has a known shape builds its program from it, sharing its signal calls, instead of
+        # compiling (programs_readdressed). Shapes are few (a collective's steps and signal
+        # words per stream mode and flags; a one-shot call's hold its addresses too).
         self._by_shape: dict = {}
         self.programs_readdressed = 0
         self._graph_ws = self._graph_ws_handle = None  # reserve_graph_workspace()'s arena
@@ -221,24 +218,20 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         address = _addresses(self.rank, input, output, views, ws)
         lowered = lower(schedule, address, self._pads, self.batching, marks=self._marks, spin_words=self._spin_words)
         form = shape(lowered)
-        pool = self._by_shape.setdefault(form, [])
-        if len(pool) >= _PROGRAMS_PER_SHAPE:
-            # The oldest program of this shape (other buffers, other sizes: an FSDP step's new
-            # parameters, a MoE layer's new routing) is patched and moved to this key.
-            old_key, program = pool.pop(0)
-            if self._programs.get(old_key, (None,) * 4)[3] is program:
-                del self._programs[old_key]
-            program.readdress(lowered, driver(), self._device_index)
+        template = self._by_shape.get(form)
+        if template is not None:
+            # A program of this shape exists (other buffers, other sizes: an FSDP step's new
+            # parameters, a MoE layer's new routing): a new one shares its signal calls.
+            program = template.readdressed(lowered, driver(), self._device_index)
             self.programs_readdressed += 1
         else:
-            program = CompiledProgram(lowered, driver(), self._device_index)
+            if len(self._by_shape) >= _MAX_PROGRAMS:  # a one-shot call's shape holds its buffers' addresses
+                self._by_shape.clear()
+            program = self._by_shape[form] = CompiledProgram(lowered, driver(), self._device_index)
             self.programs_compiled += 1
-        pool.append((key, program))
         self.program_compile_s += time.perf_counter() - t0
         if len(self._programs) >= _MAX_PROGRAMS:
             self._programs.clear()
-            self._by_shape.clear()
-            self._by_shape[form] = [(key, program)]
         self._programs[key] = (schedule, views, ws, program)
         return program
 

@@ -7,7 +7,8 @@ fp32 or none (ones, and no multiply). Arithmetic exactly as the torch form in
 :mod:`conccl.integrations.ep` (and the reference dispatcher) does it: an fp32 accumulator from
 +0, each operand converted to fp32, multiplied by its weight (``__fmul_rn``), added in ``j``
 order (``__fadd_rn``: never an FMA), rounded to the dtype once (nearest even). So the torch
-form on the CPU and this kernel on a GPU give the same bits.
+form and this kernel give the same bits (on the GPU, -0 included; against the CPU's torch, all
+but a NaN's sign and payload).
 
 Why a kernel: the torch form is ``n`` gathers into fp32 ``[R, H]`` temporaries, a multiply, a
 ``where`` and an add each (about 1.5 GB of HBM traffic per slot for a 6400 x 7168 bf16 combine);
@@ -94,9 +95,9 @@ def _functions(device_index: int) -> dict:
             for dtype, tag in _NAMES.items() for vec in (False, True)}
 
 
-def gather_sum(out, src, index, weights=None, stream=None):
+def gather_sum(out, src, index, weights=None):
     """``out`` [R, H] = the gathered, weighted row sums of ``src`` [S, H] (module doc), on
-    ``stream`` (default: torch's current stream), asynchronous; ``out`` returned. ``out`` and
+    torch's current stream (where the tensors were made), asynchronous; ``out`` returned. ``out`` and
     ``src`` contiguous CUDA tensors of one dtype (fp32, bf16, fp16) on one device, ``index``
     contiguous int64 [R, n], ``weights`` contiguous fp32 [R, n] or None."""
     import torch
@@ -125,7 +126,7 @@ def gather_sum(out, src, index, weights=None, stream=None):
               ctypes.c_void_p(0 if weights is None else weights.data_ptr()), ctypes.c_int(n), ctypes.c_longlong(rows),
               ctypes.c_longlong(h)]
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    s = (stream if stream is not None else torch.cuda.current_stream(src.device)).cuda_stream
+    s = torch.cuda.current_stream(src.device).cuda_stream
     cu = driver()
     check(cu.cuLaunchKernel(fn, grid, 1, 1, THREADS, 1, 1, 0, s, ctypes.addressof(params), 0))
     return out

@@ -206,11 +206,12 @@ def _launch(fn, shared: int, stream, values) -> None:
     check(cu.cuLaunchKernel(fn, 1, 1, 1, THREADS, 1, 1, shared, stream, ctypes.addressof(params), 0))
 
 
-def expand(slots, local_experts: int, total: int, stream=None):
+def expand(slots, local_experts: int, total: int):
     """``(position [R, k] int64, rows [total] int64)``: the receiver's expansion (what
     :func:`conccl.integrations.ep.layout.plan_expansion` computes) of ``slots`` [R, k] int32
     (a view whose rows may be strided, its last dimension contiguous) for ``local_experts``
-    experts (at most :data:`MAX_EXPAND_EXPERTS`), ``total`` valid pairs in all; no host sync."""
+    experts (at most :data:`MAX_EXPAND_EXPERTS`), ``total`` valid pairs in all; on torch's
+    current stream (where the outputs are made); no host sync."""
     import torch
 
     rows, k = slots.shape
@@ -221,7 +222,7 @@ def expand(slots, local_experts: int, total: int, stream=None):
     position = torch.empty((rows, k), dtype=torch.int64, device=dev)
     expanded = torch.empty(total, dtype=torch.int64, device=dev)
     if rows * k:
-        s = (stream if stream is not None else torch.cuda.current_stream(dev)).cuda_stream
+        s = torch.cuda.current_stream(dev).cuda_stream
         _launch(_functions(dev.index)["moe_expand"], 4 * 34 * local_experts, s,
                 [ctypes.c_void_p(slots.data_ptr()), ctypes.c_longlong(slots.stride(0)), ctypes.c_longlong(rows),
                  ctypes.c_int(k), ctypes.c_int(local_experts), ctypes.c_void_p(position.data_ptr()),
@@ -229,9 +230,9 @@ def expand(slots, local_experts: int, total: int, stream=None):
     return position, expanded
 
 
-def route(topk_idx, topk_weights, experts: int, world: int, stream=None):
+def route(topk_idx, topk_weights, experts: int, world: int):
     """``(table, order, meta)`` (module doc) for ``topk_idx`` [T, k] on its GPU, queued on
-    ``stream`` (default: torch's current stream); no host sync. ``topk_weights``: [T, k] (any
+    torch's current stream (where the outputs are made); no host sync. ``topk_weights``: [T, k] (any
     float dtype, converted to fp32) or None."""
     import torch
 
@@ -247,7 +248,7 @@ def route(topk_idx, topk_weights, experts: int, world: int, stream=None):
     order = torch.empty(capacity, dtype=torch.int64, device=dev)
     meta = torch.empty((capacity, 2 * k), dtype=torch.int32, device=dev)
     shared = 4 * (2 * world + experts + 2 + 32)
-    s = (stream if stream is not None else torch.cuda.current_stream(dev)).cuda_stream
+    s = torch.cuda.current_stream(dev).cuda_stream
     _launch(_functions(dev.index)["moe_route"], shared, s,
             [ctypes.c_void_p(idx.data_ptr()), ctypes.c_void_p(0 if w is None else w.data_ptr()),
              ctypes.c_int(tokens), ctypes.c_int(k), ctypes.c_int(experts), ctypes.c_int(world),

@@ -282,17 +282,16 @@ class CompiledProgram:
         self.slots = [tuple(_COMPILERS[type(step)](step, cu, flags, device_index) for step in steps)
                       for steps in lowered]
 
-    def readdress(self, lowered: tuple, cu, device_index: int | None = None) -> None:
-        """Take ``lowered``'s copy and reduction addresses and sizes: a program of the same
-        :func:`shape` is patched, not rebuilt (building the signal batches' driver structures
-        is most of a compile). The driver copies a call's arguments when it is queued, so a
-        program may be patched once its last launch returned."""
-        for k, steps in enumerate(lowered):
-            calls = list(self.slots[k])
-            for i, step in enumerate(steps):
-                if type(step) in _READDRESSED:
-                    calls[i] = _COMPILERS[type(step)](step, cu, None, device_index)
-            self.slots[k] = tuple(calls)
+    def readdressed(self, lowered: tuple, cu, device_index: int | None = None) -> "CompiledProgram":
+        """A program for ``lowered``, a lowering of this program's :func:`shape`: its copies and
+        reductions built anew, its other calls (the signal batches, whose driver structures are
+        most of a compile) shared with this program. Safe to share: a call writes its sequence
+        number into them right before its driver call, and a group queues one call at a time."""
+        program = CompiledProgram.__new__(CompiledProgram)
+        program.slots = [tuple(_COMPILERS[type(step)](step, cu, None, device_index) if type(step) in _READDRESSED
+                               else call for step, call in zip(steps, calls))
+                         for steps, calls in zip(lowered, self.slots)]
+        return program
 
     def launch_slot(self, k: int, stream, seq: int, compute=None) -> None:
         """Queue slot ``k`` of call ``seq`` on ``stream`` (a ``CUstream``); ``compute(op)``
@@ -443,7 +442,7 @@ class _ComputeCall:
 
 _COMPILERS = {SignalBatch: _SignalBatchCall, SignalStep: _SignalCall, CopyStep: _CopyCall, CopyBatch: _CopyBatchCall,
               ReduceStep: _ReduceCall, ComputeStep: _ComputeCall, OneShotStep: _OneShotCall}
-# The steps a program re-addresses (CompiledProgram.readdress): their calls are cheap to make
+# The steps a program re-addresses (CompiledProgram.readdressed): their calls are cheap to make
 # (pointer lists, a kernel's parameters) and hold the buffers' addresses; the others (signals
 # into the pads, the one-shot kernel's words) are compared whole by shape().
 _READDRESSED = (CopyStep, CopyBatch, ReduceStep)
@@ -452,7 +451,7 @@ _READDRESSED_CALLS = tuple(_COMPILERS[t] for t in _READDRESSED)
 
 def shape(lowered: tuple) -> tuple:
     """What a compiled program holds besides the buffers' addresses and sizes: two lowerings of
-    one shape differ only in their copies' and reductions' operands (CompiledProgram.readdress)."""
+    one shape differ only in their copies' and reductions' operands (CompiledProgram.readdressed)."""
     def one(step):
         if isinstance(step, CopyStep):
             return CopyStep
