@@ -50,6 +50,7 @@ class MoEBenchConfig:
     seed: int = 0
     fresh_routing: bool = True  # a new routing every round (as training routes), or one for all
     train_steps: int = 20  # the small MoE model (bench/moe_model.py) on both dispatchers; 0: none
+    layer_chunks: int = 2  # the MoE layer forward+backward over this many micro-batches (conccl.ep.moe_layer); 0: none
 
 
 @dataclass
@@ -193,6 +194,58 @@ def _case(torch, ep, reference_dispatch, reference_combine, kind, x, cfg, rank, 
             "ref_send": x[rhandle.pairs[:, 0]].contiguous()}
 
 
+def time_layer(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
+    """A MoE layer's forward + backward (GELU experts of width ``cfg.ffn``, grouped GEMMs):
+    conccl.ep over ``cfg.layer_chunks`` micro-batches overlapped (:func:`conccl.ep.moe_layer`),
+    the same chunks one after another, conccl.ep unchunked, and the reference dispatcher
+    unchunked; the slowest rank's median ms of each, in turns."""
+    import torch
+    import torch.distributed as dist
+
+    from ..integrations import ep
+    from .moe_reference import reference_combine, reference_dispatch
+
+    dt = getattr(torch, cfg.dtype)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    epr = ep.layout.experts_per_rank(cfg.experts, world)
+    gen = torch.Generator(device=dev).manual_seed(cfg.seed * 1000 + 17 + rank)
+    w1 = (torch.randn(epr, cfg.hidden, cfg.ffn, device=dev, generator=gen) / cfg.hidden ** 0.5).to(dt).requires_grad_()
+    w2 = (torch.randn(epr, cfg.ffn, cfg.hidden, device=dev, generator=gen) / cfg.ffn ** 0.5).to(dt).requires_grad_()
+    x = torch.randn(cfg.tokens, cfg.hidden, device=dev, generator=gen).to(dt).requires_grad_()
+    idx, wts = routing(torch, "random", cfg.tokens, cfg.experts, cfg.topk, cfg.seed * 1000 + rank, dev)
+
+    def experts(rows, counts):
+        return _grouped_gemm(torch, torch.nn.functional.gelu(_grouped_gemm(torch, rows, w1, counts)), w2, counts)
+
+    def reference():
+        rows, counts, h = reference_dispatch(x, idx, wts, cfg.experts)
+        return reference_combine(experts(rows, counts), h)
+
+    variants = {"conccl_overlapped": lambda: ep.moe_layer(x, idx, wts, cfg.experts, experts, chunks=cfg.layer_chunks),
+                "conccl_chunks_in_turn": lambda: ep.moe_layer(x, idx, wts, cfg.experts, experts,
+                                                              chunks=cfg.layer_chunks, overlap=False),
+                "conccl": lambda: ep.moe_layer(x, idx, wts, cfg.experts, experts, chunks=1),
+                "reference": reference}
+
+    def step(fn):
+        def run():
+            for t in (x, w1, w2):
+                t.grad = None
+            fn().float().square().mean().backward()
+        return run
+
+    times = {name: [] for name in variants}
+    for r in range(cfg.warmup + cfg.runs):
+        for name, fn in variants.items():
+            ms = _timed(torch, dist, step(fn))
+            if r >= cfg.warmup:
+                times[name].append(ms)
+    out = {"chunks": cfg.layer_chunks, "ffn": cfg.ffn}
+    for name, ms in times.items():
+        out[name] = dict(zip(("ms", "spread"), _slowest(dist, world, ms)))
+    return out
+
+
 def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
     """Every case on this rank (collective); the records (identical on every rank), and the
     training figures (:func:`train_both`) last when ``cfg.train_steps``."""
@@ -323,6 +376,11 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
             records.append(recs[i])
             if progress and rank == 0:
                 progress(recs[i])
+    if cfg.layer_chunks:
+        try:
+            records.append({"layer": time_layer(rank, world, cfg)})
+        except Exception as e:  # noqa: BLE001 - the figures above are kept; the record says why
+            records.append({"layer": {"error": f"{type(e).__name__}: {e}"}})
     if cfg.train_steps:
         try:
             records.append(train_both(rank, world, cfg))
@@ -332,10 +390,11 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
 
 
 def document(meta: dict, cfg: MoEBenchConfig, records: list) -> dict:
-    train = [r for r in records if isinstance(r, dict)]
+    train = [r for r in records if isinstance(r, dict) and "layer" not in r]
+    layer = [r["layer"] for r in records if isinstance(r, dict) and "layer" in r]
     return {"machine_kind": meta.get("machine_kind"), "commit": meta.get("commit"), "torch": meta.get("torch"),
             "meta": meta, "config": asdict(cfg), "results": [asdict(r) for r in records if not isinstance(r, dict)],
-            "training": train[0] if train else None}
+            "training": train[0] if train else None, "layer": layer[0] if layer else None}
 
 
 def _f(v, fmt=".3f"):
@@ -365,6 +424,18 @@ def markdown(doc: dict) -> str:
                      f"{_f(r['link_GBps'], '.1f')} | {_f(r['kernel_us'], '.0f')} | {_f(r['gemm_alone_ms'])} | "
                      f"{_f(r['gemm_beside_ms'])} | {_f(r['gemm_slowdown'])} | {_f(r.get('comm_beside_ms'))} | "
                      f"{'WRONG' if r['wrong'] else ''} |")
+    lay = doc.get("layer")
+    if lay and lay.get("error"):
+        lines += ["", f"MoE layer timing failed: {lay['error'][:300]}"]
+    elif lay:
+        lines += ["", f"A MoE layer, forward + backward (GELU experts of width {lay['ffn']}, grouped GEMMs), "
+                      f"{lay['chunks']} micro-batches where chunked; ms, the slowest rank's median:", "",
+                  "| layer | ms | spread | x reference |", "| --- | ---: | ---: | ---: |"]
+        ref = lay.get("reference", {}).get("ms")
+        for name in ("conccl_overlapped", "conccl_chunks_in_turn", "conccl", "reference"):
+            if lay.get(name):
+                ratio = f"{lay[name]['ms'] / ref:.3f}" if ref else ""
+                lines.append(f"| {name} | {lay[name]['ms']:.3f} | {100 * lay[name]['spread']:.1f}% | {ratio} |")
     t = doc.get("training")
     if t and t.get("error"):
         lines += ["", f"Training failed: {t['error'][:300]}"]

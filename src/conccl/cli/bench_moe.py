@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     b.add_argument("--seed", type=int_range(0, 1 << 30), default=d.seed)
     b.add_argument("--same-routing", action="store_true",
                    help="one routing for every run (default: a new one every run, as training routes)")
+    b.add_argument("--layer-chunks", type=int_range(0, 64), default=d.layer_chunks,
+                   help="time a MoE layer forward+backward over this many overlapped micro-batches (0: not)")
     b.add_argument("--train-steps", type=int_range(0, 10_000), default=d.train_steps,
                    help="AdamW steps of the small MoE model on each dispatcher (0: none)")
     b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
@@ -58,7 +60,7 @@ def config(args) -> bench_moe.MoEBenchConfig:
                                     routings=_list(args.routings, bench_moe.ROUTINGS, "--routings"),
                                     impls=_list(args.impls, bench_moe.IMPLS, "--impls"), warmup=args.warmup,
                                     runs=args.runs, seed=args.seed, fresh_routing=not args.same_routing,
-                                    train_steps=args.train_steps)
+                                    train_steps=args.train_steps, layer_chunks=args.layer_chunks)
 
 
 def _progress(r) -> None:
@@ -87,5 +89,5 @@ def run(args) -> int:
     doc = bench_moe.document(meta, cfg, records)
     bench_moe.write(out, doc)
     print(bench_moe.markdown(doc))
-    bad = any(r.error or r.wrong for r in records if not isinstance(r, dict))
+    bad = any(r.error or r.wrong for r in records if not isinstance(r, dict)) or bool((doc["layer"] or {}).get("error"))
     return EXIT_FAILED if bad or (doc["training"] and not doc["training"]["equal"]) else EXIT_OK

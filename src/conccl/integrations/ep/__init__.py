@@ -34,7 +34,7 @@ import torch
 from ...collectives.all_to_all import ALL_TO_ALL
 from .layout import Expansion, SendLayout, experts_per_rank, plan_expansion, plan_send, route, send_layout
 
-__all__ = ["dispatch", "combine", "DispatchHandle", "plan_send", "plan_expansion"]
+__all__ = ["dispatch", "combine", "moe_layer", "DispatchHandle", "plan_send", "plan_expansion"]
 
 
 @dataclass
@@ -278,3 +278,6 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, topk_weights: torc
     (they are used as dispatch sent them either way). Collective, as dispatch."""
     w = topk_weights if topk_weights is not None else torch.zeros(0)
     return _Combine.apply(expert_out, w, handle)
+
+
+from .overlap import moe_layer  # noqa: E402 - uses dispatch and combine above
