@@ -158,6 +158,12 @@ class Transfer:
         if self.nbytes <= 0 or self.src_offset < 0 or self.dst_offset < 0:
             raise ValueError(f"bad transfer {self}")
 
+    def in_slot(self, slot: int) -> "Transfer":
+        """This transfer on ``slot``: ``dataclasses.replace(self, slot=slot)`` at a fifth of its
+        cost (every call of new sizes plans its schedule anew: host time)."""
+        return Transfer(self.src_rank, self.src, self.src_offset, self.dst_rank, self.dst, self.dst_offset,
+                        self.nbytes, slot, self.phase)
+
 
 @dataclass(frozen=True)
 class Copy:

@@ -7,8 +7,6 @@ of ``conccl.schedule`` and the chosen stream mapping.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..schedule import (
     Algorithm,
     Copy,
@@ -33,7 +31,7 @@ def peer_order(world: int, rank: int) -> list[int]:
 def number_slots(slots) -> tuple:
     """The non-empty slots, numbered, with each transfer's slot recorded in it."""
     return tuple(
-        tuple(Copy(replace(op.transfer, slot=k)) if isinstance(op, Copy) else op for op in ops)
+        tuple(Copy(op.transfer.in_slot(k)) if isinstance(op, Copy) else op for op in ops)
         for k, ops in enumerate(s for s in slots if s)
     )
 
