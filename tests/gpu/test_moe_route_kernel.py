@@ -14,13 +14,13 @@ torch = pytest.importorskip("torch")
 @pytest.mark.parametrize("weighted", [True, False])
 def test_kernel_equals_the_torch_form(world, experts, k, tokens, weighted):
     from conccl.executors.cuda_moe_route import route as route_kernel
-    from conccl.integrations.ep.layout import route, send_layout
+    from conccl.integrations.ep.layout import rank_rows, route, send_layout
 
     g = torch.Generator(device="cuda").manual_seed(world * 1000 + k)
     idx = torch.randint(0, experts, (tokens, k), device="cuda", generator=g)
     idx[torch.rand(tokens, k, device="cuda", generator=g) < 0.1] = -1
     w = torch.rand(tokens, k, device="cuda", generator=g) if weighted else None
-    table, order, meta = route_kernel(idx, w, experts, world)
+    table, order, meta, rank_row = route_kernel(idx, w, experts, world)
     rt = route(idx, experts, world)
     want_table = torch.cat([rt.table, rt.bad.clamp(max=1).expand(world, 1)], dim=1)
     assert torch.equal(table, want_table)
@@ -30,6 +30,7 @@ def test_kernel_equals_the_torch_form(world, experts, k, tokens, weighted):
     assert torch.equal(order[:rows], send.order)
     assert torch.equal(meta[:rows, :k], send.slots)
     assert torch.equal(meta[:rows, k:], send.weights.contiguous().view(torch.int32))
+    assert torch.equal(rank_row, rank_rows(counts, send.order, tokens))
     if tokens:  # a bad expert number sets the flag on every row of the table
         idx[0, 0] = experts
         assert route_kernel(idx, w, experts, world)[0][:, -1].tolist() == [1] * world
@@ -49,3 +50,16 @@ def test_expansion_kernel_equals_the_stable_sort(rows, k, experts):
     position, expanded = expand(view, experts, sum(want.counts))
     assert torch.equal(position, want.position)
     assert torch.equal(expanded, want.rows)
+
+
+@pytest.mark.parametrize("h,dtype", [(1000, torch.bfloat16), (7, torch.float32), (6, torch.float16)])
+def test_pack_equals_gather_and_concatenation(h, dtype):
+    from conccl.executors.cuda_moe_route import pack
+
+    g = torch.Generator(device="cuda").manual_seed(h)
+    x = torch.randn(50, h, device="cuda", generator=g).to(dtype)
+    order = torch.randint(0, 50, (77,), device="cuda", generator=g)
+    meta = torch.randint(-5, 5, (77, 4), device="cuda", generator=g, dtype=torch.int32)
+    want = torch.cat([x[order].view(torch.uint8), meta.view(torch.uint8)], dim=1)
+    assert torch.equal(pack(x, order, meta), want)
+    assert pack(x, order[:0], meta[:0]).shape == (0, want.shape[1])

@@ -64,3 +64,20 @@ def test_bad_routing_is_refused():
         plan_send(torch.tensor([[0, 8]]), None, 8, 2)
     with pytest.raises(ValueError, match="tokens, k"):
         plan_send(torch.tensor([0, 1]), None, 8, 2)
+
+
+@pytest.mark.parametrize("world,experts,k", [(2, 8, 2), (4, 64, 8), (8, 256, 1)])
+def test_rank_rows_point_at_each_tokens_sent_row(world, experts, k):
+    from conccl.integrations.ep.layout import rank_rows
+
+    rng = random.Random(world + k)
+    idx, w = _routing(rng, 29, k, experts)
+    lay = plan_send(idx, w, experts, world)
+    got = rank_rows(lay.counts, lay.order, 29)
+    want = torch.full((29, world), -1, dtype=torch.int64)
+    row = 0
+    for d, n in enumerate(lay.counts):
+        for t in lay.order[row:row + n].tolist():
+            want[t, d] = row
+            row += 1
+    assert torch.equal(got, want)

@@ -11,7 +11,9 @@ for ``world`` ranks of ``experts / world`` experts each, it writes
   in the last column 1 if any slot names an expert outside -1..E-1 (those slots are ignored);
 - ``order`` [capacity] int64: the token of each sent row, rank-major then token-ascending;
 - ``meta`` [capacity, 2k] int32: per sent row its top-k slots there (local expert or -1), then
-  the slots' weights there as fp32 bits (0.0 where not held).
+  the slots' weights there as fp32 bits (0.0 where not held);
+- ``rank_row`` [T, world] int64: each token's sent row for each rank, or -1 (where combine
+  finds what comes back).
 
 Rows beyond the table's total are left as they were. ``capacity = T * min(k, world)``, the most
 rows a rank can send. How: one pass counts (shared-memory atomics); a second walks the tokens
@@ -19,7 +21,7 @@ in blocks of the CTA, and per destination a block-wide exclusive scan (warp ball
 sent token its row. One CTA of 1024 threads: ``world`` scans per 1024 tokens. No workspace
 beyond the outputs.
 
-``expand``: the receiver's, what :func:`~conccl.integrations.ep.layout.plan_expansion` computes
+``pack``: the sent rows and their meta in one buffer, one pass. ``expand``: the receiver's, what :func:`~conccl.integrations.ep.layout.plan_expansion` computes
 with a stable sort: each received (row, slot) pair's place in the expert-grouped rows, by a
 stable counting sort in one CTA (the kernel's comment says how).
 """
@@ -48,7 +50,7 @@ __device__ __forceinline__ u64 ranks_of(const i64* idx, int t, int k, int expert
 
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_route(
         const i64* idx, const float* weights, int tokens, int k, int experts, int world,
-        i64* table, i64* order, int* meta) {
+        i64* table, i64* order, int* meta, i64* rank_row) {
     extern __shared__ int sh[];
     const int epr = experts / world;
     int* count = sh;                 // [world] rows per destination
@@ -59,6 +61,7 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_route(
     int* base = warp_sum + 32;       // [world] next row of each destination
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     for (int i = tid; i < world + experts + 1; i += blockDim.x) sh[i] = 0;
+    for (i64 i = tid; i < (i64)tokens * world; i += blockDim.x) rank_row[i] = -1;
     __syncthreads();
     for (int t = tid; t < tokens; t += blockDim.x) {
         u64 mask = 0;
@@ -103,6 +106,7 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_route(
             if (flag) {
                 const i64 row = (i64)base[d] + warp_sum[warp] + before;
                 order[row] = t;
+                rank_row[(i64)t * world + d] = row;
                 int* m = meta + row * 2 * k;
                 for (int j = 0; j < k; ++j) {
                     const i64 e = idx[(i64)t * k + j];
@@ -181,6 +185,21 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_expand(
         __syncthreads();
     }
 }
+
+// The sender's rows, packed: row i of `packed` (`row_words + meta_words` 32-bit words) is token
+// order[i]'s row of x (`row_words` words) followed by meta[i] (`meta_words`): what the
+// all-to-all sends, in one pass instead of a gather and a concatenation. Grid-stride over words.
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_pack(
+        const unsigned* x, const i64* order, const unsigned* meta, long long rows, int row_words, int meta_words,
+        unsigned* packed) {
+    const long long width = row_words + meta_words, total = rows * width;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long r = i / width;
+        const int c = (int)(i - r * width);
+        packed[i] = c < row_words ? x[order[r] * row_words + c] : meta[r * meta_words + (c - row_words)];
+    }
+}
 """
 
 MAX_EXPAND_EXPERTS = 320  # (2 + 32) ints each in shared memory: 43.5 KB, under the default 48 KB
@@ -194,16 +213,44 @@ def source() -> str:
 @functools.lru_cache(maxsize=None)
 def _functions(device_index: int) -> dict:
     module = load_module(device_index, source(), "conccl_moe_route.cu", "the MoE routing kernels")
-    return {name: check(driver().cuModuleGetFunction(module, name.encode())) for name in ("moe_route", "moe_expand")}
+    return {name: check(driver().cuModuleGetFunction(module, name.encode()))
+            for name in ("moe_route", "moe_expand", "moe_pack")}
 
 
-def _launch(fn, shared: int, stream, values) -> None:
+def _launch(fn, shared: int, stream, values, grid: int = 1) -> None:
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     cu = driver()
     if shared > 48 * 1024:
         attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(cu.cuFuncSetAttribute(fn, attr, shared))
-    check(cu.cuLaunchKernel(fn, 1, 1, 1, THREADS, 1, 1, shared, stream, ctypes.addressof(params), 0))
+    check(cu.cuLaunchKernel(fn, grid, 1, 1, THREADS, 1, 1, shared, stream, ctypes.addressof(params), 0))
+
+
+def pack(x, order, meta):
+    """``packed`` [rows, row bytes + meta bytes] uint8: row i is ``x[order[i]]``'s bytes followed
+    by ``meta[i]``'s (``x`` [T, H] contiguous, its rows a multiple of 4 bytes; ``order`` [rows]
+    int64; ``meta`` [rows, m] int32 contiguous), on torch's current stream, one kernel of at
+    most half the SMs (conccl.executors.cuda_reduce.grid_bound)."""
+    import torch
+
+    from .cuda_reduce import grid_bound
+
+    rows = order.shape[0]
+    row_bytes = x.shape[1] * x.element_size()
+    if row_bytes % 4 or not x.is_contiguous() or not meta.is_contiguous() or meta.dtype != torch.int32 \
+            or order.dtype != torch.int64 or meta.shape[0] != rows:
+        raise ValueError(f"moe pack: x {tuple(x.shape)} {x.dtype}, order {tuple(order.shape)} {order.dtype}, "
+                         f"meta {tuple(meta.shape)} {meta.dtype}")
+    width = row_bytes + 4 * meta.shape[1]
+    packed = torch.empty((rows, width), dtype=torch.uint8, device=x.device)
+    total = rows * width // 4
+    if total:
+        grid = max(1, min(grid_bound(x.device.index), -(-total // THREADS)))
+        _launch(_functions(x.device.index)["moe_pack"], 0, torch.cuda.current_stream(x.device).cuda_stream,
+                [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr()),
+                 ctypes.c_longlong(rows), ctypes.c_int(row_bytes // 4), ctypes.c_int(meta.shape[1]),
+                 ctypes.c_void_p(packed.data_ptr())], grid)
+    return packed
 
 
 def expand(slots, local_experts: int, total: int):
@@ -231,7 +278,7 @@ def expand(slots, local_experts: int, total: int):
 
 
 def route(topk_idx, topk_weights, experts: int, world: int):
-    """``(table, order, meta)`` (module doc) for ``topk_idx`` [T, k] on its GPU, queued on
+    """``(table, order, meta, rank_row)`` (module doc) for ``topk_idx`` [T, k] on its GPU, queued on
     torch's current stream (where the outputs are made); no host sync. ``topk_weights``: [T, k] (any
     float dtype, converted to fp32) or None."""
     import torch
@@ -247,10 +294,12 @@ def route(topk_idx, topk_weights, experts: int, world: int):
     table = torch.empty((world, epr + 2), dtype=torch.int64, device=dev)
     order = torch.empty(capacity, dtype=torch.int64, device=dev)
     meta = torch.empty((capacity, 2 * k), dtype=torch.int32, device=dev)
+    rank_row = torch.empty((tokens, world), dtype=torch.int64, device=dev)
     shared = 4 * (2 * world + experts + 2 + 32)
     s = torch.cuda.current_stream(dev).cuda_stream
     _launch(_functions(dev.index)["moe_route"], shared, s,
             [ctypes.c_void_p(idx.data_ptr()), ctypes.c_void_p(0 if w is None else w.data_ptr()),
              ctypes.c_int(tokens), ctypes.c_int(k), ctypes.c_int(experts), ctypes.c_int(world),
-             ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr())])
-    return table, order, meta
+             ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr()),
+             ctypes.c_void_p(rank_row.data_ptr())])
+    return table, order, meta, rank_row

@@ -72,16 +72,6 @@ def _kernel(t: torch.Tensor) -> bool:
     return t.is_cuda and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.dim() == 2
 
 
-def _rank_index(send_counts: torch.Tensor, order: torch.Tensor, tokens: int) -> torch.Tensor:
-    """[tokens, world] int64: the row of each token among those sent (so returned) in rank order,
-    or -1; ``send_counts`` on the device (no host-to-device copy)."""
-    world, rows = send_counts.shape[0], order.shape[0]
-    dest = torch.repeat_interleave(torch.arange(world, device=order.device), send_counts, output_size=rows)
-    index = torch.full((tokens * world,), -1, dtype=torch.int64, device=order.device)
-    index[order * world + dest] = torch.arange(rows, device=order.device)
-    return index.view(tokens, world)
-
-
 def _rank_sum(returned: torch.Tensor, send: SendLayout, tokens: int, dtype, rank_index=None) -> torch.Tensor:
     """[tokens, H]: each token's returned rows summed over ranks in rank order, fp32, rounded once."""
     if _kernel(returned) and rank_index is not None:
@@ -122,12 +112,16 @@ def _receive(h: "DispatchHandle", x: torch.Tensor, meta: torch.Tensor):
     """Send this rank's rows (``x[order]``) and their slots and weights (``meta`` int32 [rows, 2k])
     to their ranks; return (the received rows [R, H], their meta [R, 2k]). One call where a row's
     bytes keep the meta 4-byte aligned (the meta rides at the end of each row), else two."""
-    rows = x[h.send.order]
     row_bytes = x.shape[1] * x.element_size()
     if row_bytes % 4:
-        return _exchange(h.group, rows, h.send.counts, h.recv_counts), _exchange(h.group, meta, h.send.counts,
-                                                                                  h.recv_counts)
-    packed = torch.cat([rows.view(torch.uint8), meta.view(torch.uint8)], dim=1)
+        return (_exchange(h.group, x[h.send.order], h.send.counts, h.recv_counts),
+                _exchange(h.group, meta, h.send.counts, h.recv_counts))
+    if x.is_cuda:  # gather and concatenation in one kernel
+        from ...executors.cuda_moe_route import pack
+
+        packed = pack(x, h.send.order, meta.contiguous())
+    else:
+        packed = torch.cat([x[h.send.order].view(torch.uint8), meta.view(torch.uint8)], dim=1)
     got = _exchange(h.group, packed, h.send.counts, h.recv_counts)
     return got[:, :row_bytes].view(x.dtype), got[:, row_bytes:].view(torch.int32)
 
@@ -238,8 +232,8 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
     if problem is None and x.is_cuda:
         from ...executors.cuda_moe_route import route as route_kernel
 
-        table, order_all, meta_all = route_kernel(topk_idx, topk_weights, num_experts, world)
-        routed = order_all, meta_all
+        table, order_all, meta_all, rank_row = route_kernel(topk_idx, topk_weights, num_experts, world)
+        routed = order_all, meta_all, rank_row
     elif problem is None:
         rt = route(topk_idx, num_experts, world)
         table = torch.cat([rt.table, rt.bad.clamp(max=1).expand(world, 1)], dim=1)
@@ -265,7 +259,7 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
     else:
         send = send_layout(rt, topk_idx, topk_weights, send_counts, num_experts)
         meta = torch.cat([send.slots, send.weights.contiguous().view(torch.int32)], dim=1)
-    rank_index = _rank_index(table[:, 0], send.order, x.shape[0]) if x.is_cuda else None
+    rank_index = routed[2] if routed is not None else None  # each token's sent row per rank (GPUs)
     handle = DispatchHandle(g, send, recv_counts, None, None, x.shape[0], None, rank_index)
     expert_x = _Dispatch.apply(x, handle, meta, epr, expert_counts)
     return expert_x, handle.counts, handle

@@ -108,6 +108,18 @@ def plan_send(topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_exp
     return send_layout(rt, topk_idx, topk_weights, host[1:], num_experts)
 
 
+def rank_rows(counts: list, order: torch.Tensor, tokens: int) -> torch.Tensor:
+    """[tokens, world] int64: each token's row among those a rank sent (rank-major: ``counts[d]``
+    rows to rank d, tokens ``order``), or -1 where it sent none there. Combine's sums find what
+    came back through it (the routing kernel writes it as it places the rows)."""
+    world, rows = len(counts), order.shape[0]
+    dest = torch.repeat_interleave(torch.arange(world, device=order.device),
+                                   torch.tensor(counts, device=order.device), output_size=rows)
+    index = torch.full((tokens * world,), -1, dtype=torch.int64, device=order.device)
+    index[order * world + dest] = torch.arange(rows, device=order.device)
+    return index.view(tokens, world)
+
+
 def plan_expansion(slots: torch.Tensor, local_experts: int, counts: list | None = None) -> Expansion:
     """The expansion of received rows whose slots (local expert or -1, [rows, k]) are ``slots``.
     ``counts``: the pairs per local expert where the host knows them (no sync then)."""
