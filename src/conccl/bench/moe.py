@@ -128,7 +128,9 @@ def _kernel_us(torch, dist, fn) -> float:
 def _grouped_gemm(torch, rows, weights, counts):
     """rows [N, H] grouped by expert (``counts``) times ``weights`` [E, H, F]: [N, F]."""
     if hasattr(torch, "_grouped_mm") and rows.is_cuda and rows.dtype == torch.bfloat16:
-        offs = torch.cumsum(torch.tensor(counts, device=rows.device), 0).to(torch.int32)
+        # from pinned memory, not waited for: a pageable copy would sync the stream per call
+        offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).pin_memory().to(
+            rows.device, non_blocking=True)
         try:
             return torch._grouped_mm(rows, weights, offs=offs)
         except RuntimeError:  # a torch build or layout it refuses: the loop below

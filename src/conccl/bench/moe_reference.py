@@ -16,15 +16,15 @@ for bit too:
 - combine's backward: the token's gradient row goes to every pair's rank, the weights and
   top-k slots beside it as fp32 ``[pairs, 2]`` (two ``all_to_all_single``); there
   ``grad_out = (w * g)`` rounded to the dtype and ``grad_w = sum over H of g * y`` in fp32,
-  computed slot by slot over the rows of that slot, the shapes conccl.ep sums over (a GPU
-  reduction's order depends on the row count); ``grad_w`` goes back by a third.
+  one sum over all the expert-ordered rows, the call conccl.ep makes on the same rows in the
+  same order (a GPU reduction's order depends on the row count); ``grad_w`` goes back by a third.
 
 Where torchtitan sums a token's rows by ``scatter_add`` (atomics on GPUs: no fixed order),
 this sums them as left folds planned once per dispatch (:func:`_plan_fold`: step ``i`` adds
 every segment's ``i``-th row), the order conccl.ep's arithmetic states.
 
-Host syncs: dispatch a few (the counts; the fold plans' sizes); combine and dispatch's backward
-none; combine's backward one per slot. SM work on the caller's stream (sorts, gathers, the
+Host syncs: dispatch a few (the counts; the fold plans' sizes); combine and both backward
+passes none. SM work on the caller's stream (sorts, gathers, the
 folds' adds); workspace: fp32 copies of the pairs' rows, ``[pairs, H]``, and of the partials.
 """
 from __future__ import annotations

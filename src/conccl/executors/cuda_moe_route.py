@@ -186,19 +186,28 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_expand(
     }
 }
 
-// The sender's rows, packed: row i of `packed` (`row_words + meta_words` 32-bit words) is token
-// order[i]'s row of x (`row_words` words) followed by meta[i] (`meta_words`): what the
-// all-to-all sends, in one pass instead of a gather and a concatenation. Grid-stride over words.
-extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_pack(
-        const unsigned* x, const i64* order, const unsigned* meta, long long rows, int row_words, int meta_words,
-        unsigned* packed) {
-    const long long width = row_words + meta_words, total = rows * width;
+// The sender's rows, packed: row i of `packed` (`row_units + meta_units` units of U: 4 or 16
+// bytes) is token order[i]'s row of x (`row_units`) followed by meta[i] (`meta_units`): what
+// the all-to-all sends, in one pass instead of a gather and a concatenation. Grid-stride over units.
+template <typename U> __device__ __forceinline__ void pack_rows(
+        const U* x, const i64* order, const U* meta, long long rows, int row_units, int meta_units, U* packed) {
+    const long long width = row_units + meta_units, total = rows * width;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
         const long long r = i / width;
         const int c = (int)(i - r * width);
-        packed[i] = c < row_words ? x[order[r] * row_words + c] : meta[r * meta_words + (c - row_words)];
+        packed[i] = c < row_units ? x[order[r] * row_units + c] : meta[r * meta_units + (c - row_units)];
     }
+}
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_pack(
+        const unsigned* x, const i64* order, const unsigned* meta, long long rows, int row_units, int meta_units,
+        unsigned* packed) {
+    pack_rows<unsigned>(x, order, meta, rows, row_units, meta_units, packed);
+}
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_pack_vec(
+        const uint4* x, const i64* order, const uint4* meta, long long rows, int row_units, int meta_units,
+        uint4* packed) {
+    pack_rows<uint4>(x, order, meta, rows, row_units, meta_units, packed);
 }
 """
 
@@ -214,7 +223,7 @@ def source() -> str:
 def _functions(device_index: int) -> dict:
     module = load_module(device_index, source(), "conccl_moe_route.cu", "the MoE routing kernels")
     return {name: check(driver().cuModuleGetFunction(module, name.encode()))
-            for name in ("moe_route", "moe_expand", "moe_pack")}
+            for name in ("moe_route", "moe_expand", "moe_pack", "moe_pack_vec")}
 
 
 def _launch(fn, shared: int, stream, values, grid: int = 1) -> None:
@@ -226,29 +235,42 @@ def _launch(fn, shared: int, stream, values, grid: int = 1) -> None:
     check(cu.cuLaunchKernel(fn, grid, 1, 1, THREADS, 1, 1, shared, stream, ctypes.addressof(params), 0))
 
 
+def packable(x, order, meta) -> bool:
+    """Whether :func:`pack` takes these: one device, ``x`` contiguous with rows of whole 4-byte
+    words and a 4-byte-aligned start, ``order`` contiguous int64, ``meta`` contiguous int32 of
+    ``order``'s rows."""
+    import torch
+
+    return (x.is_cuda and x.device == order.device == meta.device and x.dim() == 2 and x.is_contiguous()
+            and (x.shape[1] * x.element_size()) % 4 == 0 and x.data_ptr() % 4 == 0 and order.dtype == torch.int64
+            and order.is_contiguous() and meta.dtype == torch.int32 and meta.is_contiguous()
+            and meta.dim() == 2 and meta.shape[0] == order.shape[0])
+
+
 def pack(x, order, meta):
     """``packed`` [rows, row bytes + meta bytes] uint8: row i is ``x[order[i]]``'s bytes followed
-    by ``meta[i]``'s (``x`` [T, H] contiguous, its rows a multiple of 4 bytes; ``order`` [rows]
-    int64; ``meta`` [rows, m] int32 contiguous), on torch's current stream, one kernel of at
-    most half the SMs (conccl.executors.cuda_reduce.grid_bound)."""
+    by ``meta[i]``'s (see :func:`packable` for what it takes), on torch's current stream, one
+    kernel of at most half the SMs (conccl.executors.cuda_reduce.grid_bound), 16-byte units
+    where rows, meta and pointers allow, else 4-byte words."""
     import torch
 
     from .cuda_reduce import grid_bound
 
-    rows = order.shape[0]
-    row_bytes = x.shape[1] * x.element_size()
-    if row_bytes % 4 or not x.is_contiguous() or not meta.is_contiguous() or meta.dtype != torch.int32 \
-            or order.dtype != torch.int64 or meta.shape[0] != rows:
+    if not packable(x, order, meta):
         raise ValueError(f"moe pack: x {tuple(x.shape)} {x.dtype}, order {tuple(order.shape)} {order.dtype}, "
-                         f"meta {tuple(meta.shape)} {meta.dtype}")
-    width = row_bytes + 4 * meta.shape[1]
-    packed = torch.empty((rows, width), dtype=torch.uint8, device=x.device)
-    total = rows * width // 4
+                         f"meta {tuple(meta.shape)} {meta.dtype} (see packable)")
+    rows = order.shape[0]
+    row_bytes, meta_bytes = x.shape[1] * x.element_size(), 4 * meta.shape[1]
+    packed = torch.empty((rows, row_bytes + meta_bytes), dtype=torch.uint8, device=x.device)
+    unit = 16 if (row_bytes % 16 == 0 and meta_bytes % 16 == 0 and x.data_ptr() % 16 == 0
+                  and meta.data_ptr() % 16 == 0 and packed.data_ptr() % 16 == 0) else 4
+    total = rows * (row_bytes + meta_bytes) // unit
     if total:
         grid = max(1, min(grid_bound(x.device.index), -(-total // THREADS)))
-        _launch(_functions(x.device.index)["moe_pack"], 0, torch.cuda.current_stream(x.device).cuda_stream,
+        fn = _functions(x.device.index)["moe_pack_vec" if unit == 16 else "moe_pack"]
+        _launch(fn, 0, torch.cuda.current_stream(x.device).cuda_stream,
                 [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr()),
-                 ctypes.c_longlong(rows), ctypes.c_int(row_bytes // 4), ctypes.c_int(meta.shape[1]),
+                 ctypes.c_longlong(rows), ctypes.c_int(row_bytes // unit), ctypes.c_int(meta_bytes // unit),
                  ctypes.c_void_p(packed.data_ptr())], grid)
     return packed
 

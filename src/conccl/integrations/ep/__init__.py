@@ -116,10 +116,11 @@ def _receive(h: "DispatchHandle", x: torch.Tensor, meta: torch.Tensor):
     if row_bytes % 4:
         return (_exchange(h.group, x[h.send.order], h.send.counts, h.recv_counts),
                 _exchange(h.group, meta, h.send.counts, h.recv_counts))
-    if x.is_cuda:  # gather and concatenation in one kernel
-        from ...executors.cuda_moe_route import pack
+    from ...executors.cuda_moe_route import pack, packable  # (no CUDA needed to import)
 
-        packed = pack(x, h.send.order, meta.contiguous())
+    meta = meta.contiguous()
+    if packable(x, h.send.order, meta):  # gather and concatenation in one kernel
+        packed = pack(x, h.send.order, meta)
     else:
         packed = torch.cat([x[h.send.order].view(torch.uint8), meta.view(torch.uint8)], dim=1)
     got = _exchange(h.group, packed, h.send.counts, h.recv_counts)

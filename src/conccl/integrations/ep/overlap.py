@@ -91,7 +91,8 @@ def moe_layer(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tenso
     ``topk_weights`` [T, k] alike), their dispatch and combine on a communication stream beside
     the expert GEMMs on the current stream (module doc). ``experts(expert_x, counts) -> [N, H']``:
     the local experts on the rows dispatch returned (``counts[e]`` rows of local expert e, in
-    order). ``overlap=False``: the same chunks one after another on the current stream.
+    order), run on the current stream (work it puts on other streams it must join there itself).
+    ``overlap=False``: the same chunks one after another on the current stream.
     ``stream``: the communication stream (default: one of the highest priority per device).
     Collective (every rank the same ``chunks``; ranks may hold different numbers of tokens).
     Differentiable in ``x``, ``topk_weights`` and whatever ``experts`` uses."""
@@ -105,13 +106,16 @@ def moe_layer(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tenso
     on = _Streams(x.device, stream or _comm_stream(x.device)) if (overlap and x.is_cuda) else _Sequential()
     if on.comm is not None:
         on.comm.wait_stream(on.cur)  # the inputs were made on the current stream
-    w = (lambda s, e: None) if topk_weights is None else (lambda s, e: topk_weights[s:e])
+    # split once: the backward of one split is one concatenation, of per-chunk slices a
+    # full-size zero gradient each
+    sizes = [e - s for s, e in bounds]
+    xs, idxs = x.split(sizes), topk_idx.split(sizes)
+    ws = [None] * chunks if topk_weights is None else topk_weights.split(sizes)
     sent, outs = [None] * chunks, [None] * chunks
 
     def send(i):
-        s, e = bounds[i]
         with on.stream():
-            sent[i] = dispatch(x[s:e], topk_idx[s:e], w(s, e), num_experts, group)
+            sent[i] = dispatch(xs[i], idxs[i], ws[i], num_experts, group)
             sent[i] = (*sent[i], on.event(on.comm))
 
     send(0)
@@ -126,7 +130,7 @@ def moe_layer(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tenso
         with on.stream():
             on.wait(on.comm, done)
             on.keep(y, on.comm)
-            outs[i] = combine(y, handle, w(*bounds[i]))
+            outs[i] = combine(y, handle, ws[i])
     if on.comm is not None:
         on.cur.wait_stream(on.comm)
         for o in outs:

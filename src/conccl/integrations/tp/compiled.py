@@ -13,7 +13,11 @@ world; a schedule by its name (``"auto"``, ``"direct-p4-g2"``, ...).
 
 Both ops are blocking and run on the current stream, as the Python ops do with
 ``async_op=False``; the results are fresh, contiguous tensors (a gather or scatter dimension
-other than 0 costs a copy, which the Python ops leave as a view).
+other than 0 costs a copy, which the Python ops leave as a view). They are forward-only (the
+parallel layers carry their backward in their autograd functions), never captured in a CUDA
+graph (tagged ``cudagraph_unsafe``), and declared pure: a compiled graph that leaves an op's
+results unused drops the call, so every rank must use them alike (or ranks' calls diverge).
+The group registry keeps the groups it names alive.
 """
 from __future__ import annotations
 
@@ -69,7 +73,12 @@ def _op(reduce_op: str):
     return ops[reduce_op]
 
 
-@torch.library.custom_op("conccl::all_gather_matmul", mutates_args=())
+# cudagraph_unsafe: a conccl.tp call cannot be captured (conccl.group.pipelined), so inductor's
+# CUDA-graph modes (reduce-overhead, max-autotune) run it outside their graphs.
+_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("conccl::all_gather_matmul", mutates_args=(), tags=_TAGS)
 def all_gather_matmul_op(a_shard: torch.Tensor, weights: list[torch.Tensor], gather_dim: int, group: str,
                          schedule: str, return_gathered: bool) -> list[torch.Tensor]:
     """``[A] + [A @ W for W in weights]`` (``A`` only with ``return_gathered``): see
@@ -87,7 +96,7 @@ def _(a_shard, weights, gather_dim, group, schedule, return_gathered):
     return ([a_shard.new_empty(shape)] if return_gathered else []) + outs
 
 
-@torch.library.custom_op("conccl::matmul_reduce_scatter", mutates_args=())
+@torch.library.custom_op("conccl::matmul_reduce_scatter", mutates_args=(), tags=_TAGS)
 def matmul_reduce_scatter_op(a: torch.Tensor, weight: torch.Tensor, scatter_dim: int, group: str, schedule: str,
                              reduce_op: str) -> torch.Tensor:
     """``a @ weight`` reduced over the ranks and scattered along ``scatter_dim``: see

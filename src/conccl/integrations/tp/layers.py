@@ -88,7 +88,20 @@ class _RowParallel(torch.autograd.Function):
         return dx, dw, None, None, None
 
 
-class ColumnParallelLinear(torch.nn.Module):
+class _Named(torch.nn.Module):
+    """``group``, ``schedule`` and ``backward_schedule`` kept with the names the autograd
+    functions take (``_names``), made when one is set (not in ``forward``, which torch.compile
+    traces)."""
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name in ("group", "schedule", "backward_schedule") and all(
+                hasattr(self, n) for n in ("group", "schedule", "backward_schedule")):
+            object.__setattr__(self, "_names", (op_group(self.group), schedule_name(self.schedule),
+                                                schedule_name(self.backward_schedule)))
+
+
+class ColumnParallelLinear(_Named):
     """``y = x @ W.T`` with ``x`` split along its rows (sequence) over the group and ``W``'s
     output features split over it: input ``[s / world, ..., in_features]`` on every rank,
     output ``[s, ..., out_features / world]`` (one per entry when ``out_features`` is a tuple:
@@ -105,7 +118,6 @@ class ColumnParallelLinear(torch.nn.Module):
         if any(n % world_size for n in outs):
             raise ValueError(f"out_features {outs} must be divisible by the world size {world_size}")
         self.group, self.schedule, self.backward_schedule = group, schedule, backward_schedule
-        self._names = (op_group(group), schedule_name(schedule), schedule_name(backward_schedule))
         self.single = isinstance(out_features, int)
         self.weights = torch.nn.ParameterList(
             torch.nn.Parameter(torch.empty(n // world_size, in_features, device=device, dtype=dtype)) for n in outs)
@@ -115,7 +127,7 @@ class ColumnParallelLinear(torch.nn.Module):
         return outs[0] if self.single else outs
 
 
-class RowParallelLinear(torch.nn.Module):
+class RowParallelLinear(_Named):
     """``y = x @ W.T`` with ``x``'s and ``W``'s input features split over the group, the result
     reduce-scattered along its rows: input ``[s, ..., in_features / world]``, output
     ``[s / world, ..., out_features]``."""
@@ -126,7 +138,6 @@ class RowParallelLinear(torch.nn.Module):
         if in_features % world_size:
             raise ValueError(f"in_features {in_features} must be divisible by the world size {world_size}")
         self.group, self.schedule, self.backward_schedule = group, schedule, backward_schedule
-        self._names = (op_group(group), schedule_name(schedule), schedule_name(backward_schedule))
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features // world_size, device=device,
                                                      dtype=dtype))
 
