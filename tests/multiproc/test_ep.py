@@ -193,3 +193,28 @@ def _layer(comm, chunks):
 def test_moe_layer_over_chunks_equals_the_chunks_by_hand(chunks):
     for same, close in spawn(2, _layer, chunks):
         assert same and close
+
+
+def _values(comm, n):
+    got = comm.exchange_values([comm.rank * 1000 + i for i in range(n)], "test")
+    return got == [[r * 1000 + i for i in range(n)] for r in range(comm.world)], comm.board.row_len
+
+
+@pytest.mark.parametrize("n", [1, 50, 300])  # 300: many board rows
+def test_exchange_values_returns_every_ranks_values(n):
+    for same, row_len in spawn(3, _values, n):
+        assert same
+    assert n == 1 or n > row_len  # several board rows (the piecing) are exercised
+
+
+def _experts_differ(comm):
+    try:
+        ep.dispatch(torch.randn(4, H), torch.zeros(4, 1, dtype=torch.int64), None, 4 + 2 * comm.rank, group=comm)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_ranks_passing_different_expert_counts_stop_alike():
+    says = spawn(2, _experts_differ, join_timeout_s=60)
+    assert all(s and "different num_experts" in s for s in says), says

@@ -287,6 +287,28 @@ class Group(CollectiveMethods):
             raise InvalidArgument(f"conccl {what}: rank {differ[0]} has another {what} than rank {self.rank} ({text[:200]})"
                                   + (f"; {hint}" if hint else ""))
 
+    def exchange_values(self, values, what: str, timeout=None) -> list[list[int]]:
+        """A collective call on the host board alone, no GPU work: every rank passes ``values``
+        (whole numbers, as many on every rank) and gets every rank's, in rank order. For small
+        tables the host needs anyway (conccl.ep's sizes): no device collective, no stream. In
+        pieces of the board's row length, one host rendezvous each. A peer that never comes
+        raises CollectiveTimeout (and breaks the group) as a collective's does."""
+        self._check_usable()
+        values = [int(v) for v in values]
+        timeout_s = self._timeout_s(timeout)
+        out: list[list[int]] = [[] for _ in range(self.world)]
+        step = self.board.row_len
+        for i in range(0, len(values), step):
+            part = values[i:i + step]
+            try:
+                rows = self.board.exchange(part, f"conccl {what}", timeout_s)
+            except (CollectiveTimeout, GroupBroken) as e:
+                self.fail(e)
+                raise
+            for r in range(self.world):
+                out[r].extend(rows[r, :len(part)].tolist())
+        return out
+
     def all_gather_into_parts(self, output, input, parts, timeout=None) -> Work:
         """An all-gather of ``input`` (each rank's chunk of ``output``, in place) whose bytes land
         in ``parts`` instead of ``output``: ``parts[i]`` is a tensor of ``world * n_i`` bytes'

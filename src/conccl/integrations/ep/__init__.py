@@ -8,9 +8,9 @@ the weighted sum over each token's experts. Both are autograd functions: dispatc
 is a combine (unweighted) and combine's a dispatch (with the weights' gradient), so a training
 step works. Layouts: :mod:`conccl.integrations.ep.layout`.
 
-How it moves: dispatch exchanges a small table first (per destination: rows, pairs per local
-expert, a bad-input flag) and the host reads it (the one device-to-host sync per dispatch);
-then the token rows, with their top-k slots and weights at each row's end, go by one call of
+How it moves: dispatch makes a small table first (per destination: rows, pairs per local
+expert, a bad-input flag), the host reads it (the one device-to-host sync per dispatch) and the
+ranks swap tables on the group's host board (no device collective); then the token rows, with their top-k slots and weights at each row's end, go by one call of
 conccl's uneven ``all_to_all_single`` (copy engines; two calls where a row's bytes are not a
 multiple of 4). SM work, on the caller's stream: the routing and the expansion into expert
 order (one kernel of one CTA each on GPUs, :mod:`conccl.executors.cuda_moe_route`; sorts and
@@ -241,10 +241,18 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
     else:
         table = torch.zeros((world, epr + 2), dtype=torch.int64, device=x.device)
         table[:, -1] = 1
-    # per destination: rows, pairs per its local expert, a "bad input" flag
-    got = _exchange(g, table, [1] * world, [1] * world)
-    host = torch.cat([table[:, 0], got.flatten()]).tolist()  # the host needs the sizes: the one sync
-    send_counts, recv = host[:world], [host[world + s * (epr + 2):world + (s + 1) * (epr + 2)] for s in range(world)]
+    # per destination: rows, pairs per its local expert, a "bad input" flag. The host needs the
+    # sizes anyway: its own table comes to it (the one device-to-host sync) and the ranks swap
+    # tables on the host board, with no device collective. The expert count first: ranks that
+    # disagree on it stop alike.
+    mine = table.flatten().tolist()
+    every = g.exchange_values([num_experts] + mine, "conccl.ep.dispatch")
+    if any(v[0] != num_experts for v in every):
+        raise ValueError(f"conccl.ep.dispatch: the ranks passed different num_experts "
+                         f"({sorted({v[0] for v in every})})")
+    width = epr + 2
+    send_counts = [mine[d * width] for d in range(world)]
+    recv = [every[s][1 + g.rank * width:1 + (g.rank + 1) * width] for s in range(world)]  # what s sends here
     bad_ranks = [s for s in range(world) if recv[s][-1]]
     if bad_ranks:
         raise ValueError(problem or f"rank(s) {bad_ranks} called conccl.ep.dispatch with bad input "
