@@ -360,3 +360,27 @@ def test_latency_phase_timer_times_the_wrapped_phases_and_restores_them(monkeypa
     text = latency.markdown({"meta": {}, "world": 4, "iters": 3, "reps": 1, "records": [rec]})
     assert "| collective | implementation | size (B) | call | call key | local step | validate | board exchange |" in text
     assert f"| all_gather | conccl | 1048576 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | {phases['plan']:.1f} |" in text
+
+
+def test_debug_before_a_two_word_command(capsys):
+    assert main(["--debug", "plan", "tp", "--op", "gemm_rs", "--shape", "8192x3584x8192", "--world", "4"]) == cli.EXIT_OK
+    assert "schedule" in capsys.readouterr().out
+
+
+def test_a_reader_that_goes_away_is_not_bad_input(monkeypatch, capsys):
+    def gone(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli.COMMANDS["plan"], "run", gone)
+    monkeypatch.setattr(cli.os, "dup2", lambda *a: None)  # keep pytest's stdout
+    assert main(["plan", "--gemm", "64x64x64", "--size", "1M"]) == cli.EXIT_OK
+    assert capsys.readouterr().err == ""
+
+
+def test_a_finished_study_without_its_report_says_how_to_draw_it(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert main(["study", "--quick", "--out", str(out)]) == cli.EXIT_OK
+    (out / "report.md").unlink()  # as a Ctrl-C while the report was drawn leaves it
+    capsys.readouterr()
+    assert main(["study", "--quick", "--out", str(out)]) == cli.EXIT_USAGE
+    assert f"conccl study --report {out}" in capsys.readouterr().err

@@ -10,6 +10,7 @@ One module per subcommand, each with ``add_parser(subparsers)`` (its flags) and
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .._version import __version__
@@ -52,18 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCH_MODES:
+    # the global flags before the command (`conccl --debug plan tp ...`)
+    lead = 0
+    while lead < len(argv) and argv[lead] in ("--debug",):
+        lead += 1
+    head, cmd, mode = argv[:lead], argv[lead:lead + 1], argv[lead + 1:lead + 2]
+    for word, modes in (("bench", BENCH_MODES), ("study", STUDY_MODES), ("plan", PLAN_MODES)):
         # `conccl bench fsdp` reads as the issue and the docs say it; bench's own flags are
         # nccl-tests', which a positional argument there would clash with.
-        argv = [f"bench-{argv[1]}", *argv[2:]]
-    elif argv[:1] == ["study"] and argv[1:2] and argv[1] in STUDY_MODES:
-        argv = [f"study-{argv[1]}", *argv[2:]]
-    elif argv[:1] == ["plan"] and argv[1:2] and argv[1] in PLAN_MODES:
-        argv = [f"plan-{argv[1]}", *argv[2:]]
+        if cmd == [word] and mode and mode[0] in modes:
+            argv = [*head, f"{word}-{mode[0]}", *argv[lead + 2:]]
+            break
     args = build_parser().parse_args(argv)
     name = args.command.replace("-", " ")
     try:
         return COMMANDS[args.command].run(args)
+    except BrokenPipeError:  # the reader went away (`| head`): not bad input, nothing to say
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except OSError:
+            pass
+        return EXIT_OK
     except KeyboardInterrupt:
         if debug_wanted(args):
             raise

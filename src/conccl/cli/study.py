@@ -95,6 +95,9 @@ def out_folder(args) -> tuple[pathlib.Path, StudyResults | None]:
         if not earlier.complete:
             raise UsageError(f"--out {out} holds an interrupted study ({len(earlier.scenarios)} scenario(s) done); "
                              "pass --resume to continue it or --force to start over")
+        if not (out / "report.md").exists():  # interrupted while the report was being drawn
+            raise UsageError(f"--out {out} holds a finished study without its report: `conccl study --report {out}` "
+                             "draws it; or choose another --out or pass --force")
         raise UsageError(f"--out {out} already holds a study report; choose another --out or pass --force")
     return out, None
 

@@ -89,7 +89,8 @@ def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, 
 def check_resumable(res: StudyResults, kind: str, world: int, quick: bool) -> None:
     """Refuse to continue a study under other settings than it started with."""
     if res.complete:
-        raise StudyError("--resume: that study is complete; nothing to continue (--force starts it over)")
+        raise StudyError("--resume: that study is complete; nothing to continue (`conccl study --report DIR` draws "
+                         "its report again; --force starts it over)")
     if res.kind != kind:
         raise StudyError(f"--resume: that study is a {res.kind}, this run would be a {kind} "
                          f"({'drop' if kind == 'prediction' else 'add'} --predict to continue it)")
