@@ -218,3 +218,25 @@ def _experts_differ(comm):
 def test_ranks_passing_different_expert_counts_stop_alike():
     says = spawn(2, _experts_differ, join_timeout_s=60)
     assert all(s and "different num_experts" in s for s in says), says
+
+
+def _absent_peer(comm):
+    from datetime import timedelta
+
+    from conccl.errors import CollectiveTimeout, GroupBroken
+
+    if comm.rank == 1:
+        return "absent"
+    try:
+        comm.exchange_values([1, 2, 3], "test", timeout=timedelta(seconds=1))
+    except CollectiveTimeout as e:
+        try:
+            comm.exchange_values([1], "test")
+        except GroupBroken:
+            return f"timeout then broken: {e}"
+    return "no error"
+
+
+def test_exchange_values_with_an_absent_peer_times_out_and_breaks_the_group():
+    says = spawn(2, _absent_peer, join_timeout_s=60)
+    assert says[0].startswith("timeout then broken") and "rank" in says[0].lower(), says
