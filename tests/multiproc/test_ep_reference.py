@@ -53,3 +53,23 @@ def test_conccl_ep_equals_the_reference_dispatcher(world, experts, k, dtype):
         assert rows and counts and out, (rank, rows, counts, out)
         assert sent <= ref_sent  # one row per (token, rank), not per (token, expert)
     assert sum(r[3] for r in results) < sum(r[4] for r in results)  # some token had two experts on one rank
+
+
+def _fast(comm, port):
+    r, w_ = comm.rank, comm.world
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=r, world_size=w_)
+    try:
+        from conccl.bench.moe_reference import scatter_add_combine
+
+        g = torch.Generator().manual_seed(3 + r)
+        x = torch.randn(11, 16, generator=g)
+        idx = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(11)])
+        wts = torch.rand(11, 2, generator=g)
+        rx, _, rh = reference_dispatch(x, idx, wts, 8)
+        return torch.allclose(scatter_add_combine(rx * 3, rh), reference_combine(rx * 3, rh), rtol=1e-5, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_scatter_add_combine_is_the_reference_within_rounding():
+    assert all(spawn(2, _fast, _free_port()))

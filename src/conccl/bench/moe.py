@@ -8,6 +8,8 @@ experts drawn with Zipf-like probabilities, so one rank receives most rows) and 
   per rank holding its experts; rows on copy engines);
 - ``reference``: :mod:`conccl.bench.moe_reference`, built as torchtitan's default dispatcher
   (one row per (token, expert) pair by NCCL's ``all_to_all_single``);
+- ``reference_scatter_add``: the reference's dispatch with torchtitan's combine (weights, then
+  ``scatter_add``: no fixed order, so not bit-equal; the speed bar for combine);
 - ``nccl_a2a`` / ``conccl_a2a``: one uneven ``all_to_all_single`` of the reference's rows alone,
   by NCCL and by conccl (the transport without the layout work).
 
@@ -31,7 +33,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
-IMPLS = ("conccl", "reference", "nccl_a2a", "conccl_a2a")
+IMPLS = ("conccl", "reference", "reference_scatter_add", "nccl_a2a", "conccl_a2a")
 ROUTINGS = ("random", "skewed")
 
 
@@ -256,7 +258,7 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
 
     import conccl
     from ..integrations import ep
-    from .moe_reference import reference_combine, reference_dispatch
+    from .moe_reference import reference_combine, reference_dispatch, scatter_add_combine
 
     dt = getattr(torch, cfg.dtype)
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -292,6 +294,9 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
         def ref_combine():
             state["rout"] = reference_combine(case()["ry"], case()["rhandle"])
 
+        def ref_scatter_add_combine():
+            state["rout_fast"] = scatter_add_combine(case()["ry"], state["r"][2])
+
         def nccl_a2a():
             h = case()["rhandle"]
             dist.all_to_all_single(case()["ref_rows"], case()["ref_send"], h.recv_counts, h.send_counts)
@@ -301,6 +306,7 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
             conccl.all_to_all_single(case()["ref_rows"], case()["ref_send"], h.recv_counts, h.send_counts)
 
         calls = {"conccl": (conccl_dispatch, conccl_combine), "reference": (ref_dispatch, ref_combine),
+                 "reference_scatter_add": (ref_dispatch, ref_scatter_add_combine),
                  "nccl_a2a": (nccl_a2a, None), "conccl_a2a": (conccl_a2a, None)}
         impls = [i for i in cfg.impls if i in calls]
         recs = {i: Record(kind, i) for i in impls}
@@ -329,7 +335,7 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
         last = case()
         sent = {"conccl": sum(n for d, n in enumerate(state["c"][2].send.counts) if d != rank) if "c" in state else 0,
                 "reference": sum(n for d, n in enumerate(last["rhandle"].send_counts) if d != rank)}
-        sent["nccl_a2a"] = sent["conccl_a2a"] = sent["reference"]
+        sent["nccl_a2a"] = sent["conccl_a2a"] = sent["reference_scatter_add"] = sent["reference"]
         for i in impls:
             rec = recs[i]
             rec.dispatch_ms, rec.dispatch_spread = _slowest(dist, world, times[i][0])

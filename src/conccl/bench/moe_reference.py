@@ -201,3 +201,16 @@ def reference_combine(expert_out, handle: ReferenceHandle, topk_weights=None):
     dispatch for their gradient (fp32 [T, k]). Collective, as dispatch."""
     w = topk_weights if topk_weights is not None else torch.zeros(0)
     return _Combine.apply(expert_out, w, handle)
+
+
+def scatter_add_combine(expert_out, handle: ReferenceHandle):
+    """``[T, H]`` as torchtitan's combine makes it, for timing: the expert rows back by one
+    ``all_to_all_single``, times their weights in fp32, rounded, and added into each token's
+    row by ``scatter_add`` (atomics on GPUs: no fixed order, so not conccl.ep's bits; within
+    rounding of them). Forward only."""
+    h = handle
+    y = _a2a(expert_out[h.ungroup], h.recv_counts, h.send_counts, h.pg)  # send order
+    tok, slot = h.pairs[:, 0], h.pairs[:, 1]
+    rows = (h.weights[tok, slot][:, None] * y.float()).to(expert_out.dtype)
+    out = torch.zeros((h.tokens, expert_out.shape[1]), dtype=expert_out.dtype, device=expert_out.device)
+    return out.index_add_(0, tok, rows)
