@@ -10,13 +10,15 @@ step works. Layouts: :mod:`conccl.integrations.ep.layout`.
 
 How it moves: dispatch makes a small table first (per destination: rows, pairs per local
 expert, a bad-input flag), the host reads it (the one device-to-host sync per dispatch) and the
-ranks swap tables on the group's host board (no device collective); then the token rows, with their top-k slots and weights at each row's end, go by one call of
-conccl's uneven ``all_to_all_single`` (copy engines; two calls where a row's bytes are not a
-multiple of 4). SM work, on the caller's stream: the routing and the expansion into expert
-order (one kernel of one CTA each on GPUs, :mod:`conccl.executors.cuda_moe_route`; sorts and
-scatters on the CPU), the permutations into and out of expert order (gathers, memory-bound),
-and each weighted sum of combine and of dispatch's backward (one kernel of at most half the
-SMs, :mod:`conccl.executors.cuda_gather_sum`; the torch form on the CPU).
+ranks swap tables on the group's host board (no device collective); then the token rows, with
+their top-k slots and weights at each row's end, go by one call of conccl's uneven
+``all_to_all_single`` (copy engines; two calls where a row's bytes are not a multiple of 4).
+SM work, on the caller's stream: the routing, the packing of the sent rows and the expansion
+into expert order (kernels on GPUs, :mod:`conccl.executors.cuda_moe_route`; sorts, gathers and
+scatters on the CPU), the gather of the expanded rows (memory-bound), and each weighted sum of
+combine and of dispatch's backward (one kernel of at most half the SMs,
+:mod:`conccl.executors.cuda_gather_sum`; the torch form on the CPU). :func:`moe_layer`
+(:mod:`.overlap`) runs a layer over micro-batches with this beside the expert GEMMs.
 
 Arithmetic, alike on every path: a receiving rank sums its experts' outputs for a token in
 top-k slot order in fp32, weights first (``w * y``), and rounds the partial to the dtype; the
