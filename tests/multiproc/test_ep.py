@@ -84,7 +84,7 @@ def _run(comm, experts, k, dtype):
     return bad, sum(counts)
 
 
-@pytest.mark.parametrize("world,experts,k", [(2, 4, 2), (2, 8, 1), (3, 6, 4), (3, 12, 2), (4, 8, 8)])
+@pytest.mark.parametrize("world,experts,k", [(2, 4, 2), (2, 8, 1), (3, 6, 4), (3, 12, 2), (4, 8, 8), (8, 16, 2), (8, 256, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dispatch_and_combine_forward_and_backward(world, experts, k, dtype):
     results = spawn(world, _run, experts, k, dtype)

@@ -45,7 +45,7 @@ def _both(comm, port, experts, k, dtype):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world,experts,k", [(2, 4, 2), (3, 6, 3), (4, 16, 4)])
+@pytest.mark.parametrize("world,experts,k", [(2, 4, 2), (3, 6, 3), (4, 16, 4), (8, 64, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_conccl_ep_equals_the_reference_dispatcher(world, experts, k, dtype):
     results = spawn(world, _both, _free_port(), experts, k, dtype)
