@@ -80,3 +80,20 @@ def test_a_sharded_block_compiles_without_a_graph_break_forward_and_backward():
     out = spawn(2, _compiled_block, join_timeout_s=240)
     for same, loss in out:
         assert same and loss > 0
+
+
+def _drop_in(comm):
+    torch.set_num_threads(1)
+    name = ctp.op_group(comm)
+    r = comm.rank
+    a, b = _ints((4, 8), 20 + r), _ints((8, 6), 5)
+    A, (y,) = ctp.fused_all_gather_matmul(a, [b], 0, name)
+    A2, (y2,) = ctp.all_gather_matmul(a, [b], 0, comm, return_gathered=True)
+    none, _ = ctp.fused_all_gather_matmul(a, [b], 0, name, return_A=False)
+    z = ctp.fused_matmul_reduce_scatter(_ints((4, 8), 30 + r), b, "avg", 0, name)
+    z2 = ctp.matmul_reduce_scatter(_ints((4, 8), 30 + r), b, 0, torch.distributed.ReduceOp.AVG, comm)
+    return torch.equal(A, A2) and torch.equal(y, y2) and none is None and torch.equal(z, z2)
+
+
+def test_the_async_tp_signatures_give_the_same_results():
+    assert all(spawn(2, _drop_in, join_timeout_s=120))

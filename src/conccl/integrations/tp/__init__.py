@@ -9,16 +9,18 @@ that a GEMM feeds, pipelined with it.
   forward and backward run these (:mod:`conccl.integrations.tp.layers`);
 - ``torch.ops.conccl.all_gather_matmul`` / ``torch.ops.conccl.matmul_reduce_scatter``: the two
   as custom ops for ``torch.compile``, groups named by :func:`op_group`
-  (:mod:`conccl.integrations.tp.compiled`).
+  (:mod:`conccl.integrations.tp.compiled`);
+- :func:`fused_all_gather_matmul`, :func:`fused_matmul_reduce_scatter`: PyTorch async-TP's
+  ``torch.ops.symm_mem`` signatures (a group by its ``group_name``), for a one-line swap.
 
 ``schedule``: ``"auto"`` (the planner's choice from the hardware profile:
 :mod:`conccl.planner.tp`), a name (``serial``, ``ring``, ``direct``, ``direct-p4-g2``, ...;
 :class:`conccl.pipeline.TPSchedule`) or a ``TPSchedule``.
 """
 from ...pipeline import Order, TPSchedule
-from .compiled import op_group
+from .compiled import fused_all_gather_matmul, fused_matmul_reduce_scatter, op_group
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .ops import all_gather_matmul, matmul_reduce_scatter, resolve_schedule
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "ColumnParallelLinear", "RowParallelLinear", "TPSchedule",
-           "Order", "resolve_schedule", "op_group"]
+           "Order", "resolve_schedule", "op_group", "fused_all_gather_matmul", "fused_matmul_reduce_scatter"]

@@ -47,6 +47,12 @@ def _group(name: str):
     try:
         return _GROUPS[name]
     except KeyError:
+        pass
+    try:  # a process group's own name, as PyTorch's async-TP ops take it (group.group_name)
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return _resolve_process_group(name)
+    except (ImportError, ValueError, KeyError, RuntimeError):
         raise ValueError(f"conccl.tp: no group named {name!r}; make the name with conccl.tp.op_group(group)") from None
 
 
@@ -109,3 +115,21 @@ def _(a, weight, scatter_dim, group, schedule, reduce_op):
     shape = list(a.shape)
     shape[scatter_dim] //= _world(group)
     return a.new_empty((*shape[:-1], weight.shape[1]))
+
+
+def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: list, gather_dim: int, group_name: str, *,
+                            return_A: bool = True):
+    """``torch.ops.symm_mem.fused_all_gather_matmul``'s signature and results, on conccl
+    (:func:`conccl.tp.all_gather_matmul`): ``(A or None, [A @ B for B in Bs])``. ``group_name``:
+    a process group's ``group_name`` (or an :func:`op_group` name). A drop-in for PyTorch's
+    async-TP: swap the call, nothing else (eagerly; under torch.compile call
+    ``torch.ops.conccl.all_gather_matmul``)."""
+    return _ag_matmul(A_shard, list(Bs), gather_dim, _group(group_name), return_gathered=return_A)
+
+
+def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
+                                group_name: str) -> torch.Tensor:
+    """``torch.ops.symm_mem.fused_matmul_reduce_scatter``'s signature and result, on conccl
+    (:func:`conccl.tp.matmul_reduce_scatter`): ``A @ B`` reduced (``reduce_op`` "sum" or "avg")
+    and scattered along ``scatter_dim``."""
+    return _mm_rs(A, B, scatter_dim, _op(reduce_op), _group(group_name))
