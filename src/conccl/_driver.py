@@ -90,3 +90,17 @@ def load_module(device_index: int, source: str, filename: str, what: str):
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     return check(cu.cuModuleLoadData(ptx))
+
+
+def launch(function, grid: int, threads: int, shared: int, stream_handle: int, values: list) -> None:
+    """One launch of ``function`` (a ``CUfunction``) with the ctypes ``values`` as its
+    parameters, on the stream with raw handle ``stream_handle``; raises on an error. For kernels
+    launched with new arguments each call (the prebuilt launches keep their parameters)."""
+    import ctypes
+
+    cu = driver()
+    if shared > 48 * 1024:  # beyond the default dynamic shared memory: opt in
+        check(cu.cuFuncSetAttribute(function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    shared))
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    check(cu.cuLaunchKernel(function, grid, 1, 1, threads, 1, 1, shared, stream_handle, ctypes.addressof(params), 0))

@@ -33,6 +33,8 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
+from .tp import slowest
+
 IMPLS = ("conccl", "reference", "reference_scatter_add", "nccl_a2a", "conccl_a2a")
 ROUTINGS = ("random", "skewed")
 
@@ -87,17 +89,6 @@ def routing(torch, kind: str, tokens: int, experts: int, k: int, seed: int, devi
     top = torch.topk(logits, k, dim=1)
     w = torch.softmax(top.values, dim=1)
     return top.indices.to(device), w.to(device)
-
-
-def _median_spread(ms: list[float]) -> tuple[float, float]:
-    m = statistics.median(ms)
-    return m, (max(ms) - min(ms)) / m if m else 0.0
-
-
-def _slowest(dist, world, ms):
-    every = [None] * world
-    dist.all_gather_object(every, _median_spread(ms))
-    return max(every)
 
 
 def _timed(torch, dist, fn) -> float:
@@ -180,7 +171,7 @@ def train_both(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
     out = {"config": {"layers": 4, "dim": 2048, "ffn": 1024, "tokens_per_rank": 4 * seq, "steps": cfg.train_steps},
            "equal": all(every), "first_loss": float(c["losses"][0]), "last_loss": float(c["losses"][-1])}
     for name, r in runs.items():
-        out[name] = dict(zip(("step_ms", "spread"), _slowest(dist, world, r["ms"]))) if r["ms"] else {}
+        out[name] = dict(zip(("step_ms", "spread"), slowest(dist, world, r["ms"]))) if r["ms"] else {}
     return out
 
 
@@ -246,7 +237,7 @@ def time_layer(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
                 times[name].append(ms)
     out = {"chunks": cfg.layer_chunks, "ffn": cfg.ffn}
     for name, ms in times.items():
-        out[name] = dict(zip(("ms", "spread"), _slowest(dist, world, ms)))
+        out[name] = dict(zip(("ms", "spread"), slowest(dist, world, ms)))
     return out
 
 
@@ -338,9 +329,9 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
         sent["nccl_a2a"] = sent["conccl_a2a"] = sent["reference_scatter_add"] = sent["reference"]
         for i in impls:
             rec = recs[i]
-            rec.dispatch_ms, rec.dispatch_spread = _slowest(dist, world, times[i][0])
+            rec.dispatch_ms, rec.dispatch_spread = slowest(dist, world, times[i][0])
             if times[i][1]:
-                rec.combine_ms, rec.combine_spread = _slowest(dist, world, times[i][1])
+                rec.combine_ms, rec.combine_spread = slowest(dist, world, times[i][1])
             every = [None] * world
             dist.all_gather_object(every, sent[i])
             rec.rows_sent = sum(every)
@@ -376,10 +367,10 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
                 torch.cuda.synchronize()
                 beside.append(ev[0].elapsed_time(ev[1]))
                 comm.append(ev[2].elapsed_time(ev[3]))
-            rec.gemm_alone_ms = _slowest(dist, world, alone)[0]
-            rec.gemm_beside_ms = _slowest(dist, world, beside)[0]
+            rec.gemm_alone_ms = slowest(dist, world, alone)[0]
+            rec.gemm_beside_ms = slowest(dist, world, beside)[0]
             rec.gemm_slowdown = rec.gemm_beside_ms / rec.gemm_alone_ms
-            rec.comm_beside_ms = _slowest(dist, world, comm)[0]
+            rec.comm_beside_ms = slowest(dist, world, comm)[0]
         for i in impls:
             records.append(recs[i])
             if progress and rank == 0:

@@ -112,7 +112,7 @@ def _every(dist, world: int, mine) -> list:
     return every
 
 
-def _slowest(dist, world: int, ms: list[float]) -> tuple[float, float]:
+def slowest(dist, world: int, ms: list[float]) -> tuple[float, float]:
     """(slowest rank's median, its spread) over the group."""
     return max(_every(dist, world, (statistics.median(ms), (max(ms) - min(ms)) / statistics.median(ms))))
 
@@ -151,10 +151,10 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                 fns = [gemm_only] + [_decomposition(torch, cfg, op, M, name, full if op == "ag_gemm" else a_in, wt, prod)
                                      for name in cfg.schedules]
                 times = timed_in_turn(torch, fns, cfg.warmup, cfg.runs)
-                base_ms, base_spread = _slowest(dist, world, times[0])
+                base_ms, base_spread = slowest(dist, world, times[0])
                 records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
                 for name, ms in zip(cfg.schedules, times[1:]):
-                    med, spread = _slowest(dist, world, ms)
+                    med, spread = slowest(dist, world, ms)
                     records.append(Record(op, M, K, N, 1, "conccl", name, grain_of(TPSchedule.parse(name)), med, spread,
                                           med / base_ms, note=f"one GPU: the GEMM steps of a {cfg.model_world}-rank "
                                           "pipeline alone (its decomposition loss), no transfer"))
@@ -189,14 +189,14 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                 records += [Record(op, M, K, N, world, i, s, None, None, None, None, error=why) for i, s, _, _ in ran]
                 ran, times = [], None
             if times is not None:
-                base_ms, base_spread = _slowest(dist, world, times[0])
+                base_ms, base_spread = slowest(dist, world, times[0])
                 records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0,
-                                      host_ms=_slowest(dist, world, host[0])[0]))
+                                      host_ms=slowest(dist, world, host[0])[0]))
             for (impl, schedule, _, wrong), ms, queued in zip(ran, times[1:] if times else (), host[1:]):
-                med, spread = _slowest(dist, world, ms)
+                med, spread = slowest(dist, world, ms)
                 tp = TPSchedule.parse(schedule) if schedule else None
                 records.append(Record(op, M, K, N, world, impl, schedule, grain_of(tp) if tp else None, med, spread,
-                                      med / base_ms, wrong, host_ms=_slowest(dist, world, queued)[0]))
+                                      med / base_ms, wrong, host_ms=slowest(dist, world, queued)[0]))
             for (impl, schedule), why in failed.items():
                 records.append(Record(op, M, K, N, world, impl, schedule, None, None, None, None, error=why))
             if progress is not None and rank == 0:

@@ -10,7 +10,7 @@ from ..bench import moe as bench_moe
 from ..bench.environment import environment
 from ..launch import run_per_gpu, under_torchrun
 from ..planner.timing import MAX_WORLD
-from .common import EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, int_range
+from .common import EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, comma_list, int_range
 
 
 def add_parser(sub) -> None:
@@ -43,22 +43,14 @@ def add_parser(sub) -> None:
     add_machine_kind(b, "JSON")
 
 
-def _list(text: str, known, flag: str) -> tuple:
-    items = tuple(x.strip() for x in text.split(",") if x.strip())
-    bad = [x for x in items if x not in known]
-    if not items or bad:
-        raise UsageError(f"{flag}: {', '.join(bad) or 'nothing given'}; known: {', '.join(known)}")
-    return items
-
-
 def config(args) -> bench_moe.MoEBenchConfig:
     """The run's configuration; every flag checked before any GPU is asked for."""
     if args.topk > args.experts:
         raise UsageError(f"--topk {args.topk} is more than --experts {args.experts}")
     return bench_moe.MoEBenchConfig(tokens=args.tokens, hidden=args.hidden, experts=args.experts, topk=args.topk,
                                     ffn=args.ffn, dtype=args.dtype,
-                                    routings=_list(args.routings, bench_moe.ROUTINGS, "--routings"),
-                                    impls=_list(args.impls, bench_moe.IMPLS, "--impls"), warmup=args.warmup,
+                                    routings=comma_list(args.routings, bench_moe.ROUTINGS, "--routings"),
+                                    impls=comma_list(args.impls, bench_moe.IMPLS, "--impls"), warmup=args.warmup,
                                     runs=args.runs, seed=args.seed, fresh_routing=not args.same_routing,
                                     train_steps=args.train_steps, layer_chunks=args.layer_chunks)
 

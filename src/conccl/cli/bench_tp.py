@@ -11,7 +11,7 @@ from ..bench.environment import environment
 from ..launch import run_per_gpu, under_torchrun
 from ..pipeline import TPSchedule
 from ..planner.timing import MAX_WORLD
-from .common import EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, int_range
+from .common import EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, comma_list, int_range
 from .study_tp import parse_shapes
 
 IMPLS = ("gemm_only", "serial_nccl", "serial_conccl", "torch_async_tp", "conccl", "conccl_auto")
@@ -40,16 +40,8 @@ def add_parser(sub) -> None:
     add_machine_kind(b, "JSON")
 
 
-def _list(text: str, known, flag: str) -> tuple:
-    items = tuple(x.strip() for x in text.split(",") if x.strip())
-    bad = [x for x in items if x not in known]
-    if not items or bad:
-        raise UsageError(f"{flag}: {', '.join(bad) or 'nothing given'}; known: {', '.join(known)}")
-    return items
-
-
 def config(args) -> bench_tp.TPBenchConfig:
-    ops = _list(args.ops, bench_tp.OPS, "--ops")
+    ops = comma_list(args.ops, bench_tp.OPS, "--ops")
     schedules = tuple(x.strip() for x in args.schedules.split(",") if x.strip())
     for name in schedules:
         try:
@@ -58,7 +50,7 @@ def config(args) -> bench_tp.TPBenchConfig:
             raise UsageError(f"--schedules: {e}") from None
     shapes = {op: (args.shapes or bench_tp.DEFAULT_SHAPES[op]) for op in ops}
     return bench_tp.TPBenchConfig(ops=ops, shapes=shapes, schedules=schedules,
-                                  impls=_list(args.impls, IMPLS, "--impls"), dtype=args.dtype, warmup=args.warmup,
+                                  impls=comma_list(args.impls, IMPLS, "--impls"), dtype=args.dtype, warmup=args.warmup,
                                   runs=args.runs, model_world=args.model_world)
 
 

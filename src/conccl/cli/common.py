@@ -152,3 +152,12 @@ def print_and_write(text: str, markdown_path=None, json_path=None, doc=None) -> 
     print(text)
     if json_path:
         write_text(json_path, json.dumps(doc, indent=1) + "\n")
+
+
+def comma_list(text: str, known, flag: str) -> tuple:
+    """``text``'s comma-separated names, each one of ``known``; UsageError naming ``flag`` else."""
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in known]
+    if not items or bad:
+        raise UsageError(f"{flag}: {', '.join(bad) or 'nothing given'}; known: {', '.join(known)}")
+    return items

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from .._driver import check, driver, load_module
+from .._driver import check, driver, launch, load_module
 from .cuda_reduce import CONVERSIONS, grid_bound
 
 THREADS = 512
@@ -125,8 +125,5 @@ def gather_sum(out, src, index, weights=None):
     values = [ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(src.data_ptr()), ctypes.c_void_p(index.data_ptr()),
               ctypes.c_void_p(0 if weights is None else weights.data_ptr()), ctypes.c_int(n), ctypes.c_longlong(rows),
               ctypes.c_longlong(h)]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    s = torch.cuda.current_stream(src.device).cuda_stream
-    cu = driver()
-    check(cu.cuLaunchKernel(fn, grid, 1, 1, THREADS, 1, 1, 0, s, ctypes.addressof(params), 0))
+    launch(fn, grid, THREADS, 0, torch.cuda.current_stream(src.device).cuda_stream, values)
     return out

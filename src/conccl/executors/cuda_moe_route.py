@@ -21,7 +21,9 @@ in blocks of the CTA, and per destination a block-wide exclusive scan (warp ball
 sent token its row. One CTA of 1024 threads: ``world`` scans per 1024 tokens. No workspace
 beyond the outputs.
 
-``pack``: the sent rows and their meta in one buffer, one pass. ``expand``: the receiver's, what :func:`~conccl.integrations.ep.layout.plan_expansion` computes
+``pack``: the sent rows and their meta in one buffer, one pass.
+
+``expand``: the receiver's, what :func:`~conccl.integrations.ep.layout.plan_expansion` computes
 with a stable sort: each received (row, slot) pair's place in the expert-grouped rows, by a
 stable counting sort in one CTA (the kernel's comment says how).
 """
@@ -30,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from .._driver import check, driver, load_module
+from .._driver import check, driver, launch, load_module
 
 THREADS = 1024
 MAX_WORLD = 64  # a token's ranks as one 64-bit mask
@@ -226,15 +228,6 @@ def _functions(device_index: int) -> dict:
             for name in ("moe_route", "moe_expand", "moe_pack", "moe_pack_vec")}
 
 
-def _launch(fn, shared: int, stream, values, grid: int = 1) -> None:
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    cu = driver()
-    if shared > 48 * 1024:
-        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        check(cu.cuFuncSetAttribute(fn, attr, shared))
-    check(cu.cuLaunchKernel(fn, grid, 1, 1, THREADS, 1, 1, shared, stream, ctypes.addressof(params), 0))
-
-
 def packable(x, order, meta) -> bool:
     """Whether :func:`pack` takes these: one device, ``x`` contiguous with rows of whole 4-byte
     words and a 4-byte-aligned start, ``order`` contiguous int64, ``meta`` contiguous int32 of
@@ -268,10 +261,10 @@ def pack(x, order, meta):
     if total:
         grid = max(1, min(grid_bound(x.device.index), -(-total // THREADS)))
         fn = _functions(x.device.index)["moe_pack_vec" if unit == 16 else "moe_pack"]
-        _launch(fn, 0, torch.cuda.current_stream(x.device).cuda_stream,
+        launch(fn, grid, THREADS, 0, torch.cuda.current_stream(x.device).cuda_stream,
                 [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr()),
                  ctypes.c_longlong(rows), ctypes.c_int(row_bytes // unit), ctypes.c_int(meta_bytes // unit),
-                 ctypes.c_void_p(packed.data_ptr())], grid)
+                 ctypes.c_void_p(packed.data_ptr())])
     return packed
 
 
@@ -292,7 +285,7 @@ def expand(slots, local_experts: int, total: int):
     expanded = torch.empty(total, dtype=torch.int64, device=dev)
     if rows * k:
         s = torch.cuda.current_stream(dev).cuda_stream
-        _launch(_functions(dev.index)["moe_expand"], 4 * 34 * local_experts, s,
+        launch(_functions(dev.index)["moe_expand"], 1, THREADS, 4 * 34 * local_experts, s,
                 [ctypes.c_void_p(slots.data_ptr()), ctypes.c_longlong(slots.stride(0)), ctypes.c_longlong(rows),
                  ctypes.c_int(k), ctypes.c_int(local_experts), ctypes.c_void_p(position.data_ptr()),
                  ctypes.c_void_p(expanded.data_ptr())])
@@ -319,7 +312,7 @@ def route(topk_idx, topk_weights, experts: int, world: int):
     rank_row = torch.empty((tokens, world), dtype=torch.int64, device=dev)
     shared = 4 * (2 * world + experts + 2 + 32)
     s = torch.cuda.current_stream(dev).cuda_stream
-    _launch(_functions(dev.index)["moe_route"], shared, s,
+    launch(_functions(dev.index)["moe_route"], 1, THREADS, shared, s,
             [ctypes.c_void_p(idx.data_ptr()), ctypes.c_void_p(0 if w is None else w.data_ptr()),
              ctypes.c_int(tokens), ctypes.c_int(k), ctypes.c_int(experts), ctypes.c_int(world),
              ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr()),

@@ -50,8 +50,12 @@ class DispatchHandle:
     expansion: Expansion | None  # set when the rows arrive
     recv_weights: torch.Tensor | None  # [received rows, k], set then too
     tokens: int
-    counts: list | None  # expanded rows per local expert, set then too
     rank_index: torch.Tensor | None = None  # GPUs: [tokens, world], each token's row among those sent to a rank, or -1
+
+    @property
+    def counts(self) -> list | None:
+        """Expanded rows per local expert (None before the rows arrive)."""
+        return None if self.expansion is None else self.expansion.counts
 
 
 def _group(group):
@@ -148,7 +152,6 @@ class _Dispatch(torch.autograd.Function):
         k = meta.shape[1] // 2
         h.recv_weights = rmeta[:, k:].contiguous().view(torch.float32)
         h.expansion = _expand(rmeta[:, :k], local_experts, expert_counts)
-        h.counts = h.expansion.counts
         return received[h.expansion.rows]
 
     @staticmethod
@@ -271,7 +274,7 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
         send = send_layout(rt, topk_idx, topk_weights, send_counts, num_experts)
         meta = torch.cat([send.slots, send.weights.contiguous().view(torch.int32)], dim=1)
     rank_index = routed[2] if routed is not None else None  # each token's sent row per rank (GPUs)
-    handle = DispatchHandle(g, send, recv_counts, None, None, x.shape[0], None, rank_index)
+    handle = DispatchHandle(g, send, recv_counts, None, None, x.shape[0], rank_index)
     expert_x = _Dispatch.apply(x, handle, meta, epr, expert_counts)
     return expert_x, handle.counts, handle
 
