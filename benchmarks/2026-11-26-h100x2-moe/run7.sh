@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (run7.sh below was never run; run8.sh is it plus the rig at world 3.)
 # Seventh run (NOT YET RUN: the session's device time ran out), after the review: re-addressed
 # programs built from a template, the tp layers through named groups and compiled with inductor,
 # conccl.ep's combine backward without syncs and moe_layer. GPU tests, the rig's fsdp / ep /
