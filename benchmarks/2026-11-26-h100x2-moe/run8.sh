@@ -9,9 +9,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export CONCCL_MACHINE_KIND=${CONCCL_MACHINE_KIND:-nvidia-h100-x2}
 OUT=${OUT:?}
 t0=$SECONDS
-PYTHONPATH=src timeout 240 python3 -m pytest -q tests/gpu/test_gpu_readdress.py tests/gpu/test_gpu_ep.py tests/gpu/test_moe_route_kernel.py tests/gpu/test_gather_sum_kernel.py tests/gpu/test_gpu_tp_compile.py "tests/gpu/test_gpu_tp.py::test_parallel_layers_match_the_unsharded_block_within_bf16_rounding" > $OUT/gpu.log 2>&1
+PYTHONPATH=src timeout 190 python3 -m pytest -q tests/gpu/test_gpu_readdress.py tests/gpu/test_gpu_ep.py tests/gpu/test_moe_route_kernel.py tests/gpu/test_gather_sum_kernel.py tests/gpu/test_gpu_tp_compile.py "tests/gpu/test_gpu_tp.py::test_parallel_layers_match_the_unsharded_block_within_bf16_rounding" > $OUT/gpu.log 2>&1
 echo "gpu tests exit $? at $((SECONDS-t0)) s"; tail -2 $OUT/gpu.log
-CUDA_VISIBLE_DEVICES=0 CONCCL_RIG_JSON=$OUT/rig PYTHONPATH=src timeout 200 python3 -m pytest -q tests/rig -k "fsdp-w2 or ep-w2 or tp_layers-w2 or ep-w3 or tp_layers-w3" > $OUT/rig.log 2>&1
+CUDA_VISIBLE_DEVICES=0 CONCCL_RIG_JSON=$OUT/rig PYTHONPATH=src timeout 170 python3 -m pytest -q tests/rig -k "fsdp-w2 or ep-w2 or tp_layers-w2 or ep-w3 or tp_layers-w3" > $OUT/rig.log 2>&1
 echo "rig exit $? at $((SECONDS-t0)) s"; tail -2 $OUT/rig.log
-PYTHONPATH=src timeout 240 python3 -m conccl bench moe --out $OUT/moe --runs 8 > $OUT/moe.log 2>&1
+PYTHONPATH=src timeout 225 python3 -m conccl bench moe --out $OUT/moe --runs 8 > $OUT/moe.log 2>&1
 echo "bench moe exit $? at $((SECONDS-t0)) s"; tail -30 $OUT/moe.log
