@@ -123,7 +123,10 @@ class ColumnParallelLinear(_Named):
             torch.nn.Parameter(torch.empty(n // world_size, in_features, device=device, dtype=dtype)) for n in outs)
 
     def forward(self, x):
-        outs = _ColumnParallel.apply(x, *self._names, *self.weights)
+        # Indexed, not unpacked: torch.compile (dynamo of PyTorch 2.11) cannot unpack a
+        # ParameterList with ``*`` (NotImplementedError in unpack_var_sequence); indexing it traces.
+        weights = [self.weights[i] for i in range(len(self.weights))]
+        outs = _ColumnParallel.apply(x, *self._names, *weights)
         return outs[0] if self.single else outs
 
 
