@@ -51,7 +51,7 @@ __device__ __forceinline__ u64 ranks_of(const i64* idx, int t, int k, int expert
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_route(
-        const i64* idx, const float* weights, int tokens, int k, int experts, int world,
+        const i64* idx, const float* weights, int tokens, int k, int experts, int world, int block,
         i64* table, i64* order, int* meta, i64* rank_row) {
     extern __shared__ int sh[];
     const int epr = experts / world;
@@ -64,6 +64,12 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_route(
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     for (int i = tid; i < world + experts + 1; i += blockDim.x) sh[i] = 0;
     for (i64 i = tid; i < (i64)tokens * world; i += blockDim.x) rank_row[i] = -1;
+    // Fixed blocks: every row of every destination's block starts as padding (token 0, no slot),
+    // so the block's unused tail travels as rows the receiver ignores.
+    for (i64 i = tid; i < (i64)block * world; i += blockDim.x) {
+        order[i] = 0;
+        for (int j = 0; j < k; ++j) { meta[i * 2 * k + j] = -1; meta[i * 2 * k + k + j] = 0; }
+    }
     __syncthreads();
     for (int t = tid; t < tokens; t += blockDim.x) {
         u64 mask = 0;
@@ -77,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_route(
     __syncthreads();
     if (tid == 0) {
         int running = 0;
-        for (int d = 0; d < world; ++d) { base[d] = running; running += count[d]; }
+        for (int d = 0; d < world; ++d) { base[d] = block ? d * block : running; running += count[d]; }
     }
     const int cols = epr + 2;
     for (int i = tid; i < world * cols; i += blockDim.x) {
@@ -131,7 +137,8 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_route(
 // warps of this block (a per-warp, per-expert count table, scanned over warps) + in earlier lanes
 // of its warp (__match_any_sync). Shared memory: (2 + 32) ints per expert.
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_expand(
-        const int* slots, long long stride, long long rows, int k, int experts, i64* position, i64* expanded) {
+        const int* slots, long long stride, long long rows, int k, int experts, i64* position, i64* expanded,
+        int* counts) {
     extern __shared__ int sh[];
     int* base = sh;                  // [experts] next place of each expert
     int* chunk_total = base + experts;  // [experts]
@@ -148,7 +155,12 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) moe_expand(
     __syncthreads();
     if (tid == 0) {
         int running = 0;
-        for (int e = 0; e < experts; ++e) { const int c = base[e]; base[e] = running; running += c; }
+        for (int e = 0; e < experts; ++e) {
+            const int c = base[e];
+            if (counts) counts[e] = c;
+            base[e] = running;
+            running += c;
+        }
     }
     __syncthreads();
     for (i64 chunk = 0; chunk < pairs; chunk += blockDim.x) {
@@ -268,12 +280,16 @@ def pack(x, order, meta):
     return packed
 
 
-def expand(slots, local_experts: int, total: int):
+def expand(slots, local_experts: int, total: int, counts: bool = False):
     """``(position [R, k] int64, rows [total] int64)``: the receiver's expansion (what
     :func:`conccl.integrations.ep.layout.plan_expansion` computes) of ``slots`` [R, k] int32
     (a view whose rows may be strided, its last dimension contiguous) for ``local_experts``
     experts (at most :data:`MAX_EXPAND_EXPERTS`), ``total`` valid pairs in all; on torch's
-    current stream (where the outputs are made); no host sync."""
+    current stream (where the outputs are made); no host sync.
+
+    ``counts``: ``total`` is only a bound (fixed sizes: the host does not know the pairs), the
+    rows past the valid ones are 0, and a third result is the pairs per expert, int32
+    [local_experts] on the device."""
     import torch
 
     rows, k = slots.shape
@@ -282,20 +298,26 @@ def expand(slots, local_experts: int, total: int):
                          f"(int32 rows, at most {MAX_EXPAND_EXPERTS})")
     dev = slots.device
     position = torch.empty((rows, k), dtype=torch.int64, device=dev)
-    expanded = torch.empty(total, dtype=torch.int64, device=dev)
+    expanded = (torch.zeros if counts else torch.empty)(total, dtype=torch.int64, device=dev)
+    per = torch.zeros(local_experts, dtype=torch.int32, device=dev) if counts else None
     if rows * k:
         s = torch.cuda.current_stream(dev).cuda_stream
         launch(_functions(dev.index)["moe_expand"], 1, THREADS, 4 * 34 * local_experts, s,
                 [ctypes.c_void_p(slots.data_ptr()), ctypes.c_longlong(slots.stride(0)), ctypes.c_longlong(rows),
                  ctypes.c_int(k), ctypes.c_int(local_experts), ctypes.c_void_p(position.data_ptr()),
-                 ctypes.c_void_p(expanded.data_ptr())])
-    return position, expanded
+                 ctypes.c_void_p(expanded.data_ptr()), ctypes.c_void_p(0 if per is None else per.data_ptr())])
+    return (position, expanded, per) if counts else (position, expanded)
 
 
-def route(topk_idx, topk_weights, experts: int, world: int):
+def route(topk_idx, topk_weights, experts: int, world: int, block: int = 0):
     """``(table, order, meta, rank_row)`` (module doc) for ``topk_idx`` [T, k] on its GPU, queued on
     torch's current stream (where the outputs are made); no host sync. ``topk_weights``: [T, k] (any
-    float dtype, converted to fp32) or None."""
+    float dtype, converted to fp32) or None.
+
+    ``block`` > 0 (at least T): fixed sizes. Destination ``d``'s rows start at row ``d * block``
+    (not after the previous destination's), ``order`` and ``meta`` have ``world * block`` rows,
+    and every row a destination does not fill is padding: token 0, slots -1, weights 0.
+    ``rank_row`` then indexes that layout."""
     import torch
 
     if not 1 <= world <= MAX_WORLD or experts % world:
@@ -305,7 +327,9 @@ def route(topk_idx, topk_weights, experts: int, world: int):
     idx = topk_idx.to(torch.int64).contiguous()
     w = None if topk_weights is None else topk_weights.to(torch.float32).contiguous()
     epr = experts // world
-    capacity = tokens * min(k, world)
+    if block and block < tokens:
+        raise ValueError(f"moe route: a block of {block} rows cannot hold {tokens} tokens")
+    capacity = world * block if block else tokens * min(k, world)
     table = torch.empty((world, epr + 2), dtype=torch.int64, device=dev)
     order = torch.empty(capacity, dtype=torch.int64, device=dev)
     meta = torch.empty((capacity, 2 * k), dtype=torch.int32, device=dev)
@@ -314,7 +338,7 @@ def route(topk_idx, topk_weights, experts: int, world: int):
     s = torch.cuda.current_stream(dev).cuda_stream
     launch(_functions(dev.index)["moe_route"], 1, THREADS, shared, s,
             [ctypes.c_void_p(idx.data_ptr()), ctypes.c_void_p(0 if w is None else w.data_ptr()),
-             ctypes.c_int(tokens), ctypes.c_int(k), ctypes.c_int(experts), ctypes.c_int(world),
+             ctypes.c_int(tokens), ctypes.c_int(k), ctypes.c_int(experts), ctypes.c_int(world), ctypes.c_int(block),
              ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(order.data_ptr()), ctypes.c_void_p(meta.data_ptr()),
              ctypes.c_void_p(rank_row.data_ptr())])
     return table, order, meta, rank_row

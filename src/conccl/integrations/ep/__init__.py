@@ -51,10 +51,13 @@ class DispatchHandle:
     recv_weights: torch.Tensor | None  # [received rows, k], set then too
     tokens: int
     rank_index: torch.Tensor | None = None  # GPUs: [tokens, world], each token's row among those sent to a rank, or -1
+    fixed: bool = False  # fixed sizes (:mod:`.fixed`): counts on the device, blocks of ``tokens`` rows per rank
+    bad_input: torch.Tensor | None = None  # fixed sizes: [] int64 on the device, 1 where a slot named no expert
 
     @property
-    def counts(self) -> list | None:
-        """Expanded rows per local expert (None before the rows arrive)."""
+    def counts(self):
+        """Expanded rows per local expert: a list, or with fixed sizes an int32 tensor on the
+        device (None before the rows arrive)."""
         return None if self.expansion is None else self.expansion.counts
 
 
@@ -86,6 +89,12 @@ def _rank_sum(returned: torch.Tensor, send: SendLayout, tokens: int, dtype, rank
         out = torch.empty((tokens, returned.shape[1]), dtype=dtype, device=returned.device)
         return gather_sum(out, returned.contiguous(), rank_index)
     acc = torch.zeros((tokens, *returned.shape[1:]), dtype=torch.float32, device=returned.device)
+    if rank_index is not None:  # the kernel's arithmetic in torch: + each rank's row where it sent one
+        for d in range(rank_index.shape[1]):
+            at = rank_index[:, d]
+            row = returned[at.clamp(min=0)].float()
+            acc = acc + torch.where((at >= 0).view(-1, *[1] * (row.dim() - 1)), row, torch.zeros_like(row))
+        return acc.to(dtype)
     start = 0
     for n in send.counts:  # one row per token per rank: no index repeats within a rank's rows
         idx = send.order[start:start + n]
@@ -133,8 +142,13 @@ def _receive(h: "DispatchHandle", x: torch.Tensor, meta: torch.Tensor):
     return got[:, :row_bytes].view(x.dtype), got[:, row_bytes:].view(torch.int32)
 
 
-def _expand(slots: torch.Tensor, local_experts: int, counts: list) -> Expansion:
-    """The expansion of received rows: the counting-sort kernel on GPUs, the torch form else."""
+def _expand(slots: torch.Tensor, local_experts: int, counts: list | None) -> Expansion:
+    """The expansion of received rows: the counting-sort kernel on GPUs, the torch form else.
+    ``counts`` None: fixed sizes (no host sync, room for the worst case: :mod:`.fixed`)."""
+    if counts is None:
+        from .fixed import expand_fixed
+
+        return Expansion(*expand_fixed(slots, local_experts))
     if slots.is_cuda:
         from ...executors.cuda_moe_route import MAX_EXPAND_EXPERTS, expand
 
@@ -182,10 +196,14 @@ class _Combine(torch.autograd.Function):
         valid = pos >= 0
         # each expanded row's slot, scattered from the positions (the unused ones to a spare entry):
         # no mask index, so no device-to-host sync
-        slot_e = torch.empty(n + 1, dtype=torch.int64, device=pos.device).scatter_(
+        # (zeros: with fixed sizes the rows past the counts have no slot)
+        slot_e = torch.zeros(n + 1, dtype=torch.int64, device=pos.device).scatter_(
             0, torch.where(valid, pos, n).flatten(), torch.arange(k, device=pos.device).repeat(pos.shape[0]))[:n]
         g = g_rows[rows_e].float()  # [N, H], expert order
         grad_out = (h.recv_weights[rows_e, slot_e][:, None] * g).to(expert_out.dtype)
+        if h.fixed:  # rows past the counts are room, not tokens: no gradient
+            real = torch.arange(n, device=pos.device) < h.counts.sum()
+            grad_out = torch.where(real[:, None], grad_out, torch.zeros((), dtype=grad_out.dtype, device=pos.device))
         # the weights' gradient: one sum over H for all expanded rows (the reference makes the same call)
         grad_w_e = (g * expert_out.float()).sum(dim=-1)
         grad_w_rows = (torch.where(valid, grad_w_e[pos.clamp(min=0)], 0.0) if n
@@ -219,7 +237,7 @@ def _problem(x, topk_idx, topk_weights) -> str | None:
 
 
 def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_experts: int,
-             group=None):
+             group=None, *, fixed_sizes: bool = False):
     """Send ``x`` [T, H]'s rows to the ranks of their experts (``topk_idx`` [T, k], -1: none;
     ``topk_weights`` [T, k] or None) and return ``(expert_x, counts, handle)``: ``expert_x``
     [N, H] the rows this rank's ``num_experts / world`` local experts process, grouped by local
@@ -229,11 +247,20 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
 
     One device-to-host sync (the sizes, after the first exchange). Bad input on any rank (a
     shape, an expert outside -1..E-1) raises ValueError on every rank, after that exchange, so
-    no rank is left waiting."""
+    no rank is left waiting.
+
+    ``fixed_sizes=True``: no device-to-host sync, so the call captures into a CUDA graph: every
+    rank sends every rank ``T`` rows (the rows not routed there are padding), ``expert_x`` has
+    room for the worst case (``world * T * k`` rows, the first ``counts.sum()``
+    the tokens) and ``counts`` is an int32 tensor on the device. Every rank passes the same T,
+    k, H, dtype and E. Expert ids outside -1..E-1 are ignored and flagged in
+    ``handle.bad_input`` (a device tensor), not raised. Costs and layout: :mod:`.fixed`."""
     g = _group(group)
     world = g.world
-    epr = experts_per_rank(num_experts, world)
     problem = _problem(x, topk_idx, topk_weights)
+    if fixed_sizes:
+        return _dispatch_fixed(g, x, topk_idx, topk_weights, num_experts, problem)
+    epr = experts_per_rank(num_experts, world)
     routed = None  # the routing kernel's (order, meta) on GPUs
     if problem is None and x.is_cuda:
         from ...executors.cuda_moe_route import route as route_kernel
@@ -276,6 +303,17 @@ def dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
     rank_index = routed[2] if routed is not None else None  # each token's sent row per rank (GPUs)
     handle = DispatchHandle(g, send, recv_counts, None, None, x.shape[0], rank_index)
     expert_x = _Dispatch.apply(x, handle, meta, epr, expert_counts)
+    return expert_x, handle.counts, handle
+
+
+def _dispatch_fixed(g, x, topk_idx, topk_weights, num_experts: int, problem):
+    from .fixed import agree_fixed, fixed_layout
+
+    agree_fixed(g, x, topk_idx, topk_weights, num_experts, problem)
+    send, meta, rank_index, bad = fixed_layout(g, x, topk_idx, topk_weights, num_experts)
+    tokens = x.shape[0]
+    handle = DispatchHandle(g, send, [tokens] * g.world, None, None, tokens, rank_index, fixed=True, bad_input=bad)
+    expert_x = _Dispatch.apply(x, handle, meta, experts_per_rank(num_experts, g.world), None)
     return expert_x, handle.counts, handle
 
 
