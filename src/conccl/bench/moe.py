@@ -6,6 +6,10 @@ experts drawn with Zipf-like probabilities, so one rank receives most rows) and 
 
 - ``conccl``: :func:`conccl.ep.dispatch` / :func:`conccl.ep.combine` (a token crosses a link once
   per rank holding its experts; rows on copy engines);
+- ``conccl_graph``: the same with fixed sizes (``fixed_sizes=True``: no host sync; every rank
+  sends every rank ``T`` rows, padding included), dispatch and combine each captured into a
+  CUDA graph and timed as replays (the new routing copied into the graphs' inputs untimed):
+  what decode runs;
 - ``reference``: :mod:`conccl.bench.moe_reference`, built as torchtitan's default dispatcher
   (one row per (token, expert) pair by NCCL's ``all_to_all_single``);
 - ``reference_scatter_add``: the reference's dispatch with torchtitan's combine (weights, then
@@ -18,8 +22,8 @@ included (both dispatchers read counts on the host); the ranks meet at a barrier
 timed call; rounds run each implementation once, in turn, each round on a new routing (as
 every training step routes anew: nothing a call remembers from the last one fits; one routing
 for all with ``fresh_routing=False``); per rank the median, then the slowest rank's.
-Correctness: conccl.ep's expert rows, counts and combined output equal the reference's bit for
-bit on every rank, every round. ``kernel_us``: the CUDA kernels' time in one call (the
+Correctness: conccl.ep's expert rows, counts and combined output (both modes) equal the
+reference's bit for bit on every rank, every round. ``kernel_us``: the CUDA kernels' time in one call (the
 SM work; copy-engine copies are not kernels). ``link_GBps``: bytes sent to other ranks over
 the slowest rank's time. Beside compute: the expert GEMM (rows [N, hidden] times each local
 expert's [hidden, ffn], grouped by expert) on the caller's stream, repeated to last about as
@@ -35,7 +39,7 @@ from dataclasses import asdict, dataclass
 
 from .tp import slowest
 
-IMPLS = ("conccl", "reference", "reference_scatter_add", "nccl_a2a", "conccl_a2a")
+IMPLS = ("conccl", "conccl_graph", "reference", "reference_scatter_add", "nccl_a2a", "conccl_a2a")
 ROUTINGS = ("random", "skewed")
 
 
@@ -241,6 +245,45 @@ def time_layer(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
     return out
 
 
+class _FixedGraphs:
+    """conccl.ep with fixed sizes captured into two CUDA graphs (dispatch; combine of a static
+    expert output): ``load`` copies a case's routing and the reference's expert output into the
+    static inputs (untimed), the graphs' ``replay`` is what is timed, ``right`` checks a replay's
+    results against the reference's, bit for bit."""
+
+    def __init__(self, torch, ep, x, cfg, rank, world):
+        import conccl
+
+        self.torch, self.cfg = torch, cfg
+        dev = x.device
+        self.idx = torch.zeros((cfg.tokens, cfg.topk), dtype=torch.int64, device=dev)
+        self.idx[:, 0] = torch.arange(cfg.tokens, device=dev) % cfg.experts
+        self.idx[:, 1:] = -1
+        self.wts = torch.ones((cfg.tokens, cfg.topk), dtype=torch.float32, device=dev)
+        with torch.no_grad():
+            ep.dispatch(x, self.idx, self.wts, cfg.experts, fixed_sizes=True)  # eager: kernels loaded
+            torch.cuda.synchronize()
+            conccl.reserve_graph_workspace(ep.graph_workspace_bytes(cfg.tokens, cfg.hidden, cfg.topk, x.dtype, world))
+            self.dispatch = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.dispatch):
+                self.ex, self.counts, handle = ep.dispatch(x, self.idx, self.wts, cfg.experts, fixed_sizes=True)
+            self.y = torch.zeros_like(self.ex)
+            self.combine = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.combine):
+                self.out = ep.combine(self.y, handle)
+        torch.cuda.synchronize()
+
+    def load(self, case):
+        self.idx.copy_(case["idx"])
+        self.wts.copy_(case["wts"])
+        self.y[:case["ry"].shape[0]].copy_(case["ry"])
+
+    def right(self, case) -> bool:
+        n = sum(case["rcounts"])
+        return (self.torch.equal(self.ex[:n], case["rx"]) and self.counts.tolist() == list(case["rcounts"])
+                and self.torch.equal(self.out, case["rout"]))
+
+
 def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
     """Every case on this rank (collective); the records (identical on every rank), and the
     training figures (:func:`train_both`) last when ``cfg.train_steps``."""
@@ -261,6 +304,7 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
     side = torch.cuda.Stream()
     records = []
     rounds = cfg.warmup + cfg.runs
+    fixed = _FixedGraphs(torch, ep, x, cfg, rank, world) if "conccl_graph" in cfg.impls else None
     for kind in cfg.routings:
         # one routing per round (a training step routes anew each time), or one for all
         state = {}
@@ -269,6 +313,8 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
             state["case"] = None  # the previous round's tensors go first
             state["case"] = _case(torch, ep, reference_dispatch, reference_combine, kind, x, cfg, rank, epr,
                                   cfg.seed * 1000 + rank + (7919 * r if cfg.fresh_routing else 0), dev)
+            if fixed is not None:
+                fixed.load(state["case"])
 
         def case():
             return state["case"]
@@ -297,12 +343,13 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
             conccl.all_to_all_single(case()["ref_rows"], case()["ref_send"], h.recv_counts, h.send_counts)
 
         calls = {"conccl": (conccl_dispatch, conccl_combine), "reference": (ref_dispatch, ref_combine),
+                 "conccl_graph": (fixed.dispatch.replay, fixed.combine.replay) if fixed else (None, None),
                  "reference_scatter_add": (ref_dispatch, ref_scatter_add_combine),
                  "nccl_a2a": (nccl_a2a, None), "conccl_a2a": (conccl_a2a, None)}
         impls = [i for i in cfg.impls if i in calls]
         recs = {i: Record(kind, i) for i in impls}
         times = {i: ([], []) for i in impls}
-        wrong = False
+        wrong = wrong_graph = False
         for r in range(rounds):
             if r == 0 or cfg.fresh_routing:
                 new_case(r)
@@ -319,14 +366,18 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
                 want = case()
                 wrong = wrong or not (torch.equal(cx, want["rx"]) and ccounts == want["rcounts"]
                                       and torch.equal(state["cout"], want["rout"]))
-        if "conccl" in recs:
-            every = [None] * world
-            dist.all_gather_object(every, wrong)
-            recs["conccl"].wrong = any(every)
+            if "conccl_graph" in recs:
+                wrong_graph = wrong_graph or not fixed.right(case())
+        for i, w in (("conccl", wrong), ("conccl_graph", wrong_graph)):
+            if i in recs:
+                every = [None] * world
+                dist.all_gather_object(every, w)
+                recs[i].wrong = any(every)
         last = case()
         sent = {"conccl": sum(n for d, n in enumerate(state["c"][2].send.counts) if d != rank) if "c" in state else 0,
                 "reference": sum(n for d, n in enumerate(last["rhandle"].send_counts) if d != rank)}
         sent["nccl_a2a"] = sent["conccl_a2a"] = sent["reference_scatter_add"] = sent["reference"]
+        sent["conccl_graph"] = cfg.tokens * (world - 1)  # fixed sizes: T rows to every rank, padding included
         for i in impls:
             rec = recs[i]
             rec.dispatch_ms, rec.dispatch_spread = slowest(dist, world, times[i][0])

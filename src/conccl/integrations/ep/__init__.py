@@ -36,7 +36,7 @@ import torch
 from ...collectives.all_to_all import ALL_TO_ALL
 from .layout import Expansion, SendLayout, experts_per_rank, plan_expansion, plan_send, route, send_layout
 
-__all__ = ["dispatch", "combine", "moe_layer", "DispatchHandle", "plan_send", "plan_expansion"]
+__all__ = ["dispatch", "combine", "moe_layer", "DispatchHandle", "plan_send", "plan_expansion", "graph_workspace_bytes"]
 
 
 @dataclass
@@ -326,4 +326,5 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, topk_weights: torc
     return _Combine.apply(expert_out, w, handle)
 
 
+from .fixed import graph_workspace_bytes  # noqa: E402
 from .overlap import moe_layer  # noqa: E402 - uses dispatch and combine above

@@ -99,3 +99,18 @@ def agree_fixed(g, x, topk_idx, topk_weights, num_experts: int, problem: str | N
             raise ValueError(f"conccl.ep.dispatch(fixed_sizes=True): the ranks passed different {name}s "
                              f"({[v[i] for v in every]}, by rank): fixed sizes need the same on every rank")
     experts_per_rank(num_experts, g.world)  # raises where they do not split evenly (alike everywhere)
+
+
+def graph_workspace_bytes(tokens: int, hidden: int, k: int, dtype: torch.dtype, world: int) -> int:
+    """Bytes of graph workspace (:func:`conccl.reserve_graph_workspace`) that one captured
+    fixed-size dispatch and combine of ``tokens`` x ``hidden`` rows (top-``k``, ``world`` ranks)
+    take: their all-to-alls' inputs (the rows with their meta, then the partial sums), each
+    rank's chunk rounded up to 256 bytes."""
+    row = hidden * torch.empty((), dtype=dtype).element_size()
+    meta = 8 * k
+
+    def sent(nbytes):  # one all-to-all's input: world chunks of tokens rows
+        return world * (-(-tokens * nbytes // 256) * 256)
+
+    dispatch = sent(row + meta) if row % 4 == 0 else sent(row) + sent(meta)
+    return dispatch + sent(row)
