@@ -104,3 +104,28 @@ def test_ranks_that_differ_or_pass_bad_shapes_stop_alike(what):
         assert all("token count" in s for s in says), says
     else:
         assert "topk_weights" in says[1] and "rank(s) [1]" in says[0], says
+
+
+def _layer_fixed(comm, chunks):
+    x, idx, w, grad = _inputs(comm.rank, 8, 4, 2, torch.bfloat16)
+    runs = []
+    for fixed in (True, False):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        seen = []
+
+        def experts(rows, counts):
+            seen.append(torch.is_tensor(counts))
+            return rows * 0.5 + 1.0  # row by row: the same bits at any row count
+
+        out = ep.moe_layer(xr, idx, wr, 4, experts, chunks=chunks, group=comm, fixed_sizes=fixed)
+        (out.float() * grad.float()).sum().backward()
+        runs.append((out.detach(), xr.grad, wr.grad, seen))
+    (a, gx, gw, seen_fixed), (b, ngx, ngw, seen_normal) = runs
+    return torch.equal(a, b) and torch.equal(gx, ngx) and torch.equal(gw, ngw), seen_fixed, seen_normal
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_moe_layer_with_fixed_sizes_equals_the_normal_mode(chunks):
+    for same, seen_fixed, seen_normal in spawn(2, _layer_fixed, chunks):
+        assert same
+        assert seen_fixed == [True] * chunks and seen_normal == [False] * chunks  # device counts with fixed sizes

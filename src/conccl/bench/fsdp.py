@@ -150,7 +150,8 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
     times = [s.elapsed_time(e) for s, e in pairs]
     # allocated and reserved: a block freed with record_stream (conccl_direct's parameters) leaves
     # the allocated count at once but is reused only once the other stream caught up
-    peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+    free, total = torch.cuda.mem_get_info()  # the driver's count: every allocator, pool and library
+    peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), total - free)
     now = _compiled(comms)
     host = {"programs_compiled": now[0] - compiled[0], "compile_s": now[1] - compiled[1], "host_ms": host_ms,
             "programs_readdressed": now[2] - compiled[2]}
@@ -208,6 +209,8 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             loss = None
             if cfg.deterministic_loss:
                 loss = _deterministic_loss(config, x, cfg, device)
+            free, total = torch.cuda.mem_get_info()
+            used_before = total - free  # what the process held before this configuration
             model, comms = build(config, cfg.shape, device)
             dist.barrier()
             before = fsdp_direct.counters()  # FSDP copies skipped, collectives left to FSDP's copies
@@ -219,6 +222,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             rec = {"tokens_per_rank": tokens, "config": config, "rank": rank, "times_ms": times,
                    "host_ms": host["host_ms"],
                    "peak_alloc_bytes": peak[0], "peak_reserved_bytes": peak[1], "conccl_workspace_bytes": extra,
+                   "device_used_before_bytes": used_before, "device_used_after_bytes": peak[2],
                    "loss": loss_timed if loss is None else loss, "loss_deterministic": loss is not None,
                    "loss_timed_run": loss_timed,
                    "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
@@ -271,6 +275,11 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
             "peak_alloc_gib": max(r["peak_alloc_bytes"] for r in recs) / 2**30,
             "peak_reserved_gib": max(r.get("peak_reserved_bytes", 0) for r in recs) / 2**30,
             "conccl_workspace_gib": max(r["conccl_workspace_bytes"] for r in recs) / 2**30,
+            # the driver's count after the timed steps (the caching allocator keeps its peak
+            # segments: about the peak), and what this configuration added to the process's
+            "device_used_gib": max(r.get("device_used_after_bytes", 0) for r in recs) / 2**30,
+            "device_added_gib": max(r.get("device_used_after_bytes", 0) - r.get("device_used_before_bytes", 0)
+                                    for r in recs) / 2**30,
             "loss": r0["loss"], "loss_per_rank": [r["loss"] for r in recs],
             "loss_deterministic": r0.get("loss_deterministic", False), "loss_timed_run": r0.get("loss_timed_run"),
             "conccl": r0["conccl"], "profile_rank0": r0.get("profile"),
@@ -288,14 +297,16 @@ def markdown(doc: dict) -> str:
              + ("Loss: one forward after the same training run again under torch.use_deterministic_algorithms "
                 "(the timed run's attention backward is not reproducible bit for bit)."
                 if res and res[0].get("loss_deterministic") else "Loss: one forward after the timed run."),
-             "", "| tokens per rank | config | step (ms) | spread (ms) | x no_comm | peak memory (GiB) | peak reserved (GiB) | loss after training |",
-             "| ---: | --- | ---: | --- | ---: | ---: | ---: | --- |"]
+             "", "| tokens per rank | config | step (ms) | spread (ms) | x no_comm | peak memory (GiB) | peak reserved (GiB) "
+             "| device used, driver (GiB) | added by the config (GiB) | loss after training |",
+             "| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     base = {r["tokens_per_rank"]: r["step_ms"] for r in res if r["config"] == "no_comm"}
     for r in res:
         ratio = f"{r['step_ms'] / base[r['tokens_per_rank']]:.3f}" if r["tokens_per_rank"] in base else "-"
         lo, hi = r["step_ms_spread"]
         lines.append(f"| {r['tokens_per_rank']} | {r['config']} | {r['step_ms']:.2f} | {lo:.2f}-{hi:.2f} | {ratio} | "
-                     f"{r['peak_mem_gib']:.2f} | {r.get('peak_reserved_gib', 0):.2f} | {r['loss']!r} |")
+                     f"{r['peak_mem_gib']:.2f} | {r.get('peak_reserved_gib', 0):.2f} | {r.get('device_used_gib', 0):.2f} | "
+                     f"{r.get('device_added_gib', 0):.2f} | {r['loss']!r} |")
     for r in res:
         c = r.get("conccl") or {}
         said = []

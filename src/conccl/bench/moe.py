@@ -123,16 +123,20 @@ def _kernel_us(torch, dist, fn) -> float:
 
 
 def _grouped_gemm(torch, rows, weights, counts):
-    """rows [N, H] grouped by expert (``counts``) times ``weights`` [E, H, F]: [N, F]."""
+    """rows [N, H] grouped by expert (``counts``: a list, or a device tensor with fixed sizes,
+    the rows past its sum ignored) times ``weights`` [E, H, F]: [N, F]."""
     if hasattr(torch, "_grouped_mm") and rows.is_cuda and rows.dtype == torch.bfloat16:
-        # from pinned memory, not waited for: a pageable copy would sync the stream per call
-        offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).pin_memory().to(
-            rows.device, non_blocking=True)
+        if torch.is_tensor(counts):
+            offs = counts.to(torch.int64).cumsum(0).to(torch.int32)
+        else:  # from pinned memory, not waited for: a pageable copy would sync the stream per call
+            offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).pin_memory().to(
+                rows.device, non_blocking=True)
         try:
             return torch._grouped_mm(rows, weights, offs=offs)
         except RuntimeError:  # a torch build or layout it refuses: the loop below
             pass
     out, start = [], 0
+    counts = counts.tolist() if torch.is_tensor(counts) else counts
     for e, n in enumerate(counts):
         out.append(rows[start:start + n] @ weights[e])
         start += n
@@ -197,7 +201,9 @@ def time_layer(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
     """A MoE layer's forward + backward (GELU experts of width ``cfg.ffn``, grouped GEMMs):
     conccl.ep over ``cfg.layer_chunks`` micro-batches overlapped (:func:`conccl.ep.moe_layer`),
     the same chunks one after another, conccl.ep unchunked, and the reference dispatcher
-    unchunked; the slowest rank's median ms of each, in turns."""
+    unchunked; the first three again with fixed sizes (no host sync: the host queues the whole
+    layer ahead of the GPU, the expert GEMMs run over the worst case's rows with ``offs`` from
+    the device counts); the slowest rank's median ms of each, in turns."""
     import torch
     import torch.distributed as dist
 
@@ -220,11 +226,16 @@ def time_layer(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
         rows, counts, h = reference_dispatch(x, idx, wts, cfg.experts)
         return reference_combine(experts(rows, counts), h)
 
-    variants = {"conccl_overlapped": lambda: ep.moe_layer(x, idx, wts, cfg.experts, experts, chunks=cfg.layer_chunks),
-                "conccl_chunks_in_turn": lambda: ep.moe_layer(x, idx, wts, cfg.experts, experts,
-                                                              chunks=cfg.layer_chunks, overlap=False),
-                "conccl": lambda: ep.moe_layer(x, idx, wts, cfg.experts, experts, chunks=1),
+    def layer(chunks, **kw):
+        return lambda: ep.moe_layer(x, idx, wts, cfg.experts, experts, chunks=chunks, **kw)
+
+    variants = {"conccl_overlapped": layer(cfg.layer_chunks),
+                "conccl_chunks_in_turn": layer(cfg.layer_chunks, overlap=False),
+                "conccl": layer(1),
+                "conccl_fixed_overlapped": layer(cfg.layer_chunks, fixed_sizes=True),
+                "conccl_fixed": layer(1, fixed_sizes=True),
                 "reference": reference}
+    assert tuple(variants) == LAYER_VARIANTS
 
     def step(fn):
         def run():
@@ -243,6 +254,10 @@ def time_layer(rank: int, world: int, cfg: MoEBenchConfig) -> dict:
     for name, ms in times.items():
         out[name] = dict(zip(("ms", "spread"), slowest(dist, world, ms)))
     return out
+
+
+LAYER_VARIANTS = ("conccl_overlapped", "conccl_chunks_in_turn", "conccl", "conccl_fixed_overlapped", "conccl_fixed",
+                  "reference")
 
 
 class _FixedGraphs:
@@ -482,7 +497,7 @@ def markdown(doc: dict) -> str:
                       f"{lay['chunks']} micro-batches where chunked; ms, the slowest rank's median:", "",
                   "| layer | ms | spread | x reference |", "| --- | ---: | ---: | ---: |"]
         ref = lay.get("reference", {}).get("ms")
-        for name in ("conccl_overlapped", "conccl_chunks_in_turn", "conccl", "reference"):
+        for name in LAYER_VARIANTS:
             if lay.get(name):
                 ratio = f"{lay[name]['ms'] / ref:.3f}" if ref else ""
                 lines.append(f"| {name} | {lay[name]['ms']:.3f} | {100 * lay[name]['spread']:.1f}% | {ratio} |")

@@ -22,7 +22,7 @@ result equals the same chunks run one after another (``overlap=False``) bit for 
 unchunked layer to the GEMMs' rounding.
 
 Host: dispatch reads its sizes on the host (one sync per chunk, on the communication stream
-only: the GEMMs already queued keep running).
+only: the GEMMs already queued keep running); with ``fixed_sizes=True`` nothing waits.
 """
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ def _bounds(tokens: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def moe_layer(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_experts: int,
-              experts, *, chunks: int = 2, group=None, overlap: bool = True, stream=None) -> torch.Tensor:
+              experts, *, chunks: int = 2, group=None, overlap: bool = True, stream=None,
+              fixed_sizes: bool = False) -> torch.Tensor:
     """``[T, H]``: each token's expert outputs, weighted and summed (:func:`conccl.ep.combine`),
     computed over ``chunks`` micro-batches of the rows of ``x`` [T, H] (``topk_idx``,
     ``topk_weights`` [T, k] alike), their dispatch and combine on a communication stream beside
@@ -95,7 +96,12 @@ def moe_layer(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tenso
     ``overlap=False``: the same chunks one after another on the current stream.
     ``stream``: the communication stream (default: one of the highest priority per device).
     Collective (every rank the same ``chunks``; ranks may hold different numbers of tokens).
-    Differentiable in ``x``, ``topk_weights`` and whatever ``experts`` uses."""
+    Differentiable in ``x``, ``topk_weights`` and whatever ``experts`` uses.
+
+    ``fixed_sizes=True``: every chunk's dispatch with fixed sizes (:mod:`.fixed`: no host sync,
+    so the host queues the whole layer ahead of the GPU; every rank the same token count):
+    ``experts`` then gets ``counts`` as an int32 device tensor and rows with room for the worst
+    case past its sum (ignore them: ``torch._grouped_mm`` with ``offs=counts.cumsum(0)`` does)."""
     from . import combine, dispatch
 
     if chunks < 1:
@@ -115,7 +121,7 @@ def moe_layer(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tenso
 
     def send(i):
         with on.stream():
-            sent[i] = dispatch(xs[i], idxs[i], ws[i], num_experts, group)
+            sent[i] = dispatch(xs[i], idxs[i], ws[i], num_experts, group, fixed_sizes=fixed_sizes)
             sent[i] = (*sent[i], on.event(on.comm))
 
     send(0)
