@@ -123,6 +123,22 @@ def _compiled(comms) -> tuple[int, float, int]:
             sum(getattr(e, "programs_readdressed", 0) for e in executors))
 
 
+def _segments(torch) -> list:
+    """The caching allocator's segments now, per stream they were made on (largest first):
+    ``[{"stream": "compute" or an id, "segments", "reserved_gib", "allocated_gib"}]``. What holds
+    reserved memory that is not allocated: a block freed on one stream is reused only by that
+    stream's allocations, and one marked with ``record_stream`` only once the marked stream passed."""
+    compute = torch.cuda.current_stream().cuda_stream
+    by = {}
+    for seg in torch.cuda.memory_snapshot():
+        key = "compute" if seg.get("stream") == compute else str(seg.get("stream"))
+        n, total, used = by.get(key, (0, 0, 0))
+        by[key] = (n + 1, total + seg.get("total_size", 0), used + seg.get("allocated_size", 0))
+    rows = [{"stream": k, "segments": n, "reserved_gib": t / 2**30, "allocated_gib": u / 2**30}
+            for k, (n, t, u) in by.items()]
+    return sorted(rows, key=lambda r: -r["reserved_gib"])
+
+
 def _train(model, x, cfg: FsdpConfig, comms=None):
     """(per-step fwd+bwd ms after warm-up, peak allocator bytes, loss after training, optimizer,
     host: {programs compiled and seconds compiling them during the timed steps, per-step host ms
@@ -151,7 +167,7 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
     # allocated and reserved: a block freed with record_stream (conccl_direct's parameters) leaves
     # the allocated count at once but is reused only once the other stream caught up
     free, total = torch.cuda.mem_get_info()  # the driver's count: every allocator, pool and library
-    peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), total - free)
+    peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), total - free, _segments(torch))
     now = _compiled(comms)
     host = {"programs_compiled": now[0] - compiled[0], "compile_s": now[1] - compiled[1], "host_ms": host_ms,
             "programs_readdressed": now[2] - compiled[2]}
@@ -223,6 +239,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                    "host_ms": host["host_ms"],
                    "peak_alloc_bytes": peak[0], "peak_reserved_bytes": peak[1], "conccl_workspace_bytes": extra,
                    "device_used_before_bytes": used_before, "device_used_after_bytes": peak[2],
+                   "segments_by_stream": peak[3],
                    "loss": loss_timed if loss is None else loss, "loss_deterministic": loss is not None,
                    "loss_timed_run": loss_timed,
                    "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
@@ -283,6 +300,7 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
             "loss": r0["loss"], "loss_per_rank": [r["loss"] for r in recs],
             "loss_deterministic": r0.get("loss_deterministic", False), "loss_timed_run": r0.get("loss_timed_run"),
             "conccl": r0["conccl"], "profile_rank0": r0.get("profile"),
+            "segments_by_stream_rank0": r0.get("segments_by_stream"),
         })
     return results
 
@@ -316,6 +334,11 @@ def markdown(doc: dict) -> str:
                         + (f" and {c['programs_readdressed_timed']} re-addressed" if "programs_readdressed_timed" in c
                            else "") + " during the timed steps"
                         + (f" ({1e3 * spent:.1f} ms of host time)" if spent is not None else ""))
+        segs = r.get("segments_by_stream_rank0")
+        if segs:
+            said.append("the caching allocator's segments after the timed steps, per stream made on: " + ", ".join(
+                f"{g['stream']} {g['reserved_gib']:.2f} GiB reserved / {g['allocated_gib']:.2f} allocated "
+                f"({g['segments']} segments)" for g in segs[:4]))
         if r.get("host_ms") is not None:
             said.append(f"the host queued a step's forward and backward in {r['host_ms']:.2f} ms (median, slowest rank)")
         d = c.get("direct")
