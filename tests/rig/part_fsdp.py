@@ -82,6 +82,11 @@ def _fsdp_run(rank, world, cases, report, direct):
     cases.append((f"{name}: no copy-engine program compiled in the last step (re-addressed: {readdressed})",
                   compiled[-1] == 0))
     report[name]["step_peak_bytes"] = peaks
+    if direct:  # the blocks' unsharded parameters made in the alternating pools (fsdp_direct.reuse)
+        params = [p for block in model for p in block._get_fsdp_state()._fsdp_param_group.fsdp_params]
+        parities = [getattr(p, "_conccl_reuse", (None, None))[1] for p in params]
+        cases.append((f"{name}: the blocks' unsharded parameters in pools of alternating parity ({parities})",
+                      None not in parities and len(set(parities)) == 2))
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
 

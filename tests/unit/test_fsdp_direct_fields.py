@@ -57,6 +57,9 @@ def enable(monkeypatch):
         for name in fsdp_direct._WRAPS:
             if hasattr(mod, name):
                 monkeypatch.setattr(mod, name, getattr(mod, name))
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    monkeypatch.setattr(FSDPParam, "free_unsharded_param", FSDPParam.free_unsharded_param)  # wrapped at the class
     original = dict(fsdp_direct.ORIGINAL)
 
     def run(model):

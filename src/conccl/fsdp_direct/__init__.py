@@ -53,7 +53,8 @@ import inspect
 
 import torch
 
-from ._state import COUNTS, FSDP_FIELDS, ORIGINAL, FSDPModule, _fsdp_collectives, _fsdp_param_group
+from . import reuse
+from ._state import COUNTS, FSDP_FIELDS, ORIGINAL, FSDPModule, FSDPParam, _fsdp_collectives, _fsdp_param_group
 from .gather import COPY_OUT_ARGS, GATHER_ARGS, DirectAllGather, _copy_out, _gather, move_home, parameter_outputs
 from .reduce_scatter import _UNDIVIDED, COPY_IN_ARGS, DirectReduceScatter, _copy_in, _reduce
 
@@ -169,4 +170,6 @@ def install(module: torch.nn.Module | None = None) -> str | None:
             setattr(_fsdp_param_group, name, _WRAPS[name])
         # foreach_reduce calls it by its module's global name
         _fsdp_collectives.foreach_reduce_scatter_copy_in = _copy_in
+        ORIGINAL["free_unsharded_param"] = FSDPParam.free_unsharded_param
+        FSDPParam.free_unsharded_param = reuse.free_unsharded_param
     return why

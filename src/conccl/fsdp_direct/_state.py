@@ -8,9 +8,9 @@ import dataclasses
 try:  # FSDP2's internals the direct path wraps (PyTorch 2.10 - 2.13)
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
-    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam, ShardedState
 except ImportError:  # pragma: no cover - older PyTorch: supported() says so
-    FSDPModule = _fsdp_collectives = _fsdp_param_group = ShardedState = None
+    FSDPModule = _fsdp_collectives = _fsdp_param_group = ShardedState = FSDPParam = None
 
 ORIGINAL: dict = {}  # FSDP2's own functions, once wrapped (install())
 
@@ -35,6 +35,7 @@ FSDP_FIELDS = (
     ("FSDPParam", "all_gather_outputs"),
     ("FSDPParam", "init_all_gather_outputs"),
     ("FSDPParam", "alloc_all_gather_outputs"),
+    ("FSDPParam", "free_unsharded_param"),  # wrapped at the class: fsdp_direct.reuse
     ("FSDPParam", "mp_policy"),
     ("FSDPParam declared", "_sharded_post_forward_param_data"),
     ("FSDPParam declared", "param_dtype"),

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from .. import api
 from ..collectives.all_gather import ALL_GATHER
 from ._state import COUNTS, ShardedState, _fsdp_collectives
+from .reuse import allocating, pooled
 
 GATHER_ARGS = ("fsdp_params", "group", "async_op", "all_gather_copy_in_stream", "all_gather_stream", "device",
                "all_gather_comm")
@@ -45,7 +46,8 @@ def _gather_from_home(comm, home, call):
     gather_stream.wait_stream(copy_in)
     world = group.size()
     with handle.stream(gather_stream):
-        parts = _make_parts(fsdp_params, home.sizes, home.buf.dtype, device, world)
+        with allocating(comm.parity, fsdp_params, device, gather_stream):
+            parts = _make_parts(fsdp_params, home.sizes, home.buf.dtype, device, world)
         comm.gather(None, home.buf, group, parts)
         event = gather_stream.record_event()
     out = torch.empty(1, dtype=home.buf.dtype, device=device).expand(world * home.buf.numel())
@@ -67,6 +69,8 @@ def _copy_out(all_gather_result, fsdp_params, group):
         all_gather_result.all_gather_work.wait()
     if stream is not None:  # made on the all-gather stream, used and freed on this one
         for p in fsdp_params:
+            if pooled(p):  # reused in stream order instead (fsdp_direct.reuse)
+                continue
             for t in p.all_gather_outputs:
                 t.record_stream(stream)
     COUNTS.skipped_copy_outs += 1
@@ -189,8 +193,9 @@ class DirectAllGather:
     mapped: the peers pull from it). Where :func:`parameter_outputs` declines, a plain conccl
     all-gather into the flat buffer runs and FSDP copies out as usual."""
 
-    def __init__(self, pool=None, gather=None, homes=True):
+    def __init__(self, pool=None, gather=None, homes=True, parity=None):
         self.pool = pool
+        self.parity = parity  # which of two memory pools its unsharded tensors use (fsdp_direct.reuse); None: none
         self.gather = gather or _copy_engine_gather
         self.pending = None  # the parameters of the all-gather under way (set by the wrap)
         self.homes = homes  # move the shards into one peer-readable buffer: no copy-in (_Home)

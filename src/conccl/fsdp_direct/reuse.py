@@ -1,0 +1,78 @@
+"""Where a directly gathered module's unsharded parameters live: two private memory pools per
+device, modules alternating between them in the order ``enable`` met them (parity), and each
+pool's memory reused in stream order instead of through ``record_stream``.
+
+Why: the direct gather makes the unsharded tensors on FSDP's all-gather stream (the gather
+writes them there); FSDP uses and frees them on the compute stream. Marked with
+``record_stream``, a freed block is reusable only once the caching allocator sees the compute
+stream's event complete, and the host runs ~100 ms ahead of the GPU in a training step: every
+gather found the last ones still pending and took a new segment (12.8 GiB reserved and
+unallocated on the all-gather stream at 8192 tokens, against FSDP's own 1.8 GiB:
+benchmarks/2026-11-26-h100x2-moe/run11).
+
+How: FSDP's free of such a parameter (``FSDPParam.free_unsharded_param``, wrapped) records an
+event on the stream that frees it and returns the block to its pool at once; the next gather of
+the same parity makes the all-gather stream wait for that event before it writes, so the block
+is reused in stream order. The wait holds a gather back only behind the free of the module two
+before it (the one just before has the other parity): module i+2's gather still runs beside
+module i+1's compute, as FSDP's prefetching intends. Memory: about one module's unsharded
+parameters per pool, as FSDP's own copy-out keeps on the compute stream.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ._state import ORIGINAL
+
+_REUSE: dict = {}  # device index -> _Pools
+
+
+class _Pools:
+    def __init__(self):
+        self.pools = (torch.cuda.MemPool(), torch.cuda.MemPool())
+        self.freed = [None, None]  # per parity: the event of the last free of its parameters
+
+
+def _pools_for(device):
+    if device.type != "cuda" or not hasattr(torch.cuda, "use_mem_pool") or not hasattr(torch.cuda, "MemPool"):
+        return None
+    pools = _REUSE.get(device.index)
+    if pools is None:
+        with torch.cuda.device(device):
+            pools = _REUSE[device.index] = _Pools()
+    return pools
+
+
+@contextlib.contextmanager
+def allocating(parity, fsdp_params, device, gather_stream):
+    """Around the making of ``fsdp_params``' unsharded tensors for a gather on
+    ``gather_stream``: in the pool of ``parity`` (None: as FSDP would, unpooled), the stream
+    first waiting for that pool's last free. Yields whether pooled."""
+    pools = None if parity is None else _pools_for(device)
+    if pools is None:
+        yield False
+        return
+    freed = pools.freed[parity]
+    if freed is not None:
+        gather_stream.wait_event(freed)
+    with torch.cuda.use_mem_pool(pools.pools[parity], device):
+        yield True
+    for p in fsdp_params:
+        p._conccl_reuse = (pools, parity)
+
+
+def pooled(p) -> bool:
+    """Whether ``p``'s unsharded tensors were made in a pool (no ``record_stream`` for them)."""
+    return getattr(p, "_conccl_reuse", None) is not None
+
+
+def free_unsharded_param(self) -> None:
+    """FSDPParam.free_unsharded_param, wrapped: a pooled parameter's free is recorded (module doc)."""
+    mark = getattr(self, "_conccl_reuse", None)
+    outs = self.all_gather_outputs
+    if mark is not None and outs and outs[0].is_cuda and outs[0].untyped_storage().size():
+        pools, parity = mark
+        pools.freed[parity] = torch.cuda.current_stream(outs[0].device).record_event()
+    ORIGINAL["free_unsharded_param"](self)
