@@ -103,3 +103,29 @@ def test_fixed_sizes_forward_and_backward_equal_the_normal_mode():
 
     for same in run_per_gpu(_backward_against_normal):
         assert same == [True, True, True], same
+
+
+def _layer_against_normal(rank, world):
+    from conccl.bench.moe import routing
+    from conccl.integrations import ep
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    idx, w = routing(torch, "skewed", TOKENS, EXPERTS, K, 31 + rank, dev)
+    g = torch.Generator(device=dev).manual_seed(41 + rank)
+    x = torch.randn(TOKENS, H, device=dev, generator=g).to(torch.bfloat16)
+    grad = torch.randn(TOKENS, H, device=dev, generator=g).to(torch.bfloat16)
+    runs = []
+    for fixed in (True, False):
+        xr = x.clone().requires_grad_()
+        out = ep.moe_layer(xr, idx, w, EXPERTS, lambda rows, counts: rows * 0.5 + 1.0, chunks=2, fixed_sizes=fixed)
+        (out.float() * grad.float()).sum().backward()
+        torch.cuda.synchronize()
+        runs.append((out.detach(), xr.grad))
+    return [torch.equal(a, b) for a, b in zip(*runs)]
+
+
+def test_moe_layer_with_fixed_sizes_overlapped_equals_the_normal_mode():
+    from conccl.launch import run_per_gpu
+
+    for same in run_per_gpu(_layer_against_normal):
+        assert same == [True, True], same

@@ -36,10 +36,46 @@ def _reduce_arg(name: str, args, kwargs):
     return args[at] if at < len(args) else default
 
 
+# The gradients of the last direct reductions per device, with the reduce-scatter stream's event
+# after them. Marking them with record_stream instead kept each freed gradient's block from the
+# compute stream until the caching allocator saw the event complete, in host time, while the host
+# runs far ahead in backward: new segments every layer (3.6 GiB reserved and unallocated at
+# 2048 tokens, benchmarks/2026-11-26-h100x2-moe/run12). Held here, they are dropped on the
+# compute stream after it waits for that event (FSDP keeps its packed input the same way): at
+# the next reduction, and at the end of the backward pass.
+_HELD: dict = {}  # device index -> (gradients, event)
+_QUEUED: set = set()  # devices whose release is queued for the end of this backward pass
+
+
+def _hold(grads, stream) -> None:
+    """Keep ``grads`` (read by the reduction just queued on ``stream``) until released."""
+    device = grads[0].device
+    earlier = _HELD.get(device.index, ((), None))[0]
+    _HELD[device.index] = ((*earlier, *grads), stream.record_event())
+    if device.index not in _QUEUED:
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(release_held, device))
+            _QUEUED.add(device.index)
+        except RuntimeError:  # not inside a backward pass: the next reduction releases them
+            pass
+
+
+def release_held(device) -> None:
+    """The current stream waits for the held gradients' reductions, then drops them: their
+    blocks are reused in that stream's order."""
+    _QUEUED.discard(device.index)
+    held = _HELD.pop(device.index, None)
+    if held is not None:
+        torch.cuda.current_stream(device).wait_event(held[1])
+
+
 def _reduce(*args, **kwargs):
     comm = _reduce_arg("reduce_scatter_comm", args, kwargs)
     if not isinstance(comm, DirectReduceScatter):
         return ORIGINAL["foreach_reduce"](*args, **kwargs)
+    grads = _reduce_arg("unsharded_grads", args, kwargs)
+    if grads and grads[0].is_cuda:  # called on the compute stream: the last reduction's gradients go
+        release_held(grads[0].device)
     call = {name: _reduce_arg(name, args, kwargs) for name in ("reduce_scatter_group", "all_reduce_group",
                                                                  "all_reduce_hook")}
     group = call["reduce_scatter_group"]
@@ -94,9 +130,9 @@ class DirectReduceScatter:
     engines, ``Group.reduce_scatter_from_parts``); ``flat(output, input, group, op)`` the plain
     reduce-scatter where FSDP's copy-in ran (default: conccl's). The packed input FSDP asks
     for is a placeholder owning no memory (its one element repeated: ``expand``) wherever the
-    direct path can run: the gradients stand in for it. They are kept until the reduction is
-    queued and reused only once the reduce-scatter stream passes it (``record_stream``), where
-    FSDP frees them right after its copy-in: whether peak memory rises is for the benchmark."""
+    direct path can run: the gradients stand in for it. They are kept until the compute stream
+    waits for the reduction (``_HELD``: at the next reduction and at the end of the backward
+    pass), where FSDP frees them right after its copy-in."""
 
     def __init__(self, pool=None, reduce=None, flat=None):
         self.pool = pool  # unused: nothing here needs to be peer-mapped (the reduce-scatter pushes)
@@ -123,13 +159,11 @@ class DirectReduceScatter:
             self.flat(output_tensor, parts.flat, group, op)
         else:
             grads, parts.grads = parts.grads, None
-            if output_tensor.is_cuda:
-                # Read there until this stream passes the call, and FSDP dropped them: marked
-                # before the call is queued, so that a call that raises midway leaves them marked.
-                stream = torch.cuda.current_stream(output_tensor.device)
-                for g in grads:
-                    g.record_stream(stream)
-            self.reduce(output_tensor, grads, parts.rows, group, op)
+            try:
+                self.reduce(output_tensor, grads, parts.rows, group, op)
+            finally:  # read there until this stream passes the call, and FSDP dropped them: held
+                if output_tensor.is_cuda and grads:  # (also where the call raised midway)
+                    _hold(grads, torch.cuda.current_stream(output_tensor.device))
         return None
 
 
