@@ -238,6 +238,7 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             f"{type(module).__name__} has no module wrapped by torch.distributed.fsdp.fully_shard; call "
             "fully_shard on its blocks and on the root first, then conccl.fsdp.enable")
     comms, refused, shared, spanning = FsdpComms(), {}, {}, set()
+    reuse = fsdp_direct.reuse.Pools()  # the unsharded parameters' two pools (direct=True), freed with the model
     if direct and (all_gather or reduce_scatter):
         why = fsdp_direct.install(module)
         if why is not None:
@@ -273,8 +274,8 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             gather = shared.get(id(param_group))
             if gather is None:
                 # modules alternate between two memory pools in this order (fsdp_direct.reuse)
-                gather = shared[id(param_group)] = fsdp_direct.DirectAllGather(pool, homes=shard_home,
-                                                                               parity=len(shared) % 2)
+                gather = shared[id(param_group)] = fsdp_direct.DirectAllGather(
+                    pool, homes=shard_home, reuse=reuse, parity=len(shared) % 2)
                 fsdp_direct.move_home(gather, param_group.fsdp_params, pg.size())
             m.set_custom_all_gather(gather)
         elif all_gather:

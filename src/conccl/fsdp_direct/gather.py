@@ -46,7 +46,7 @@ def _gather_from_home(comm, home, call):
     gather_stream.wait_stream(copy_in)
     world = group.size()
     with handle.stream(gather_stream):
-        with allocating(comm.parity, fsdp_params, device, gather_stream):
+        with allocating(comm.reuse, comm.parity, fsdp_params, device, gather_stream):
             parts = _make_parts(fsdp_params, home.sizes, home.buf.dtype, device, world)
         comm.gather(None, home.buf, group, parts)
         event = gather_stream.record_event()
@@ -193,9 +193,10 @@ class DirectAllGather:
     mapped: the peers pull from it). Where :func:`parameter_outputs` declines, a plain conccl
     all-gather into the flat buffer runs and FSDP copies out as usual."""
 
-    def __init__(self, pool=None, gather=None, homes=True, parity=None):
+    def __init__(self, pool=None, gather=None, homes=True, reuse=None, parity=None):
         self.pool = pool
-        self.parity = parity  # which of two memory pools its unsharded tensors use (fsdp_direct.reuse); None: none
+        # which of the two memory pools ``reuse`` (fsdp_direct.reuse.Pools) its unsharded tensors use; None: none
+        self.reuse, self.parity = reuse, parity
         self.gather = gather or _copy_engine_gather
         self.pending = None  # the parameters of the all-gather under way (set by the wrap)
         self.homes = homes  # move the shards into one peer-readable buffer: no copy-in (_Home)

@@ -1,6 +1,7 @@
 """Where a directly gathered module's unsharded parameters live: two private memory pools per
-device, modules alternating between them in the order ``enable`` met them (parity), and each
-pool's memory reused in stream order instead of through ``record_stream``.
+``enable`` call (freed with the model), modules alternating between them in the order
+``enable`` met them (parity), and each pool's memory reused in stream order instead of through
+``record_stream``.
 
 Why: the direct gather makes the unsharded tensors on FSDP's all-gather stream (the gather
 writes them there); FSDP uses and frees them on the compute stream. Marked with
@@ -26,38 +27,36 @@ import torch
 
 from ._state import ORIGINAL
 
-_REUSE: dict = {}  # device index -> _Pools
+class Pools:
+    """The two pools of one ``enable`` call's modules, made on first use on their device, and
+    each parity's last free. Held by the modules' hooks and parameters: freed with the model."""
 
-
-class _Pools:
     def __init__(self):
-        self.pools = (torch.cuda.MemPool(), torch.cuda.MemPool())
+        self.pools = None
         self.freed = [None, None]  # per parity: the event of the last free of its parameters
 
-
-def _pools_for(device):
-    if device.type != "cuda" or not hasattr(torch.cuda, "use_mem_pool") or not hasattr(torch.cuda, "MemPool"):
-        return None
-    pools = _REUSE.get(device.index)
-    if pools is None:
-        with torch.cuda.device(device):
-            pools = _REUSE[device.index] = _Pools()
-    return pools
+    def get(self, device):
+        if device.type != "cuda" or not hasattr(torch.cuda, "use_mem_pool") or not hasattr(torch.cuda, "MemPool"):
+            return None
+        if self.pools is None:
+            with torch.cuda.device(device):
+                self.pools = (torch.cuda.MemPool(), torch.cuda.MemPool())
+        return self.pools
 
 
 @contextlib.contextmanager
-def allocating(parity, fsdp_params, device, gather_stream):
+def allocating(pools, parity, fsdp_params, device, gather_stream):
     """Around the making of ``fsdp_params``' unsharded tensors for a gather on
-    ``gather_stream``: in the pool of ``parity`` (None: as FSDP would, unpooled), the stream
-    first waiting for that pool's last free. Yields whether pooled."""
-    pools = None if parity is None else _pools_for(device)
-    if pools is None:
+    ``gather_stream``: in ``pools``' pool of ``parity`` (None: as FSDP would, unpooled), the
+    stream first waiting for that pool's last free. Yields whether pooled."""
+    pair = None if pools is None or parity is None else pools.get(device)
+    if pair is None:
         yield False
         return
     freed = pools.freed[parity]
     if freed is not None:
         gather_stream.wait_event(freed)
-    with torch.cuda.use_mem_pool(pools.pools[parity], device):
+    with torch.cuda.use_mem_pool(pair[parity], device):
         yield True
     for p in fsdp_params:
         p._conccl_reuse = (pools, parity)
