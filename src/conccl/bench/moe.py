@@ -6,6 +6,8 @@ experts drawn with Zipf-like probabilities, so one rank receives most rows) and 
 
 - ``conccl``: :func:`conccl.ep.dispatch` / :func:`conccl.ep.combine` (a token crosses a link once
   per rank holding its experts; rows on copy engines);
+- ``conccl_fixed``: :func:`conccl.ep.dispatch` with ``fixed_sizes=True`` eagerly (no host sync;
+  every rank sends every rank ``T`` rows, padding included);
 - ``conccl_graph``: the same with fixed sizes (``fixed_sizes=True``: no host sync; every rank
   sends every rank ``T`` rows, padding included), dispatch and combine each captured into a
   CUDA graph and timed as replays (the new routing copied into the graphs' inputs untimed):
@@ -39,7 +41,7 @@ from dataclasses import asdict, dataclass
 
 from .tp import slowest
 
-IMPLS = ("conccl", "conccl_graph", "reference", "reference_scatter_add", "nccl_a2a", "conccl_a2a")
+IMPLS = ("conccl", "conccl_fixed", "conccl_graph", "reference", "reference_scatter_add", "nccl_a2a", "conccl_a2a")
 ROUTINGS = ("random", "skewed")
 
 
@@ -293,10 +295,12 @@ class _FixedGraphs:
         self.wts.copy_(case["wts"])
         self.y[:case["ry"].shape[0]].copy_(case["ry"])
 
-    def right(self, case) -> bool:
+    def right(self, case, ex=None, counts=None, out=None) -> bool:
+        """The graphs' last results (or those given: an eager fixed-size call's) against the reference's."""
+        ex, counts, out = (self.ex, self.counts, self.out) if ex is None else (ex, counts, out)
         n = sum(case["rcounts"])
-        return (self.torch.equal(self.ex[:n], case["rx"]) and self.counts.tolist() == list(case["rcounts"])
-                and self.torch.equal(self.out, case["rout"]))
+        return (self.torch.equal(ex[:n], case["rx"]) and counts.tolist() == list(case["rcounts"])
+                and self.torch.equal(out, case["rout"]))
 
 
 def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
@@ -319,7 +323,7 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
     side = torch.cuda.Stream()
     records = []
     rounds = cfg.warmup + cfg.runs
-    fixed = _FixedGraphs(torch, ep, x, cfg, rank, world) if "conccl_graph" in cfg.impls else None
+    fixed = _FixedGraphs(torch, ep, x, cfg, rank, world) if {"conccl_graph", "conccl_fixed"} & set(cfg.impls) else None
     for kind in cfg.routings:
         # one routing per round (a training step routes anew each time), or one for all
         state = {}
@@ -340,6 +344,12 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
         def conccl_combine():
             state["cout"] = ep.combine(case()["ry"], state["c"][2])
 
+        def fixed_dispatch():  # eagerly, into the graphs' static inputs (untimed: load)
+            state["f"] = ep.dispatch(x, fixed.idx, fixed.wts, cfg.experts, fixed_sizes=True)
+
+        def fixed_combine():
+            state["fout"] = ep.combine(fixed.y, state["f"][2])
+
         def ref_dispatch():
             state["r"] = reference_dispatch(x, case()["idx"], case()["wts"], cfg.experts)
 
@@ -359,12 +369,13 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
 
         calls = {"conccl": (conccl_dispatch, conccl_combine), "reference": (ref_dispatch, ref_combine),
                  "conccl_graph": (fixed.dispatch.replay, fixed.combine.replay) if fixed else (None, None),
+                 "conccl_fixed": (fixed_dispatch, fixed_combine),
                  "reference_scatter_add": (ref_dispatch, ref_scatter_add_combine),
                  "nccl_a2a": (nccl_a2a, None), "conccl_a2a": (conccl_a2a, None)}
         impls = [i for i in cfg.impls if i in calls]
         recs = {i: Record(kind, i) for i in impls}
         times = {i: ([], []) for i in impls}
-        wrong = wrong_graph = False
+        wrong = wrong_graph = wrong_fixed = False
         for r in range(rounds):
             if r == 0 or cfg.fresh_routing:
                 new_case(r)
@@ -383,7 +394,10 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
                                       and torch.equal(state["cout"], want["rout"]))
             if "conccl_graph" in recs:
                 wrong_graph = wrong_graph or not fixed.right(case())
-        for i, w in (("conccl", wrong), ("conccl_graph", wrong_graph)):
+            if "conccl_fixed" in recs:
+                fx, fcounts, _ = state["f"]
+                wrong_fixed = wrong_fixed or not fixed.right(case(), fx, fcounts, state["fout"])
+        for i, w in (("conccl", wrong), ("conccl_graph", wrong_graph), ("conccl_fixed", wrong_fixed)):
             if i in recs:
                 every = [None] * world
                 dist.all_gather_object(every, w)
@@ -392,7 +406,7 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
         sent = {"conccl": sum(n for d, n in enumerate(state["c"][2].send.counts) if d != rank) if "c" in state else 0,
                 "reference": sum(n for d, n in enumerate(last["rhandle"].send_counts) if d != rank)}
         sent["nccl_a2a"] = sent["conccl_a2a"] = sent["reference_scatter_add"] = sent["reference"]
-        sent["conccl_graph"] = cfg.tokens * (world - 1)  # fixed sizes: T rows to every rank, padding included
+        sent["conccl_graph"] = sent["conccl_fixed"] = cfg.tokens * (world - 1)  # fixed sizes: T rows to every rank
         for i in impls:
             rec = recs[i]
             rec.dispatch_ms, rec.dispatch_spread = slowest(dist, world, times[i][0])
