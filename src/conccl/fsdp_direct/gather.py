@@ -118,6 +118,7 @@ def _make_parts(fsdp_params, sizes, dtype, device, world: int):
     FSDP's copy-out would."""
     outs = []
     for p, n in zip(fsdp_params, sizes):
+        p._conccl_reuse = None  # unpooled unless fsdp_direct.reuse.allocating marks it after
         p.init_all_gather_outputs([n], [dtype], world, device)
         p.alloc_all_gather_outputs()
         outs.append(p.all_gather_outputs[0])
