@@ -129,3 +129,23 @@ def test_moe_layer_with_fixed_sizes_equals_the_normal_mode(chunks):
     for same, seen_fixed, seen_normal in spawn(2, _layer_fixed, chunks):
         assert same
         assert seen_fixed == [True] * chunks and seen_normal == [False] * chunks  # device counts with fixed sizes
+
+
+def _weighted_expert(comm):
+    """An expert with a weight: its gradient sums over the rows dispatch returned, so the rows
+    past the counts (fixed sizes) must carry no gradient."""
+    x, idx, w, grad = _inputs(comm.rank, 7, 4, 2, torch.float32)
+    grads = []
+    for fixed in (True, False):
+        weight = (torch.arange(H * H, dtype=torch.float32).view(H, H) % 7 - 3).div(8).requires_grad_()
+        ex, counts, h = ep.dispatch(x, idx, w, 4, group=comm, fixed_sizes=fixed)
+        out = ep.combine(ex @ weight, h, None)
+        (out * grad).sum().backward()
+        grads.append(weight.grad)
+    # the fixed mode's GEMM has more rows (zero rows of gradient): the same sum to fp32 rounding
+    return torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-5), float((grads[0] - grads[1]).abs().max())
+
+
+def test_rows_past_the_counts_carry_no_gradient_to_an_experts_weight():
+    for close, diff in spawn(2, _weighted_expert):
+        assert close, diff

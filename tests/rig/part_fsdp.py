@@ -83,10 +83,11 @@ def _fsdp_run(rank, world, cases, report, direct):
                   compiled[-1] == 0))
     report[name]["step_peak_bytes"] = peaks
     if direct:  # the blocks' unsharded parameters made in the alternating pools (fsdp_direct.reuse)
-        params = [p for block in model for p in block._get_fsdp_state()._fsdp_param_group.fsdp_params]
-        parities = [getattr(p, "_conccl_reuse", (None, None))[1] for p in params]
-        cases.append((f"{name}: the blocks' unsharded parameters in pools of alternating parity ({parities})",
-                      None not in parities and len(set(parities)) == 2))
+        parities = [{(getattr(p, "_conccl_reuse", None) or (None, None))[1]
+                     for p in block._get_fsdp_state()._fsdp_param_group.fsdp_params} for block in model]
+        cases.append((f"{name}: each block's unsharded parameters in one pool, neighbours in the other ({parities})",
+                      all(len(b) == 1 and None not in b for b in parities)
+                      and all(a != b for a, b in zip(parities, parities[1:]))))
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
 

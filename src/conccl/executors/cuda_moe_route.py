@@ -16,7 +16,9 @@ for ``world`` ranks of ``experts / world`` experts each, it writes
   finds what comes back).
 
 Rows beyond the table's total are left as they were. ``capacity = T * min(k, world)``, the most
-rows a rank can send. How: one pass counts (shared-memory atomics); a second walks the tokens
+rows a rank can send. With fixed sizes (``block`` > 0) destination d's rows start at row
+``d * block``, ``capacity = world * block`` and every row not filled is padding (token 0, slots
+-1, weights 0). How: one pass counts (shared-memory atomics); a second walks the tokens
 in blocks of the CTA, and per destination a block-wide exclusive scan (warp ballots) gives each
 sent token its row. One CTA of 1024 threads: ``world`` scans per 1024 tokens. No workspace
 beyond the outputs.

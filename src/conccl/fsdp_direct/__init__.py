@@ -18,7 +18,8 @@ pushes each gradient's rows straight from where autograd left them into the peer
 (:meth:`conccl.group.Group.reduce_scatter_from_parts`). FSDP2's public hooks do not reach the
 shards or the per-parameter tensors (FSDP copies in before the hook, makes the tensors in the
 copy-out after it, and passes the reduce-scatter hook only the packed input), so four FSDP2
-functions are wrapped:
+functions are wrapped, and one method (``FSDPParam.free_unsharded_param``: the pools'
+stream-ordered reuse, :mod:`.reuse`):
 
 - ``foreach_all_gather``: for a :class:`DirectAllGather` hook whose module's shards can live in
   a home, the wrap itself gathers on FSDP's streams (:func:`.gather._gather_from_home`): it moves any
@@ -27,13 +28,13 @@ functions are wrapped:
   post-forward state) it tells the hook which parameters it gathers and FSDP's own function
   runs, copy-in included; the hook still fills the tensors from the flat buffer;
 - ``foreach_all_gather_copy_out``, for a gather so done, only orders the current stream after
-  it and tells the caching allocator the tensors are used there (``record_stream``: FSDP frees
-  them on that stream);
+  it (the tensors live in :mod:`.reuse`'s pools, reused in stream order; elsewhere it tells
+  the caching allocator they are used there, ``record_stream``: FSDP frees them on that stream);
 - ``foreach_reduce`` tells a :class:`DirectReduceScatter` hook that its next allocation is
   the packed input; the hook hands FSDP a placeholder of that shape that owns no memory;
 - ``foreach_reduce_scatter_copy_in``, given that placeholder, keeps the gradients instead of
-  copying them; the hook reduces from them and marks them used on the reduce-scatter stream
-  (FSDP drops its references right after the copy-in). An all-reduce after the reduce-scatter
+  copying them; the hook reduces from them and holds them until their stream waits for the
+  reduction (FSDP drops its references right after the copy-in). An all-reduce after the reduce-scatter
   (HSDP) or a user's all-reduce hook keeps FSDP's copy-in: they read the output's padding,
   which the direct path leaves unspecified.
 

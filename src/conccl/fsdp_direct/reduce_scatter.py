@@ -43,30 +43,31 @@ def _reduce_arg(name: str, args, kwargs):
 # 2048 tokens, benchmarks/2026-11-26-h100x2-moe/run12). Held here, they are dropped on the
 # compute stream after it waits for that event (FSDP keeps its packed input the same way): at
 # the next reduction, and at the end of the backward pass.
-_HELD: dict = {}  # device index -> (gradients, event)
+_HELD: dict = {}  # device index -> [(gradients, the reduce-scatter's event, the stream they were made on)]
 _QUEUED: set = set()  # devices whose release is queued for the end of this backward pass
 
 
-def _hold(grads, stream) -> None:
-    """Keep ``grads`` (read by the reduction just queued on ``stream``) until released."""
+def _hold(grads, stream, made_on) -> None:
+    """Keep ``grads`` (made on ``made_on``, read by the reduction just queued on ``stream``)
+    until released."""
     device = grads[0].device
-    earlier = _HELD.get(device.index, ((), None))[0]
-    _HELD[device.index] = ((*earlier, *grads), stream.record_event())
+    _HELD.setdefault(device.index, []).append((tuple(grads), stream.record_event(), made_on))
     if device.index not in _QUEUED:
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(release_held, device))
+            torch.autograd.Variable._execution_engine.queue_callback(
+                functools.partial(release_held, device, from_callback=True))
             _QUEUED.add(device.index)
         except RuntimeError:  # not inside a backward pass: the next reduction releases them
             pass
 
 
-def release_held(device) -> None:
-    """The current stream waits for the held gradients' reductions, then drops them: their
-    blocks are reused in that stream's order."""
-    _QUEUED.discard(device.index)
-    held = _HELD.pop(device.index, None)
-    if held is not None:
-        torch.cuda.current_stream(device).wait_event(held[1])
+def release_held(device, from_callback: bool = False) -> None:
+    """Each held gradient's stream waits for its reduction, then the gradients are dropped:
+    their blocks are reused in that stream's order."""
+    if from_callback:
+        _QUEUED.discard(device.index)
+    for _grads, event, made_on in _HELD.pop(device.index, ()):
+        made_on.wait_event(event)
 
 
 def _reduce(*args, **kwargs):
@@ -74,8 +75,9 @@ def _reduce(*args, **kwargs):
     if not isinstance(comm, DirectReduceScatter):
         return ORIGINAL["foreach_reduce"](*args, **kwargs)
     grads = _reduce_arg("unsharded_grads", args, kwargs)
-    if grads and grads[0].is_cuda:  # called on the compute stream: the last reduction's gradients go
-        release_held(grads[0].device)
+    if grads and grads[0].is_cuda:  # on the stream the gradients were made on (post-backward's)
+        release_held(grads[0].device)  # the last reduction's gradients go
+        comm.made_on = torch.cuda.current_stream(grads[0].device)
     call = {name: _reduce_arg(name, args, kwargs) for name in ("reduce_scatter_group", "all_reduce_group",
                                                                  "all_reduce_hook")}
     group = call["reduce_scatter_group"]
@@ -139,6 +141,7 @@ class DirectReduceScatter:
         self.reduce = reduce or _copy_engine_reduce
         self.flat = flat or _copy_engine_flat
         self.expect_input = False  # set by the foreach_reduce wrap: the next allocation is the input
+        self.made_on = None  # the stream foreach_reduce was called on: the gradients' (set by the wrap)
 
     def allocate(self, size, *, dtype, device):
         if self.expect_input:
@@ -163,7 +166,8 @@ class DirectReduceScatter:
                 self.reduce(output_tensor, grads, parts.rows, group, op)
             finally:  # read there until this stream passes the call, and FSDP dropped them: held
                 if output_tensor.is_cuda and grads:  # (also where the call raised midway)
-                    _hold(grads, torch.cuda.current_stream(output_tensor.device))
+                    stream = torch.cuda.current_stream(output_tensor.device)
+                    _hold(grads, stream, self.made_on or stream)
         return None
 
 

@@ -14,9 +14,11 @@ benchmarks/2026-11-26-h100x2-moe/run11).
 How: FSDP's free of such a parameter (``FSDPParam.free_unsharded_param``, wrapped) records an
 event on the stream that frees it and returns the block to its pool at once; the next gather of
 the same parity makes the all-gather stream wait for that event before it writes, so the block
-is reused in stream order. The wait holds a gather back only behind the free of the module two
-before it (the one just before has the other parity): module i+2's gather still runs beside
-module i+1's compute, as FSDP's prefetching intends. Memory: about one module's unsharded
+is reused in stream order. Where modules run in the order ``enable`` met them (a sequential model's
+blocks), the wait holds a gather back only behind the free of the module two before it (the
+one just before has the other parity): module i+2's gather still runs beside module i+1's
+compute, as FSDP's prefetching intends; in another order a gather may wait for its neighbour
+(slower, never wrong). Frees from several streams are each waited for. Memory: about one module's unsharded
 parameters per pool, as FSDP's own copy-out keeps on the compute stream.
 """
 from __future__ import annotations
@@ -33,9 +35,10 @@ class Pools:
 
     def __init__(self):
         self.pools = None
-        self.freed = [None, None]  # per parity: the event of the last free of its parameters
+        # per parity, per stream that freed its parameters: the event of that stream's last free
+        self.freed = ({}, {})
 
-    def get(self, device):
+    def get(self, device):  # (one device per process, as FSDP2 has it: the first one's)
         if device.type != "cuda" or not hasattr(torch.cuda, "use_mem_pool") or not hasattr(torch.cuda, "MemPool"):
             return None
         if self.pools is None:
@@ -53,9 +56,8 @@ def allocating(pools, parity, fsdp_params, device, gather_stream):
     if pair is None:
         yield False
         return
-    freed = pools.freed[parity]
-    if freed is not None:
-        gather_stream.wait_event(freed)
+    for event in pools.freed[parity].values():
+        gather_stream.wait_event(event)
     with torch.cuda.use_mem_pool(pair[parity], device):
         yield True
     for p in fsdp_params:
@@ -73,5 +75,6 @@ def free_unsharded_param(self) -> None:
     outs = self.all_gather_outputs
     if mark is not None and outs and outs[0].is_cuda and outs[0].untyped_storage().size():
         pools, parity = mark
-        pools.freed[parity] = torch.cuda.current_stream(outs[0].device).record_event()
+        stream = torch.cuda.current_stream(outs[0].device)
+        pools.freed[parity][stream.cuda_stream] = stream.record_event()
     ORIGINAL["free_unsharded_param"](self)

@@ -323,6 +323,10 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, topk_weights: torc
     (module doc: the order). Pass the ``topk_weights`` given to dispatch for their gradient
     (they are used as dispatch sent them either way). Collective, as dispatch."""
     w = topk_weights if topk_weights is not None else torch.zeros(0)
+    if handle.expansion is not None and expert_out.shape[0] != handle.expansion.rows.numel():
+        # (a kernel would read past a shorter one; with fixed sizes it is the worst case's rows)
+        raise ValueError(f"conccl.ep.combine: expert_out has {expert_out.shape[0]} rows, dispatch returned "
+                         f"{handle.expansion.rows.numel()}")
     return _Combine.apply(expert_out, w, handle)
 
 

@@ -21,6 +21,8 @@ tensor, 1 where any of this rank's slots named one) says so.
 """
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 from .layout import SendLayout, experts_per_rank, route, send_layout
@@ -87,7 +89,7 @@ def expand_fixed(slots: torch.Tensor, local_experts: int):
 def agree_fixed(g, x, topk_idx, topk_weights, num_experts: int, problem: str | None) -> None:
     """The host rendezvous of a fixed-size call: every rank's shapes, dtype and expert count
     side by side; raises ValueError on every rank where any rank's differ or are wrong."""
-    dtype_code = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}.get(x.dtype, 0)
+    dtype_code = zlib.crc32(str(x.dtype).encode())  # every dtype its own (the rows' bytes follow from it)
     shape = [-1, -1, -1] if problem else [topk_idx.shape[0], topk_idx.shape[1], x.shape[1]]
     every = g.exchange_values([num_experts, int(problem is not None), dtype_code, *shape], "conccl.ep.dispatch fixed")
     bad = [r for r, v in enumerate(every) if v[1]]

@@ -129,6 +129,8 @@ def moe_layer(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tenso
         rows, counts, handle, arrived = sent[i]
         on.wait(on.cur, arrived)
         on.keep(rows, on.cur)
+        if torch.is_tensor(counts):  # fixed sizes: the counts are a device tensor made there too
+            on.keep(counts, on.cur)
         y = experts(rows, counts)
         done = on.event(on.cur)
         if i + 1 < chunks:
