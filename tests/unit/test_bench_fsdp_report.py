@@ -36,3 +36,19 @@ def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
             "(2.1 ms of host time); the host queued a step's forward and backward in 6.00 ms (median, slowest rank); "
             "180 all-gather copy-outs, 170 all-gather copy-ins and 90 reduce-scatter copy-ins skipped; "
             "0 all-gathers and 1 reduce-scatters left to FSDP's copies.") in md
+
+
+def test_segments_are_summed_per_stream_they_were_made_on_largest_first(monkeypatch):
+    import types
+
+    torch = pytest.importorskip("torch")
+    from conccl.bench import fsdp as bench_fsdp
+
+    snapshot = [{"stream": 11, "total_size": 2 << 30, "allocated_size": 1 << 30},
+                {"stream": 99, "total_size": 3 << 30, "allocated_size": 0},
+                {"stream": 11, "total_size": 2 << 30, "allocated_size": 0}]
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        current_stream=lambda: types.SimpleNamespace(cuda_stream=11), memory_snapshot=lambda: snapshot))
+    rows = bench_fsdp._segments(fake)
+    assert rows == [{"stream": "compute", "segments": 2, "reserved_gib": 4.0, "allocated_gib": 1.0},
+                    {"stream": "99", "segments": 1, "reserved_gib": 3.0, "allocated_gib": 0.0}]

@@ -54,11 +54,16 @@ def _hold(grads, stream, made_on) -> None:
     _HELD.setdefault(device.index, []).append((tuple(grads), stream.record_event(), made_on))
     if device.index not in _QUEUED:
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(
-                functools.partial(release_held, device, from_callback=True))
+            _at_backward_end(functools.partial(release_held, device, from_callback=True))
             _QUEUED.add(device.index)
         except RuntimeError:  # not inside a backward pass: the next reduction releases them
             pass
+
+
+def _at_backward_end(fn) -> None:
+    """Run ``fn`` when the backward pass under way ends (as FSDP's own final callback);
+    RuntimeError outside one."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
 def release_held(device, from_callback: bool = False) -> None:

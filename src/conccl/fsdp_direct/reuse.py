@@ -29,6 +29,7 @@ import torch
 
 from ._state import ORIGINAL
 
+
 class Pools:
     """The two pools of one ``enable`` call's modules, made on first use on their device, and
     each parity's last free. Held by the modules' hooks and parameters: freed with the model."""
