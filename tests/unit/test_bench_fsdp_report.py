@@ -41,7 +41,7 @@ def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
 def test_segments_are_summed_per_stream_they_were_made_on_largest_first(monkeypatch):
     import types
 
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from conccl.bench import fsdp as bench_fsdp
 
     snapshot = [{"stream": 11, "total_size": 2 << 30, "allocated_size": 1 << 30},
