@@ -273,9 +273,8 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             param_group = m._get_fsdp_state()._fsdp_param_group
             gather = shared.get(id(param_group))
             if gather is None:
-                # modules alternate between two memory pools in this order (fsdp_direct.reuse)
-                gather = shared[id(param_group)] = fsdp_direct.DirectAllGather(
-                    pool, homes=shard_home, reuse=reuse, parity=len(shared) % 2)
+                # modules alternate between two memory pools in the order of their first gathers
+                gather = shared[id(param_group)] = fsdp_direct.DirectAllGather(pool, homes=shard_home, reuse=reuse)
                 fsdp_direct.move_home(gather, param_group.fsdp_params, pg.size())
             m.set_custom_all_gather(gather)
         elif all_gather:

@@ -113,3 +113,8 @@ def test_held_gradients_wait_on_the_stream_they_were_made_on_once_per_backward(m
     assert made_on.waited == ["event 2.1", "event 2.2"] and reduce_scatter._HELD == {}
     reduce_scatter._hold(grads[:1], rs, made_on)  # the next backward queues its own
     assert len(queued) == 2
+
+
+def test_modules_alternate_in_the_order_of_their_first_gathers():
+    pools = reuse.Pools()
+    assert [pools.next_parity() for _ in range(5)] == [0, 1, 0, 1, 0]

@@ -45,6 +45,8 @@ def _gather_from_home(comm, home, call):
         home.take(fsdp_params, copy_in)  # a parameter moved out since (or never in): moved back
     gather_stream.wait_stream(copy_in)
     world = group.size()
+    if comm.reuse is not None and comm.parity is None:
+        comm.parity = comm.reuse.next_parity()  # by the order of first gathers
     with handle.stream(gather_stream):
         with allocating(comm.reuse, comm.parity, fsdp_params, device, gather_stream):
             parts = _make_parts(fsdp_params, home.sizes, home.buf.dtype, device, world)
@@ -196,7 +198,8 @@ class DirectAllGather:
 
     def __init__(self, pool=None, gather=None, homes=True, reuse=None, parity=None):
         self.pool = pool
-        # which of the two memory pools ``reuse`` (fsdp_direct.reuse.Pools) its unsharded tensors use; None: none
+        # which of the two memory pools ``reuse`` (fsdp_direct.reuse.Pools) its unsharded tensors use:
+        # given at the first gather unless set here; no pools where ``reuse`` is None
         self.reuse, self.parity = reuse, parity
         self.gather = gather or _copy_engine_gather
         self.pending = None  # the parameters of the all-gather under way (set by the wrap)

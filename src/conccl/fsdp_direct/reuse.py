@@ -1,6 +1,6 @@
 """Where a directly gathered module's unsharded parameters live: two private memory pools per
-``enable`` call (freed with the model), modules alternating between them in the order
-``enable`` met them (parity), and each pool's memory reused in stream order instead of through
+``enable`` call (freed with the model), modules alternating between them in the order they are
+first gathered (parity), and each pool's memory reused in stream order instead of through
 ``record_stream``.
 
 Why: the direct gather makes the unsharded tensors on FSDP's all-gather stream (the gather
@@ -14,11 +14,11 @@ benchmarks/2026-11-26-h100x2-moe/run11).
 How: FSDP's free of such a parameter (``FSDPParam.free_unsharded_param``, wrapped) records an
 event on the stream that frees it and returns the block to its pool at once; the next gather of
 the same parity makes the all-gather stream wait for that event before it writes, so the block
-is reused in stream order. Where modules run in the order ``enable`` met them (a sequential model's
-blocks), the wait holds a gather back only behind the free of the module two before it (the
-one just before has the other parity): module i+2's gather still runs beside module i+1's
-compute, as FSDP's prefetching intends; in another order a gather may wait for its neighbour
-(slower, never wrong). Frees from several streams are each waited for. Memory: about one module's unsharded
+is reused in stream order. Where modules run in the order of their first gathers (forward, and
+backward reversed), the wait holds a gather back only behind the free of the module two before
+it (the one just before has the other parity): module i+2's gather still runs beside module
+i+1's compute, as FSDP's prefetching intends; where the order changes between passes a gather
+may wait for its neighbour (slower, never wrong). Frees from several streams are each waited for. Memory: about one module's unsharded
 parameters per pool, as FSDP's own copy-out keeps on the compute stream.
 """
 from __future__ import annotations
@@ -38,6 +38,13 @@ class Pools:
         self.pools = None
         # per parity, per stream that freed its parameters: the event of that stream's last free
         self.freed = ({}, {})
+        self.gathered = 0  # modules given a parity so far
+
+    def next_parity(self) -> int:
+        """The parity of a module gathered for the first time: modules alternate in the order
+        they are first gathered (the forward's order), whatever order they were registered in."""
+        self.gathered += 1
+        return (self.gathered - 1) % 2
 
     def get(self, device):  # (one device per process, as FSDP2 has it: the first one's)
         if device.type != "cuda" or not hasattr(torch.cuda, "use_mem_pool") or not hasattr(torch.cuda, "MemPool"):
