@@ -149,3 +149,32 @@ def _weighted_expert(comm):
 def test_rows_past_the_counts_carry_no_gradient_to_an_experts_weight():
     for close, diff in spawn(2, _weighted_expert):
         assert close, diff
+
+
+def _dtypes_differ(comm):
+    x, idx, w, _ = _inputs(comm.rank, 6, 4, 2, torch.float32)
+    try:
+        ep.dispatch(x.double() if comm.rank else x, idx, w, 4, group=comm, fixed_sizes=True)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_ranks_passing_different_dtypes_stop_alike():
+    says = spawn(2, _dtypes_differ, join_timeout_s=60)
+    assert all(s and "different dtypes" in s for s in says), says
+
+
+def _short_expert_out(comm):
+    x, idx, w, _ = _inputs(comm.rank, 6, 4, 2, torch.float32)
+    ex, _, h = ep.dispatch(x, idx, w, 4, group=comm, fixed_sizes=True)
+    try:
+        ep.combine(ex[:-1], h)  # every rank alike: each raises before anything moves
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_combine_refuses_expert_rows_that_are_not_dispatchs():
+    says = spawn(2, _short_expert_out, join_timeout_s=60)
+    assert all(s and "dispatch returned" in s for s in says), says

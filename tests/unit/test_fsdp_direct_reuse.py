@@ -99,7 +99,9 @@ def test_held_gradients_wait_on_the_stream_they_were_made_on_once_per_backward(m
 
     monkeypatch.setattr(reduce_scatter, "_at_backward_end", queue_callback)
     monkeypatch.setattr(reduce_scatter, "_HELD", {})
-    monkeypatch.setattr(reduce_scatter, "_QUEUED", set())
+    monkeypatch.setattr(reduce_scatter, "_QUEUED", {})
+    task = {"id": 4}
+    monkeypatch.setattr(reduce_scatter, "_backward_pass", lambda: task["id"])
     device = types.SimpleNamespace(index=0)
     grads = [types.SimpleNamespace(device=device) for _ in range(3)]
     rs, made_on = _Stream(2), _Stream(1)
@@ -111,8 +113,15 @@ def test_held_gradients_wait_on_the_stream_they_were_made_on_once_per_backward(m
     assert len(reduce_scatter._HELD[0]) == 1 and reduce_scatter._HELD[0][0][0] == (grads[2],)
     queued[0]()  # the end of the backward pass
     assert made_on.waited == ["event 2.1", "event 2.2"] and reduce_scatter._HELD == {}
+    task["id"] = 5
     reduce_scatter._hold(grads[:1], rs, made_on)  # the next backward queues its own
     assert len(queued) == 2
+    task["id"] = 6  # that pass raised: its callback never ran; the next pass still queues one
+    reduce_scatter._hold(grads[:1], rs, made_on)
+    assert len(queued) == 3
+    task["id"] = None  # outside a backward pass: nothing queued, the next reduction releases
+    reduce_scatter._hold(grads[:1], rs, made_on)
+    assert len(queued) == 3 and len(reduce_scatter._HELD[0]) == 3
 
 
 def test_modules_alternate_in_the_order_of_their_first_gathers():

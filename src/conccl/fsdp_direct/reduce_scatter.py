@@ -44,7 +44,7 @@ def _reduce_arg(name: str, args, kwargs):
 # compute stream after it waits for that event (FSDP keeps its packed input the same way): at
 # the next reduction, and at the end of the backward pass.
 _HELD: dict = {}  # device index -> [(gradients, the reduce-scatter's event, the stream they were made on)]
-_QUEUED: set = set()  # devices whose release is queued for the end of this backward pass
+_QUEUED: dict = {}  # device index -> the backward pass (graph task id) whose end releases its gradients
 
 
 def _hold(grads, stream, made_on) -> None:
@@ -52,12 +52,21 @@ def _hold(grads, stream, made_on) -> None:
     until released."""
     device = grads[0].device
     _HELD.setdefault(device.index, []).append((tuple(grads), stream.record_event(), made_on))
-    if device.index not in _QUEUED:
+    task = _backward_pass()
+    # once per backward pass; a pass that raised dropped its callback, so the next one queues its own
+    if task is not None and _QUEUED.get(device.index) != task:
         try:
             _at_backward_end(functools.partial(release_held, device, from_callback=True))
-            _QUEUED.add(device.index)
+            _QUEUED[device.index] = task
         except RuntimeError:  # not inside a backward pass: the next reduction releases them
             pass
+
+
+def _backward_pass():
+    """The id of the backward pass under way (autograd's graph task), None outside one."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    task = current() if current is not None else 0
+    return None if task < 0 else task
 
 
 def _at_backward_end(fn) -> None:
@@ -70,7 +79,7 @@ def release_held(device, from_callback: bool = False) -> None:
     """Each held gradient's stream waits for its reduction, then the gradients are dropped:
     their blocks are reused in that stream's order."""
     if from_callback:
-        _QUEUED.discard(device.index)
+        _QUEUED.pop(device.index, None)
     for _grads, event, made_on in _HELD.pop(device.index, ()):
         made_on.wait_event(event)
 

@@ -321,7 +321,9 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, topk_weights: torc
     """The tokens' outputs ``[T, H]`` on their own ranks: each token's expert outputs
     (``expert_out`` [N, H], rows as :func:`dispatch` returned them) times their weights, summed
     (module doc: the order). Pass the ``topk_weights`` given to dispatch for their gradient
-    (they are used as dispatch sent them either way). Collective, as dispatch."""
+    (they are used as dispatch sent them either way). Collective, as dispatch. An
+    ``expert_out`` whose rows are not dispatch's raises ValueError on this rank before anything
+    moves (the peers' combine then waits for the group's timeout)."""
     w = topk_weights if topk_weights is not None else torch.zeros(0)
     if handle.expansion is not None and expert_out.shape[0] != handle.expansion.rows.numel():
         # (a kernel would read past a shorter one; with fixed sizes it is the worst case's rows)

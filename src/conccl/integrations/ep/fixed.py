@@ -98,8 +98,9 @@ def agree_fixed(g, x, topk_idx, topk_weights, num_experts: int, problem: str | N
     names = ("num_experts", None, "dtype", "token count", "k", "hidden size")
     for i, name in enumerate(names):
         if name and len({v[i] for v in every}) > 1:
+            said = f"this rank's {x.dtype}" if name == "dtype" else f"{[v[i] for v in every]}, by rank"
             raise ValueError(f"conccl.ep.dispatch(fixed_sizes=True): the ranks passed different {name}s "
-                             f"({[v[i] for v in every]}, by rank): fixed sizes need the same on every rank")
+                             f"({said}): fixed sizes need the same on every rank")
     experts_per_rank(num_experts, g.world)  # raises where they do not split evenly (alike everywhere)
 
 
