@@ -25,7 +25,7 @@ import zlib
 
 import torch
 
-from .layout import SendLayout, experts_per_rank, route, send_layout
+from .layout import SendLayout, expansion_order, experts_per_rank, route, send_layout
 
 
 def fixed_layout(g, x, topk_idx, topk_weights, num_experts: int):
@@ -66,24 +66,17 @@ def fixed_layout(g, x, topk_idx, topk_weights, num_experts: int):
 def expand_fixed(slots: torch.Tensor, local_experts: int):
     """``(rows [bound], counts int32 [local_experts], position [R, k])`` for received ``slots``
     [R, k] (local expert or -1) with no host sync: ``bound = R * k``, the most pairs there can
-    be (a row's slots may repeat an expert); rows past the first ``counts.sum()`` are some received row (the
-    GPU kernel's: row 0). The kernel on GPUs (at most its expert count), a stable sort else."""
-    rows_n, k = slots.shape
-    bound = rows_n * k
+    be (a row's slots may repeat an expert); rows past the first ``counts.sum()`` are some
+    received row (the GPU kernel's: row 0). The kernel on GPUs (at most its expert count), the
+    stable sort of :func:`.layout.expansion_order` else."""
     if slots.is_cuda:
         from ...executors.cuda_moe_route import MAX_EXPAND_EXPERTS, expand
 
         if local_experts <= MAX_EXPAND_EXPERTS:
-            position, rows, counts = expand(slots, local_experts, bound, counts=True)
+            position, rows, counts = expand(slots, local_experts, slots.numel(), counts=True)
             return rows, counts, position
-    s = slots.long().flatten()
-    key = torch.where((s >= 0) & (s < local_experts), s, local_experts)
-    counts = torch.zeros(local_experts + 1, dtype=torch.int64, device=s.device).scatter_add_(
-        0, key, torch.ones_like(key))[:local_experts].to(torch.int32)
-    perm = torch.sort(key, stable=True).indices  # by expert, (row, slot) order within one
-    position = torch.empty_like(perm).scatter_(
-        0, perm, torch.where(key[perm] < local_experts, torch.arange(perm.numel(), device=s.device), -1))
-    return (perm // max(k, 1))[:bound], counts, position.view(rows_n, k)
+    rows, counts, position = expansion_order(slots, local_experts)  # rows: all R * k pairs
+    return rows, counts.to(torch.int32), position
 
 
 def agree_fixed(g, x, topk_idx, topk_weights, num_experts: int, problem: str | None) -> None:

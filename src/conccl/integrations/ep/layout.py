@@ -120,19 +120,25 @@ def rank_rows(counts: list, order: torch.Tensor, tokens: int) -> torch.Tensor:
     return index.view(tokens, world)
 
 
+def expansion_order(slots: torch.Tensor, local_experts: int):
+    """``(rows [R * k], counts [local_experts] int64, position [R, k])`` of received rows whose
+    slots (local expert or -1, [R, k]) are ``slots``, with no host sync: every (row, slot) pair
+    by expert, then (row, slot) order (a stable sort), the valid pairs first; ``rows`` the
+    received row of each, ``position`` where each landed or -1."""
+    rows_n, k = slots.shape
+    s = slots.long().flatten()  # (row, slot) pairs in row-major order: row, then slot
+    key = torch.where((s >= 0) & (s < local_experts), s, local_experts)
+    counts = torch.zeros(local_experts + 1, dtype=torch.int64, device=s.device).scatter_add_(
+        0, key, torch.ones_like(key))[:local_experts]
+    perm = torch.sort(key, stable=True).indices
+    position = torch.empty_like(perm).scatter_(
+        0, perm, torch.where(key[perm] < local_experts, torch.arange(perm.numel(), device=s.device), -1))
+    return perm // max(k, 1), counts, position.view(rows_n, k)
+
+
 def plan_expansion(slots: torch.Tensor, local_experts: int, counts: list | None = None) -> Expansion:
     """The expansion of received rows whose slots (local expert or -1, [rows, k]) are ``slots``.
     ``counts``: the pairs per local expert where the host knows them (no sync then)."""
-    rows_n, k = slots.shape
-    s = slots.long().flatten()  # (row, slot) pairs in row-major order: row, then slot
-    key = torch.where(s >= 0, s, local_experts)
-    if counts is None:
-        per = torch.zeros(local_experts + 1, dtype=torch.int64, device=s.device).scatter_add_(
-            0, key, torch.ones_like(key))
-        counts = per[:local_experts].tolist()
-    n = sum(counts)
-    # group by expert, keeping (row, slot) order within it: a stable sort
-    pairs = torch.sort(key, stable=True).indices[:n]
-    position = torch.full((rows_n * k,), -1, dtype=torch.long, device=slots.device)
-    position[pairs] = torch.arange(n, device=slots.device)
-    return Expansion(pairs // max(k, 1), list(counts), position.view(rows_n, k))
+    rows, per, position = expansion_order(slots, local_experts)
+    counts = per.tolist() if counts is None else list(counts)
+    return Expansion(rows[:sum(counts)], counts, position)
