@@ -197,6 +197,9 @@ class ResetSignal:
     kind: Signal
 
 
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the reduction's dtypes
+
+
 @dataclass(frozen=True)
 class Reduce:
     """Elementwise reduction on this rank's GPU: ``dst = sum(scale * src for src in srcs)``.
@@ -214,6 +217,17 @@ class Reduce:
     # Whose buffer each operand is (None: all this rank's own). Only a one-shot schedule
     # (Schedule.one_shot) reads peers' operands: the kernel loads them over NVLink.
     src_ranks: tuple[int, ...] | None = None
+    # The result's dtype where it is wider than the operands' (bf16 or fp16 operands summed into
+    # fp32: FSDP2's reduce_dtype=float32 over bf16 gradients, with no cast copy before); None:
+    # ``dtype``. The arithmetic is the same: operands widened exactly, fp32 sum, no rounding.
+    out_dtype: str | None = None
+
+    @property
+    def out_bytes(self) -> int:
+        """Bytes written at ``dst``: ``nbytes`` where the result has the operands' dtype."""
+        if self.out_dtype is None or self.out_dtype == self.dtype:
+            return self.nbytes
+        return self.nbytes // ELEMENT_BYTES[self.dtype] * ELEMENT_BYTES[self.out_dtype]
 
 
 # Words per pad for marks: a pipeline's pieces (world x pieces per shard) each take one.

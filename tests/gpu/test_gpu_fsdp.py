@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-def _train(rank, world, mode):
+def _train(rank, world, mode, mixed_precision=False):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
@@ -21,7 +21,8 @@ def _train(rank, world, mode):
 
     shape = ModelShape(dim=512, ffn=1376, heads=8, layers=3)  # 1376: chunks not a power of two
     device = torch.device("cuda", torch.cuda.current_device())
-    model, comms = build({"stock": "stock", "direct": "conccl_direct"}.get(mode, "conccl"), shape, device)
+    model, comms = build({"stock": "stock", "direct": "conccl_direct"}.get(mode, "conccl"), shape, device,
+                         mixed_precision)
     checks = []
     if mode == "checked":
         _check_every_call_against_nccl(model, comms, checks)
@@ -140,3 +141,31 @@ def test_fsdp_enable_trains_like_stock_fsdp_on_copy_engines():
             assert all(torch.equal(a, b) for a, b in zip(mine["params"], stock["params"]))
         else:
             assert all(abs(a - b) <= 1e-2 * abs(b) for a, b in zip(mine["losses"], stock["losses"]))
+
+
+def _mixed(rank, world):
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    return _train(rank, world, "stock", True), _train(rank, world, "direct", True)
+
+
+def test_direct_serves_fsdp2_mixed_precision_without_its_copies():
+    """fp32 parameters, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the shards
+    are cast into each module's cast home (no flat buffer) and gathered into the parameters, the
+    bf16 gradients summed into fp32 where they lie (the widening reduction kernel), same bits
+    as stock FSDP2 (world 2: one fp32 addition)."""
+    from conccl.launch import run_per_gpu
+
+    for stock, direct in run_per_gpu(_mixed):
+        print("mixed precision", stock["losses"], direct["losses"],
+              {k: v for k, v in direct.items() if k.startswith(("skipped", "declined", "cast"))})
+        assert direct["cast_gathers"] >= 6 * 3 and direct["declined_gathers"] == 0 and not direct["fallback"], direct
+        assert direct["skipped_copy_outs"] >= 6 * 3, direct
+        assert direct["skipped_copy_ins"] >= 6 * 3 and direct["declined_reduces"] == 0, direct
+        assert any(k.startswith("reduce_wide_bf16") for k in direct["kernels"]), direct["kernels"]
+        assert not any("chunk_cat" in k or "split_with_sizes" in k or "nccl" in k.lower() for k in direct["kernels"]), \
+            direct["kernels"]
+        assert direct["losses"] == stock["losses"], (stock["losses"], direct["losses"])
+        assert all(torch.equal(a, b) for a, b in zip(direct["params"], stock["params"]))

@@ -95,3 +95,60 @@ def test_reduce_scatter_equals_nccl_and_runs_only_the_reduction_kernel():
         assert r["in_place"] and r["persistent"] == [True] * 5, r
         assert all(k.startswith("reduce_") or "Memcpy" in k or "Memset" in k for k in r["kernels"]), r["kernels"]
         assert r["kernel_count"] == 3, r
+
+
+def _widening_against_nccl(rank, world):
+    """16-bit parts reduced into an fp32 output (FSDP2's reduce_dtype=float32 over bf16
+    gradients) against NCCL's fp32 reduce-scatter of the same input cast to fp32 first."""
+    import torch.distributed as dist
+    from torch.distributed import ReduceOp
+    from torch.profiler import ProfilerActivity, profile
+
+    import conccl
+
+    group = conccl.get_group()
+    g = torch.Generator(device="cuda").manual_seed(11 + rank)
+    cases = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for shapes in (((5, 3), (7,), (2, 2, 3)), ((4096, 1024), (333,), (1024,))):
+            grads = [torch.randn(s, device="cuda", generator=g).to(dtype) for s in shapes]
+            rows = [-(-s[0] // world) * (grads[i].numel() // s[0]) for i, s in enumerate(shapes)]
+            flat = torch.zeros(world, sum(rows), dtype=dtype, device="cuda")  # FSDP's chunk_cat, zero-padded
+            off = 0
+            for t, n in zip(grads, rows):
+                part = torch.zeros(world * n, dtype=dtype, device="cuda")
+                part[:t.numel()] = t.reshape(-1)
+                flat[:, off:off + n] = part.view(world, n)
+                off += n
+            real = torch.cat([torch.arange(n, device="cuda") < max(0, min(n, t.numel() - rank * n))
+                              for t, n in zip(grads, rows)])
+            for op in (ReduceOp.SUM, ReduceOp.AVG):
+                for shift in (0, 1):  # 1: the output 4 bytes off 16-byte alignment (the scalar loop)
+                    buf = torch.full((sum(rows) + 1,), float("nan"), device="cuda")
+                    out = buf[shift:shift + sum(rows)]
+                    ref = torch.empty(sum(rows), device="cuda")
+                    group.reduce_scatter_from_parts(out, grads, rows, op)
+                    dist.reduce_scatter_tensor(ref, flat.view(-1).float(), op=op)
+                    torch.cuda.synchronize()
+                    cases.append((str(dtype), sum(rows), str(op), shift,
+                                  torch.equal(out[real].view(torch.int32), ref[real].view(torch.int32)),
+                                  bool(torch.allclose(out[real], ref[real], rtol=1e-6, atol=1e-6))))
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        group.reduce_scatter_from_parts(out, grads, rows, ReduceOp.SUM)
+        torch.cuda.synchronize()
+    return cases, sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+
+
+def test_16_bit_parts_reduce_into_fp32_like_nccl_after_a_cast():
+    from conccl.launch import run_per_gpu
+
+    results = run_per_gpu(_widening_against_nccl)
+    world = len(results)
+    for cases, kernels in results:
+        print("widening reduce-scatter", world, cases, kernels)
+        for dtype, n, op, shift, same, close in cases:
+            # world 2 SUM: one fp32 addition, NCCL's bits (AVG: NCCL's own scaling, as the flat test says)
+            assert same if world == 2 and op.endswith("SUM") else close, (dtype, n, op, shift)
+        assert any(k.startswith("reduce_wide_") for k in kernels) and not any("nccl" in k.lower() for k in kernels), \
+            kernels

@@ -129,7 +129,8 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
 
 def _counts():
     c = fsdp_direct.COUNTS
-    return c.skipped_copy_outs, c.declined_gathers, c.skipped_copy_ins, c.declined_reduces, c.skipped_gather_copy_ins
+    return (c.skipped_copy_outs, c.declined_gathers, c.skipped_copy_ins, c.declined_reduces, c.skipped_gather_copy_ins,
+            c.cast_gathers)
 
 
 def _worker(rank, world, port, param_dtype, reduce_dtype, schedule, queue):
@@ -164,9 +165,10 @@ def _run(world, param_dtype, reduce_dtype, schedule="default"):
     for rank, stock_losses, direct_losses, same, stock_counts, counts, homed in results:
         assert direct_losses == stock_losses, (rank, stock_losses, direct_losses)
         assert all(same), (rank, same)
-        assert stock_counts == [0, 0, 0, 0, 0]  # stock FSDP's collectives are left alone
-        # without a dtype cast before the gather, every module's shards live in its home
-        assert homed == [param_dtype is None] * 6, homed  # homed after training; made at enable
+        assert stock_counts == [0, 0, 0, 0, 0, 0]  # stock FSDP's collectives are left alone
+        # without a dtype cast before the gather, every module's shards live in its home (after
+        # training); with one, each module has a cast home the shards are cast into, made at enable
+        assert homed == [param_dtype is None] * 3 + [True] * 3, homed
     counts = [r[-2] for r in results]
     assert all(c == counts[0] for c in counts), counts  # every rank took the same paths
     return counts
@@ -177,11 +179,13 @@ def _run(world, param_dtype, reduce_dtype, schedule="default"):
                                                       (torch.bfloat16, torch.bfloat16)])
 def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_dtype, reduce_dtype):
     # forward and backward unshard each of the 3 blocks once a step, and backward reduces each
-    # once a step (the root has no parameters): 3 steps
-    cast = (param_dtype or torch.float32) != reduce_dtype  # FSDP's copy-in casts: it must run
-    home = 3 * 3 * 2 if param_dtype is None else 0  # no gather copy-in where no dtype cast comes first
+    # once a step (the root has no parameters): 3 steps. No copy of FSDP's runs in any: a bf16
+    # gradient reduced in fp32 is summed into fp32 from where it lies; with a dtype cast before
+    # the gather, the shards are cast into the module's cast home (no flat buffer), else none
+    # is copied at all.
+    home = 3 * 3 * 2 if param_dtype is None else 0
     for counts in _run(world, param_dtype, reduce_dtype):
-        assert counts == [3 * 3 * 2, 0, 0 if cast else 3 * 3, 3 * 3 if cast else 0, home], counts
+        assert counts == [3 * 3 * 2, 0, 3 * 3, 0, home, 3 * 3 * 2 - home], counts
 
 
 @pytest.mark.parametrize("schedule,gathers,copy_ins", [("no_reshard", 3 * 3, 3 * 3), ("prefetch", 3 * 3 * 2, 3 * 3),
@@ -194,4 +198,4 @@ def test_direct_under_other_fsdp_schedules(schedule, gathers, copy_ins):
     own asynchronous unshard of every block before forward, empty shards, and a model built on
     meta on every rank but rank 0 and loaded from it after ``enable``."""
     for counts in _run(2, None, torch.float32, schedule):
-        assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins, gathers], counts
+        assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins, gathers, 0], counts

@@ -101,6 +101,43 @@ def test_reduce_scatter_from_parts_equals_the_flat_call(world, mode, dtype):
         assert bad and "rows of" in bad, bad
 
 
+def _widening_from_parts(comm, dtype, mode):
+    """16-bit parts reduced into an fp32 output (FSDP2's reduce_dtype=float32 over bf16
+    gradients) against what stock FSDP does: cast the packed input to fp32, reduce in fp32."""
+    import torch.distributed as dist
+
+    from conccl.schedule import StreamMode
+
+    comm.options.stream_mode = StreamMode(mode)
+    w, r = comm.world, comm.rank
+    grads = _grads(r, dtype)
+    rows = [_padded_rows(s, w) for s in SHAPES]
+    real = torch.cat([torch.arange(n) < max(0, min(n, g.numel() - r * n)) for g, n in zip(grads, rows)])
+    out = []
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist._make_nccl_premul_sum(0.5)):
+        flat_out = torch.full((sum(rows),), float("nan"))
+        comm.call(comm_coll("reduce_scatter"), flat_out, _chunk_cat(grads, w).float(), (op,))
+        wide = torch.full((sum(rows),), float("nan"))
+        comm.reduce_scatter_from_parts(wide, grads, rows, op)
+        out.append(torch.equal(flat_out[real].view(torch.uint8), wide[real].view(torch.uint8))
+                   and not wide[real].isnan().any())
+    bad = None
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+    try:  # an output neither the parts' dtype nor fp32 is refused before anything moves (every rank alike)
+        comm.reduce_scatter_from_parts(torch.empty(sum(rows), dtype=other), grads, rows)
+    except Exception as e:  # noqa: BLE001 - the test reads the message
+        bad = f"{type(e).__name__}: {e}"
+    return out, bad
+
+
+@pytest.mark.parametrize("world,mode", [(2, "batch"), (3, "per_peer")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_parts_reduce_into_fp32_like_a_cast_then_an_fp32_reduce_scatter(world, mode, dtype):
+    for out, bad in spawn(world, _widening_from_parts, dtype, mode):
+        assert out == [True] * 3, out
+        assert bad and "InvalidArgument" in bad and "float32" in bad, bad
+
+
 def _gather_into_parts(comm):
     w, r = comm.world, comm.rank
     rows = [_padded_rows(s, w) for s in SHAPES]

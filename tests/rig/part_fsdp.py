@@ -22,18 +22,23 @@ def _fsdp_copy_kernel(name: str) -> bool:
             or ("multi_tensor_apply" in name and "Copy<" in name))
 
 
-def _fsdp_run(rank, world, cases, report, direct):
+def _fsdp_run(rank, world, cases, report, direct, mixed=False):
     """FSDP2 with conccl's hooks against the same model trained unsharded in this process
     (``direct``: ``conccl.fsdp.enable(direct=True)``, no copy-out or copy-in).
 
     Every rank trains on the same batch, so the averaged gradient is each rank's own (the
     average of equal fp32 values is exact where the world is a power of two) and the sharded
     run must equal the unsharded one shard for shard, bit for bit, after a few AdamW steps; at
-    any world within 1e-5, and the direct run must equal the plain hooks' run bit for bit."""
+    any world within 1e-5, and the direct run must equal the plain hooks' run bit for bit.
+
+    ``mixed``: under FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), whose
+    bf16 compute the unsharded fp32 model does not share: only the direct run against the plain
+    hooks' (FSDP's cast copy-in, a flat fp32 reduce-scatter), bit for bit at any world, with
+    the cast gathers and the widening reduction in place of FSDP's copies."""
     import copy
 
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     import conccl.fsdp
     from conccl import fsdp_direct
@@ -44,15 +49,16 @@ def _fsdp_run(rank, world, cases, report, direct):
                                                       torch.nn.Linear(4 * dim, dim)) for _ in range(3)]).cuda()
     ref = copy.deepcopy(model)
     mesh = DeviceMesh.from_group(dist.group.WORLD, "cuda")
+    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if mixed else {}
     for block in model:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, **kw)
     comms = conccl.fsdp.enable(model, direct=direct)
-    name = "fsdp2 + conccl" + (" direct" if direct else "")
+    name = "fsdp2 + conccl" + (" direct" if direct else "") + (" mixed precision" if mixed else "")
     report[name] = {"modules": len(comms.modules), "fallback": comms.fallback}
     c = fsdp_direct.COUNTS
     counts = lambda: (c.skipped_copy_outs, c.declined_gathers,  # noqa: E731
-                      c.skipped_copy_ins, c.declined_reduces, c.skipped_gather_copy_ins)
+                      c.skipped_copy_ins, c.declined_reduces, c.skipped_gather_copy_ins, c.cast_gathers)
     before = counts()
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
     g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
@@ -69,7 +75,7 @@ def _fsdp_run(rank, world, cases, report, direct):
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
-            m(x).square().mean().backward()
+            m(x).float().square().mean().backward()
             if m is model:
                 torch.cuda.synchronize()
                 peaks.append(torch.cuda.max_memory_allocated() - base)
@@ -104,24 +110,35 @@ def _fsdp_run(rank, world, cases, report, direct):
         want = want[:mine.shape[0]]
         same.append(bits_equal(mine.contiguous(), want.contiguous()))
         close.append(bool(torch.allclose(mine, want, rtol=1e-5, atol=1e-6)))
-    _shards[direct] = [p.to_local().detach().clone() for p in model.parameters()]
-    if direct and False in _shards:  # the same arithmetic as the plain hooks at any world size
+    _shards[mixed, direct] = [p.to_local().detach().clone() for p in model.parameters()]
+    if direct and (mixed, False) in _shards:  # the same arithmetic as the plain hooks at any world size
         cases.append((f"{name}: every shard equals the plain hooks' run's, bit for bit",
-                      all(bits_equal(a, b) for a, b in zip(_shards[True], _shards[False]))))
-    if world & (world - 1) == 0:  # AVG of equal values is exact only where 1/world is (a power of two)
+                      all(bits_equal(a, b) for a, b in zip(_shards[mixed, True], _shards[mixed, False]))))
+    if world & (world - 1) == 0 and not mixed:  # AVG of equal values is exact only where 1/world is (a power of two)
         cases.append((f"{name}: every shard equals unsharded training's, bit for bit", all(same)))
-    cases.append((f"{name}: every shard within 1e-5 of unsharded training's", all(close)))
+    if not mixed:
+        cases.append((f"{name}: every shard within 1e-5 of unsharded training's", all(close)))
     cases.append((f"{name}: every FSDP module with parameters on conccl", not comms.fallback and len(comms.modules) == 3))
     report[name].update(zip(("skipped_copy_outs", "declined_gathers", "skipped_copy_ins", "declined_reduces",
-                             "skipped_gather_copy_ins"), (b - a for a, b in zip(before, counts()))))
+                             "skipped_gather_copy_ins", "cast_gathers"), (b - a for a, b in zip(before, counts()))))
     r = report[name]
     if direct:  # every gather and reduce of these plain Linear shards uses the parameters and gradients in place
+        # (mixed: each gather's copy-in one cast into the cast home; the bf16 gradients summed into fp32)
         cases.append((f"{name}: copy-outs and both copy-ins skipped, none declined",
-                      r["skipped_copy_outs"] > 0 and r["skipped_copy_ins"] > 0 and r["skipped_gather_copy_ins"] > 0
+                      r["skipped_copy_outs"] > 0 and r["skipped_copy_ins"] > 0
+                      and r["cast_gathers" if mixed else "skipped_gather_copy_ins"] > 0
                       and r["declined_gathers"] == r["declined_reduces"] == 0))
-        plain = report.get("fsdp2 + conccl", {}).get("copy_kernels")
-        cases.append((f"{name}: none of FSDP's copy kernels the plain hooks ran ({plain})",
-                      bool(plain) and not set(plain) & set(r["copy_kernels"])))
+        if mixed:
+            cases.append((f"{name}: the reduction sums bf16 gradients into fp32 ({r['kernels']})",
+                          any(k.startswith("reduce_wide_bf16") for k in r["kernels"])))
+        plain = report.get("fsdp2 + conccl" + (" mixed precision" if mixed else ""), {}).get("copy_kernels")
+        if mixed:  # the cast stays (into the cast home): FSDP's packing copies around the collectives do not
+            packing = [k for k in r["copy_kernels"] if "chunk_cat" in k or "split_with_sizes" in k]
+            cases.append((f"{name}: no chunk_cat or split copy ({plain} under the plain hooks; {packing})",
+                          not packing))
+        else:
+            cases.append((f"{name}: none of FSDP's copy kernels the plain hooks ran ({plain})",
+                          bool(plain) and not set(plain) & set(r["copy_kernels"])))
 
 
 def fsdp_hosts(rank, world, cases, report):
@@ -190,7 +207,9 @@ def fsdp_hosts(rank, world, cases, report):
 
 def fsdp(rank, world, cases, report):
     """FSDP2 with conccl's hooks, plain then ``direct=True`` (the direct run is compared with the
-    plain one)."""
+    plain one), then both again under FSDP2's bf16/fp32 mixed precision."""
     _shards.clear()
     _fsdp_run(rank, world, cases, report, direct=False)
     _fsdp_run(rank, world, cases, report, direct=True)
+    _fsdp_run(rank, world, cases, report, direct=False, mixed=True)
+    _fsdp_run(rank, world, cases, report, direct=True, mixed=True)

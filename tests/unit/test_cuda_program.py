@@ -252,7 +252,7 @@ def test_a_compiled_program_makes_each_lowered_step_one_driver_call_with_the_seq
     from conccl.executors import cuda_reduce
 
     dtypes = {d: d for d in ("float32", "bfloat16", "float16")}  # a kernel "function" is its dtype here
-    monkeypatch.setattr(cuda_reduce, "_module", lambda device: (None, dtypes, dtypes, dtypes))
+    monkeypatch.setattr(cuda_reduce, "_module", lambda device: (None, dtypes, dtypes, dtypes, dtypes))
     monkeypatch.setattr(cuda_reduce, "grid_bound", lambda device: 66)
     schedules = [*_plans(3), plan_reduce_scatter(3, 1, 4096, "bfloat16", 0.5, stream_mode=StreamMode.PER_PEER)]
     for schedule in schedules:
@@ -307,7 +307,8 @@ def test_a_reduce_scatter_lowers_to_copies_signals_and_one_reduction_last():
     reduces = [(k, i, step) for k, steps in enumerate(lowered) for i, step in enumerate(steps)
                if isinstance(step, ReduceStep)]
     assert len(reduces) == 1
-    k, i, (dst, srcs, nbytes, dtype, scale) = reduces[0]
+    k, i, (dst, srcs, nbytes, dtype, scale, out_dtype) = reduces[0]
+    assert out_dtype is None  # the result in the operands' dtype
     assert (k, i) == (0, len(lowered[0]) - 1)  # slot 0, after every wait
     me = 1 << 30  # rank 1's own buffers
     assert dst == bases[Buf.OUTPUT] + me and nbytes == 4096 and dtype == "bfloat16" and scale == 0.5
@@ -360,20 +361,25 @@ def test_each_reduction_kernel_launches_with_the_cta_size_of_its_launch_bounds(m
     from conccl.executors import cuda_reduce
 
     bounds = {name: bound for bound, name in re.findall(r"__launch_bounds__\((\w+)\) (\w+)\(", cuda_reduce._SOURCE)}
-    assert len(bounds) == 9  # three families x three dtypes, every one bounded
+    assert len(bounds) == 11  # three families x three dtypes, and the two widening kernels: every one bounded
     sizes = {"THREADS_PER_CTA": cuda_reduce.THREADS, "THREADS_MANY_PER_CTA": cuda_reduce.THREADS_MANY}
     names = lambda family: {dtype: family.format(k) for dtype, k in (("float32", "f32"), ("bfloat16", "bf16"),  # noqa: E731
                                                                      ("float16", "f16"))}
+    wide = {"bfloat16": "reduce_wide_bf16", "float16": "reduce_wide_f16"}
     monkeypatch.setattr(cuda_reduce, "_module", lambda device: (None, names("reduce_{}"), names("reduce_vec_{}"),
-                                                                names("reduce_vec2_{}")))
+                                                                names("reduce_vec2_{}"), wide))
     monkeypatch.setattr(cuda_reduce, "grid_bound", lambda device: 66)
     seen = set()
     for nsrc in range(1, cuda_reduce.MAX_OPERANDS + 1):
         for shift in (0, 2):  # 2: every pointer off 16-byte alignment (the scalar kernels)
             for dtype in ("float32", "bfloat16", "float16"):
                 srcs = tuple(4096 * (k + 1) + shift for k in range(nsrc))
-                r = cuda_reduce.ReduceLaunch(0, 1 << 20, srcs, 1 << 20, dtype, 1.0)
-                assert r.threads == sizes[bounds[r.function]], (nsrc, shift, dtype, r.function, r.threads)
-                assert r.grid <= 66
-                seen.add(r.function)
+                for out in (None, dtype, "float32"):  # float32 over a 16-bit dtype: the widening kernel
+                    r = cuda_reduce.ReduceLaunch(0, 1 << 20, srcs, 1 << 20, dtype, 1.0, out)
+                    assert r.threads == sizes[bounds[r.function]], (nsrc, shift, dtype, r.function, r.threads)
+                    assert r.grid <= 66
+                    assert (r.function in wide.values()) == (out == "float32" and dtype != "float32"), (dtype, out)
+                    seen.add(r.function)
     assert seen == set(bounds)  # every kernel was chosen somewhere
+    with pytest.raises(ValueError, match="float32"):  # narrowing is no reduction's
+        cuda_reduce.ReduceLaunch(0, 1 << 20, (4096,), 1 << 20, "float32", 1.0, "bfloat16")

@@ -96,3 +96,20 @@ def test_padding_is_never_copied_and_a_pull_is_refused():
 
     with pytest.raises(InvalidArgument, match="push"):
         from_parts(plan_all_gather(2, 0, 8), 8, ((0, 8, 0, 8),))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_widening_plan_moves_16_bit_chunks_and_sums_them_into_fp32(dtype):
+    """16-bit gradients reduced in fp32 (FSDP2's reduce_dtype=float32): the copies and the
+    workspace are the 16-bit plan's, the one reduction writes fp32 (twice the chunk's bytes)."""
+    narrow = plan_reduce_scatter(3, 1, 4096, dtype, 0.5, stream_mode=StreamMode.PER_PEER)
+    wide = plan_reduce_scatter(3, 1, 4096, dtype, 0.5, stream_mode=StreamMode.PER_PEER, out_dtype="float32")
+    copies = lambda s: [op for ops in s.slots for op in ops if isinstance(op, Copy)]  # noqa: E731
+    assert copies(wide) == copies(narrow) and wide.workspace_bytes == narrow.workspace_bytes
+    (red,) = [op for ops in wide.slots for op in ops if isinstance(op, Reduce)]
+    assert (red.dtype, red.out_dtype, red.nbytes, red.out_bytes) == (dtype, "float32", 4096, 8192)
+    (same,) = [op for ops in narrow.slots for op in ops if isinstance(op, Reduce)]
+    assert same.out_dtype is None and same.out_bytes == 4096
+    assert plan_reduce_scatter(3, 1, 4096, dtype, out_dtype=dtype) == plan_reduce_scatter(3, 1, 4096, dtype)
+    with pytest.raises(InvalidArgument, match="float32"):
+        plan_reduce_scatter(3, 1, 4096, "float32", out_dtype="bfloat16")

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.profiler import ProfilerActivity, profile
 
 from .. import fsdp, fsdp_direct
@@ -65,6 +65,11 @@ class FsdpConfig:
     # model differ in the last bits (a probe on one H200, commit e612c92), and a loss compared between
     # configs would say nothing about the collectives. The timed run stays in the default mode.
     deterministic_loss: bool = True
+    # FSDP2's usual mixed precision: fp32 parameters (and optimizer), bf16 gathers and compute,
+    # gradients reduced in fp32 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)).
+    # no_comm then is the bf16 model (the same compute; its bf16 AdamW over every parameter
+    # moves about the bytes of the fp32 AdamW over a 2-rank shard).
+    mixed_precision: bool = False
 
 
 class Block(nn.Module):
@@ -97,15 +102,18 @@ class Model(nn.Module):
         return x
 
 
-def build(config: str, shape: ModelShape, device):
-    """The model of ``config`` on ``device`` (the same initial weights in every config)."""
+def build(config: str, shape: ModelShape, device, mixed_precision: bool = False):
+    """The model of ``config`` on ``device`` (the same initial weights in every config); with
+    ``mixed_precision``, fp32 parameters sharded under FSDP2's bf16/fp32 policy (no_comm: bf16)."""
     torch.manual_seed(0)
-    model = Model(shape).to(device=device, dtype=torch.bfloat16)
+    fp32 = mixed_precision and config != "no_comm"
+    model = Model(shape).to(device=device, dtype=torch.float32 if fp32 else torch.bfloat16)
     comms = None
     if config != "no_comm":
+        kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if fp32 else {}
         for blk in model.blocks:
-            fully_shard(blk)
-        fully_shard(model)
+            fully_shard(blk, **kw)
+        fully_shard(model, **kw)
         if config in ("conccl", "conccl_direct"):
             comms = fsdp.enable(model, direct=config == "conccl_direct")
     return model, comms
@@ -227,7 +235,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                 loss = _deterministic_loss(config, x, cfg, device)
             free, total = torch.cuda.mem_get_info()
             used_before = total - free  # what the process held before this configuration
-            model, comms = build(config, cfg.shape, device)
+            model, comms = build(config, cfg.shape, device, cfg.mixed_precision)
             dist.barrier()
             before = fsdp_direct.counters()  # FSDP copies skipped, collectives left to FSDP's copies
             times, peak, loss_timed, opt, host = _train(model, x, cfg, comms)
@@ -264,7 +272,7 @@ def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
     """The loss after ``cfg.train_steps`` steps of ``config`` under deterministic algorithms."""
     torch.use_deterministic_algorithms(True)
     try:
-        model, comms = build(config, cfg.shape, device)
+        model, comms = build(config, cfg.shape, device, cfg.mixed_precision)
         dist.barrier()
         _, _, loss, opt, _ = _train(model, x, cfg)
     finally:
@@ -310,7 +318,10 @@ def markdown(doc: dict) -> str:
     lines = [f"# conccl bench fsdp: {meta['machine_kind']}, {meta.get('device')} x {meta.get('world')}", "",
              f"commit {meta['commit']}, {meta['date']}, torch {meta['torch']}, NCCL {meta['nccl']}. Model: "
              f"{meta['model']['layers']} blocks, d {meta['model']['dim']}, ffn {meta['model']['ffn']}, "
-             f"{meta['model']['heads']} heads, bf16, {meta['model']['parameters'] / 1e9:.2f} B parameters; one "
+             f"{meta['model']['heads']} heads, "
+             + ("fp32 parameters under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (no_comm: the bf16 "
+                "model)" if meta.get("config", {}).get("mixed_precision") else "bf16")
+             + f", {meta['model']['parameters'] / 1e9:.2f} B parameters; one "
              "sequence per rank. Step = forward + backward, CUDA events, median over steps of the slowest rank. "
              + ("Loss: one forward after the same training run again under torch.use_deterministic_algorithms "
                 "(the timed run's attention backward is not reproducible bit for bit)."
@@ -343,8 +354,9 @@ def markdown(doc: dict) -> str:
             said.append(f"the host queued a step's forward and backward in {r['host_ms']:.2f} ms (median, slowest rank)")
         d = c.get("direct")
         if r["config"] == "conccl_direct" and d:
+            cast = f" ({d['cast_gathers']} made one cast into a cast home instead)" if d.get("cast_gathers") else ""
             said.append(f"{d['skipped_copy_outs']} all-gather copy-outs, {d.get('skipped_gather_copy_ins', 'n/a')} "
-                        f"all-gather copy-ins and {d['skipped_copy_ins']} reduce-scatter copy-ins skipped; "
+                        f"all-gather copy-ins{cast} and {d['skipped_copy_ins']} reduce-scatter copy-ins skipped; "
                         f"{d['declined_gathers']} all-gathers and {d['declined_reduces']} reduce-scatters left to "
                         "FSDP's copies")
         if said:

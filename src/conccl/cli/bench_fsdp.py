@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
     b.add_argument("--no-deterministic-loss", action="store_true",
                    help="report the timed run's loss instead of training again under deterministic algorithms "
                         "(faster; the loss then varies in its last bits from run to run)")
+    b.add_argument("--mixed-precision", action="store_true",
+                   help="fp32 parameters under FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) "
+                        "(no_comm: the bf16 model)")
     b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
     b.add_argument("--out", required=True, help="folder for fsdp.json and fsdp.md")
     add_machine_kind(b, "JSON")
@@ -62,7 +65,7 @@ def config(args) -> bench_fsdp.FsdpConfig:
     if args.warmup < 0 or args.train_steps - args.warmup < 1:
         raise ValueError(f"--train-steps ({args.train_steps}) must exceed --warmup ({args.warmup}) >= 0")
     return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile,
-                                 not args.no_deterministic_loss)
+                                 not args.no_deterministic_loss, args.mixed_precision)
 
 
 def run(args) -> int:
@@ -87,7 +90,8 @@ def run(args) -> int:
     per_rank = run_per_gpu(bench_fsdp.run_rank, cfg, nprocs=args.gpus)
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         return EXIT_OK
-    doc = {**meta, "model": {**asdict(cfg.shape), "parameters": cfg.shape.parameters(), "dtype": "bfloat16"},
+    doc = {**meta, "model": {**asdict(cfg.shape), "parameters": cfg.shape.parameters(),
+                                "dtype": "float32 (bf16 compute)" if cfg.mixed_precision else "bfloat16"},
            "config": {k: v for k, v in asdict(cfg).items() if k != "shape"}, "results": bench_fsdp.combine(per_rank)}
     (out / "fsdp.json").write_text(json.dumps(doc, indent=1))
     (out / "fsdp.md").write_text(bench_fsdp.markdown(doc))

@@ -34,6 +34,10 @@ WORKSPACE_ALIGN = 256  # bytes: where each peer's chunk starts in the workspace
 
 # dtypes the reduction kernel handles (torch's names)
 DTYPES = ("bfloat16", "float16", "float32")
+# (input dtype, output dtype) pairs summed into a wider result (Reduce.out_dtype): a 16-bit
+# gradient reduced in fp32 (FSDP2's MixedPrecisionPolicy(reduce_dtype=torch.float32)), for
+# inputs given as parts
+WIDENING = (("bfloat16", "float32"), ("float16", "float32"))
 
 
 def reduce_op(op, world: int) -> tuple[str, float]:
@@ -62,18 +66,26 @@ def op_code(name: str, scale: float) -> int:
 
 @lru_cache(maxsize=1024)
 def plan_reduce_scatter(world: int, rank: int, chunk_bytes: int, dtype: str, scale: float = 1.0, *,
-                        stream_mode: StreamMode = StreamMode.PER_PEER, in_place: bool = False) -> Schedule:
-    """Schedule of one rank's reduce-scatter of ``chunk_bytes`` per output (pure, cached).
+                        stream_mode: StreamMode = StreamMode.PER_PEER, in_place: bool = False,
+                        out_dtype: str | None = None) -> Schedule:
+    """Schedule of one rank's reduce-scatter of ``chunk_bytes`` of input per rank (pure, cached).
 
     Every rank receives rank ``src``'s chunk in slot ``src`` of its own workspace; slots are
     :data:`WORKSPACE_ALIGN`-byte aligned so that the reduction reads 16-byte vectors whatever
     the chunk's size. ``in_place`` (the output is the input's own chunk) changes nothing in the plan:
     the reduction reads each element before writing it; it is part of the key for clarity.
+    ``out_dtype``: float32 over a 16-bit input (:data:`WIDENING`): the chunks move in the
+    input's dtype (half the bytes of a cast first) and are summed into fp32, the output twice
+    the chunk's bytes; None: the input's dtype.
     """
     if not 0 <= rank < world:
         raise InvalidArgument(f"rank {rank} outside a world of {world}")
     if dtype not in DTYPES:
         raise InvalidArgument(f"reduce_scatter_tensor supports {', '.join(DTYPES)}, got {dtype}")
+    if out_dtype == dtype:
+        out_dtype = None
+    if out_dtype is not None and (dtype, out_dtype) not in WIDENING:
+        raise InvalidArgument(f"a reduce-scatter sums {dtype} into {dtype} or into float32 from 16 bits, not {out_dtype}")
     slot = -(-chunk_bytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
     peers: dict[int, Transfer | None] = {}
     for p in range(world):
@@ -84,7 +96,7 @@ def plan_reduce_scatter(world: int, rank: int, chunk_bytes: int, dtype: str, sca
     if chunk_bytes:
         srcs = tuple((Buf.INPUT, rank * chunk_bytes) if s == rank else (Buf.WORKSPACE, s * slot)
                      for s in range(world))
-        finish = (Reduce((Buf.OUTPUT, 0), srcs, chunk_bytes, dtype, scale),)
+        finish = (Reduce((Buf.OUTPUT, 0), srcs, chunk_bytes, dtype, scale, out_dtype=out_dtype),)
     # Pushes into the peers' workspace halves (guarded by their FREE), and a wait for their
     # writes of this call before reducing.
     return build_direct_schedule(
@@ -147,29 +159,38 @@ class ReduceScatter(Collective):
         padding), row ``d`` of every part, in order, making the chunk rank ``d`` reduces."""
         name, scale = reduce_op("SUM" if not args or args[0] is None else args[0], world)
         check_tensor("output", output, device_type)
-        dtype = str(output.dtype).removeprefix("torch.")
-        if dtype not in DTYPES:
+        out_dtype = str(output.dtype).removeprefix("torch.")
+        if out_dtype not in DTYPES:
             raise InvalidArgument(f"reduce_scatter_tensor supports {', '.join(DTYPES)}, got {output.dtype}")
         if len(parts) != len(rows) or not parts:
             raise InvalidArgument(f"{len(parts)} parts and {len(rows)} row sizes: one row size per part, at least one")
+        in_dtype = parts[0].dtype
+        dtype = str(in_dtype).removeprefix("torch.")
+        if dtype != out_dtype and (dtype, out_dtype) not in WIDENING:
+            raise InvalidArgument(f"parts of {in_dtype} reduce into an output of their dtype, or of float32 from "
+                                  f"bfloat16 or float16; the output is {output.dtype}")
         for i, (t, n) in enumerate(zip(parts, rows)):
             check_tensor(f"parts[{i}]", t, device_type)
-            if t.dtype != output.dtype or t.device != output.device:
-                raise InvalidArgument(f"parts[{i}] is {t.dtype} on {t.device}, the output {output.dtype} on {output.device}")
+            if t.dtype != in_dtype or t.device != output.device:
+                raise InvalidArgument(f"parts[{i}] is {t.dtype} on {t.device}, parts[0] {in_dtype}, the output on "
+                                      f"{output.device}")
             if not 0 <= t.numel() <= world * n:
                 raise InvalidArgument(f"parts[{i}] has {t.numel()} elements, more than {world} rows of {n}")
             if overlaps(t, output):
                 raise InvalidArgument(f"parts[{i}] overlaps the output")
         if sum(rows) != output.numel():
             raise InvalidArgument(f"rows of {sum(rows)} elements in all, the output has {output.numel()}")
-        chunk = output.numel() * output.element_size()
-        return LocalCall((chunk,) * world, (chunk,) * world, False, (chunk, dtype, scale, False),
-                         agreed=op_code(name, scale))
+        chunk = output.numel() * parts[0].element_size()  # what moves: the parts' dtype
+        widen = out_dtype if dtype != out_dtype else None
+        # A widening call is its own op to the peers: a flat call (or parts of another dtype) stops alike
+        return LocalCall((chunk,) * world, (chunk,) * world, False, (chunk, dtype, scale, False, widen),
+                         agreed=op_code(name if widen is None else f"{name}->{widen}", scale))
 
     def plan(self, world, rank, local, peers: PeerCalls, *, algorithm, stream_mode, input_symmetric,
              output_symmetric, peers_in_place) -> Schedule:
-        chunk, dtype, scale, in_place = local.extra
-        return plan_reduce_scatter(world, rank, chunk, dtype, scale, stream_mode=stream_mode, in_place=in_place)
+        chunk, dtype, scale, in_place, *widen = local.extra
+        return plan_reduce_scatter(world, rank, chunk, dtype, scale, stream_mode=stream_mode, in_place=in_place,
+                                   out_dtype=widen[0] if widen else None)
 
     def reference(self, inputs, rank, args=None):
         world = len(inputs)

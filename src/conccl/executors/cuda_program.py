@@ -81,6 +81,7 @@ class ReduceStep(NamedTuple):
     nbytes: int
     dtype: str
     scale: float
+    out_dtype: str | None = None  # fp32 over 16-bit operands (Reduce.out_dtype)
 
 
 class OneShotStep(NamedTuple):
@@ -128,6 +129,8 @@ def lower_one_shot(schedule: Schedule, address: Callable[[int, object], int], pa
             else:  # the own piece (from the input) or a peer's (from its staged input)
                 src_off[t.src_rank], dst_off[t.src_rank], nbytes[t.src_rank] = t.src_offset, t.dst_offset, t.nbytes
         elif isinstance(op, Reduce):
+            if op.out_dtype not in (None, op.dtype):
+                raise TypeError(f"{op!r}: the one-shot kernel sums into the operands' dtype only")
             kind, dtype, scale = "reduce", op.dtype, op.scale
             src_off[0], dst_off[0], nbytes[0] = op.srcs[0][1], op.dst[1], op.nbytes
 
@@ -236,7 +239,8 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
                 raise TypeError(f"{op!r}: peers' operands are a one-shot schedule's, lowered as one kernel")
             flush_signals()
             steps.append(ReduceStep(address(rank, op.dst[0]) + op.dst[1],
-                                    tuple(address(rank, b) + off for b, off in op.srcs), op.nbytes, op.dtype, op.scale))
+                                    tuple(address(rank, b) + off for b, off in op.srcs), op.nbytes, op.dtype, op.scale,
+                                    op.out_dtype))
             continue
         if isinstance(op, WaitSignal):
             signal = SignalStep(True, pads[rank] + 4 * signal_word(op.kind, op.peer, world), op.seq_delta)
@@ -458,7 +462,7 @@ def shape(lowered: tuple) -> tuple:
         if isinstance(step, CopyBatch):
             return CopyBatch, len(step.copies)
         if isinstance(step, ReduceStep):
-            return ReduceStep, len(step.srcs), step.dtype, step.scale
+            return ReduceStep, len(step.srcs), step.dtype, step.scale, step.out_dtype
         return step
 
     return tuple(tuple(map(one, steps)) for steps in lowered)

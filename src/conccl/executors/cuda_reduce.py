@@ -244,6 +244,42 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_vec2_f16(vo
     reduce_vec<2, 1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
 }
 
+// 16-bit operands summed into an fp32 result (FSDP2's bf16 gradients reduced in fp32): the
+// same arithmetic as the fp32 kernels on the operands widened (exact), so the same bits as
+// widening first and reducing in fp32. 8 elements per 16-byte load, two 16-byte stores; any
+// misaligned pointer (never in a workspace slot or FSDP's buffers) takes the scalar loop for all.
+template <int KIND> __device__ __forceinline__ void reduce_wide(float* dst, OPERANDS, int nsrc, long long n, float scale) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    unsigned long long any = (unsigned long long)dst;
+    for (int k = 0; k < nsrc; ++k) any |= (unsigned long long)PICK(k);
+    const long long nvec = (any & 15) ? 0 : n / 8;
+    for (long long i = tid; i < nvec; i += stride) {
+        float acc[8], f[8];
+        unpack<KIND>(LDV((const uint4*)s0 + i), acc);
+        #pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = __fmul_rn(acc[e], scale);
+        for (int k = 1; k < nsrc; ++k) {
+            unpack<KIND>(LDV((const uint4*)PICK(k) + i), f);
+            #pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], __fmul_rn(f[e], scale));
+        }
+        STV((uint4*)dst + 2 * i, pack<0>(acc));
+        STV((uint4*)dst + 2 * i + 1, pack<0>(acc + 4));
+    }
+    for (long long i = nvec * 8 + tid; i < n; i += stride) {
+        float a = __fmul_rn(load((const u16*)s0, i, KIND == 1), scale);
+        for (int k = 1; k < nsrc; ++k) a = __fadd_rn(a, __fmul_rn(load((const u16*)PICK(k), i, KIND == 1), scale));
+        dst[i] = a;
+    }
+}
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_wide_bf16(float* dst, OPERANDS, int nsrc, long long n, float scale) {
+    reduce_wide<1>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+}
+extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_wide_f16(float* dst, OPERANDS, int nsrc, long long n, float scale) {
+    reduce_wide<2>(dst, s0, s1, s2, s3, s4, s5, s6, s7, nsrc, n, scale);
+}
+
 // Any alignment: one element per thread and step.
 extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_f32(float* dst, OPERANDS, int nsrc, long long n, float scale) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
@@ -271,6 +307,7 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_f16(u16* ds
 _KERNELS = {"float32": ("reduce_f32", 4), "bfloat16": ("reduce_bf16", 2), "float16": ("reduce_f16", 2)}
 _VECTOR = {dtype: name.replace("reduce_", "reduce_vec_") for dtype, (name, _) in _KERNELS.items()}
 _PAIR = {dtype: name.replace("reduce_", "reduce_vec2_") for dtype, (name, _) in _KERNELS.items()}  # two operands
+_WIDE = {"bfloat16": "reduce_wide_bf16", "float16": "reduce_wide_f16"}  # 16-bit operands, fp32 result
 
 
 @functools.lru_cache(maxsize=None)
@@ -282,25 +319,33 @@ def _module(device_index: int):
     scalar = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, (name, _) in _KERNELS.items()}
     vector = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _VECTOR.items()}
     pair = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _PAIR.items()}
-    return module, scalar, vector, pair
+    wide = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _WIDE.items()}
+    return module, scalar, vector, pair, wide
 
 
 class ReduceLaunch:
-    """One prebuilt launch of the reduction: ``dst = sum(scale * src)`` over ``nbytes`` each."""
+    """One prebuilt launch of the reduction: ``dst = sum(scale * src)`` over ``nbytes`` each
+    (operands of ``dtype``; the result of ``out_dtype``, None: ``dtype``, or fp32 over 16-bit
+    operands)."""
 
-    def __init__(self, device_index: int, dst: int, srcs: tuple[int, ...], nbytes: int, dtype: str, scale: float):
+    def __init__(self, device_index: int, dst: int, srcs: tuple[int, ...], nbytes: int, dtype: str, scale: float,
+                 out_dtype: str | None = None):
         if not 1 <= len(srcs) <= MAX_OPERANDS:
             raise ValueError(f"the reduction takes 1 to {MAX_OPERANDS} operands, got {len(srcs)}")
+        widen = out_dtype not in (None, dtype)
+        if widen and (out_dtype != "float32" or dtype not in _WIDE):
+            raise ValueError(f"the reduction sums {dtype} into {dtype} or 16-bit operands into float32, "
+                             f"not {dtype} into {out_dtype}")
         _, esize = _KERNELS[dtype]
         n = nbytes // esize
-        _, scalar, vector, pair = _module(device_index)
+        _, scalar, vector, pair, wide = _module(device_index)
         # 16-byte vectors where every operand allows them (FSDP's buffers and the workspace's
         # slots do); otherwise one element at a time, at a fraction of the bandwidth.
         self.vectorized = all(p % 16 == 0 for p in (dst, *srcs))
         # The kernel and its CTA size chosen together: a launch larger than the kernel's
         # __launch_bounds__ is refused (one operand, a group of one, takes the general kernel).
-        family, self.threads = ((scalar, THREADS) if not self.vectorized else (pair, THREADS) if len(srcs) == 2
-                                else (vector, THREADS_MANY))
+        family, self.threads = ((wide, THREADS) if widen else (scalar, THREADS) if not self.vectorized
+                                else (pair, THREADS) if len(srcs) == 2 else (vector, THREADS_MANY))
         self.function = family[dtype]
         self.grid = max(1, min(grid_bound(device_index), -(-n // self.threads)))
         ptrs = list(srcs) + [srcs[0]] * (MAX_OPERANDS - len(srcs))  # unused operands are never read

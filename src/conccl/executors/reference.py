@@ -57,8 +57,8 @@ def _reach(schedule: Schedule) -> dict:
                     if end is not None:
                         reach[end[0]] = max(reach.get(end[0], 0), end[1] + t.nbytes)
             elif isinstance(op, Reduce):
-                for buf, off in (op.dst, *op.srcs):
-                    reach[buf] = max(reach.get(buf, 0), off + op.nbytes)
+                for (buf, off), n in ((op.dst, op.out_bytes), *((src, op.nbytes) for src in op.srcs)):
+                    reach[buf] = max(reach.get(buf, 0), off + n)
     return reach
 
 
@@ -239,9 +239,10 @@ class ReferenceExecutor(GrowingWorkspace):
             return torch.from_numpy(raw.copy()).view(dtype)
 
         ranks = op.src_ranks or (self.rank,) * len(op.srcs)  # a one-shot's operands are the peers'
-        result = reduce_chunks([operand(r, *src) for r, src in zip(ranks, op.srcs)], op.scale).to(dtype)
+        result = reduce_chunks([operand(r, *src) for r, src in zip(ranks, op.srcs)], op.scale)
+        result = result.to(getattr(torch, op.out_dtype or op.dtype))  # fp32 over 16-bit operands: no rounding
         dst = self._bytes(self.rank, op.dst[0], input, output, views)
-        dst[op.dst[1]:op.dst[1] + op.nbytes] = result.view(torch.uint8).numpy()
+        dst[op.dst[1]:op.dst[1] + op.out_bytes] = result.view(torch.uint8).numpy()
 
     def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views, pads=None,
                  ws=None, compute=None) -> None:

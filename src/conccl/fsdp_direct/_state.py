@@ -51,6 +51,7 @@ class Counts:
     skipped_copy_ins: int = 0  # reduce-scatter copy-ins
     declined_reduces: int = 0
     skipped_gather_copy_ins: int = 0  # all-gathers that read the shards in their home
+    cast_gathers: int = 0  # all-gathers whose copy-in is one cast into the module's cast home (no flat buffer)
 
 
 COUNTS = Counts()

@@ -42,7 +42,10 @@ def _gather_from_home(comm, home, call):
     copy_in, gather_stream = call["all_gather_copy_in_stream"], call["all_gather_stream"]
     handle = _fsdp_collectives._get_device_handle(device.type)
     with handle.stream(copy_in):
-        home.take(fsdp_params, copy_in)  # a parameter moved out since (or never in): moved back
+        if home.cast:  # the shards cast into it, as FSDP's copy-in casts them into its flat buffer
+            home.cast_in(fsdp_params)
+        else:
+            home.take(fsdp_params, copy_in)  # a parameter moved out since (or never in): moved back
     gather_stream.wait_stream(copy_in)
     world = group.size()
     if comm.reuse is not None and comm.parity is None:
@@ -54,7 +57,10 @@ def _gather_from_home(comm, home, call):
         event = gather_stream.record_event()
     out = torch.empty(1, dtype=home.buf.dtype, device=device).expand(world * home.buf.numel())
     setattr(out, _DIRECT, True)
-    COUNTS.skipped_gather_copy_ins += 1
+    if home.cast:
+        COUNTS.cast_gathers += 1
+    else:
+        COUNTS.skipped_gather_copy_ins += 1
     return _fsdp_collectives.AllGatherResult(out, event, None, [[home.buf.dtype] for _ in fsdp_params],
                                              [[n] for n in home.sizes], list(home.sizes))
 
@@ -78,13 +84,14 @@ def _copy_out(all_gather_result, fsdp_params, group):
     COUNTS.skipped_copy_outs += 1
 
 
-def _cast_before_gather(p, dtype) -> bool:
-    """Whether FSDP casts this parameter's shard before gathering it (mixed precision): its
-    ``param_dtype`` once FSDP's lazy init set it, the policy's before (as that init derives it)."""
+def _gathered_dtype(p, dtype):
+    """The dtype FSDP gathers this parameter's shard (of ``dtype``) in: its ``param_dtype`` where
+    FSDP casts before the gather (mixed precision; once FSDP's lazy init set it, the policy's
+    before, as that init derives it), else ``dtype``."""
     if hasattr(p, "param_dtype"):
-        return p.param_dtype not in (None, dtype)
+        return dtype if p.param_dtype is None else p.param_dtype
     want = getattr(getattr(p, "mp_policy", None), "param_dtype", None)
-    return want is not None and want != dtype and dtype.is_floating_point
+    return want if want is not None and dtype.is_floating_point else dtype
 
 
 def _numel(shape) -> int:
@@ -149,9 +156,20 @@ class _Home:
     (``load_state_dict(assign=True)``, ``Module._apply``). A tensor taken from a parameter
     before it moved (a state dict made before ``enable``) keeps the old storage, and goes stale."""
 
-    def __init__(self, buf, sizes):
+    def __init__(self, buf, sizes, cast: bool = False):
         self.buf, self.sizes = buf, tuple(sizes)
         self.offsets = tuple(sum(sizes[:i]) for i in range(len(sizes)))
+        # A *cast home* (FSDP's param_dtype differs from the parameters'): the shards stay where
+        # they are, in their dtype, and every gather first casts them into it (cast_in); no
+        # parameter is ever moved in.
+        self.cast = cast
+
+    def cast_in(self, fsdp_params) -> None:
+        """Every padded shard cast into its place here, on the current stream (FSDP's copy-in
+        of a mixed-precision gather, without the flat buffer it casts into)."""
+        with torch.no_grad():
+            torch._foreach_copy_([self.buf[off:off + n] for off, n in zip(self.offsets, self.sizes)],
+                                 [p._sharded_param_data for p in fsdp_params])
 
     def holds(self, p, off: int) -> bool:
         data = p._sharded_param_data  # by storage and offset: an empty view's data_ptr() is 0
@@ -184,7 +202,8 @@ def move_home(comm, fsdp_params, world: int) -> bool:
     home = comm.home_for(fsdp_params, world)
     if home is None:
         return False
-    home.take(fsdp_params, torch.cuda.current_stream(home.buf.device) if home.buf.is_cuda else None)
+    if not home.cast:  # a cast home is filled at each gather
+        home.take(fsdp_params, torch.cuda.current_stream(home.buf.device) if home.buf.is_cuda else None)
     return True
 
 
@@ -208,26 +227,30 @@ class DirectAllGather:
 
     def home_for(self, fsdp_params, world: int):
         """This module's :class:`_Home`, made the first time (a collective allocation: every rank
-        decides alike, from shapes, dtypes and FSDP's settings only); None where the shards
-        cannot live in one (another state than SHARDED, mixed dtypes, a dtype cast before the
-        gather, a tensor subclass, what :func:`_part_sizes` declines): FSDP's copy-in then runs."""
+        decides alike, from shapes, dtypes and FSDP's settings only): where FSDP casts the shards
+        before the gather (mixed precision), a cast home of the gathered dtype. None where the
+        shards cannot live in one (another state than SHARDED, mixed dtypes, a tensor subclass,
+        what :func:`_part_sizes` declines): FSDP's copy-in then runs."""
         if not self.homes or not fsdp_params or any(p.sharded_state != ShardedState.SHARDED for p in fsdp_params):
             return None
         datas = [p._sharded_param_data for p in fsdp_params]
         dtype = datas[0].dtype
         if any(type(d) is not torch.Tensor or d.dtype != dtype or d.dim() != 1 for d in datas):
             return None
-        if any(_cast_before_gather(p, dtype) or type(p.sharded_param._local_tensor) is not torch.Tensor
-               for p in fsdp_params):  # FSDP's copy-in casts; a subclass has its own layout
-            return None
-        sizes = _part_sizes(fsdp_params, dtype, sum(d.numel() for d in datas), world)
+        gathered = {_gathered_dtype(p, dtype) for p in fsdp_params}
+        if len(gathered) != 1 or any(type(p.sharded_param._local_tensor) is not torch.Tensor for p in fsdp_params):
+            return None  # parameters gathered in different dtypes; a subclass has its own layout
+        target = gathered.pop()
+        sizes = _part_sizes(fsdp_params, target, sum(d.numel() for d in datas), world)
         if sizes is None or any(n != _numel(p.padded_sharded_param_size) for p, n in zip(fsdp_params, sizes)):
             return None
-        if self.home is None or self.home.sizes != tuple(sizes) or self.home.buf.dtype != dtype:
+        cast = target != dtype
+        if (self.home is None or self.home.sizes != tuple(sizes) or self.home.buf.dtype != target
+                or self.home.cast != cast):
             # Made on the parameters' device even where they are still on meta (a rank that
             # loads them later): the shapes decide, alike on every rank. A home of another dtype
             # (the model cast since) is replaced, on every rank alike.
-            self.home = _Home(self.allocate((sum(sizes),), dtype=dtype, device=fsdp_params[0].device), sizes)
+            self.home = _Home(self.allocate((sum(sizes),), dtype=target, device=fsdp_params[0].device), sizes, cast)
         return self.home
 
     def allocate(self, size, *, dtype, device):

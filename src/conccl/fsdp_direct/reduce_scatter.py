@@ -9,7 +9,7 @@ import inspect
 import torch
 
 from .. import api
-from ..collectives.reduce_scatter import REDUCE_SCATTER
+from ..collectives.reduce_scatter import REDUCE_SCATTER, WIDENING
 from ._state import COUNTS, ORIGINAL
 from .gather import _numel
 
@@ -120,8 +120,13 @@ def _copy_in(unsharded_grads, reduce_scatter_input, world_size):
     if parts is None:
         return ORIGINAL["foreach_reduce_scatter_copy_in"](unsharded_grads, reduce_scatter_input, world_size)
     x = reduce_scatter_input
-    if world_size > 1 and all(g.dtype == x.dtype and g.device == x.device and g.is_contiguous() and g.dim() >= 1
-                              for g in unsharded_grads):
+    # FSDP's copy-in casts gradients of another dtype than the reduction's (reduce_dtype): a
+    # 16-bit gradient reduced in fp32 is summed into fp32 where it lies instead (the reduction
+    # widens each operand exactly, as the cast would), and moves in half the bytes
+    dtype = unsharded_grads[0].dtype if unsharded_grads else x.dtype
+    same = dtype == x.dtype or (_name(dtype), _name(x.dtype)) in WIDENING
+    if world_size > 1 and same and all(g.dtype == dtype and g.device == x.device and g.is_contiguous() and g.dim() >= 1
+                                       for g in unsharded_grads):
         parts.grads = list(unsharded_grads)  # FSDP clears its list next: these keep them
         parts.rows = [_padded_rows(g.shape, world_size) for g in unsharded_grads]
         COUNTS.skipped_copy_ins += 1
@@ -130,6 +135,10 @@ def _copy_in(unsharded_grads, reduce_scatter_input, world_size):
     parts.flat = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     COUNTS.declined_reduces += 1
     return ORIGINAL["foreach_reduce_scatter_copy_in"](unsharded_grads, parts.flat, world_size)
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @functools.lru_cache(maxsize=1)

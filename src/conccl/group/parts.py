@@ -99,16 +99,17 @@ def reduce_scatter_from_parts(group, output, parts, rows, op=None, timeout=None)
     call = REDUCE_SCATTER.local_parts(output, parts, rows, (op,), world, group.rank, ex.device_type)
     if ex.capturing():
         raise InvalidArgument("reduce_scatter_from_parts cannot be captured into a CUDA graph")
-    elem = output.element_size()
+    elem = parts[0].element_size()  # what moves and is read: the parts' dtype (the output may be wider)
     # Remembered as a call's local step is (its settled plans and views with it: the executor
     # keeps compiled programs by their identity); the parts are validated on every call.
-    key = ("from_parts", output.data_ptr(), output.numel(), output.dtype, output.device, ex.views_generation,
-           call.agreed, group.options.stream_mode, group.options.checks)
+    key = ("from_parts", output.data_ptr(), output.numel(), output.dtype, parts[0].dtype, output.device,
+           ex.views_generation, call.agreed, group.options.stream_mode, group.options.checks)
     local = group._locals.get(key)
     if local is None:
         # The peers see a flat reduce-scatter: its input is this rank's own (pushed), never reached.
-        local = group._remember(key, group._local_row(REDUCE_SCATTER, call, output.dtype, world * output.numel() * elem,
-                                                      output.numel() * elem, (None, ex.peer_view(output)), None, None))
+        local = group._remember(key, group._local_row(REDUCE_SCATTER, call, parts[0].dtype, world * output.numel() * elem,
+                                                      output.numel() * output.element_size(),
+                                                      (None, ex.peer_view(output)), None, None))
     group._check_usable()
     timeout_s = group._timeout_s(timeout)
     base, layout = _layout(parts, [t.numel() * elem for t in parts], [n * elem for n in rows])
