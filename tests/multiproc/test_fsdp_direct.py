@@ -70,9 +70,19 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh()) for a, b in dims])
     full = {k: v.detach().clone() for k, v in model.state_dict().items()} if rank == 0 else {}
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    calls = []  # forwards of each block's Linear: twice a step where checkpointing recomputes them
+    if schedule == "checkpoint":  # activation checkpointing: each block's forward recomputed in backward
+        from torch.distributed._composable import checkpoint
+
+        for block in model:
+            checkpoint(block)
+            block[0].register_forward_hook(lambda *_: calls.append(1))
     for block in model:
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=schedule != "no_reshard")
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    if schedule == "compile":  # compiled blocks (FSDP2's hooks stay eager: dynamo skips them)
+        for block in model:
+            block.compile(backend="aot_eager")
     if schedule == "hook":  # a user's hook on every reduced gradient: it sees the whole output
         for block in model:
             block.set_all_reduce_hook(lambda t: t.mul_(1.0))
@@ -111,11 +121,18 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
                 handle.wait()
         loss = model(x).float().square().mean()
         loss.backward()
+        if schedule == "clip":  # the reduced gradients' norm over every rank's shards, then scaled
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
         saved = saved if saved is not None else model.state_dict()
-    # where every parameter's shard lives after training: in its module's home, or not
+    if schedule == "checkpoint":
+        assert len(calls) == 3 * 3 * 2, len(calls)  # 3 blocks, 3 steps, forward and recompute
+    if schedule == "compile":
+        from torch._dynamo.utils import counters
+
+        assert counters["frames"]["ok"] >= 1, dict(counters["frames"])  # the blocks' forwards compiled
     # where every parameter's shard lives after training: in its module's home (nothing else
     # holding the old storage: FSDP's padded shard a view of the home itself), or not
     homed = [c.home is not None and all(
@@ -199,3 +216,13 @@ def test_direct_under_other_fsdp_schedules(schedule, gathers, copy_ins):
     meta on every rank but rank 0 and loaded from it after ``enable``."""
     for counts in _run(2, None, torch.float32, schedule):
         assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins, gathers, 0], counts
+
+
+@pytest.mark.parametrize("schedule", ["checkpoint", "clip", "compile"])
+def test_direct_with_mixed_precision_under_checkpointing_clipping_and_compiled_blocks(schedule):
+    """FSDP2's usual policy (fp32 parameters, bf16 compute, fp32 reduce) with activation
+    checkpointing, gradient clipping (a norm over the reduced shards) or compiled blocks:
+    every gather a cast into the cast home, every reduction from the gradients where they lie,
+    the same bits as stock FSDP2."""
+    for counts in _run(2, torch.bfloat16, torch.float32, schedule):
+        assert counts == [3 * 3 * 2, 0, 3 * 3, 0, 0, 3 * 3 * 2], counts
