@@ -11,6 +11,7 @@ from conccl.bench.fsdp import combine, markdown  # noqa: E402
 
 def _rec(rank, config, times, direct=None, host=None):
     return {"tokens_per_rank": 2048, "config": config, "rank": rank, "times_ms": times, "peak_alloc_bytes": 2**30,
+            "iteration_ms": [t + 2 * rank + 1 for t in times],
             "host_ms": host,
             "peak_reserved_bytes": 2**31, "conccl_workspace_bytes": 0, "loss": 1.5, "loss_deterministic": False,
             "loss_timed_run": 1.5,
@@ -31,7 +32,9 @@ def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
            "torch": "2.11", "nccl": "2.28", "results": res,
            "model": {"layers": 1, "dim": 64, "ffn": 128, "heads": 2, "parameters": 1e6}}
     md = markdown(doc)
-    assert "| 2048 | conccl_direct | 20.00 | 12.00-30.00 | 1.667 |" in md
+    # the whole iteration (times + 1 on rank 0, + 3 on rank 1): slowest per step [16, 13, 14] and [23, 31, 15]
+    assert res[1]["iteration_ms"] == 23 and res[1]["iteration_ms_spread"] == [15, 31]
+    assert "| 2048 | conccl_direct | 20.00 | 12.00-30.00 | 1.667 | 23.00 | 15.00-31.00 | 1.643 |" in md
     assert ("conccl_direct, 2048 tokens (rank 0, timed run): 3 copy-engine programs compiled during the timed steps "
             "(2.1 ms of host time); the host queued a step's forward and backward in 6.00 ms (median, slowest rank); "
             "180 all-gather copy-outs, 170 all-gather copy-ins and 90 reduce-scatter copy-ins skipped; "

@@ -150,9 +150,10 @@ def _segments(torch) -> list:
 def _train(model, x, cfg: FsdpConfig, comms=None):
     """(per-step fwd+bwd ms after warm-up, peak allocator bytes, loss after training, optimizer,
     host: {programs compiled and seconds compiling them during the timed steps, per-step host ms
-    to queue fwd+bwd}). A step whose host time nears its GPU time is bound by the host."""
+    to queue fwd+bwd, per-step ms of the whole iteration: fwd, bwd, optimizer step, zero_grad}).
+    A step whose host time nears its GPU time is bound by the host."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    pairs, host_ms = [], []
+    pairs, host_ms, whole = [], [], []
     compiled = (0, 0.0)
     for step in range(cfg.train_steps):
         if step == cfg.warmup:
@@ -170,6 +171,10 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
             host_ms.append(1e3 * (time.perf_counter() - t0))
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if step >= cfg.warmup:
+            done = torch.cuda.Event(enable_timing=True)
+            done.record()
+            whole.append((start, done))
     torch.cuda.synchronize()
     times = [s.elapsed_time(e) for s, e in pairs]
     # allocated and reserved: a block freed with record_stream (conccl_direct's parameters) leaves
@@ -178,7 +183,7 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
     peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), total - free, _segments(torch))
     now = _compiled(comms)
     host = {"programs_compiled": now[0] - compiled[0], "compile_s": now[1] - compiled[1], "host_ms": host_ms,
-            "programs_readdressed": now[2] - compiled[2]}
+            "programs_readdressed": now[2] - compiled[2], "iteration_ms": [s.elapsed_time(e) for s, e in whole]}
     with torch.no_grad():
         final = model(x).float().pow(2).mean().item()
     return times, peak, final, opt, host
@@ -244,7 +249,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             if comms is not None:
                 extra = sum(m["workspace_bytes"] for m in comms.memory().values())
             rec = {"tokens_per_rank": tokens, "config": config, "rank": rank, "times_ms": times,
-                   "host_ms": host["host_ms"],
+                   "iteration_ms": host["iteration_ms"], "host_ms": host["host_ms"],
                    "peak_alloc_bytes": peak[0], "peak_reserved_bytes": peak[1], "conccl_workspace_bytes": extra,
                    "device_used_before_bytes": used_before, "device_used_after_bytes": peak[2],
                    "segments_by_stream": peak[3],
@@ -283,6 +288,13 @@ def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
     return loss
 
 
+def _iteration(recs) -> dict:
+    if not all(r.get("iteration_ms") for r in recs):
+        return {"iteration_ms": None, "iteration_ms_spread": None}
+    slowest = [max(ts) for ts in zip(*(r["iteration_ms"] for r in recs))]
+    return {"iteration_ms": statistics.median(slowest), "iteration_ms_spread": [min(slowest), max(slowest)]}
+
+
 def combine(per_rank: list[list[dict]]) -> list[dict]:
     """One record per (tokens, config): the slowest rank of each step, then the median."""
     results = []
@@ -294,6 +306,8 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
             "tokens_per_rank": r0["tokens_per_rank"], "config": r0["config"],
             "step_ms": statistics.median(slowest), "step_ms_spread": [min(slowest), max(slowest)],
             "steps_timed": len(slowest), "peak_mem_gib": peak / 2**30,
+            # the whole iteration (forward, backward, optimizer step, zero_grad), slowest rank, median
+            **_iteration(recs),
             # the host's time to queue a step's fwd+bwd, the slowest rank's, median over steps
             "host_ms": statistics.median(max(hs) for hs in zip(*(r["host_ms"] for r in recs)))
             if all(r.get("host_ms") for r in recs) else None,
@@ -322,18 +336,26 @@ def markdown(doc: dict) -> str:
              + ("fp32 parameters under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (no_comm: the bf16 "
                 "model)" if meta.get("config", {}).get("mixed_precision") else "bf16")
              + f", {meta['model']['parameters'] / 1e9:.2f} B parameters; one "
-             "sequence per rank. Step = forward + backward, CUDA events, median over steps of the slowest rank. "
+             "sequence per rank. Step = forward + backward; iteration = forward, backward, optimizer step "
+             "and zero_grad; CUDA events, median over steps of the slowest rank. "
              + ("Loss: one forward after the same training run again under torch.use_deterministic_algorithms "
                 "(the timed run's attention backward is not reproducible bit for bit)."
                 if res and res[0].get("loss_deterministic") else "Loss: one forward after the timed run."),
-             "", "| tokens per rank | config | step (ms) | spread (ms) | x no_comm | peak memory (GiB) | peak reserved (GiB) "
+             "", "| tokens per rank | config | step (ms) | spread (ms) | x no_comm | iteration (ms) | spread (ms) "
+             "| x no_comm | peak memory (GiB) | peak reserved (GiB) "
              "| device used, driver (GiB) | added by the config (GiB) | loss after training |",
-             "| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| ---: | --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     base = {r["tokens_per_rank"]: r["step_ms"] for r in res if r["config"] == "no_comm"}
+    base_it = {r["tokens_per_rank"]: r.get("iteration_ms") for r in res if r["config"] == "no_comm"}
     for r in res:
         ratio = f"{r['step_ms'] / base[r['tokens_per_rank']]:.3f}" if r["tokens_per_rank"] in base else "-"
         lo, hi = r["step_ms_spread"]
+        it, it_base = r.get("iteration_ms"), base_it.get(r["tokens_per_rank"])
+        whole = "- | - | -" if it is None else (
+            f"{it:.2f} | {r['iteration_ms_spread'][0]:.2f}-{r['iteration_ms_spread'][1]:.2f} | "
+            + (f"{it / it_base:.3f}" if it_base else "-"))
         lines.append(f"| {r['tokens_per_rank']} | {r['config']} | {r['step_ms']:.2f} | {lo:.2f}-{hi:.2f} | {ratio} | "
+                     f"{whole} | "
                      f"{r['peak_mem_gib']:.2f} | {r.get('peak_reserved_gib', 0):.2f} | {r.get('device_used_gib', 0):.2f} | "
                      f"{r.get('device_added_gib', 0):.2f} | {r['loss']!r} |")
     for r in res:
