@@ -206,8 +206,14 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             reduce-scatter reads each gradient where autograd left it (no copy-in). See
             :mod:`conccl.fsdp_direct`: it wraps four FSDP2 internals where this PyTorch has
             the versions it was written against and ``module``'s FSDP2 objects every field
-            it touches; elsewhere one warning, and the plain hooks.
-            Checked bit for bit on one shared GPU; not yet measured on two.
+            it touches; elsewhere one warning, and the plain hooks. Under FSDP2's mixed
+            precision (``param_dtype=torch.bfloat16, reduce_dtype=torch.float32``) each gather
+            first casts the shards into a per-module *cast home* (the one copy left: FSDP's
+            cast) and the bf16 gradients are summed into fp32 where they lie. Same bits as
+            stock FSDP2 (2 x H200, benchmarks/2026-11-26-h100x2-session3). Memory: the homes
+            (or cast homes: half an fp32 shard each) are peer-mapped; unsharded parameters
+            live in two stream-ordered pools per call of ``enable``. SMs: the reduce-scatter's
+            sum kernel (at most half the SMs); the gather uses none, the cast one copy kernel.
         shard_home: with ``direct``, each module's sharded parameters move now into one
             peer-readable buffer (FSDP's all-gather input, so no copy-in runs). Tensors taken
             from the parameters before (a state dict) keep the old memory and go stale; a

@@ -130,9 +130,11 @@ def _widening_against_nccl(rank, world):
                     group.reduce_scatter_from_parts(out, grads, rows, op)
                     dist.reduce_scatter_tensor(ref, flat.view(-1).float(), op=op)
                     torch.cuda.synchronize()
+                    guard = buf[-1] if shift == 0 else buf[0]  # the element beside the output: never written
                     cases.append((str(dtype), sum(rows), str(op), shift,
                                   torch.equal(out[real].view(torch.int32), ref[real].view(torch.int32)),
-                                  bool(torch.allclose(out[real], ref[real], rtol=1e-6, atol=1e-6))))
+                                  bool(torch.allclose(out[real], ref[real], rtol=1e-6, atol=1e-6))
+                                  and bool(guard.isnan())))
     dist.barrier()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         group.reduce_scatter_from_parts(out, grads, rows, ReduceOp.SUM)
@@ -148,7 +150,8 @@ def test_16_bit_parts_reduce_into_fp32_like_nccl_after_a_cast():
     for cases, kernels in results:
         print("widening reduce-scatter", world, cases, kernels)
         for dtype, n, op, shift, same, close in cases:
-            # world 2 SUM: one fp32 addition, NCCL's bits (AVG: NCCL's own scaling, as the flat test says)
-            assert same if world == 2 and op.endswith("SUM") else close, (dtype, n, op, shift)
+            # world 2: one fp32 addition (AVG: each operand times 0.5, exact), NCCL's bits, which
+            # stock FSDP2's reduce_dtype=float32 gets; the element beside the output never written
+            assert close and (same or world > 2), (dtype, n, op, shift)
         assert any(k.startswith("reduce_wide_") for k in kernels) and not any("nccl" in k.lower() for k in kernels), \
             kernels

@@ -68,6 +68,8 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     meta = schedule == "meta" and rank > 0  # rank 0 builds the model; the others load it from rank 0
     with torch.device("meta" if meta else "cpu"):
         model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh()) for a, b in dims])
+    if schedule == "bf16_params":  # bf16 parameters and gradients reduced in fp32: widened, no cast home
+        model = model.to(torch.bfloat16)
     full = {k: v.detach().clone() for k, v in model.state_dict().items()} if rank == 0 else {}
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     calls = []  # forwards of each block's Linear: twice a step where checkpointing recomputes them
@@ -81,6 +83,11 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=schedule != "no_reshard")
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     if schedule == "compile":  # compiled blocks (FSDP2's hooks stay eager: dynamo skips them)
+        from torch import _dynamo
+        from torch._dynamo.utils import counters
+
+        _dynamo.reset()  # process-wide caches and counts: this run compiles its own frames
+        counters.clear()
         for block in model:
             block.compile(backend="aot_eager")
     if schedule == "hook":  # a user's hook on every reduced gradient: it sees the whole output
@@ -116,6 +123,8 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     losses = []
     for _ in range(3):
         x = torch.randn(8, 13, generator=g)
+        if schedule == "bf16_params":
+            x = x.to(torch.bfloat16)
         if schedule == "unshard":  # the user gathers every block ahead, asynchronously, then waits
             for handle in [block.unshard(async_op=True) for block in model]:
                 handle.wait()
@@ -130,8 +139,6 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     if schedule == "checkpoint":
         assert len(calls) == 3 * 3 * 2, len(calls)  # 3 blocks, 3 steps, forward and recompute
     if schedule == "compile":
-        from torch._dynamo.utils import counters
-
         assert counters["frames"]["ok"] >= 1, dict(counters["frames"])  # the blocks' forwards compiled
     # where every parameter's shard lives after training: in its module's home (nothing else
     # holding the old storage: FSDP's padded shard a view of the home itself), or not
@@ -185,7 +192,8 @@ def _run(world, param_dtype, reduce_dtype, schedule="default"):
         assert stock_counts == [0, 0, 0, 0, 0, 0]  # stock FSDP's collectives are left alone
         # without a dtype cast before the gather, every module's shards live in its home (after
         # training); with one, each module has a cast home the shards are cast into, made at enable
-        assert homed == [param_dtype is None] * 3 + [True] * 3, homed
+        # (a param_dtype equal to the parameters' is no cast: FSDP clears it)
+        assert homed == [param_dtype in (None, torch.float32)] * 3 + [True] * 3, homed
     counts = [r[-2] for r in results]
     assert all(c == counts[0] for c in counts), counts  # every rank took the same paths
     return counts
@@ -207,13 +215,15 @@ def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_
 
 @pytest.mark.parametrize("schedule,gathers,copy_ins", [("no_reshard", 3 * 3, 3 * 3), ("prefetch", 3 * 3 * 2, 3 * 3),
                                                         ("hook", 3 * 3 * 2, 0), ("unshard", 3 * 3 * 2, 3 * 3),
-                                                        ("empty", 3 * 3 * 2, 3 * 3), ("meta", 3 * 3 * 2, 3 * 3)])
+                                                        ("empty", 3 * 3 * 2, 3 * 3), ("meta", 3 * 3 * 2, 3 * 3),
+                                                        ("bf16_params", 3 * 3 * 2, 3 * 3)])
 def test_direct_under_other_fsdp_schedules(schedule, gathers, copy_ins):
     """reshard_after_forward=False (no backward re-gather: the parameters filled in forward stay),
     explicit forward/backward prefetching (gathers issued a block early), an all-reduce hook
     (it reads the whole reduced output, padding included: FSDP's copy-in is kept), the user's
-    own asynchronous unshard of every block before forward, empty shards, and a model built on
-    meta on every rank but rank 0 and loaded from it after ``enable``."""
+    own asynchronous unshard of every block before forward, empty shards, a model built on
+    meta on every rank but rank 0 and loaded from it after ``enable``, and bf16 parameters whose
+    gradients are reduced in fp32 (summed into fp32 where they lie; the shards at home)."""
     for counts in _run(2, None, torch.float32, schedule):
         assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins, gathers, 0], counts
 

@@ -316,6 +316,20 @@ def test_a_reduce_scatter_lowers_to_copies_signals_and_one_reduction_last():
                          for r in range(4))
 
 
+def test_a_widening_reduction_lowers_with_its_result_dtype_and_is_its_own_program_shape():
+    """bf16 chunks summed into fp32: the step carries float32 (the widening kernel), and a
+    compiled program of the plain sum is never re-addressed into it (their shapes differ)."""
+    from conccl.collectives.reduce_scatter import plan_reduce_scatter
+
+    bases = {Buf.INPUT: 1 << 20, Buf.OUTPUT: 2 << 20, Buf.WORKSPACE: 3 << 20}
+    at = lambda rank, buf: bases[buf] + rank * (1 << 30)  # noqa: E731
+    plain = lower(plan_reduce_scatter(2, 0, 4096, "bfloat16", 0.5), at, _pads(2))
+    wide = lower(plan_reduce_scatter(2, 0, 4096, "bfloat16", 0.5, out_dtype="float32"), at, _pads(2))
+    (step,) = [s for steps in wide for s in steps if isinstance(s, ReduceStep)]
+    assert (step.dtype, step.out_dtype, step.nbytes) == ("bfloat16", "float32", 4096)
+    assert cuda_program.shape(plain) != cuda_program.shape(wide)
+
+
 def test_reduce_grid_bound_half_the_sms_or_the_environment(monkeypatch):
     from conccl.executors import cuda_reduce
 

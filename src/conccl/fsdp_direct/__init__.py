@@ -24,9 +24,12 @@ stream-ordered reuse, :mod:`.reuse`):
 - ``foreach_all_gather``: for a :class:`DirectAllGather` hook whose module's shards can live in
   a home, the wrap itself gathers on FSDP's streams (:func:`.gather._gather_from_home`): it moves any
   shard not at home yet into it, makes the unsharded tensors on the all-gather stream (as FSDP
-  would in the copy-out) and fills them. Elsewhere (a dtype cast before the gather, a resharded
-  post-forward state) it tells the hook which parameters it gathers and FSDP's own function
-  runs, copy-in included; the hook still fills the tensors from the flat buffer;
+  would in the copy-out) and fills them. Where FSDP casts the shards before the gather (mixed
+  precision: ``param_dtype``), the home is a *cast home* in the gathered dtype: the shards stay
+  where they are and each gather first casts them into it (one copy, as FSDP's copy-in, but
+  no flat buffer). Elsewhere (a resharded post-forward state, mixed dtypes) it tells the hook
+  which parameters it gathers and FSDP's own function runs, copy-in included; the hook still
+  fills the tensors from the flat buffer;
 - ``foreach_all_gather_copy_out``, for a gather so done, only orders the current stream after
   it (the tensors live in :mod:`.reuse`'s pools, reused in stream order; elsewhere it tells
   the caching allocator they are used there, ``record_stream``: FSDP frees them on that stream);
@@ -34,14 +37,16 @@ stream-ordered reuse, :mod:`.reuse`):
   the packed input; the hook hands FSDP a placeholder of that shape that owns no memory;
 - ``foreach_reduce_scatter_copy_in``, given that placeholder, keeps the gradients instead of
   copying them; the hook reduces from them and holds them until their stream waits for the
-  reduction (FSDP drops its references right after the copy-in). An all-reduce after the reduce-scatter
+  reduction (FSDP drops its references right after the copy-in). 16-bit gradients reduced in
+  fp32 (``reduce_dtype=torch.float32``) are summed into fp32 where they lie, widened exactly
+  by the reduction kernel as FSDP's cast would (and moved in half the bytes). An all-reduce after the reduce-scatter
   (HSDP) or a user's all-reduce hook keeps FSDP's copy-in: they read the output's padding,
   which the direct path leaves unspecified.
 
 Anything else takes FSDP's own path: another hook, a parameter sharded on another dim, an
 all-gather extension, mixed all-gather dtypes; gradients of another dtype than the reduction's
-(a ``reduce_dtype`` cast), non-contiguous gradients, a reduction dtype FSDP divides before
-reducing (fp16). The wraps are installed only where this PyTorch's functions have the
+other than 16 bits into fp32 (fp32 gradients reduced in bf16, say), non-contiguous gradients,
+a reduction dtype FSDP divides before reducing (fp16). The wraps are installed only where this PyTorch's functions have the
 signatures and behaviour they were written against, and the module being enabled has every
 field of FSDP2's objects the direct path reads or assigns (:func:`supported`,
 :data:`._state.FSDP_FIELDS`); elsewhere ``enable(direct=True)`` warns once and keeps the

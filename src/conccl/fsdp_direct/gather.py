@@ -43,6 +43,8 @@ def _gather_from_home(comm, home, call):
     handle = _fsdp_collectives._get_device_handle(device.type)
     with handle.stream(copy_in):
         if home.cast:  # the shards cast into it, as FSDP's copy-in casts them into its flat buffer
+            if home.read is not None:  # not before the peers read it for the previous gather (its end)
+                copy_in.wait_event(home.read)
             home.cast_in(fsdp_params)
         else:
             home.take(fsdp_params, copy_in)  # a parameter moved out since (or never in): moved back
@@ -54,7 +56,9 @@ def _gather_from_home(comm, home, call):
         with allocating(comm.reuse, comm.parity, fsdp_params, device, gather_stream):
             parts = _make_parts(fsdp_params, home.sizes, home.buf.dtype, device, world)
         comm.gather(None, home.buf, group, parts)
-        event = gather_stream.record_event()
+        event = gather_stream.record_event()  # an unstaged pull ends once every peer read the home
+    if home.cast:
+        home.read = event
     out = torch.empty(1, dtype=home.buf.dtype, device=device).expand(world * home.buf.numel())
     setattr(out, _DIRECT, True)
     if home.cast:
@@ -163,6 +167,11 @@ class _Home:
         # they are, in their dtype, and every gather first casts them into it (cast_in); no
         # parameter is ever moved in.
         self.cast = cast
+        # A cast home is written at every gather: the event after the last gather from it (the
+        # peers' reads done), which the next cast waits for. FSDP's own ordering (the copy-in
+        # stream waits for each copy-out) implies it, but not for a module gathered twice
+        # before its first copy-out (a block called twice): this makes it local.
+        self.read = None
 
     def cast_in(self, fsdp_params) -> None:
         """Every padded shard cast into its place here, on the current stream (FSDP's copy-in

@@ -323,12 +323,15 @@ class Group(CollectiveMethods):
 
     def reduce_scatter_from_parts(self, output, parts, rows, op=None, timeout=None) -> Work:
         """A reduce-scatter into ``output`` whose input is ``parts`` instead of one flat tensor:
-        ``parts[i]`` (contiguous, the output's dtype and device) is ``world`` rows of ``rows[i]``
+        ``parts[i]`` (contiguous, one dtype: the output's, or bf16/fp16 summed into an fp32
+        output, each widened exactly; on the output's device) is ``world`` rows of ``rows[i]``
         elements, of which only its first ``parts[i].numel()`` exist (the rest is padding: what
         it reduces to in ``output`` is unspecified); the flat input it stands for is row ``d``
         of every part, in order, for rank ``d`` (FSDP's ``chunk_cat``), so ``sum(rows)`` is the
         output's size. ``op``: as :func:`conccl.reduce_scatter_tensor` (None: SUM). The peers
-        see a flat reduce-scatter and may make one. The same bits as the flat call. Blocking,
+        see a flat reduce-scatter and may make one (not where this call widens: its chunks move
+        in 16 bits, so every rank's call must widen alike). The same bits as the flat call (of
+        the parts cast to fp32, where it widens). Blocking,
         on the caller's stream, never captured; the parts are read by this rank's copy engines
         until the caller's stream passes the call. For FSDP (``direct=True``): the gradients
         reduced where autograd left them, with no copy-in (:mod:`conccl.group.parts`)."""
