@@ -288,11 +288,11 @@ def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
     return loss
 
 
-def _iteration(recs) -> dict:
-    if not all(r.get("iteration_ms") for r in recs):
-        return {"iteration_ms": None, "iteration_ms_spread": None}
-    slowest = [max(ts) for ts in zip(*(r["iteration_ms"] for r in recs))]
-    return {"iteration_ms": statistics.median(slowest), "iteration_ms_spread": [min(slowest), max(slowest)]}
+def _slowest(recs, key: str) -> list | None:
+    """Per timed step, the slowest rank's ``key`` time; None where a rank has none."""
+    if not all(r.get(key) for r in recs):
+        return None
+    return [max(ts) for ts in zip(*(r[key] for r in recs))]
 
 
 def combine(per_rank: list[list[dict]]) -> list[dict]:
@@ -300,17 +300,18 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
     results = []
     for recs in zip(*per_rank):
         r0 = recs[0]
-        slowest = [max(ts) for ts in zip(*(r["times_ms"] for r in recs))]
+        slowest = _slowest(recs, "times_ms")
+        # the whole iteration (forward, backward, optimizer step, zero_grad)
+        whole = _slowest(recs, "iteration_ms")
         peak = max(r["peak_alloc_bytes"] + r["conccl_workspace_bytes"] for r in recs)
         results.append({
             "tokens_per_rank": r0["tokens_per_rank"], "config": r0["config"],
             "step_ms": statistics.median(slowest), "step_ms_spread": [min(slowest), max(slowest)],
             "steps_timed": len(slowest), "peak_mem_gib": peak / 2**30,
-            # the whole iteration (forward, backward, optimizer step, zero_grad), slowest rank, median
-            **_iteration(recs),
+            "iteration_ms": statistics.median(whole) if whole else None,
+            "iteration_ms_spread": [min(whole), max(whole)] if whole else None,
             # the host's time to queue a step's fwd+bwd, the slowest rank's, median over steps
-            "host_ms": statistics.median(max(hs) for hs in zip(*(r["host_ms"] for r in recs)))
-            if all(r.get("host_ms") for r in recs) else None,
+            "host_ms": statistics.median(host) if (host := _slowest(recs, "host_ms")) else None,
             "peak_alloc_gib": max(r["peak_alloc_bytes"] for r in recs) / 2**30,
             "peak_reserved_gib": max(r.get("peak_reserved_bytes", 0) for r in recs) / 2**30,
             "conccl_workspace_gib": max(r["conccl_workspace_bytes"] for r in recs) / 2**30,

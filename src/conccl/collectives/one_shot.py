@@ -94,7 +94,9 @@ def one_shot_plan(name: str, world: int, rank: int, local, peers) -> Schedule | 
     if name == "all_to_all":
         return plan_one_shot_all_to_all(world, rank, peers.send)
     if name == "reduce_scatter":
-        chunk, dtype, scale, _ = local.extra
+        chunk, dtype, scale, _, out_dtype = local.extra
+        if out_dtype is not None:  # a widening call (parts into fp32) is never one-shot
+            return None
         return plan_one_shot_reduce_scatter(world, rank, chunk, dtype, scale)
     if name == "all_reduce":
         numel, esize, dtype, scale = local.extra

@@ -145,7 +145,7 @@ class ReduceScatter(Collective):
         in_place = check_reduce_scatter(output, input, world, rank, device_type)
         chunk = output.numel() * output.element_size()
         dtype = str(input.dtype).removeprefix("torch.")
-        return LocalCall((chunk,) * world, (chunk,) * world, in_place, (chunk, dtype, scale, in_place),
+        return LocalCall((chunk,) * world, (chunk,) * world, in_place, (chunk, dtype, scale, in_place, None),
                          agreed=op_code(name, scale))
 
     def algorithm(self, requested, output_symmetric):
@@ -188,9 +188,9 @@ class ReduceScatter(Collective):
 
     def plan(self, world, rank, local, peers: PeerCalls, *, algorithm, stream_mode, input_symmetric,
              output_symmetric, peers_in_place) -> Schedule:
-        chunk, dtype, scale, in_place, *widen = local.extra
+        chunk, dtype, scale, in_place, out_dtype = local.extra
         return plan_reduce_scatter(world, rank, chunk, dtype, scale, stream_mode=stream_mode, in_place=in_place,
-                                   out_dtype=widen[0] if widen else None)
+                                   out_dtype=out_dtype)
 
     def reference(self, inputs, rank, args=None):
         world = len(inputs)

@@ -18,6 +18,7 @@ import functools
 import os
 
 from .._driver import check, driver, load_module
+from ..schedule import ELEMENT_BYTES
 
 MAX_OPERANDS = 8  # world sizes up to 8, as an NVLink node has
 # The grid. Beside a GEMM, a sum costs it HBM bandwidth and SMs for as long as it runs, so a
@@ -304,9 +305,9 @@ extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) reduce_f16(u16* ds
 }
 """
 
-_KERNELS = {"float32": ("reduce_f32", 4), "bfloat16": ("reduce_bf16", 2), "float16": ("reduce_f16", 2)}
-_VECTOR = {dtype: name.replace("reduce_", "reduce_vec_") for dtype, (name, _) in _KERNELS.items()}
-_PAIR = {dtype: name.replace("reduce_", "reduce_vec2_") for dtype, (name, _) in _KERNELS.items()}  # two operands
+_KERNELS = {"float32": "reduce_f32", "bfloat16": "reduce_bf16", "float16": "reduce_f16"}
+_VECTOR = {dtype: name.replace("reduce_", "reduce_vec_") for dtype, name in _KERNELS.items()}
+_PAIR = {dtype: name.replace("reduce_", "reduce_vec2_") for dtype, name in _KERNELS.items()}  # two operands
 _WIDE = {"bfloat16": "reduce_wide_bf16", "float16": "reduce_wide_f16"}  # 16-bit operands, fp32 result
 
 
@@ -316,7 +317,7 @@ def _module(device_index: int):
     cu = driver()
     module = load_module(device_index, f"#define THREADS_PER_CTA {THREADS}\n#define THREADS_MANY_PER_CTA {THREADS_MANY}\n"
                          f"{_SOURCE}", "conccl_reduce.cu", "the reduction kernel")
-    scalar = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, (name, _) in _KERNELS.items()}
+    scalar = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _KERNELS.items()}
     vector = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _VECTOR.items()}
     pair = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _PAIR.items()}
     wide = {dtype: check(cu.cuModuleGetFunction(module, name.encode())) for dtype, name in _WIDE.items()}
@@ -336,8 +337,7 @@ class ReduceLaunch:
         if widen and (out_dtype != "float32" or dtype not in _WIDE):
             raise ValueError(f"the reduction sums {dtype} into {dtype} or 16-bit operands into float32, "
                              f"not {dtype} into {out_dtype}")
-        _, esize = _KERNELS[dtype]
-        n = nbytes // esize
+        n = nbytes // ELEMENT_BYTES[dtype]
         _, scalar, vector, pair, wide = _module(device_index)
         # 16-byte vectors where every operand allows them (FSDP's buffers and the workspace's
         # slots do); otherwise one element at a time, at a fraction of the bandwidth.
