@@ -2,8 +2,8 @@
 
 Issue 38 item 6: a collective's own-shard copy (a same-GPU copy) and a reduce-scatter's sum
 are SM work queued behind a running GEMM's blocks. Here each candidate runs on a side stream,
-released at the instant four bf16 8192^3 GEMMs start on another stream (both behind one sleep
-kernel), and its completion time from that instant is compared with the same op alone.
+queued by the host while the first of four bf16 8192^3 GEMMs on another stream runs, and its
+time from its start event to its end event is compared with the same op alone.
 
 Candidates: ``Tensor.copy_``, ``cuMemcpyAsync``, ``cuMemcpyBatchAsync`` (default flags and
 PREFER_OVERLAP_WITH_COMPUTE), a graph holding one memcpy node (``cuGraphAddMemcpyNode``, its
