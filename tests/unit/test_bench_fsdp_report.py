@@ -55,3 +55,26 @@ def test_segments_are_summed_per_stream_they_were_made_on_largest_first(monkeypa
     rows = bench_fsdp._segments(fake)
     assert rows == [{"stream": "compute", "segments": 2, "reserved_gib": 4.0, "allocated_gib": 1.0},
                     {"stream": "99", "segments": 1, "reserved_gib": 3.0, "allocated_gib": 0.0}]
+
+
+def test_host_profile_names_the_model_s_own_functions_per_step_and_the_table_shows_them():
+    import torch
+
+    from conccl.bench import fsdp as bench_fsdp
+
+    shape = bench_fsdp.ModelShape(dim=32, ffn=64, heads=2, layers=2)
+    model = bench_fsdp.Model(shape)
+    x = torch.randn(1, 8, 32)
+    hp = bench_fsdp._host_profile(model, x, steps=2)
+    assert hp["steps"] == 2 and hp["host_ms_per_step_profiled"] > 0
+    forward = [r for r in hp["by_cumulative_time"] if r["function"].endswith("(forward)") and "fsdp.py" in r["function"]]
+    # Model.forward once per step, Block.forward twice: both among the costliest by cumulative time
+    assert sorted(r["calls_per_step"] for r in forward) == [1, 2], hp["by_cumulative_time"]
+    assert all(r["cumulative_ms"] >= r["own_ms"] >= 0 for r in hp["by_own_time"])
+    assert all(p.grad is None for p in model.parameters())  # the profiled steps leave no gradient behind
+    res = combine([[dict(_rec(0, "stock", [10.0]), host_profile=hp)]])
+    md = markdown({"machine_kind": "cpu", "device": "cpu", "world": 1, "commit": "abc", "date": "d", "torch": "t",
+                   "nccl": "n", "results": res, "model": {"layers": 2, "dim": 32, "ffn": 64, "heads": 2,
+                                                          "parameters": 1e4}})
+    assert "## stock, 2048 tokens: host time by function (cProfile, rank 0, 2 steps" in md
+    assert f"| `{hp['by_own_time'][0]['function']}` |" in md

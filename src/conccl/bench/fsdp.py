@@ -70,6 +70,9 @@ class FsdpConfig:
     # no_comm then is the bf16 model (the same compute; its bf16 AdamW over every parameter
     # moves about the bytes of the fp32 AdamW over a 2-rank shard).
     mixed_precision: bool = False
+    # Run a few more forward+backward steps under cProfile (rank 0) after the timed run: where
+    # the host's time per step goes, by function (the 2048-token step is host-bound).
+    host_profile: bool = False
 
 
 class Block(nn.Module):
@@ -207,6 +210,44 @@ def _profile_step(model, x) -> dict:
     return {s: {k: round(v, 3) for k, v in sorted(kinds.items())} for s, kinds in sorted(per.items())}
 
 
+HOST_PROFILE_STEPS = 4
+HOST_PROFILE_ROWS = 25
+
+
+def _host_profile(model, x, steps: int = HOST_PROFILE_STEPS) -> dict:
+    """The host's time per forward+backward by function, under cProfile (every rank runs the
+    steps; each profiles its own): the top functions by own time and by cumulative time, ms per
+    step. cProfile slows Python code several-fold: compare configurations, not absolute times."""
+    import cProfile
+    import pstats
+
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    sync()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        model(x).float().pow(2).mean().backward()
+    prof.disable()
+    wall = (time.perf_counter() - t0) * 1e3 / steps
+    sync()
+    model.zero_grad(set_to_none=True)
+    stats = pstats.Stats(prof).stats
+
+    def name(key):
+        path, line, fn = key
+        parts = path.replace("\\", "/").split("/")
+        tail = "/".join(parts[-2:]) if "site-packages" in path or "conccl" in path else path
+        return f"{tail}:{line}({fn})"
+
+    rows = [(name(k), nc, tt * 1e3 / steps, ct * 1e3 / steps) for k, (_, nc, tt, ct, _) in stats.items()]
+
+    def top(i):
+        return [{"function": f, "calls_per_step": nc / steps, "own_ms": tt, "cumulative_ms": ct}
+                for f, nc, tt, ct in sorted(rows, key=lambda r: -r[i])[:HOST_PROFILE_ROWS]]
+    return {"steps": steps, "host_ms_per_step_profiled": wall, "by_own_time": top(2), "by_cumulative_time": top(3)}
+
+
 def classify(name: str, cat: str = "kernel") -> str:
     """The kind of a GPU activity for the per-stream table."""
     if cat == "gpu_memcpy":
@@ -260,6 +301,10 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                                                          "programs_compiled_timed": host["programs_compiled"],
                                                          "program_compile_s_timed": host["compile_s"],
                                                          "programs_readdressed_timed": host["programs_readdressed"]}}
+            if cfg.host_profile:
+                host_profile = _host_profile(model, x)
+                if rank == 0:
+                    rec["host_profile"] = host_profile
             if cfg.profile and rank == 0:
                 rec["profile"] = _profile_step(model, x)
             elif cfg.profile:
@@ -323,7 +368,7 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
             "loss": r0["loss"], "loss_per_rank": [r["loss"] for r in recs],
             "loss_deterministic": r0.get("loss_deterministic", False), "loss_timed_run": r0.get("loss_timed_run"),
             "conccl": r0["conccl"], "profile_rank0": r0.get("profile"),
-            "segments_by_stream_rank0": r0.get("segments_by_stream"),
+            "segments_by_stream_rank0": r0.get("segments_by_stream"), "host_profile_rank0": r0.get("host_profile"),
         })
     return results
 
@@ -393,4 +438,15 @@ def markdown(doc: dict) -> str:
                   "| stream | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
         for stream, by in prof.items():
             lines.append(f"| {stream} | " + " | ".join(f"{by.get(k, 0):.2f}" for k in kinds) + " |")
+    for r in res:
+        hp = r.get("host_profile_rank0")
+        if not hp:
+            continue
+        lines += ["", f"## {r['config']}, {r['tokens_per_rank']} tokens: host time by function (cProfile, rank 0, "
+                      f"{hp['steps']} steps, {hp['host_ms_per_step_profiled']:.1f} ms per step profiled)", "",
+                  "| function (by own time) | calls per step | own ms per step | cumulative ms per step |",
+                  "| --- | ---: | ---: | ---: |"]
+        for row in hp["by_own_time"]:
+            lines.append(f"| `{row['function']}` | {row['calls_per_step']:.0f} | {row['own_ms']:.2f} | "
+                         f"{row['cumulative_ms']:.2f} |")
     return "\n".join(lines) + "\n"

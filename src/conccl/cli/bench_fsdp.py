@@ -38,6 +38,8 @@ def add_parser(sub) -> None:
     b.add_argument("--train-steps", type=int, default=20, help="AdamW steps; the ones after the warm-up are timed "
                                                                  "(default 20)")
     b.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    b.add_argument("--host-profile", action="store_true",
+                   help="after the timed run, profile the host's forward+backward by function (cProfile, rank 0)")
     b.add_argument("--no-deterministic-loss", action="store_true",
                    help="report the timed run's loss instead of training again under deterministic algorithms "
                         "(faster; the loss then varies in its last bits from run to run)")
@@ -65,7 +67,8 @@ def config(args) -> bench_fsdp.FsdpConfig:
     if args.warmup < 0 or args.train_steps - args.warmup < 1:
         raise ValueError(f"--train-steps ({args.train_steps}) must exceed --warmup ({args.warmup}) >= 0")
     return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile,
-                                 not args.no_deterministic_loss, args.mixed_precision)
+                                 not args.no_deterministic_loss, args.mixed_precision,
+                                 args.host_profile)
 
 
 def run(args) -> int:
