@@ -67,6 +67,8 @@ def test_host_profile_names_the_model_s_own_functions_per_step_and_the_table_sho
     x = torch.randn(1, 8, 32)
     hp = bench_fsdp._host_profile(model, x, steps=2)
     assert hp["steps"] == 2 and hp["host_ms_per_step_profiled"] > 0
+    assert set(hp["gc_ms_per_step"]) == {"generation 0", "generation 1", "generation 2"}
+    assert all(v >= 0 for v in hp["gc_ms_per_step"].values()) and hp["gc_collections_per_step"] >= 0
     forward = [r for r in hp["by_cumulative_time"] if r["function"].endswith("(forward)") and "fsdp.py" in r["function"]]
     # Model.forward once per step, Block.forward twice: both among the costliest by cumulative time
     assert sorted(r["calls_per_step"] for r in forward) == [1, 2], hp["by_cumulative_time"]
@@ -77,4 +79,5 @@ def test_host_profile_names_the_model_s_own_functions_per_step_and_the_table_sho
                    "nccl": "n", "results": res, "model": {"layers": 2, "dim": 32, "ffn": 64, "heads": 2,
                                                           "parameters": 1e4}})
     assert "## stock, 2048 tokens: host time by function (cProfile, rank 0, 2 steps" in md
+    assert "Python's garbage collector per step: generation 0 " in md
     assert f"| `{hp['by_own_time'][0]['function']}` |" in md

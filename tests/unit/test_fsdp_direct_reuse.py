@@ -71,24 +71,42 @@ def test_without_pools_nothing_waits_or_is_marked(active_pool):
 
 def _param(mark, allocated=True):
     storage = types.SimpleNamespace(size=lambda: 8 if allocated else 0)
-    out = types.SimpleNamespace(is_cuda=True, device="cuda:0", untyped_storage=lambda: storage)
+    out = types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0), untyped_storage=lambda: storage)
     return types.SimpleNamespace(_conccl_reuse=mark, all_gather_outputs=[out])
 
 
-def test_a_pooled_free_records_an_event_on_the_freeing_stream_and_frees(monkeypatch):
+class _Event:
+    def __init__(self):
+        self.records = []
+
+    def record(self, stream):
+        self.records.append(stream.cuda_stream)
+
+
+def test_a_pooled_free_records_one_event_per_freeing_stream_again_at_each_free_and_frees(monkeypatch, active_pool):
     streams = {"now": _Stream(5)}
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["now"])
+    monkeypatch.setattr(reuse, "_raw_stream", lambda index: streams["now"].cuda_stream)
+    monkeypatch.setattr(reuse, "_stream", lambda handle, index: streams["now"])
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
     freed = []
     monkeypatch.setitem(reuse.ORIGINAL, "free_unsharded_param", freed.append)
     pools = _Pools()
-    a, b, plain, empty = _param((pools, 0)), _param((pools, 1)), _param(None), _param((pools, 0), allocated=False)
+    a, a2, b, plain, empty = (_param((pools, 0)), _param((pools, 0)), _param((pools, 1)), _param(None),
+                              _param((pools, 0), allocated=False))
     reuse.free_unsharded_param(a)
+    reuse.free_unsharded_param(a2)  # the same stream frees again: the same event, recorded again
     streams["now"] = _Stream(6)  # another stream frees b
     reuse.free_unsharded_param(b)
     reuse.free_unsharded_param(plain)
     reuse.free_unsharded_param(empty)  # already freed: nothing new to wait for
-    assert freed == [a, b, plain, empty]  # FSDP's own free runs every time
-    assert pools.freed == ({5: "event 5.1"}, {6: "event 6.1"})
+    assert freed == [a, a2, b, plain, empty]  # FSDP's own free runs every time
+    assert list(pools.freed[0]) == [5] and list(pools.freed[1]) == [6]
+    assert pools.freed[0][5].records == [5, 5] and pools.freed[1][6].records == [6]
+    # a gather of parity 0 then waits for the event as last recorded: stream 5's last free
+    gather = _Stream(3)
+    with reuse.allocating(pools, 0, [a], torch.device("cpu"), gather):
+        pass
+    assert gather.waited == [pools.freed[0][5]]
 
 
 def test_held_gradients_wait_on_the_stream_they_were_made_on_once_per_backward(monkeypatch):

@@ -224,11 +224,23 @@ def _host_profile(model, x, steps: int = HOST_PROFILE_STEPS) -> dict:
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     sync()
     prof = cProfile.Profile()
+    collections = []  # Python's garbage collections during the steps: [generation, seconds]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            collections.append([info["generation"], time.perf_counter()])
+        elif collections:
+            collections[-1][1] = time.perf_counter() - collections[-1][1]
+
+    gc.callbacks.append(on_gc)
     t0 = time.perf_counter()
     prof.enable()
-    for _ in range(steps):
-        model(x).float().pow(2).mean().backward()
-    prof.disable()
+    try:
+        for _ in range(steps):
+            model(x).float().pow(2).mean().backward()
+    finally:
+        prof.disable()
+        gc.callbacks.remove(on_gc)
     wall = (time.perf_counter() - t0) * 1e3 / steps
     sync()
     model.zero_grad(set_to_none=True)
@@ -245,7 +257,10 @@ def _host_profile(model, x, steps: int = HOST_PROFILE_STEPS) -> dict:
     def top(i):
         return [{"function": f, "calls_per_step": nc / steps, "own_ms": tt, "cumulative_ms": ct}
                 for f, nc, tt, ct in sorted(rows, key=lambda r: -r[i])[:HOST_PROFILE_ROWS]]
-    return {"steps": steps, "host_ms_per_step_profiled": wall, "by_own_time": top(2), "by_cumulative_time": top(3)}
+    # A collection runs inside whatever function allocated last, as that function's own time.
+    gc_ms = {f"generation {g}": sum(t for gen, t in collections if gen == g) * 1e3 / steps for g in (0, 1, 2)}
+    return {"steps": steps, "host_ms_per_step_profiled": wall, "gc_ms_per_step": gc_ms,
+            "gc_collections_per_step": len(collections) / steps, "by_own_time": top(2), "by_cumulative_time": top(3)}
 
 
 def classify(name: str, cat: str = "kernel") -> str:
@@ -444,6 +459,9 @@ def markdown(doc: dict) -> str:
             continue
         lines += ["", f"## {r['config']}, {r['tokens_per_rank']} tokens: host time by function (cProfile, rank 0, "
                       f"{hp['steps']} steps, {hp['host_ms_per_step_profiled']:.1f} ms per step profiled)", "",
+                  "Python's garbage collector per step: " + (", ".join(f"{k} {v:.2f} ms" for k, v in
+                                                                      hp.get("gc_ms_per_step", {}).items()) or "n/a")
+                  + f" ({hp.get('gc_collections_per_step', 0):.1f} collections)", "",
                   "| function (by own time) | calls per step | own ms per step | cumulative ms per step |",
                   "| --- | ---: | ---: | ---: |"]
         for row in hp["by_own_time"]:
