@@ -69,3 +69,15 @@ def test_which_reductions_take_the_direct_path(monkeypatch, case, direct, declin
             assert comm.expect_input is False  # never left set for a later allocation
     finally:
         rs._REDUCE_PARAMETERS.cache_clear()
+
+
+def test_a_home_hands_fsdp_one_stand_in_output_per_world_size_never_a_new_allocation():
+    from conccl.fsdp_direct import gather
+
+    home = gather._Home(torch.zeros(6, dtype=torch.bfloat16), (2, 4))
+    out = home.stand_in(2, torch.device("cpu"))
+    assert out.numel() == 12 and out.dtype == torch.bfloat16 and getattr(out, gather._DIRECT)
+    assert out.untyped_storage().nbytes() == 2  # one element, expanded: nothing as large as the output
+    assert home.stand_in(2, torch.device("cpu")) is out  # made once
+    wider = home.stand_in(3, torch.device("cpu"))
+    assert wider is not out and wider.numel() == 18 and getattr(wider, gather._DIRECT)
