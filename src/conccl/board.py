@@ -2,8 +2,16 @@
 
 Copy engines cannot make a transfer's size depend on data in GPU memory, so what only the
 host knows and every peer needs (an all-to-all's split sizes on every rank) is exchanged
-here, before anything is queued. One row per rank, double-buffered by call parity: a rank can
-only be one exchange ahead of the slowest peer, so a row is never overwritten while read.
+here, before anything is queued. One row per rank and exchange, in a ring of ``PAGES``
+pages: a rank publishes into a page only once every peer has read what it held (each rank's
+*consumed* count), so a row is never overwritten while read.
+
+An exchange waits for every peer's row. A *post* does not: a call that repeats a call every
+rank made the same way before (``Group``'s settled calls) publishes its row and goes on as if
+the peers' rows were the earlier ones, and the rows the peers did publish are compared later,
+at this rank's next exchange or post; a difference raises :class:`PostedMismatch`. So the
+hosts of a group need not meet at every call, as NCCL's never do, and a mismatch is still
+caught, one call late.
 
 The board also carries what keeps a group from hanging: every rank's process id (so a
 waiting rank can tell a slow peer from a dead one) and an *abort word*: the first rank that
@@ -12,15 +20,19 @@ and fails at once instead of waiting for its own timeout.
 """
 from __future__ import annotations
 
+import collections
 import os
 import time
 
 import numpy as np
 
 from . import _shm
-from .errors import CollectiveTimeout, GroupBroken
+from .errors import CollectiveError, CollectiveTimeout, GroupBroken
 
-_HEADER = 1  # the row's exchange number
+_HEADER = 2  # the row's exchange number, and whether it was posted without waiting (post())
+# Pages of rows, in a ring: a rank may publish up to PAGES - 1 exchanges ahead of what its
+# slowest peer has read (its consumed count).
+PAGES = 16
 # Control block after the rows: abort word (aborting rank + 1), its sequence number, reason,
 # bit mask of the ranks it waited for; then (pid, pid namespace) per rank.
 _A_BY, _A_SEQ, _A_KIND, _A_MISSING, _NCTRL = range(5)
@@ -54,22 +66,45 @@ def process_alive(pid: int) -> bool:
         return True
 
 
+class PostedMismatch(CollectiveError):
+    """A row posted without waiting (:meth:`HostBoard.post`) was not what every peer
+    published for that exchange: the call went ahead on rows some rank did not have."""
+
+    def __init__(self, what: str, seq: int, rows: np.ndarray, expected: np.ndarray):
+        self.what, self.seq, self.rows, self.expected = what, seq, rows, expected
+        differ = [p for p in range(len(rows)) if not np.array_equal(rows[p], expected[p])]
+        self.ranks = differ
+        super().__init__(f"{what} (sequence number {seq}): rank(s) {', '.join(map(str, differ))} made another call "
+                         "than the one this rank repeated without waiting for the peers")
+
+    def __reduce__(self):
+        return PostedMismatch, (self.what, self.seq, self.rows, self.expected)
+
+
 class HostBoard:
     def __init__(self, name: str, rank: int, world: int, row_len: int, create: bool):
         self.name, self.rank, self.world, self.row_len = name, rank, world, row_len
-        shape = (2, world, _HEADER + row_len)
+        shape = (PAGES, world, _HEADER + row_len)
         rows_words = int(np.prod(shape))
-        nbytes = (rows_words + _NCTRL + 2 * world) * 8
+        nbytes = (rows_words + _NCTRL + 3 * world) * 8
         self._shm = _shm.create(name, nbytes) if create else _shm.attach(name)
         self._owner = create
-        words = np.ndarray(rows_words + _NCTRL + 2 * world, dtype=np.int64, buffer=self._shm.buf)
+        words = np.ndarray(rows_words + _NCTRL + 3 * world, dtype=np.int64, buffer=self._shm.buf)
         self._rows = words[:rows_words].reshape(shape)
         self._ctrl = words[rows_words:rows_words + _NCTRL]
-        self._procs = words[rows_words + _NCTRL:].reshape(world, 2)
+        self._procs = words[rows_words + _NCTRL:rows_words + _NCTRL + 2 * world].reshape(world, 2)
+        # per rank: the exchange up to which it has read every row (its own posts' included)
+        self._consumed = words[rows_words + _NCTRL + 2 * world:]
         if create:
             words[:] = 0
         self._procs[rank] = (os.getpid(), _pid_namespace())
         self.count = 0
+        self._pending: collections.deque = collections.deque()  # posts not yet compared: (count, expected, what, seq, token)
+        # accept(token, rows): whether a post's call was right on ``rows`` though they are not the
+        # ones it assumed (the poster's group replans from them); None: only equal rows are
+        self.accept = None
+        self.posts = 0  # rows posted so far (for tests and benchmarks)
+        self.last_posted = np.zeros(world, dtype=bool)
 
     @property
     def closed(self) -> bool:
@@ -108,28 +143,121 @@ class HostBoard:
     # ------------------------------------------------------------------ exchange
     def exchange(self, row, what: str, timeout_s: float, seq: int | None = None) -> np.ndarray:
         """Publish ``row`` and return every rank's row (a ``world x len(row)`` int64 array).
+        ``last_posted`` then says which ranks posted theirs without waiting (:meth:`post`).
 
         Raises :class:`CollectiveTimeout` (naming call ``seq``, default the exchange number)
-        when a peer has not published within ``timeout_s`` or its process has exited, and
-        :class:`GroupBroken` when a peer aborted the group.
+        when a peer has not published within ``timeout_s`` or its process has exited,
+        :class:`GroupBroken` when a peer aborted the group, and :class:`PostedMismatch` when
+        an earlier posted row's call turns out to have differed on some rank.
         """
+        self._check_row(row)
+        seq = self.count + 1 if seq is None else seq
+        self._publish(row, False, what, seq, timeout_s)
+        page = self._rows[self.count % PAGES]
+        count = self.count
+        self._wait(lambda: [p for p in range(self.world) if page[p, 0] < count], what, seq, timeout_s)
+        rows = page[:, _HEADER:_HEADER + len(row)].copy()
+        self.last_posted = page[:, 1].astype(bool)
+        self._verify(block=False)  # every post before this exchange is published now
+        self._consumed[self.rank] = count
+        return rows
+
+    def post(self, row, expected: np.ndarray, what: str, seq: int, timeout_s: float, token=None) -> None:
+        """Publish ``row`` without waiting for the peers': the caller goes on as if every rank's
+        row were ``expected`` (its own is ``row``), and a later :meth:`exchange`, :meth:`post`
+        or :meth:`check_posted` compares what the peers published with it, raising
+        :class:`PostedMismatch` where they differ. A rank may run up to ``PAGES - 1`` exchanges
+        ahead of its slowest peer; further, this waits (bounded by ``timeout_s``). Where the
+        rows differ, ``accept(token, rows)`` (if set) may still accept them: the call ran
+        what those rows ask for as well."""
+        self._check_row(row)
+        self._verify(block=False)
+        self._publish(row, True, what, seq, timeout_s)
+        self._pending.append((self.count, np.asarray(expected, dtype=np.int64), what, seq, token))
+        self.posts += 1
+
+    def check_posted(self) -> None:
+        """Compare every posted row whose exchange every peer has published by now (raises
+        :class:`PostedMismatch` on the first that differs); the rest stay pending."""
+        self._verify(block=False)
+
+    def posted_mismatch(self) -> "PostedMismatch | None":
+        """The first pending post whose peers' rows are published and differ, or None; changes
+        nothing (for the watchdog's thread: the caller's thread verifies at its next call)."""
+        for count, expected, what, seq, token in list(self._pending):
+            page = self._rows[count % PAGES]
+            if any(page[p, 0] < count for p in range(self.world)):
+                return None
+            got = page[:, _HEADER:_HEADER + expected.shape[1]].copy()
+            if not self._alike(got, expected, token):
+                return PostedMismatch(what, seq, got, expected)
+        return None
+
+    def _alike(self, got, expected, token) -> bool:
+        return np.array_equal(got, expected) or (self.accept is not None and self.accept(token, got))
+
+    @property
+    def pending_posts(self) -> int:
+        return len(self._pending)
+
+    def _check_row(self, row) -> None:
         if len(row) > self.row_len:
             raise ValueError(f"row of {len(row)} entries does not fit the board ({self.row_len})")
         broken = self.aborted()
         if broken is not None:
             raise broken
-        self.count += 1
-        page = self._rows[self.count % 2]
+
+    def _publish(self, row, posted: bool, what: str, seq: int, timeout_s: float) -> None:
+        """Write ``row`` as the next exchange's, once every peer has read what that page held
+        (the exchange ``PAGES`` before: its ``consumed`` count has passed it)."""
+        count = self.count + 1
+        if count > PAGES:
+            self._wait(lambda: self._ring_waiting(count), what, seq, timeout_s, verify=True)
+        self.count = count
+        page = self._rows[count % PAGES]
         page[self.rank, _HEADER:_HEADER + len(row)] = row
-        page[self.rank, 0] = self.count  # published last: a peer that sees it sees the row
-        seq = self.count if seq is None else seq
+        page[self.rank, 1] = int(posted)
+        page[self.rank, 0] = count  # published last: a peer that sees it sees the row
+
+    def _ring_waiting(self, count: int) -> list[int]:
+        """The ranks that keep exchange ``count`` from its page: peers that have not read it
+        yet, and, where this rank has not compared its own post there yet, the peers whose row
+        for that post is not published."""
+        need = count - PAGES
+        waiting = {p for p in range(self.world) if p != self.rank and self._consumed[p] < need}
+        if self._consumed[self.rank] < need and self._pending:
+            oldest = self._pending[0][0]
+            page = self._rows[oldest % PAGES]
+            waiting |= {p for p in range(self.world) if page[p, 0] < oldest}
+        return sorted(waiting)
+
+    def _verify(self, block: bool) -> None:
+        """Compare the pending posts, oldest first, whose rows every peer has published; the
+        own ``consumed`` count follows (a peer may then reuse those pages)."""
+        while self._pending:
+            count, expected, what, seq, token = self._pending[0]
+            page = self._rows[count % PAGES]
+            if any(page[p, 0] < count for p in range(self.world)):
+                return
+            got = page[:, _HEADER:_HEADER + expected.shape[1]].copy()
+            if not self._alike(got, expected, token):
+                raise PostedMismatch(what, seq, got, expected)
+            self._pending.popleft()
+            self._consumed[self.rank] = self._pending[0][0] - 1 if self._pending else self.count
+
+    def _wait(self, waiting_for, what: str, seq: int, timeout_s: float, verify: bool = False) -> None:
+        """Spin until ``waiting_for()`` (the ranks still awaited) is empty, bounded by ``timeout_s``;
+        a peer's abort or exit raises at once. ``verify``: compare the own pending posts
+        meanwhile, so that peers waiting for this rank's ``consumed`` count see it move."""
         start = time.monotonic()
         deadline, next_liveness = start + timeout_s, start + _LIVENESS_EVERY_S
         spins = 0
         while True:
-            waiting = [p for p in range(self.world) if page[p, 0] < self.count]
+            waiting = waiting_for()
             if not waiting:
-                return page[:, _HEADER:_HEADER + len(row)].copy()
+                return
+            if verify:
+                self._verify(block=False)
             spins += 1
             if spins > 1000:  # spin first: peers usually arrive within microseconds
                 now = time.monotonic()
@@ -147,7 +275,7 @@ class HostBoard:
                 time.sleep(20e-6)
 
     def close(self) -> None:
-        self._rows = self._ctrl = self._procs = None
+        self._rows = self._ctrl = self._procs = self._consumed = None
         self._shm.close()
         if self._owner:
             _shm.unlink(self._shm)

@@ -16,7 +16,8 @@ def _rec(rank, config, times, direct=None, host=None):
             "peak_reserved_bytes": 2**31, "conccl_workspace_bytes": 0, "loss": 1.5, "loss_deterministic": False,
             "loss_timed_run": 1.5,
             "conccl": None if direct is None else {"modules": 9, "fallback": [], "memory": {}, "direct": direct,
-                                                   "programs_compiled_timed": 3, "program_compile_s_timed": 0.0021}}
+                                                   "programs_compiled_timed": 3, "program_compile_s_timed": 0.0021,
+                                                   "board_posts_timed": 20, "board_exchanges_timed": 24}}
 
 
 def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
@@ -36,7 +37,8 @@ def test_slowest_rank_per_step_then_median_and_the_direct_counts_in_the_table():
     assert res[1]["iteration_ms"] == 23 and res[1]["iteration_ms_spread"] == [15, 31]
     assert "| 2048 | conccl_direct | 20.00 | 12.00-30.00 | 1.667 | 23.00 | 15.00-31.00 | 1.643 |" in md
     assert ("conccl_direct, 2048 tokens (rank 0, timed run): 3 copy-engine programs compiled during the timed steps "
-            "(2.1 ms of host time); the host queued a step's forward and backward in 6.00 ms (median, slowest rank); "
+            "(2.1 ms of host time); 20 of its 24 calls on the host board during the timed steps posted their row "
+            "without waiting for the peers'; the host queued a step's forward and backward in 6.00 ms (median, slowest rank); "
             "180 all-gather copy-outs, 170 all-gather copy-ins and 90 reduce-scatter copy-ins skipped; "
             "0 all-gathers and 1 reduce-scatters left to FSDP's copies.") in md
 

@@ -122,6 +122,15 @@ def build(config: str, shape: ModelShape, device, mixed_precision: bool = False)
     return model, comms
 
 
+def _board_counts(comms) -> tuple[int, int]:
+    """(calls that posted their row without waiting for the peers', exchanges in all) on
+    conccl's groups' boards (Options.post_settled)."""
+    if comms is None:
+        return 0, 0
+    boards = [p.group.board for p in comms.pools.values()]
+    return sum(b.posts for b in boards), sum(b.count for b in boards)
+
+
 def _compiled(comms) -> tuple[int, float, int]:
     """(copy-engine programs conccl's groups have compiled, host seconds spent compiling or
     re-addressing them, programs re-addressed): a call whose buffers moved re-addresses a
@@ -157,12 +166,12 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
     A step whose host time nears its GPU time is bound by the host."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     pairs, host_ms, whole = [], [], []
-    compiled = (0, 0.0)
+    compiled, boards = (0, 0.0, 0), (0, 0)
     for step in range(cfg.train_steps):
         if step == cfg.warmup:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-            compiled = _compiled(comms)
+            compiled, boards = _compiled(comms), _board_counts(comms)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
@@ -184,9 +193,10 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
     # the allocated count at once but is reused only once the other stream caught up
     free, total = torch.cuda.mem_get_info()  # the driver's count: every allocator, pool and library
     peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), total - free, _segments(torch))
-    now = _compiled(comms)
+    now, boards_now = _compiled(comms), _board_counts(comms)
     host = {"programs_compiled": now[0] - compiled[0], "compile_s": now[1] - compiled[1], "host_ms": host_ms,
-            "programs_readdressed": now[2] - compiled[2], "iteration_ms": [s.elapsed_time(e) for s, e in whole]}
+            "programs_readdressed": now[2] - compiled[2], "iteration_ms": [s.elapsed_time(e) for s, e in whole],
+            "board_posts": boards_now[0] - boards[0], "board_exchanges": boards_now[1] - boards[1]}
     with torch.no_grad():
         final = model(x).float().pow(2).mean().item()
     return times, peak, final, opt, host
@@ -315,7 +325,9 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                                                          "memory": comms.memory(), "direct": direct,
                                                          "programs_compiled_timed": host["programs_compiled"],
                                                          "program_compile_s_timed": host["compile_s"],
-                                                         "programs_readdressed_timed": host["programs_readdressed"]}}
+                                                         "programs_readdressed_timed": host["programs_readdressed"],
+                                                         "board_posts_timed": host["board_posts"],
+                                                         "board_exchanges_timed": host["board_exchanges"]}}
             if cfg.host_profile:
                 host_profile = _host_profile(model, x)
                 if rank == 0:
@@ -428,6 +440,9 @@ def markdown(doc: dict) -> str:
                         + (f" and {c['programs_readdressed_timed']} re-addressed" if "programs_readdressed_timed" in c
                            else "") + " during the timed steps"
                         + (f" ({1e3 * spent:.1f} ms of host time)" if spent is not None else ""))
+        if c.get("board_exchanges_timed"):
+            said.append(f"{c['board_posts_timed']} of its {c['board_exchanges_timed']} calls on the host board during the "
+                        "timed steps posted their row without waiting for the peers'")
         segs = r.get("segments_by_stream_rank0")
         if segs:
             said.append("the caching allocator's segments after the timed steps, per stream made on: " + ", ".join(

@@ -301,6 +301,9 @@ class ReferenceExecutor(GrowingWorkspace):
                 broken = self.board.aborted()
                 if broken is not None and broken.seq <= seq:
                     raise broken
+                posted = self.board.posted_mismatch()  # this call ran on rows a peer did not have
+                if posted is not None:
+                    raise posted
                 return
             if not progress:
                 now = time.monotonic()
@@ -311,6 +314,9 @@ class ReferenceExecutor(GrowingWorkspace):
                     if broken is not None:
                         raise CollectiveTimeout(f"conccl {schedule.collective}", seq, blocked(), now - start,
                                                 self.board.exited_peers(blocked()), note=str(broken))
+                    posted = self.board.posted_mismatch()  # a call posted on rows a peer did not have
+                    if posted is not None:
+                        raise posted
                     gone = self.board.exited_peers(blocked())
                     if gone:
                         raise CollectiveTimeout(f"conccl {schedule.collective}", seq, blocked(), now - start, gone)

@@ -39,7 +39,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 
-from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard
+from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard, PostedMismatch
 from ..collectives import REGISTRY, Collective, LocalCall, PeerCalls
 from ..collectives.one_shot import one_shot_plan
 from ..collectives.reduce_scatter import reduce_op
@@ -47,7 +47,7 @@ from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArg
 from ..units import parse_size
 from ..graphs import GRAPH_SLOTS, graph_schedule
 from ..persistent import PersistentCollective
-from ..schedule import DOUBLE_BUFFER_MAX_BYTES, Algorithm, StreamMode
+from ..schedule import DOUBLE_BUFFER_MAX_BYTES, Algorithm, Buf, Copy, Schedule, StreamMode
 from ..watchdog import Flight, Watchdog
 from . import parts as parts_mod
 from .methods import CollectiveMethods
@@ -88,6 +88,36 @@ class _Local:
     stream_mode: StreamMode
     call: LocalCall  # what the collective's validation decided
     settled: dict = _field(default_factory=dict)  # rows (sequence numbers zeroed) -> (schedule, views)
+    # The rows of its last exchanged calls and how many in a row were alike; once POST_AFTER
+    # were, the next calls post their row instead (``posted``: rows, schedule and views).
+    last_rows: bytes | None = None
+    alike: int = 0
+    posted: tuple | None = None
+
+
+def _plan_own(row) -> bool:
+    """Whether no peer's row can change the plan of a call with this rank's ``row`` unless
+    they disagree (a mismatch, caught): the flags peers may set differently from call to call
+    (a tensor peer-reachable or not, in place or not, one-shot or not) count only where every
+    rank sets them (an AND), so with this rank setting none, neither do the peers' offsets
+    in their mapped memory. A peer whose tensor moves there may then make the same call."""
+    return not row[_F_FLAGS] & (_SYM_IN | _SYM_OUT | _IN_PLACE | _ONE_SHOT)
+
+
+# Exchanged calls whose rows (but for the sequence number) were alike, in a row, after which a
+# local step's calls post their row instead of waiting for the peers' (Options.post_settled).
+POST_AFTER = 2
+
+
+def writes_peers_only_in_workspace(schedule: Schedule) -> bool:
+    """Whether every byte ``schedule`` writes on another rank lands in that rank's workspace
+    (conccl's own memory), none in a peer's tensors: what a call posted on rows a peer did not
+    have may then spoil only its own output and the workspaces, never a peer's data. One-shot
+    schedules (one kernel) are left out."""
+    if schedule.one_shot:
+        return False
+    return all(not isinstance(op, Copy) or op.transfer.dst_rank == schedule.rank or op.transfer.dst is Buf.WORKSPACE
+               for ops in schedule.slots for op in ops)
 
 
 def _plain(arg):
@@ -154,6 +184,13 @@ class Options:
     # engines only, no SM). A call runs one-shot only where every rank's would (agreed on the
     # board per call). CONCCL_ONE_SHOT_BELOW sets it for new groups.
     one_shot_below: int = _field(default_factory=lambda: _one_shot_env())
+    # A call whose rows were alike on every rank for POST_AFTER calls in a row posts its row on
+    # the board and goes on without waiting for the peers' (HostBoard.post); the peers' rows
+    # are compared at this rank's next call, and a mismatch then breaks the group (the call ran
+    # on rows some rank did not have). Only calls that write nothing of a peer's but its
+    # workspace, and grow no workspace. False: every call waits for every peer's row (a
+    # mismatch is refused before anything moves, always). CONCCL_POST_SETTLED=0 sets False.
+    post_settled: bool = _field(default_factory=lambda: os.environ.get("CONCCL_POST_SETTLED", "1").strip() != "0")
 
 
 def _one_shot_env() -> int:
@@ -181,6 +218,7 @@ class Group(CollectiveMethods):
     def __init__(self, executor, board: HostBoard, rank: int, world: int, options: Options | None = None,
                  name: str = "", fallback: tuple | None = None):
         self.executor, self.board, self.rank, self.world, self.name = executor, board, rank, world, name
+        board.accept = self._accept_posted  # a posted call's rows that differ may still ask for its plan
         # (library, process group): where calls routed by options.nccl_below go; the library
         # has torch.distributed's functions (torch.distributed itself, on the group's backend).
         self.fallback = fallback
@@ -281,7 +319,10 @@ class Group(CollectiveMethods):
         where any differs, every rank raises InvalidArgument naming the first that does
         (``hint``: what the user must make equal)."""
         digest = zlib.crc32(text.encode())
-        rows = self.board.exchange([digest], f"conccl {what}", self._timeout_s(timeout))
+        try:
+            rows = self.board.exchange([digest], f"conccl {what}", self._timeout_s(timeout))
+        except PostedMismatch as e:
+            self._posted_mismatch(e)
         differ = [p for p in range(self.world) if rows[p, 0] != digest]
         if differ:
             raise InvalidArgument(f"conccl {what}: rank {differ[0]} has another {what} than rank {self.rank} ({text[:200]})"
@@ -302,6 +343,8 @@ class Group(CollectiveMethods):
             part = values[i:i + step]
             try:
                 rows = self.board.exchange(part, f"conccl {what}", timeout_s)
+            except PostedMismatch as e:
+                self._posted_mismatch(e)
             except (CollectiveTimeout, GroupBroken) as e:
                 self.fail(e)
                 raise
@@ -344,7 +387,7 @@ class Group(CollectiveMethods):
         local = self._local_step(coll, output, input, args, algorithm, stream_mode)
         self._check_usable()
         timeout_s = self._timeout_s(timeout)
-        schedule, views = self._agree(local, timeout_s)
+        schedule, views = self._agree(local, timeout_s, may_post=False)  # its starts skip the board
         self.persistent_ops += 1
         op = PersistentCollective(self, self.persistent_ops, coll, schedule, views, input, output, timeout_s,
                                   tuple(args))
@@ -405,11 +448,21 @@ class Group(CollectiveMethods):
                *call.send, *call.recv]
         return _Local(coll, dtype, row, views, algorithm, stream_mode or self.options.stream_mode, call)
 
-    def _agree(self, local: "_Local", timeout_s: float, one_shot: bool = False) -> tuple:
+    def _agree(self, local: "_Local", timeout_s: float, one_shot: bool = False, may_post: bool = True,
+               peers_fixed: bool = False) -> tuple:
         """(schedule, views) every rank derives from every rank's row for the next call;
-        ``one_shot``: this rank would run it one-shot (it does where every rank would)."""
+        ``one_shot``: this rank would run it one-shot (it does where every rank would). A call
+        alike on every rank for the last POST_AFTER calls posts its row and takes the last
+        rows' plan without waiting (``Options.post_settled``), unless ``may_post`` is False
+        (an agreement that outlives the call: a persistent op's), and only where no peer's
+        row can change the plan without this rank's changing too (:func:`_plan_own`), or
+        ``peers_fixed``: the caller knows every rank passes the same peer-reachable tensors
+        at every call (FSDP's homes, made alike on every rank once)."""
         seq = self.seq + 1
         local.row[_F_FLAGS] = (local.row[_F_FLAGS] & ~_ONE_SHOT) | (_ONE_SHOT * one_shot)
+        posted = local.posted  # once: the watchdog's thread may drop it (_accept_posted)
+        if may_post and posted is not None and self._post(local, posted, seq, timeout_s):
+            return posted[1]
         rows = self._exchange(local, seq, timeout_s)
         rows[:, _F_SEQ] -= seq  # the rows as an earlier call with the same peers' arguments saw them
         key = rows.tobytes()
@@ -417,10 +470,65 @@ class Group(CollectiveMethods):
         if settled is None:
             rows[:, _F_SEQ] += seq
             settled = self._settle(local, rows, seq)
+            rows[:, _F_SEQ] -= seq
             if len(local.settled) >= _MAX_REMEMBERED:
                 local.settled.clear()
             local.settled[key] = settled
+        local.alike = local.alike + 1 if key == local.last_rows else 1
+        local.last_rows = key
+        local.posted = None
+        if (local.alike >= POST_AFTER and self.options.post_settled and (peers_fixed or _plan_own(local.row))
+                and writes_peers_only_in_workspace(settled[0])):
+            local.posted = (rows, settled)
         return settled
+
+    def _post(self, local: "_Local", posted: tuple, seq: int, timeout_s: float) -> bool:
+        """Post this call's row (``posted``: the rows and plan it assumes); False where it cannot
+        be (its own row is not the one agreed, or it would grow the workspace, a collective
+        allocation): it then exchanges as any call. A mismatch of an earlier post found
+        meanwhile breaks the group."""
+        rows, (schedule, _) = posted
+        if (not self.options.post_settled or schedule.workspace_need > self.executor.workspace_bytes
+                or self.executor.capturing()):
+            return False
+        expected = rows.copy()
+        expected[:, _F_SEQ] += seq
+        local.row[_F_SEQ] = seq
+        if any(int(a) != b for a, b in zip(expected[self.rank, :len(local.row)], local.row)):
+            return False
+        try:
+            self.board.post(local.row, expected, f"conccl {local.coll.name}", seq, timeout_s, (local, posted[1], seq))
+        except PostedMismatch as e:
+            self._posted_mismatch(e)
+        except (CollectiveTimeout, GroupBroken) as e:
+            self.fail(e)
+            raise
+        return True
+
+    def _accept_posted(self, token, rows) -> bool:
+        """Whether a posted call (``token``: its local step, the plan it ran, its sequence
+        number) ran what every rank's published ``rows`` ask for, though they are not the rows
+        it assumed (a peer's tensor moved within its mapped memory, say): the plan from them is
+        the same. The local step exchanges again from its next call. Pure but for that; the
+        watchdog's thread may call it."""
+        local, ran, seq = token
+        local.posted, local.alike = None, 0
+        try:
+            return self._settle(local, rows, seq, breaks=False) == ran
+        except (CollectiveError, InvalidArgument):
+            return False
+
+    def _posted_mismatch(self, e: PostedMismatch):
+        """An earlier call posted on rows some rank did not have: it may have moved bytes by
+        the wrong plan (into this rank's output and the peers' workspaces only), so the group
+        breaks, on every rank (the abort word), and this raises."""
+        ranks = ", ".join(map(str, e.ranks))
+        error = CollectiveError(
+            f"{e.what} (sequence number {e.seq}) on rank {self.rank}: rank(s) {ranks} made another call than this "
+            "rank, which repeated its earlier call without waiting for the peers (Options.post_settled); its output "
+            "is not to be used, and the group is broken. Every rank must make the same calls in the same order.")
+        self.fail(error)
+        raise error from e
 
     def _capture(self, local: "_Local", input, output, timeout_s: float, one_shot: bool = False) -> Work:
         """A call made while the caller's stream is being captured into a graph: agreed with the
@@ -456,21 +564,31 @@ class Group(CollectiveMethods):
         local.row[_F_SEQ] = seq
         try:
             return self.board.exchange(local.row, f"conccl {local.coll.name}", timeout_s, seq)
+        except PostedMismatch as e:
+            self._posted_mismatch(e)
         except (CollectiveTimeout, GroupBroken) as e:
             self.fail(e)
             raise
 
-    def _settle(self, local: "_Local", rows, seq: int) -> tuple:
-        """Check that every rank made the same call (raising alike on every rank), then plan."""
+    def _settle(self, local: "_Local", rows, seq: int, breaks: bool = True) -> tuple:
+        """Check that every rank made the same call (raising alike on every rank), then plan.
+        ``breaks``: a disagreement with a peer that posted its row breaks the group."""
         w = self.world
         peers = _peer_calls(rows, w)
-        if self.options.checks:
-            fixed = rows[:, :_NFIXED].tolist()
-            mine = _agreed(fixed[self.rank])
-            if any(_agreed(x) != mine for x in fixed):
-                self._disagreement(local.coll.name, local.dtype, seq, rows)
-        # Even unchecked: a plan from byte counts the peers disagree on would copy out of bounds.
-        local.coll.check(peers, self.rank, seq)
+        try:
+            if self.options.checks:
+                fixed = rows[:, :_NFIXED].tolist()
+                mine = _agreed(fixed[self.rank])
+                if any(_agreed(x) != mine for x in fixed):
+                    self._disagreement(local.coll.name, local.dtype, seq, rows)
+            # Even unchecked: a plan from byte counts the peers disagree on would copy out of bounds.
+            local.coll.check(peers, self.rank, seq)
+        except (CollectiveError, InvalidArgument) as e:
+            if breaks and self.board.last_posted.any():
+                # A peer posted its row and went on (Options.post_settled): its call is under way
+                # on rows this rank did not have. Break the group, so that it learns at once.
+                self.fail(e)
+            raise
         all_flags = _all_flags(rows)
         schedule = local.coll.plan(
             w, self.rank, local.call, peers,
@@ -522,6 +640,8 @@ class Group(CollectiveMethods):
                 else:  # a pipeline (conccl.pipeline): the caller's GEMM steps run inside it
                     work = self.executor.run(schedule, input, output, seq, async_op, timeout_s, flight, views,
                                              compute=compute)
+        except PostedMismatch as e:  # the reference executor compares posted rows while it waits
+            self._posted_mismatch(e)
         except (CollectiveTimeout, GroupBroken) as e:  # the reference executor waits on the host
             self.fail(e)
             raise
@@ -566,6 +686,9 @@ class Group(CollectiveMethods):
             return CollectiveTimeout(flight.what, flight.seq, missing, running_s, self.board.exited_peers(missing))
         if running_s < _FAST_FAIL_AFTER_S:
             return None
+        posted = self.board.posted_mismatch()
+        if posted is not None:  # a call posted on rows a peer did not have may wait for good
+            return CollectiveError(f"{posted}; the group is broken (Options.post_settled)")
         broken = self.board.aborted()
         exited = self.board.exited_peers()
         if broken is None and not exited:

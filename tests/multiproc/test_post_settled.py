@@ -1,0 +1,111 @@
+"""CPU multi-process tier (reference executor): settled calls post their row and go on without
+waiting for the peers' (``Options.post_settled``, ``HostBoard.post``). Results stay right and
+the posts happen where a call writes only its own output and the peers' workspaces; a rank
+that makes another call than the one its peers posted breaks the group on every rank, never
+silently; with the option off, every call waits for every row."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conccl.errors import CollectiveError, GroupBroken  # noqa: E402
+from conccl.group.group import POST_AFTER  # noqa: E402
+from conccl.launch import spawn  # noqa: E402
+
+CALLS = 6
+
+
+def _repeat(comm, post: bool):
+    comm.options.post_settled = post
+    n, w, r = 8, comm.world, comm.rank
+    out, inp = torch.empty(w * n), torch.empty(n)  # the same tensors every call: one settled local step
+    rs_out, rs_in = torch.empty(n), torch.empty(w * n)
+    right = []
+    for i in range(CALLS):
+        inp.fill_(100.0 * r + i)
+        out.fill_(-1.0)
+        comm.all_gather_into_tensor(out, inp)
+        want = torch.tensor([100.0 * q + i for q in range(w)]).repeat_interleave(n)
+        rs_in.copy_(torch.arange(w * n, dtype=torch.float32) * (r + 1) + i)
+        comm.reduce_scatter_tensor(rs_out, rs_in)
+        full = sum(torch.arange(w * n, dtype=torch.float32) * (q + 1) + i for q in range(w))
+        right.append(torch.equal(out, want) and torch.equal(rs_out, full[r * n:(r + 1) * n]))
+    return right, comm.board.posts, comm.board.pending_posts
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_settled_calls_post_their_rows_and_stay_right(world):
+    for right, posts, pending in spawn(world, _repeat, True, join_timeout_s=60):
+        assert all(right), right
+        # both collectives: the first POST_AFTER calls exchange, the rest post
+        assert posts == 2 * (CALLS - POST_AFTER), posts
+        assert pending <= posts
+
+
+def test_with_the_option_off_every_call_waits_for_every_row():
+    for right, posts, _ in spawn(2, _repeat, False, join_timeout_s=60):
+        assert all(right) and posts == 0
+
+
+def _diverge(comm):
+    n, w = 8, comm.world
+    out, inp = torch.empty(w * n), torch.zeros(n)
+    for _ in range(POST_AFTER + 1):  # settled; the last one posted
+        comm.all_gather_into_tensor(out, inp)
+    seen = []
+    try:
+        if comm.rank == 0:
+            comm.all_gather_into_tensor(out, inp)  # posted again, on rows rank 1 will not have
+        else:  # another size: rank 1 exchanges and finds rank 0's posted row
+            comm.all_gather_into_tensor(torch.empty(w * 4), torch.zeros(4))
+        seen.append("no error")
+    except CollectiveError as e:
+        seen.append(f"{type(e).__name__}: {e}")
+    try:
+        comm.all_gather_into_tensor(out, inp)
+        seen.append("no error")
+    except GroupBroken:
+        seen.append("GroupBroken")
+    return seen
+
+
+def test_another_call_after_the_peers_posted_breaks_the_group_on_every_rank():
+    (r0, after0), (r1, after1) = spawn(2, _diverge, join_timeout_s=60)
+    assert "rank 0" in r1 and "nothing was moved" not in r1.split(":")[0], r1  # rank 1 names the poster
+    assert r0 != "no error", r0  # the poster learns too, at once (the abort word), not at its timeout
+    assert after0 == after1 == "GroupBroken"
+
+
+def _peer_moves(comm, rank0_plain: bool):
+    """Rank 0 passes the same input every call (peer-reachable, or a plain tensor); the others
+    pass theirs from one place in their mapped memory, then from others: a legitimate call
+    each time."""
+    n, w = 8, comm.world
+    pool = comm.executor.empty((3 * n,), torch.float32)  # a collective call: peer-reachable on every rank
+    plain = torch.empty(n)
+    out = torch.empty(w * n)
+    right = []
+    for i in range(CALLS):
+        at = 0 if comm.rank == 0 or i < 4 else (i - 3) * n
+        inp = plain if comm.rank == 0 and rank0_plain else pool[at:at + n]
+        inp.fill_(100.0 * comm.rank + i)
+        out.fill_(-1.0)
+        comm.all_gather_into_tensor(out, inp)
+        right.append(torch.equal(out, torch.tensor([100.0 * q + i for q in range(w)]).repeat_interleave(n)))
+    return right, comm.board.posts
+
+
+@pytest.mark.parametrize("rank0_plain", [False, True])
+def test_a_call_whose_plan_a_peer_s_moving_tensor_could_change_never_posts(rank0_plain):
+    """Where rank 0's own input is peer-reachable, its plan reads the peers' inputs where they
+    are: it must wait for their rows at every call (rank 0 repeats itself, the peers do not).
+    Where it is a plain tensor, every call stages, whatever the peers pass: it posts once
+    settled, and the peers' rows that then differ still ask for the plan it ran."""
+    results = spawn(3, _peer_moves, rank0_plain, join_timeout_s=60)
+    assert all(all(right) for right, _ in results), results
+    # plain: calls 2 and 3 post, call 4 too (its peers moved), and call 5 where rank 0 had not
+    # compared call 4's rows yet (the comparison that finds they differ sends the next call
+    # to the board again)
+    assert (CALLS - POST_AFTER - 1 <= results[0][1] <= CALLS - POST_AFTER) if rank0_plain else results[0][1] == 0
+    assert results[1][1] == results[2][1] == 0  # their own inputs are peer-reachable
