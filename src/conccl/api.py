@@ -257,8 +257,14 @@ def reserve_graph_workspace(nbytes: int, group=None) -> None:
 
 
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
-                timeout: timedelta | None = None, checks: bool | None = None, nccl_below: dict | None = None) -> None:
+                timeout: timedelta | None = None, checks: bool | None = None, nccl_below: dict | None = None,
+                post_settled: bool | None = None) -> None:
     """Change a group's defaults (algorithm, stream mode, timeout) on this rank.
+
+    ``post_settled=False``: every call waits on the host board for every peer's row, so a
+    mismatch always raises before anything moves (default True: a call that repeats a
+    settled one posts its row and goes on, its peers' rows compared at the next call;
+    ``CONCCL_POST_SETTLED=0`` sets False for new groups). Per rank; ranks may differ.
 
     ``checks=False`` turns off the mismatch checks and the watchdog; it exists to measure
     what they cost (a dead peer then hangs the GPU stream) and must be set on every rank.
@@ -281,6 +287,8 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
         opts.timeout = timeout
     if checks is not None:
         opts.checks = bool(checks)
+    if post_settled is not None:
+        opts.post_settled = bool(post_settled)
 
 
 def check_nccl_below(table) -> dict:

@@ -58,6 +58,43 @@ def eager(rank, world, cases, report):
                     torch.cuda.synchronize()
                     want = REGISTRY["all_reduce"].reference(every, rank, [(op,)] * world)
                     cases.append((f"all_reduce {dtype} n={world * n} {opname} {mode.value}", bits_equal(got, want)))
+    _settled(rank, world, group, cases)
+
+
+def _settled(rank, world, group, cases):
+    """The same tensors called again and again with new contents: once settled, the calls post
+    their row on the host board and go on without waiting for the peers' (Options.post_settled);
+    every result still the reference's bits, and the posts seen on the board."""
+    import conccl
+    from conccl.collectives import REGISTRY
+    from conccl.group.group import POST_AFTER
+
+    n, calls = 4099, POST_AFTER + 4
+    ag_in, ag_out = torch.empty(n, device="cuda"), torch.empty(world * n, device="cuda")
+    rs_in, rs_out = torch.empty(world * n, dtype=torch.bfloat16, device="cuda"), torch.empty(n, dtype=torch.bfloat16,
+                                                                                              device="cuda")
+    a2a_in, a2a_out = torch.empty(world * n, device="cuda"), torch.empty(world * n, device="cuda")
+    before = group.board.posts
+    for step in range(calls):
+        ag_every = [seeded(70, r, step, n, torch.float32) for r in range(world)]
+        rs_every = [seeded(71, r, step, world * n, torch.bfloat16) for r in range(world)]
+        a2a_every = [seeded(72, r, step, world * n, torch.float32) for r in range(world)]
+        ag_in.copy_(ag_every[rank])
+        rs_in.copy_(rs_every[rank])
+        a2a_in.copy_(a2a_every[rank])
+        conccl.all_gather_into_tensor(ag_out, ag_in)
+        conccl.reduce_scatter_tensor(rs_out, rs_in)
+        conccl.all_to_all_single(a2a_out, a2a_in)
+        torch.cuda.synchronize()
+        cases.append((f"settled all_gather step {step}", bits_equal(ag_out, REGISTRY["all_gather"].reference(ag_every, rank))))
+        cases.append((f"settled reduce_scatter step {step}",
+                      bits_equal(rs_out, REGISTRY["reduce_scatter"].reference(rs_every, rank, [(None,)] * world))))
+        cases.append((f"settled all_to_all step {step}", bits_equal(a2a_out, REGISTRY["all_to_all"].reference(a2a_every, rank))))
+    if group.options.one_shot_below or group.options.nccl_below:
+        return  # one-shot calls (CONCCL_ONE_SHOT_BELOW) and calls routed to NCCL never post
+    # three collectives, each posting from its (POST_AFTER + 1)-th call on
+    cases.append((f"settled calls posted ({group.board.posts - before} of {3 * calls})",
+                  group.board.posts - before == 3 * (calls - POST_AFTER)))
 
 
 def persistent(rank, world, cases, report):

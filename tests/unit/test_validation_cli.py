@@ -358,8 +358,9 @@ def test_latency_phase_timer_times_the_wrapped_phases_and_restores_them(monkeypa
     rec = {"collective": "all_gather", "impl": "conccl", "size": 1 << 20, "time_us": 80.0, "loop_us": 70.0,
            "host_us": 69.0, "gpu_us": 27.0, "gate_expired": False, "wrong": 0, "host_phases_us": phases}
     text = latency.markdown({"meta": {}, "world": 4, "iters": 3, "reps": 1, "records": [rec]})
-    assert "| collective | implementation | size (B) | call | call key | local step | validate | board exchange |" in text
-    assert f"| all_gather | conccl | 1048576 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | {phases['plan']:.1f} |" in text
+    assert ("| collective | implementation | size (B) | call | call key | local step | validate | board exchange | "
+            "board post | settle | plan |") in text
+    assert f"| all_gather | conccl | 1048576 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | {phases['plan']:.1f} |" in text
 
 
 def test_debug_before_a_two_word_command(capsys):

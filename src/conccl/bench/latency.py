@@ -71,6 +71,7 @@ PHASES = (
     ("local step", "conccl.group.group", "Group._local"),
     *(("validate", cls.__module__, f"{cls.__name__}.local") for cls in _COLLECTIVE_CLASSES),
     ("board exchange", "conccl.board", "HostBoard.exchange"),
+    ("board post", "conccl.board", "HostBoard.post"),  # a settled call's (Options.post_settled): no wait
     ("settle", "conccl.group.group", "Group._settle"),
     *(("plan", cls.__module__, f"{cls.__name__}.plan") for cls in _COLLECTIVE_CLASSES),
     ("execute", "conccl.group.group", "Group._execute"),

@@ -488,14 +488,13 @@ class Group(CollectiveMethods):
         allocation): it then exchanges as any call. A mismatch of an earlier post found
         meanwhile breaks the group."""
         rows, (schedule, _) = posted
+        # The own row is the local step's but for the sequence number and the one-shot flag.
         if (not self.options.post_settled or schedule.workspace_need > self.executor.workspace_bytes
-                or self.executor.capturing()):
+                or local.row[_F_FLAGS] != rows[self.rank, _F_FLAGS] or self.executor.capturing()):
             return False
         expected = rows.copy()
         expected[:, _F_SEQ] += seq
         local.row[_F_SEQ] = seq
-        if any(int(a) != b for a, b in zip(expected[self.rank, :len(local.row)], local.row)):
-            return False
         try:
             self.board.post(local.row, expected, f"conccl {local.coll.name}", seq, timeout_s, (local, posted[1], seq))
         except PostedMismatch as e:
