@@ -105,14 +105,17 @@ def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout
     Stream semantics: starts after the work already queued on the caller's current stream;
     with ``async_op=False`` later work on that stream sees the output; with ``async_op=True``
     ``work.wait()`` makes the current stream wait (the host never blocks). The call returns
-    once every rank of the group has made it (a host handshake, microseconds).
+    once every rank of the group has made it (a host handshake, microseconds), or, where it
+    repeats a settled call (the same arguments as its last two calls, on every rank), once it
+    posted its arguments on the host board (``set_options(post_settled=)``).
 
     Failures: a peer that does not arrive within ``timeout`` (or whose process exited) raises
     :class:`conccl.CollectiveTimeout` naming it, on the host if it never called, otherwise
     from ``work.wait()`` / ``work.synchronize()`` once the group's watchdog gives up on the
     GPU side; the group is then broken and every later call raises :class:`conccl.GroupBroken`.
     A peer calling with another size, dtype or collective raises :class:`conccl.CollectiveError`
-    on every rank before anything moves.
+    on every rank before anything moves; where this rank had repeated a settled call without
+    waiting, at its next call instead, and the group breaks.
 
     SMs used: none (copy engines and stream memory operations only); with
     ``CONCCL_ONE_SHOT_BELOW`` set, a call whose output is smaller runs as one kernel of one CTA

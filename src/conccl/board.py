@@ -30,7 +30,7 @@ from . import _shm
 from .errors import CollectiveError, CollectiveTimeout, GroupBroken
 
 _HEADER = 2  # the row's exchange number, and whether it was posted without waiting (post())
-# Pages of rows, in a ring: a rank may publish up to PAGES - 1 exchanges ahead of what its
+# Pages of rows, in a ring: a rank may publish up to PAGES exchanges ahead of what its
 # slowest peer has read (its consumed count).
 PAGES = 16
 # Control block after the rows: abort word (aborting rank + 1), its sequence number, reason,
@@ -105,6 +105,7 @@ class HostBoard:
         # ones it assumed (the poster's group replans from them); None: only equal rows are
         self.accept = None
         self.posts = 0  # rows posted so far (for tests and benchmarks)
+        self._unread = None  # the exchange whose rows this rank is waiting for (exchange())
         self.last_posted = np.zeros(world, dtype=bool)
 
     @property
@@ -153,22 +154,30 @@ class HostBoard:
         """
         self._check_row(row)
         seq = self.count + 1 if seq is None else seq
+        if self._pending:
+            self._verify(block=False)
         self._publish(row, False, what, seq, timeout_s)
         page = self._rows[self.count % PAGES]
-        count = self.count
-        self._wait(lambda: [p for p in range(self.world) if page[p, 0] < count], what, seq, timeout_s)
-        rows = page[:, _HEADER:_HEADER + len(row)].copy()
-        self.last_posted = page[:, 1].astype(bool)
+        count = self._unread = self.count
+        try:
+            # Comparing the own posts meanwhile moves this rank's consumed count: a peer that
+            # needs it to publish this very exchange would otherwise wait for good.
+            self._wait(lambda: [p for p in range(self.world) if page[p, 0] < count], what, seq, timeout_s,
+                       verify=True)
+            rows = page[:, _HEADER:_HEADER + len(row)].copy()
+            self.last_posted = page[:, 1].astype(bool)
+        finally:
+            self._unread = None
         self._verify(block=False)  # every post before this exchange is published now
-        self._consumed[self.rank] = count
+        self._consumed[self.rank] = count  # every earlier post compared (or raised) just above
         return rows
 
     def post(self, row, expected: np.ndarray, what: str, seq: int, timeout_s: float, token=None) -> None:
         """Publish ``row`` without waiting for the peers': the caller goes on as if every rank's
         row were ``expected`` (its own is ``row``), and a later :meth:`exchange`, :meth:`post`
         or :meth:`check_posted` compares what the peers published with it, raising
-        :class:`PostedMismatch` where they differ. A rank may run up to ``PAGES - 1`` exchanges
-        ahead of its slowest peer; further, this waits (bounded by ``timeout_s``). Where the
+        :class:`PostedMismatch` where they differ. A rank may run up to ``PAGES`` exchanges
+        ahead of what its slowest peer has read; further, this waits (bounded by ``timeout_s``). Where the
         rows differ, ``accept(token, rows)`` (if set) may still accept them: the call ran
         what those rows ask for as well."""
         self._check_row(row)
@@ -186,15 +195,24 @@ class HostBoard:
         self._verify(block=False)
 
     def posted_mismatch(self) -> "PostedMismatch | None":
-        """The first pending post whose peers' rows are published and differ, or None; changes
-        nothing (for the watchdog's thread: the caller's thread verifies at its next call)."""
+        """The first pending post whose peers' rows are published and differ (and ask for
+        another plan: ``accept``), or None; removes nothing (for the watchdog's thread: the
+        caller's thread compares them at its next call)."""
         for count, expected, ncols, what, seq, token in list(self._pending):
             page = self._rows[count % PAGES]
             if page[:, 0].min() < count:
                 return None
             got = page[:, _HEADER:_HEADER + ncols].tobytes()
-            if not self._alike(got, expected, ncols, token):
-                return PostedMismatch(what, seq, self._array(got, ncols), self._array(expected, ncols))
+            # The caller's thread may have compared this post meanwhile and a peer reused the
+            # page (a later exchange's rows): read only a page that held this exchange
+            # before and after the copy.
+            if (page[:, 0] != count).any():
+                return None
+            try:
+                if not self._alike(got, expected, ncols, token):
+                    return PostedMismatch(what, seq, self._array(got, ncols), self._array(expected, ncols))
+            except Exception:  # noqa: BLE001 - rows read while replaced: the caller's thread decides
+                return None
         return None
 
     @staticmethod
@@ -251,7 +269,12 @@ class HostBoard:
             if not self._alike(got, expected, ncols, token):
                 raise PostedMismatch(what, seq, self._array(got, ncols), self._array(expected, ncols))
             self._pending.popleft()
-            self._consumed[self.rank] = self._pending[0][0] - 1 if self._pending else self.count
+            # read up to the next pending post, or everything but an exchange's own rows not
+            # read yet (exchange(): a peer must not reuse that page before)
+            upto = self._pending[0][0] - 1 if self._pending else self.count
+            if self._unread is not None:
+                upto = min(upto, self._unread - 1)
+            self._consumed[self.rank] = max(int(self._consumed[self.rank]), upto)
 
     def _wait(self, waiting_for, what: str, seq: int, timeout_s: float, verify: bool = False) -> None:
         """Spin until ``waiting_for()`` (the ranks still awaited) is empty, bounded by ``timeout_s``;
@@ -261,11 +284,13 @@ class HostBoard:
         deadline, next_liveness = start + timeout_s, start + _LIVENESS_EVERY_S
         spins = 0
         while True:
-            waiting = waiting_for()
-            if not waiting:
-                return
             if verify:
                 self._verify(block=False)
+            waiting = waiting_for()
+            if not waiting:
+                if verify:  # what became comparable while waiting, compared before going on
+                    self._verify(block=False)
+                return
             spins += 1
             if spins > 1000:  # spin first: peers usually arrive within microseconds
                 now = time.monotonic()

@@ -61,15 +61,32 @@ def test_a_posted_row_the_peers_did_not_match_raises_where_it_was_posted(boards)
     assert back.ranks == [1] and str(back) == str(e.value)
 
 
-def test_an_exchange_compares_every_earlier_post_before_it_returns(boards):
-    import threading
-
+def test_an_exchange_compares_every_earlier_post_before_it_publishes(boards):
     b0, b1 = boards
     b0.post([1, 7, 0], _rows(1), "x", 1, 1.0)
     b1.exchange([1, 5, 0], "x", 1.0)  # rank 1 made another call at exchange 1
-    peer = threading.Thread(target=b1.exchange, args=([2, 8, 0], "x", 5.0))
-    peer.start()
     with pytest.raises(PostedMismatch) as e:
-        b0.exchange([2, 7, 0], "x", 5.0)  # both publish exchange 2; rank 0 then compares exchange 1
-    peer.join()
-    assert e.value.seq == 1 and e.value.ranks == [1]
+        b0.exchange([2, 7, 0], "x", 1.0)
+    assert e.value.seq == 1 and e.value.ranks == [1] and b0.count == 1  # found before publishing
+
+
+def test_a_rank_that_ran_ahead_and_then_waits_in_an_exchange_lets_its_peer_catch_up(boards):
+    """Rank 0 posts as far as the ring lets it, then makes a call that exchanges: while it
+    waits for rank 1's row it compares its posts as rank 1 publishes them, so its consumed
+    count moves and rank 1 can publish every exchange up to that one."""
+    import threading
+
+    b0, b1 = boards
+    for c in range(1, PAGES + 1):
+        b0.post([c, 7, 0], _rows(c, 7, 7), "x", c, 1.0)
+    b1.exchange([1, 7, 0], "x", 1.0)
+    b0.post([PAGES + 1, 7, 0], _rows(PAGES + 1, 7, 7), "x", PAGES + 1, 1.0)
+    b1.exchange([2, 7, 0], "x", 1.0)
+    got = {}
+    waiter = threading.Thread(target=lambda: got.setdefault("rows", b0.exchange([PAGES + 2, 7, 0], "x", 10.0)))
+    waiter.start()
+    for c in range(3, PAGES + 3):  # rank 1 catches up with the same calls
+        b1.exchange([c, 7, 0], "x", 10.0)
+    waiter.join(15.0)
+    assert not waiter.is_alive() and got["rows"].tolist() == _rows(PAGES + 2, 7, 7).tolist()
+    assert b0.pending_posts == 0 and int(b0._consumed[0]) == PAGES + 2

@@ -93,6 +93,14 @@ class Collective(abc.ABC):
     # op)``); the group's call still takes (output, input, *args), in place when they are one.
     single_tensor: ClassVar[bool] = False
 
+    def plan_fixed_by_own_row(self, world: int) -> bool:
+        """Whether this rank's board row and the check that the peers' agree with it fix every
+        size this rank's plan reads: then a peer's row cannot change the plan without a
+        mismatch (a group's settled calls may post their row, ``Options.post_settled``). True
+        where every rank's chunks must be equal; an all-to-all's plan also reads what the
+        peers send each other."""
+        return True
+
     # ------------------------------------------------------------------ sizes
     @abc.abstractmethod
     def layout(self, world: int, rank: int) -> Layout:

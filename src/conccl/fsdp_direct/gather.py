@@ -295,4 +295,5 @@ def _copy_engine_gather(output, input, group, parts) -> None:
     if parts is None:
         g.call(ALL_GATHER, output, input)
     else:
-        g.all_gather_into_parts(output, input, parts)
+        # from a home (output None): every rank's is made alike once and never moves
+        g.all_gather_into_parts(output, input, parts, fixed_input=output is None)

@@ -13,13 +13,16 @@ A call goes through four steps, the first three on the host and before anything 
 2. publish what this rank is about to do on the group's host board and read every peer's
    entry: collective, dtype, sizes or splits, whether its tensors are peer-reachable. A peer
    that disagrees is named in the error instead of bytes being moved, and every rank derives
-   the same decisions (staging, algorithm, workspace size) from the same rows;
+   the same decisions (staging, algorithm, workspace size) from the same rows. A call that
+   repeats a settled one only *posts* its entry and takes the last rows' plan; the peers'
+   entries are compared at its next call (``Options.post_settled``, :func:`_plan_own`);
 3. plan: a pure, cached function of sizes and options gives the rank's :class:`Schedule`;
 4. execute it on the executor (copy engines on CUDA, shared memory in the CPU reference).
 
 Failure handling (a dead, late or mismatched peer): step 2 is bounded by the call's timeout
 and notices a peer whose process exited; a mismatch raises on every rank before anything
-moves and leaves the group usable. Once queued, a CUDA call is watched by the group's
+moves and leaves the group usable, but where a rank had posted the call (it ran on rows some
+rank did not have): that breaks the group, found at the next call. Once queued, a CUDA call is watched by the group's
 :class:`~conccl.watchdog.Watchdog`. A timeout, on the host or the GPU, *breaks* the group:
 the cause is posted on the board for the peers, the GPU's stream waits are released, and
 every later call raises :class:`~conccl.errors.GroupBroken` at once with the original cause.
@@ -112,8 +115,9 @@ POST_AFTER = 2
 def writes_peers_only_in_workspace(schedule: Schedule) -> bool:
     """Whether every byte ``schedule`` writes on another rank lands in that rank's workspace
     (conccl's own memory), none in a peer's tensors: what a call posted on rows a peer did not
-    have may then spoil only its own output and the workspaces, never a peer's data. One-shot
-    schedules (one kernel) are left out."""
+    have may then write only its own output and the workspaces, never a peer's tensors (the
+    peers' outputs of that call may be wrong all the same: they read what it staged; the
+    mismatch breaks the group). One-shot schedules (one kernel) are left out."""
     if schedule.one_shot:
         return False
     return all(not isinstance(op, Copy) or op.transfer.dst_rank == schedule.rank or op.transfer.dst is Buf.WORKSPACE
@@ -243,7 +247,8 @@ class Group(CollectiveMethods):
     # the same tensors call after call (and a call's host time is the cost at small sizes):
     # - local: validate the arguments, look up whether peers can reach them, build the row
     #   this rank publishes. A pure function of the arguments' metadata (``_remembered``).
-    # - exchange: publish the row, read every peer's (always: this is the agreement).
+    # - exchange: publish the row, read every peer's (the agreement); a settled call posts its
+    #   row instead and its peers' are compared one call later (_agree, Options.post_settled).
     # - settle: check the rows agree, take every rank's offsets, plan. A pure function of the
     #   local step and the rows, so rows equal to an earlier call's (but for the sequence
     #   number) reuse its checked schedule and views.
@@ -352,7 +357,7 @@ class Group(CollectiveMethods):
                 out[r].extend(rows[r, :len(part)].tolist())
         return out
 
-    def all_gather_into_parts(self, output, input, parts, timeout=None) -> Work:
+    def all_gather_into_parts(self, output, input, parts, timeout=None, fixed_input: bool = False) -> Work:
         """An all-gather of ``input`` (each rank's chunk of ``output``, in place) whose bytes land
         in ``parts`` instead of ``output``: ``parts[i]`` is a tensor of ``world * n_i`` bytes'
         worth that takes the i-th ``n_i`` bytes of every rank's chunk, rank r's at row r.
@@ -361,8 +366,10 @@ class Group(CollectiveMethods):
         ``input`` itself (it should be peer-reachable: FSDP's sharded parameters moved into a
         pool block, ``conccl.fsdp_direct``). Blocking, on the caller's stream, never captured. For FSDP
         (``conccl.fsdp``, ``direct=True``): each parameter's unsharded tensor filled straight from
-        the peers, with no copy-out (:mod:`conccl.group.parts`)."""
-        return parts_mod.all_gather_into_parts(self, output, input, parts, timeout)
+        the peers, with no copy-out (:mod:`conccl.group.parts`). ``fixed_input`` (with ``output``
+        None): every rank passes the same peer-reachable input at every call (FSDP's homes), so
+        a settled call may post its row without waiting for the peers' (Options.post_settled)."""
+        return parts_mod.all_gather_into_parts(self, output, input, parts, timeout, fixed_input)
 
     def reduce_scatter_from_parts(self, output, parts, rows, op=None, timeout=None) -> Work:
         """A reduce-scatter into ``output`` whose input is ``parts`` instead of one flat tensor:
@@ -478,7 +485,7 @@ class Group(CollectiveMethods):
         local.last_rows = key
         local.posted = None
         if (local.alike >= POST_AFTER and self.options.post_settled and (peers_fixed or _plan_own(local.row))
-                and writes_peers_only_in_workspace(settled[0])):
+                and local.coll.plan_fixed_by_own_row(self.world) and writes_peers_only_in_workspace(settled[0])):
             local.posted = (rows, settled)
         return settled
 
@@ -526,6 +533,7 @@ class Group(CollectiveMethods):
             f"{e.what} (sequence number {e.seq}) on rank {self.rank}: rank(s) {ranks} made another call than this "
             "rank, which repeated its earlier call without waiting for the peers (Options.post_settled); its output "
             "is not to be used, and the group is broken. Every rank must make the same calls in the same order.")
+        error.seq = e.seq  # the abort names that call: its handles, and later ones, fail
         self.fail(error)
         raise error from e
 
@@ -558,7 +566,8 @@ class Group(CollectiveMethods):
         """Publish this call on the board and read every rank's row.
 
         The call takes its sequence number only when it is queued (``_execute``): a mismatch
-        raises on every rank alike before that, so the ranks stay in step and the group usable.
+        raises on every rank alike before that, so the ranks stay in step and the group usable
+        (unless a peer posted this call: ``_settle``).
         """
         local.row[_F_SEQ] = seq
         try:
@@ -583,11 +592,17 @@ class Group(CollectiveMethods):
             # Even unchecked: a plan from byte counts the peers disagree on would copy out of bounds.
             local.coll.check(peers, self.rank, seq)
         except (CollectiveError, InvalidArgument) as e:
-            if breaks and self.board.last_posted.any():
-                # A peer posted its row and went on (Options.post_settled): its call is under way
-                # on rows this rank did not have. Break the group, so that it learns at once.
-                self.fail(e)
-            raise
+            posted = [p for p in range(w) if self.board.last_posted[p]]
+            if not (breaks and posted):
+                raise
+            # A peer posted its row and went on (Options.post_settled): its call is under way
+            # on rows this rank did not have. Break the group, so that it learns at once.
+            error = CollectiveError(
+                str(e).replace("; nothing was moved", "") + f"; rank(s) {', '.join(map(str, posted))} had posted "
+                "this call without waiting for the peers (Options.post_settled) and ran it: the group is broken")
+            error.seq = seq
+            self.fail(error)
+            raise error from e
         all_flags = _all_flags(rows)
         schedule = local.coll.plan(
             w, self.rank, local.call, peers,
@@ -687,7 +702,9 @@ class Group(CollectiveMethods):
             return None
         posted = self.board.posted_mismatch()
         if posted is not None:  # a call posted on rows a peer did not have may wait for good
-            return CollectiveError(f"{posted}; the group is broken (Options.post_settled)")
+            error = CollectiveError(f"{posted}; the group is broken (Options.post_settled)")
+            error.seq = posted.seq
+            return error
         broken = self.board.aborted()
         exited = self.board.exited_peers()
         if broken is None and not exited:
@@ -730,6 +747,11 @@ class Group(CollectiveMethods):
                 close()
         self._resources.clear()
         self._locals.clear()
+        try:  # the last posted calls: compared where the peers' rows are there (never waits)
+            if not self.board.closed:
+                self.board.check_posted()
+        except PostedMismatch as e:
+            _log.warning("conccl: %s (found as the group closed; those calls' outputs are not to be used)", e)
         if self.watchdog is not None:
             self.watchdog.close()
         self.executor.close()

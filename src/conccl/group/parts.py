@@ -53,7 +53,7 @@ def _moved(group, schedule, kind: str, layout, transform):
     return hit[1]
 
 
-def all_gather_into_parts(group, output, input, parts, timeout=None):
+def all_gather_into_parts(group, output, input, parts, timeout=None, fixed_input: bool = False):
     """See :meth:`conccl.group.Group.all_gather_into_parts`."""
     if output is not None:
         local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, None)
@@ -72,9 +72,9 @@ def all_gather_into_parts(group, output, input, parts, timeout=None):
         raise InvalidArgument("every part must be a contiguous tensor on the input's device")
     base, layout = _layout(parts, sizes, [n // world for n in sizes])
     layout = tuple((off, n, dst) for off, n, dst, _ in layout)
-    # From a home (output None): every rank's is made alike once and never moves (fsdp_direct),
-    # so a settled call may post its row without waiting for the peers' (Options.post_settled).
-    schedule, views = group._agree(local, timeout_s, peers_fixed=output is None)
+    # From a fixed input (FSDP's homes: every rank's made alike once, never moved), a settled
+    # call may post its row without waiting for the peers' (Options.post_settled).
+    schedule, views = group._agree(local, timeout_s, peers_fixed=fixed_input and output is None)
     moved = _moved(group, schedule, "into_parts", layout, lambda s: into_parts(s, chunk, layout))
     return group._execute(moved, input, base, False, timeout_s, views)
 
