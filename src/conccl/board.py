@@ -106,6 +106,7 @@ class HostBoard:
         self.accept = None
         self.posts = 0  # rows posted so far (for tests and benchmarks)
         self._unread = None  # the exchange whose rows this rank is waiting for (exchange())
+        self._compared = 0  # the last post compared (for posted_mismatch on another thread)
         self.last_posted = np.zeros(world, dtype=bool)
 
     @property
@@ -137,7 +138,9 @@ class HostBoard:
         if not by:
             return None
         missing = [p for p in range(self.world) if int(self._ctrl[_A_MISSING]) >> p & 1]
-        reason = _REASONS.get(int(self._ctrl[_A_KIND]), _REASONS[ABORT_OTHER]).format(", ".join(map(str, missing)) or "?")
+        kind = int(self._ctrl[_A_KIND])
+        reason = ("it failed (a call of its own, or one it posted, went wrong)" if kind == ABORT_OTHER and not missing
+                  else _REASONS.get(kind, _REASONS[ABORT_OTHER]).format(", ".join(map(str, missing)) or "?"))
         err = GroupBroken(f"rank {by - 1} broke the group at sequence number {int(self._ctrl[_A_SEQ])}: {reason}")
         err.seq, err.missing = int(self._ctrl[_A_SEQ]), missing
         return err
@@ -203,10 +206,10 @@ class HostBoard:
             if page[:, 0].min() < count:
                 return None
             got = page[:, _HEADER:_HEADER + ncols].tobytes()
-            # The caller's thread may have compared this post meanwhile and a peer reused the
-            # page (a later exchange's rows): read only a page that held this exchange
-            # before and after the copy.
-            if (page[:, 0] != count).any():
+            # The caller's thread may have compared this post meanwhile and a peer begun to
+            # reuse the page (its header is written last): a post compared since is not ours
+            # to judge.
+            if self._compared >= count or (page[:, 0] != count).any():
                 return None
             try:
                 if not self._alike(got, expected, ncols, token):
@@ -269,6 +272,7 @@ class HostBoard:
             if not self._alike(got, expected, ncols, token):
                 raise PostedMismatch(what, seq, self._array(got, ncols), self._array(expected, ncols))
             self._pending.popleft()
+            self._compared = count  # before the consumed count lets a peer reuse the page
             # read up to the next pending post, or everything but an exchange's own rows not
             # read yet (exchange(): a peer must not reuse that page before)
             upto = self._pending[0][0] - 1 if self._pending else self.count

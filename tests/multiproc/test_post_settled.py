@@ -114,13 +114,16 @@ def test_a_call_whose_plan_a_peer_s_moving_tensor_could_change_never_posts(rank0
 
 
 def _uneven_all_to_all(comm):
-    """World 3, uneven splits; from call 4 on, rank 1 sends itself more (a legitimate change
-    of its own row only): ranks 0 and 2 repeat their rows, but the offsets they read rank 1's
-    chunks at move. Their calls must not run on the old offsets."""
+    """Uneven splits; from call 4 on, rank w-2 sends itself more (a legitimate change of its
+    own row only): the other ranks repeat their rows, but the offsets they read its chunks at
+    move (at world 2, rank 1 reads rank 0's chunk after rank 0's own). No call may run on the
+    old offsets."""
     r, w = comm.rank, comm.world
     bufs, right = {}, []
     for i in range(CALLS):
-        m = [[2, 2, 2], [1, 1 if i < 4 else 3, 2], [2, 2, 2]]
+        m = [[2] * w for _ in range(w)]
+        m[w - 2][0] = 1
+        m[w - 2][w - 2] = 1 if i < 4 else 3
         send, recv = m[r], [m[s][r] for s in range(w)]
         if (tuple(send), tuple(recv)) not in bufs:
             bufs[(tuple(send), tuple(recv))] = (torch.empty(sum(recv)), torch.empty(sum(send)))
@@ -132,6 +135,7 @@ def _uneven_all_to_all(comm):
     return right, comm.board.posts
 
 
-def test_an_all_to_all_of_three_ranks_never_posts_its_plan_reads_what_peers_send_each_other():
-    for right, posts in spawn(3, _uneven_all_to_all, join_timeout_s=60):
+@pytest.mark.parametrize("world", [2, 3])
+def test_an_all_to_all_never_posts_its_plan_reads_what_peers_send_each_other(world):
+    for right, posts in spawn(world, _uneven_all_to_all, join_timeout_s=60):
         assert all(right) and posts == 0, (right, posts)

@@ -99,9 +99,10 @@ class AllToAll(Collective):
     arg_names = ("output_split_sizes", "input_split_sizes")
 
     def plan_fixed_by_own_row(self, world: int) -> bool:
-        # The offsets a rank reads a peer's chunk at add up what that peer sends the ranks
-        # before it, which with three ranks or more no row of this rank's fixes.
-        return world <= 2
+        # The offset a rank reads a peer's chunk at adds up what that peer sends the ranks
+        # before it (itself included, at world 2), which no row of this rank's fixes: a peer
+        # may change it, legitimately, where this rank's row stays the same.
+        return world <= 1
 
     def layout(self, world: int, rank: int) -> Layout:
         return Layout(world, world, tuple(((src, rank),) for src in range(world)))
