@@ -240,7 +240,7 @@ class HostBoard:
         """Write ``row`` as the next exchange's, once every peer has read what that page held
         (the exchange ``PAGES`` before: its ``consumed`` count has passed it)."""
         count = self.count + 1
-        if count > PAGES:
+        if count > PAGES and self._consumed.min() < count - PAGES:  # (the ring has room: no wait to set up)
             self._wait(lambda: self._ring_waiting(count), what, seq, timeout_s, verify=True)
         self.count = count
         page = self._rows[count % PAGES]
