@@ -158,7 +158,7 @@ class HostBoard:
         self._check_row(row)
         seq = self.count + 1 if seq is None else seq
         if self._pending:
-            self._verify(block=False)
+            self._verify()
         self._publish(row, False, what, seq, timeout_s)
         page = self._rows[self.count % PAGES]
         count = self._unread = self.count
@@ -171,7 +171,7 @@ class HostBoard:
             self.last_posted = page[:, 1].astype(bool)
         finally:
             self._unread = None
-        self._verify(block=False)  # every post before this exchange is published now
+        self._verify()  # every post before this exchange is published now
         self._consumed[self.rank] = count  # every earlier post compared (or raised) just above
         return rows
 
@@ -185,7 +185,7 @@ class HostBoard:
         what those rows ask for as well."""
         self._check_row(row)
         if self._pending:
-            self._verify(block=False)
+            self._verify()
         self._publish(row, True, what, seq, timeout_s)
         expected = np.asarray(expected, dtype=np.int64)
         # compared as bytes: cheaper than an array comparison, at every call
@@ -195,35 +195,37 @@ class HostBoard:
     def check_posted(self) -> None:
         """Compare every posted row whose exchange every peer has published by now (raises
         :class:`PostedMismatch` on the first that differs); the rest stay pending."""
-        self._verify(block=False)
+        self._verify()
 
     def posted_mismatch(self) -> "PostedMismatch | None":
         """The first pending post whose peers' rows are published and differ (and ask for
         another plan: ``accept``), or None; removes nothing (for the watchdog's thread: the
         caller's thread compares them at its next call)."""
-        for count, expected, ncols, what, seq, token in list(self._pending):
-            page = self._rows[count % PAGES]
-            if page[:, 0].min() < count:
-                return None
-            got = page[:, _HEADER:_HEADER + ncols].tobytes()
-            # The caller's thread may have compared this post meanwhile and a peer begun to
-            # reuse the page (its header is written last): a post compared since is not ours
-            # to judge.
-            if self._compared >= count or (page[:, 0] != count).any():
-                return None
-            try:
-                if not self._alike(got, expected, ncols, token):
-                    return PostedMismatch(what, seq, self._array(got, ncols), self._array(expected, ncols))
-            except Exception:  # noqa: BLE001 - rows read while replaced: the caller's thread decides
-                return None
+        for entry in list(self._pending):
+            found = self._compare(entry)
+            if found is not False:
+                return found
         return None
 
-    @staticmethod
-    def _array(raw: bytes, ncols: int) -> np.ndarray:
-        return np.frombuffer(raw, dtype=np.int64).reshape(-1, ncols).copy()
-
-    def _alike(self, got: bytes, expected: bytes, ncols: int, token) -> bool:
-        return got == expected or (self.accept is not None and self.accept(token, self._array(got, ncols)))
+    def _compare(self, entry):
+        """One pending post against what the peers published: None where some peer's row is
+        not there yet (or the post was compared since, on another thread), False where the
+        rows are alike (or ``accept`` takes them), else the :class:`PostedMismatch`."""
+        count, expected, ncols, what, seq, token = entry
+        page = self._rows[count % PAGES]
+        if page[:, 0].min() < count:
+            return None
+        got = page[:, _HEADER:_HEADER + ncols].tobytes()
+        # posted_mismatch() on the watchdog's thread: the caller's thread may have compared
+        # this post meanwhile and a peer begun to reuse the page (its header is written last)
+        if self._compared >= count or (page[:, 0] != count).any():
+            return None
+        if got == expected:
+            return False
+        rows = np.frombuffer(got, dtype=np.int64).reshape(-1, ncols).copy()
+        if self.accept is not None and self.accept(token, rows):
+            return False
+        return PostedMismatch(what, seq, rows, np.frombuffer(expected, dtype=np.int64).reshape(-1, ncols).copy())
 
     @property
     def pending_posts(self) -> int:
@@ -240,37 +242,28 @@ class HostBoard:
         """Write ``row`` as the next exchange's, once every peer has read what that page held
         (the exchange ``PAGES`` before: its ``consumed`` count has passed it)."""
         count = self.count + 1
-        if count > PAGES and self._consumed.min() < count - PAGES:  # (the ring has room: no wait to set up)
-            self._wait(lambda: self._ring_waiting(count), what, seq, timeout_s, verify=True)
+        need = count - PAGES
+        if count > PAGES and self._consumed.min() < need:
+            # Peers that have not read the page yet. This rank's own posts there are compared
+            # meanwhile (verify): every peer that read the page published those rows too.
+            self._wait(lambda: [p for p in range(self.world) if p != self.rank and self._consumed[p] < need],
+                       what, seq, timeout_s, verify=True)
         self.count = count
         page = self._rows[count % PAGES]
         page[self.rank, _HEADER:_HEADER + len(row)] = row
         page[self.rank, 1] = int(posted)
         page[self.rank, 0] = count  # published last: a peer that sees it sees the row
 
-    def _ring_waiting(self, count: int) -> list[int]:
-        """The ranks that keep exchange ``count`` from its page: peers that have not read it
-        yet, and, where this rank has not compared its own post there yet, the peers whose row
-        for that post is not published."""
-        need = count - PAGES
-        waiting = {p for p in range(self.world) if p != self.rank and self._consumed[p] < need}
-        if self._consumed[self.rank] < need and self._pending:
-            oldest = self._pending[0][0]
-            page = self._rows[oldest % PAGES]
-            waiting |= {p for p in range(self.world) if page[p, 0] < oldest}
-        return sorted(waiting)
-
-    def _verify(self, block: bool) -> None:
+    def _verify(self) -> None:
         """Compare the pending posts, oldest first, whose rows every peer has published; the
         own ``consumed`` count follows (a peer may then reuse those pages)."""
         while self._pending:
-            count, expected, ncols, what, seq, token = self._pending[0]
-            page = self._rows[count % PAGES]
-            if page[:, 0].min() < count:
+            count = self._pending[0][0]
+            found = self._compare(self._pending[0])
+            if found is None:
                 return
-            got = page[:, _HEADER:_HEADER + ncols].tobytes()
-            if not self._alike(got, expected, ncols, token):
-                raise PostedMismatch(what, seq, self._array(got, ncols), self._array(expected, ncols))
+            if found is not False:
+                raise found
             self._pending.popleft()
             self._compared = count  # before the consumed count lets a peer reuse the page
             # read up to the next pending post, or everything but an exchange's own rows not
@@ -289,11 +282,11 @@ class HostBoard:
         spins = 0
         while True:
             if verify:
-                self._verify(block=False)
+                self._verify()
             waiting = waiting_for()
             if not waiting:
                 if verify:  # what became comparable while waiting, compared before going on
-                    self._verify(block=False)
+                    self._verify()
                 return
             spins += 1
             if spins > 1000:  # spin first: peers usually arrive within microseconds

@@ -65,6 +65,21 @@ def _addresses(own_rank: int, input, output, views, workspace):
 # builds lack the raw accessor).
 _raw_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
                or (lambda device_index: torch.cuda.current_stream(device_index).cuda_stream))
+_CURRENT: dict = {}  # (raw handle, device index) -> torch Stream
+
+
+def current_stream(device_index: int):
+    """The current stream of ``device_index``, found by its raw handle: ``torch.cuda.current_stream()``
+    builds a new Stream object each time (2.6 us per call on H200 x4, scripts/host_floor.py).
+    A handle names one stream while it lives; a reused handle is the same CUDA stream to every
+    record and wait made on it (they go by handle)."""
+    key = (_raw_stream(device_index), device_index)
+    stream = _CURRENT.get(key)
+    if stream is None:
+        if len(_CURRENT) >= 64:
+            _CURRENT.clear()
+        stream = _CURRENT[key] = torch.cuda.current_stream(device_index)
+    return stream
 
 
 class SymmetricRegistry:
@@ -133,7 +148,6 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._spin_index = spin
         self._spin_words = self._pads[rank] + 4 * spin
         self._device_index = device.index if device.index is not None else torch.cuda.current_device()
-        self._caller_streams: dict[int, object] = {}  # raw handle -> torch Stream
         # Slot streams: a pipeline's (conccl.pipeline) has one per peer, the own copy's, its GEMM's.
         self._streams = [torch.cuda.Stream(device) for _ in range(world + 2)]
         self._cu_streams: dict[int, object] = {}  # stream handle -> CUstream
@@ -236,17 +250,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         return program
 
     def _current_stream(self):
-        """The caller's current stream, from its raw handle: ``torch.cuda.current_stream()``
-        builds a new Stream object each time (2.6 us per call on H200 x4, scripts/host_floor.py)."""
-        handle = _raw_stream(self._device_index)
-        stream = self._caller_streams.get(handle)
-        if stream is None:
-            if len(self._caller_streams) >= 64:
-                self._caller_streams.clear()
-            # A handle names one stream while it lives; a reused handle is the same CUDA stream
-            # to every call made here (records and waits go by handle).
-            stream = self._caller_streams[handle] = torch.cuda.current_stream(self.device)
-        return stream
+        """The caller's current stream (:func:`current_stream`)."""
+        return current_stream(self._device_index)
 
     def _cu_stream(self, stream) -> object:
         handle = stream.cuda_stream

@@ -27,6 +27,7 @@ import contextlib
 
 import torch
 
+from ..executors.cuda_ce import current_stream
 from ._state import ORIGINAL
 
 
@@ -86,29 +87,10 @@ def free_unsharded_param(self) -> None:
     outs = self.all_gather_outputs
     if mark is not None and outs and outs[0].is_cuda and outs[0].untyped_storage().size():
         pools, parity = mark
-        index = outs[0].device.index
-        handle = _raw_stream(index)
-        event = pools.freed[parity].get(handle)
+        stream = current_stream(outs[0].device.index)
+        event = pools.freed[parity].get(stream.cuda_stream)
         if event is None:
-            event = pools.freed[parity][handle] = torch.cuda.Event()
-        event.record(_stream(handle, index))
+            event = pools.freed[parity][stream.cuda_stream] = torch.cuda.Event()
+        event.record(stream)
     ORIGINAL["free_unsharded_param"](self)
 
-
-# The current stream's raw handle without a Stream object (torch.cuda.current_stream builds one,
-# ~2.6 us); older builds lack the accessor.
-_raw_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
-               or (lambda index: torch.cuda.current_stream(index).cuda_stream))
-_STREAMS: dict = {}
-
-
-def _stream(handle: int, index: int):
-    """The current stream, whose raw handle is ``handle``, as a Stream object (Event.record
-    takes one), made once per handle: a handle names one stream while it lives, and a reused
-    handle is the same CUDA stream to every record made here (as the executor's caller streams)."""
-    stream = _STREAMS.get((handle, index))
-    if stream is None:
-        if len(_STREAMS) >= 64:
-            _STREAMS.clear()
-        stream = _STREAMS[(handle, index)] = torch.cuda.current_stream(index)
-    return stream

@@ -346,13 +346,7 @@ class Group(CollectiveMethods):
         step = self.board.row_len
         for i in range(0, len(values), step):
             part = values[i:i + step]
-            try:
-                rows = self.board.exchange(part, f"conccl {what}", timeout_s)
-            except PostedMismatch as e:
-                self._posted_mismatch(e)
-            except (CollectiveTimeout, GroupBroken) as e:
-                self.fail(e)
-                raise
+            rows = self._board_exchange(part, f"conccl {what}", timeout_s)
             for r in range(self.world):
                 out[r].extend(rows[r, :len(part)].tolist())
         return out
@@ -570,8 +564,13 @@ class Group(CollectiveMethods):
         (unless a peer posted this call: ``_settle``).
         """
         local.row[_F_SEQ] = seq
+        return self._board_exchange(local.row, f"conccl {local.coll.name}", timeout_s, seq)
+
+    def _board_exchange(self, row, what: str, timeout_s: float, seq: int | None = None):
+        """The board's exchange of ``row``; a peer that never comes, or an earlier posted call
+        found to have differed, breaks the group."""
         try:
-            return self.board.exchange(local.row, f"conccl {local.coll.name}", timeout_s, seq)
+            return self.board.exchange(row, what, timeout_s, seq)
         except PostedMismatch as e:
             self._posted_mismatch(e)
         except (CollectiveTimeout, GroupBroken) as e:
