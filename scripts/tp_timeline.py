@@ -1,18 +1,28 @@
-"""Where the time of an all-gather+GEMM pipeline goes on two GPUs: one profiled call per
-implementation, the GPU timeline of rank 0 (every kernel and copy: stream, start, duration).
+"""Where the time of an all-gather+GEMM goes on two GPUs, per shape and implementation: the GPU
+timelines of profiled calls, timed as ``conccl bench tp`` times them (issue 39, item 1).
 
-`conccl bench tp` on 2 x H100 (benchmarks/2026-11-25-h100x2) measured conccl's `direct`
-schedule at 1.06-1.21x of the GEMM alone where the planner's model (the shipped H100 table)
-predicts 0.99-1.07x, and finer
-grains and PyTorch's async-TP 2-10% faster. This separates the candidates: GEMM kernels slower
-beside the copies (contention), the GEMM stream idle while it waits for rows (exposed transfer),
-host gaps, and the staging copy of a plain-tensor shard into the symmetric workspace.
+Every implementation runs once per round, in turn (clock and power drift fall on all alike),
+each call queued while the GPU sleeps (a ``torch.cuda._sleep`` kernel on the caller's stream),
+so the call's GPU work starts when the sleep ends, with the host's queueing hidden as in a
+training step whose host runs ahead. ``--rounds`` rounds are profiled after warm-ups; per
+call, from the end of its sleep kernel:
 
-    PYTHONPATH=src python3 scripts/tp_timeline.py --shape 8192x8192x14336 --json OUT.json
+- ``wall``: to the end of the call's last GPU operation (any stream);
+- ``gemm``: the GEMM kernels' summed time, and over the GEMM alone's kernel in the same rounds
+  (> 1: the split and the copies beside it slow the GEMM's kernels);
+- ``no_gemm``: wall time with no GEMM kernel running (what the pipeline exposes): ``head``
+  before the first GEMM, ``gaps`` between GEMMs, ``tail`` after the last;
+- ``stage``: same-GPU copies (``Memcpy DtoD``: the shard staged into symmetric memory, the own
+  chunk into the output), ``peer``: the copy engines' peer copies (``Memcpy PtoP``), their
+  summed time and when the last one ends;
+- ``other``: every other kernel (async-TP's barrier, conccl's reduction).
 
-Needs 2 or more GPUs. Prints, per implementation: wall time of the call (CUDA events, median of
-10), the GEMM kernels' summed time against the GEMM alone, the GEMM stream's idle time inside
-the call, and every copy (start and end relative to the call's first GPU activity).
+Medians over the profiled rounds, per rank; the printed table is rank 0's, the JSON has every
+rank's. Needs 2 or more GPUs::
+
+    PYTHONPATH=src python3 scripts/tp_timeline.py --shapes 8192x8192x14336,4096x8192x8192 \\
+        --schedules direct,direct-p2,direct-s2,direct-p2-s2 --json OUT/tp_timeline.json \\
+        --markdown OUT/tp_timeline.md
 """
 from __future__ import annotations
 
@@ -26,121 +36,188 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+SLEEP_CYCLES = 2_000_000  # ~1 ms at H100/H200 clocks: longer than queueing any call
 
-def _trace(fn):
-    from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    dist.barrier()
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        fn()
-        torch.cuda.synchronize()
+def _gpu_events(prof) -> list:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = json.load(open(f.name)).get("traceEvents", [])
-    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    if not gpu:
-        return []
-    t0 = min(e["ts"] for e in gpu)
-    return sorted(({"stream": e.get("args", {}).get("stream", e.get("tid")), "cat": e["cat"], "name": e["name"][:80],
-                    "start_us": round(e["ts"] - t0, 1), "dur_us": round(e.get("dur", 0), 1)} for e in gpu),
-                  key=lambda e: e["start_us"])
+    return sorted(({"stream": e.get("args", {}).get("stream", e.get("tid")), "cat": e["cat"], "name": e["name"],
+                    "start": float(e["ts"]), "end": float(e["ts"]) + float(e.get("dur", 0))}
+                   for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                  key=lambda e: e["start"])
 
 
-def _is_gemm(name: str) -> bool:
-    n = name.lower()
-    return any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90"))
+def _is_sleep(e) -> bool:
+    return e["cat"] == "kernel" and "spin" in e["name"].lower()
 
 
-def _summary(timeline, gemm_alone_us):
-    gemms = [e for e in timeline if e["cat"] == "kernel" and _is_gemm(e["name"])]
-    if not gemms:
+def _is_gemm(e) -> bool:
+    n = e["name"].lower()
+    return e["cat"] == "kernel" and any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_"))
+
+
+def _union(spans) -> float:
+    total, end = 0.0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def split_calls(events) -> list:
+    """The GPU operations of each call: those after a sleep kernel's end and before the next
+    sleep kernel's start (the calls of a round never overlap: each is synchronised)."""
+    sleeps = [e for e in events if _is_sleep(e)]
+    calls = []
+    for i, s in enumerate(sleeps):
+        stop = sleeps[i + 1]["start"] if i + 1 < len(sleeps) else float("inf")
+        calls.append((s["end"], [e for e in events if not _is_sleep(e) and s["end"] <= e["start"] < stop]))
+    return calls
+
+
+def call_summary(t0: float, ops: list) -> dict:
+    """One call's figures (microseconds from ``t0``, the end of its sleep)."""
+    if not ops:
         return {}
-    stream = statistics.mode(e["stream"] for e in gemms)
-    on = sorted((e for e in timeline if e["stream"] == stream), key=lambda e: e["start_us"])
-    span = on[-1]["start_us"] + on[-1]["dur_us"] - on[0]["start_us"]
-    busy = sum(e["dur_us"] for e in on)
-    return {"gemm_kernels": len(gemms), "gemm_us": round(sum(e["dur_us"] for e in gemms), 1),
-            "gemm_over_alone": round(sum(e["dur_us"] for e in gemms) / gemm_alone_us, 3),
-            "gemm_stream_idle_us": round(span - busy, 1),
-            "first_gemm_start_us": gemms[0]["start_us"],
-            "copies": [(e["stream"], e["name"][:40], e["start_us"], round(e["start_us"] + e["dur_us"], 1))
-                       for e in timeline if e["cat"] == "gpu_memcpy"]}
+    end = max(e["end"] for e in ops)
+    gemms = [e for e in ops if _is_gemm(e)]
+    busy = _union([(e["start"], e["end"]) for e in gemms])
+    copies = [e for e in ops if e["cat"] == "gpu_memcpy"]
+    stage = [e for e in copies if "DtoD" in e["name"]]
+    peer = [e for e in copies if "PtoP" in e["name"]]
+    other = [e for e in ops if e["cat"] == "kernel" and not _is_gemm(e)]
+    first = min((e["start"] for e in gemms), default=end)
+    last = max((e["end"] for e in gemms), default=end)
+    return {"wall": end - t0, "gemm": sum(e["end"] - e["start"] for e in gemms), "gemm_kernels": len(gemms),
+            "gemm_streams": len({e["stream"] for e in gemms}), "no_gemm": (end - t0) - busy,
+            "head": first - t0, "tail": end - last, "gaps": (last - first) - busy,
+            "stage": sum(e["end"] - e["start"] for e in stage),
+            "peer": sum(e["end"] - e["start"] for e in peer),
+            "peer_end": max((e["end"] for e in peer), default=t0) - t0,
+            "other": sum(e["end"] - e["start"] for e in other)}
 
 
-def _rank(rank, world, shapes, schedules):
+def _medians(summaries: list) -> dict:
+    keys = summaries[0].keys() if summaries else ()
+    return {k: round(statistics.median(s[k] for s in summaries), 1) for k in keys}
+
+
+def _rank(rank, world, shapes, schedules, warmup, rounds):
+    from torch.profiler import ProfilerActivity, profile
+
     import conccl
-    ctp = conccl.tp  # a lazy attribute (conccl.integrations.tp), not a module to import
-    from torch.distributed import _symmetric_memory as symm_mem
+    from conccl.bench.tp import _async_tp
+    ctp = conccl.tp
 
-    group_name = dist.group.WORLD.group_name
-    symm_mem.enable_symm_mem_for_group(group_name)
+    async_tp = _async_tp(torch, dist)
     out = []
     for M, K, N in shapes:
         g = torch.Generator(device="cuda").manual_seed(rank)
-        a = torch.randn(M // world, K, device="cuda", dtype=torch.bfloat16, generator=g)
-        a_symm = conccl.empty(M // world, K, dtype=torch.bfloat16)
-        a_symm.copy_(a)
-        w = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=torch.Generator(device="cuda").manual_seed(9))
+        a = torch.randn(M // world, K, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.25
+        w = torch.randn(K, N, device="cuda", dtype=torch.bfloat16,
+                        generator=torch.Generator(device="cuda").manual_seed(9)) / K ** 0.25
         full = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
-        impls = {"gemm_alone": lambda: torch.mm(full, w)}
+        prod = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        auto = ctp.resolve_schedule("auto", "ag_gemm", M, K, N, world, a.dtype, a.device).name
+        impls = {"gemm_alone": lambda: torch.mm(full, w, out=prod)}
         for s in schedules:
             impls[f"conccl {s}"] = lambda s=s: ctp.all_gather_matmul(a, w, schedule=s)
-            impls[f"conccl {s}, shard in conccl.empty"] = lambda s=s: ctp.all_gather_matmul(a_symm, w, schedule=s)
-        impls["torch async-TP"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [w], 0, group_name)
-        rec = {"shape": f"{M}x{K}x{N}", "impls": {}}
-        for name, fn in impls.items():
-            for _ in range(3):
+        impls[f"conccl auto ({auto})"] = lambda: ctp.all_gather_matmul(a, w, schedule="auto")
+        if async_tp is not None:
+            impls["torch async-TP"] = lambda: async_tp.ag(a, w)
+        names, fns = list(impls), list(impls.values())
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        timed = {n: [] for n in names}
+
+        def one_round(record):
+            for n, fn in zip(names, fns):
+                torch.cuda._sleep(SLEEP_CYCLES)
+                start.record()
                 fn()
-            times = []
-            for _ in range(10):
-                torch.cuda.synchronize()
-                dist.barrier()
-                torch.cuda._sleep(2_000_000)  # the host queues the call before the start event fires
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                torch.cuda.synchronize()
-                times.append(s.elapsed_time(e) * 1e3)
-            timeline = _trace(fn)
-            rec["impls"][name] = {"us": round(statistics.median(times), 1), "timeline": timeline if rank == 0 else None}
-        alone = rec["impls"]["gemm_alone"]["us"]
-        for name, r in rec["impls"].items():
-            r["over_alone"] = round(r["us"] / alone, 3)
-            if r["timeline"]:
-                r["summary"] = _summary(r["timeline"], alone)
+                end.record()
+                end.synchronize()
+                if record:
+                    timed[n].append(1e3 * start.elapsed_time(end))
+
+        for _ in range(warmup):
+            one_round(False)
+        torch.cuda.synchronize()
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(rounds):
+                one_round(True)
+            torch.cuda.synchronize()
+        calls = split_calls(_gpu_events(prof))
+        if len(calls) != rounds * len(names):
+            raise RuntimeError(f"found {len(calls)} calls in the trace, expected {rounds * len(names)}")
+        per = {n: [] for n in names}
+        for i, (t0, ops) in enumerate(calls):
+            per[names[i % len(names)]].append(call_summary(t0, ops))
+        rec = {"shape": f"{M}x{K}x{N}", "rank": rank, "auto": auto, "impls": {}}
+        for n in names:
+            rec["impls"][n] = dict(_medians(per[n]), events_us=round(statistics.median(timed[n]), 1))
+        alone = rec["impls"]["gemm_alone"]
+        for n, r in rec["impls"].items():
+            r["over_alone"] = round(r["events_us"] / alone["events_us"], 3)
+            r["gemm_over_alone"] = round(r["gemm"] / alone["gemm"], 3) if alone.get("gemm") else None
         out.append(rec)
     return out
 
 
+COLUMNS = ("events_us", "over_alone", "wall", "gemm", "gemm_over_alone", "gemm_streams", "no_gemm", "head", "gaps",
+           "tail", "stage", "peer", "peer_end", "other")
+
+
+def markdown(results, meta) -> str:
+    lines = [f"# Where an all-gather+GEMM's time goes ({meta.get('device')}, world {len(results)})", "",
+             f"{meta.get('date')}, commit {meta.get('commit')}, torch {torch.__version__}. Microseconds, medians of "
+             f"{meta.get('rounds')} profiled rounds in turn, rank 0 (`events_us`, `over_alone`: CUDA events of the "
+             "same rounds; the slowest rank's in the JSON). See the script's doc for each column.", ""]
+    lines += ["| shape | impl | " + " | ".join(COLUMNS) + " |", "| --- | --- |" + " --- |" * len(COLUMNS)]
+    for rec in results[0]:
+        for n, r in rec["impls"].items():
+            cells = [("" if r.get(c) is None else format(r[c], "g")) for c in COLUMNS]
+            lines.append(f"| {rec['shape']} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="8192x8192x14336,4096x8192x8192", help="MxKxN,... (M: the gathered rows)")
-    ap.add_argument("--schedules", default="direct,direct-p2,ring-p2")
+    ap.add_argument("--shapes", default="8192x8192x14336,4096x8192x8192", help="MxKxN,... (M: the gathered rows)")
+    ap.add_argument("--schedules", default="direct,direct-p2,ring-p2,direct-s2,direct-p2-s2")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--machine-kind", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None)
     a = ap.parse_args()
     if torch.cuda.device_count() < 2:
         print("needs 2 or more GPUs", file=sys.stderr)
         return 2
     os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+    from conccl.bench.environment import environment
     from conccl.launch import run_per_gpu
 
-    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shape.split(",")]
-    results = run_per_gpu(_rank, shapes, a.schedules.split(","))
-    for rec in results[0]:
-        print(f"\n{rec['shape']} (rank 0; slowest rank's wall time in the JSON)")
-        for name, r in rec["impls"].items():
-            slowest = max(res[[x["shape"] for x in res].index(rec["shape"])]["impls"][name]["us"] for res in results)
-            sm = r.get("summary", {})
-            print(f"  {name:<38} {r['us']:8.1f} us (slowest rank {slowest:8.1f}) {r['over_alone']:.3f}x | GEMM kernels "
-                  f"{sm.get('gemm_kernels')} {sm.get('gemm_us')} us = {sm.get('gemm_over_alone')}x alone, GEMM stream idle "
-                  f"{sm.get('gemm_stream_idle_us')} us, first GEMM at {sm.get('first_gemm_start_us')} us")
-            for c in sm.get("copies", [])[:8]:
-                print(f"      copy stream {c[0]} {c[1]:<40} {c[2]:8.1f} .. {c[3]:8.1f} us")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
+    results = run_per_gpu(_rank, shapes, a.schedules.split(","), a.warmup, a.rounds)
+    meta = dict(environment(a.machine_kind, len(results)), rounds=a.rounds)
+    for per_rank in zip(*results):  # the slowest rank's events time beside rank 0's figures
+        for n, r in per_rank[0]["impls"].items():
+            r["events_us_slowest_rank"] = max(x["impls"][n]["events_us"] for x in per_rank)
+    text = markdown(results, meta)
+    print(text)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"meta": meta, "ranks": results}, f, indent=1)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(text)
     return 0
 
 

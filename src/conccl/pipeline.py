@@ -21,7 +21,11 @@ Streams of an all-gather + GEMM, world 3, rank 0, direct order, 2 pieces per sha
     slot 0 (control)  stage · READY(s) -> 1, 2 ·································· wait DONE(s)
     slot 1 (peer 1)   wait READY(s) of 1 · piece 1.0 · mark · piece 1.1 · mark · DONE(s) -> 1
     slot 2 (peer 2)   wait READY(s) of 2 · piece 2.0 · mark · piece 2.1 · mark · DONE(s) -> 2
-    slot 4 (GEMM)     own rows · await 1.0 · rows 1.0 · await 2.0 · rows 2.0 · await 1.1 · ...
+    slot 3 (GEMM)     own rows · await 1.0 · rows 1.0 · await 2.0 · rows 2.0 · await 1.1 · ...
+
+With ``gemm_streams=2`` (``direct-p2-s2``) the GEMM steps alternate over two slots, so a step
+can start while the previous one's last wave still runs (own rows · await 2.0 · rows 2.0 ·
+... on one, await 1.0 · rows 1.0 · await 1.1 · ... on the other).
 
 Every wait is a stream memory operation (``cuStreamWaitValue32`` on the CUDA executor): no
 kernel spins. The schedule choice (:class:`TPSchedule`) is plain data too: the planner's
@@ -51,25 +55,31 @@ class TPSchedule:
     ``pieces``: each rank's shard is cut into that many row pieces (1: shard-level, FiCCO's
     coarse grain; more: its finer grain); ``gemm_pieces``: how many landed pieces one GEMM
     covers (the GEMM grain, decoupled from the transfer grain; rows must be contiguous);
-    ``serial``: the whole collective, then one GEMM (the baseline every schedule must equal).
+    ``serial``: the whole collective, then one GEMM (the baseline every schedule must equal);
+    ``gemm_streams``: the GEMM steps alternate over that many streams (1 or 2), so a step whose
+    rows have landed starts on the SMs the previous step's last wave leaves idle, as PyTorch's
+    async-TP runs its two GEMMs at world 2 (on one stream each step waits for the last one's tail).
     """
 
     serial: bool = False
     order: Order = Order.DIRECT
     pieces: int = 1
     gemm_pieces: int = 1
+    gemm_streams: int = 1
 
     def __post_init__(self):
         if not isinstance(self.order, Order):
             raise InvalidArgument(f"order must be a conccl.pipeline.Order, got {self.order!r}")
         if self.pieces < 1 or self.gemm_pieces < 1:
             raise InvalidArgument(f"pieces and gemm_pieces must be >= 1, got {self.pieces}, {self.gemm_pieces}")
-        if self.serial and (self.pieces, self.gemm_pieces) != (1, 1):
+        if self.gemm_streams not in (1, 2):
+            raise InvalidArgument(f"gemm_streams must be 1 or 2, got {self.gemm_streams}")
+        if self.serial and (self.pieces, self.gemm_pieces, self.gemm_streams) != (1, 1, 1):
             raise InvalidArgument("a serial schedule moves whole shards and runs one GEMM")
 
     @property
     def name(self) -> str:
-        """How results and the CLI spell it: serial, ring, direct, direct-p4, direct-p4-g2."""
+        """How results and the CLI spell it: serial, ring, direct, direct-p4, direct-p4-g2, direct-s2."""
         if self.serial:
             return "serial"
         s = self.order.value
@@ -77,6 +87,8 @@ class TPSchedule:
             s += f"-p{self.pieces}"
         if self.gemm_pieces > 1:
             s += f"-g{self.gemm_pieces}"
+        if self.gemm_streams > 1:
+            s += f"-s{self.gemm_streams}"
         return s
 
     @classmethod
@@ -87,13 +99,14 @@ class TPSchedule:
         head, *rest = name.split("-")
         try:
             order = Order(head)
-            kw = {"pieces": 1, "gemm_pieces": 1}
+            kw = {"pieces": 1, "gemm_pieces": 1, "gemm_streams": 1}
             for part in rest:
-                key = {"p": "pieces", "g": "gemm_pieces"}[part[0]]
+                key = {"p": "pieces", "g": "gemm_pieces", "s": "gemm_streams"}[part[0]]
                 kw[key] = int(part[1:])
         except (ValueError, KeyError, IndexError):
-            raise InvalidArgument(f"unknown tensor-parallel schedule {name!r}: serial, ring, direct, or ORDER-pK-gG "
-                                  "(e.g. direct-p4-g2: each shard in 4 pieces, one GEMM per 2 pieces)") from None
+            raise InvalidArgument(f"unknown tensor-parallel schedule {name!r}: serial, ring, direct, or ORDER-pK-gG-sS "
+                                  "(e.g. direct-p4-g2: each shard in 4 pieces, one GEMM per 2 pieces; -s2: the "
+                                  "GEMM steps alternate over 2 streams)") from None
         return cls(order=order, **kw)
 
     def stream_mode(self) -> StreamMode:
@@ -147,6 +160,13 @@ def _gemm_steps(order, rows: int, gemm_pieces: int):
     return steps
 
 
+def _gemm_slots(steps: list, streams: int) -> list:
+    """The GEMM steps' ops dealt round-robin over ``streams`` slots (step i on slot i % streams):
+    each slot's steps stay in order, and a step waits only for its own pieces, not for the
+    step before it on the other stream."""
+    return [[op for step in steps[k::streams] for op in step] for k in range(streams)]
+
+
 def gemm_steps(world: int, rank: int, tp: TPSchedule, rows: int, scatter: bool = False) -> list:
     """The GEMM steps of a pipeline, in the order its GEMM slot runs them: ``[(row_start,
     row_end, ((peer, piece), ...)), ...]`` (rows of the gathered operand / of the product).
@@ -196,18 +216,17 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
                                                     dst_offset=t.dst_offset + a * row_bytes, nbytes=(b - a) * row_bytes)))
                 out.append(Mark(_word(p, j, npieces), p))
         slots.append(out)
-    gemm: list = []
+    steps: list = []  # each GEMM step's ops: the waits for its pieces, then the step
     if tp.serial:
         # One GEMM reads every row from the output: the own chunk too, once copied there.
-        gemm += [AwaitMark(_word(p, j, npieces), p) for p, j, _ in order]
-        gemm += [AwaitMark(_word(rank, 0, npieces), rank)] if own_copied else []
-        gemm.append(Compute(0, 0, world * rows))
+        awaits = [AwaitMark(_word(p, j, npieces), p) for p, j, _ in order]
+        awaits += [AwaitMark(_word(rank, 0, npieces), rank)] if own_copied else []
+        steps.append(awaits + [Compute(0, 0, world * rows)])
     else:
-        gemm.append(Compute(0, rank * rows, (rank + 1) * rows, own=True))
+        steps.append([Compute(0, rank * rows, (rank + 1) * rows, own=True)])
         for i, (start, end, pieces) in enumerate(_gemm_steps(order, rows, tp.gemm_pieces), start=1):
-            gemm += [AwaitMark(_word(p, j, npieces), p) for p, j in pieces]
-            gemm.append(Compute(i, start, end))
-    slots.append(gemm)
+            steps.append([AwaitMark(_word(p, j, npieces), p) for p, j in pieces] + [Compute(i, start, end)])
+    slots += _gemm_slots(steps, tp.gemm_streams)
     return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots if s))
 
 
@@ -243,13 +262,11 @@ def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: 
                 out.append(Copy(dataclasses.replace(t, src_offset=t.src_offset + a * row_bytes,
                                                     dst_offset=t.dst_offset + a * row_bytes, nbytes=(b - a) * row_bytes)))
         slots.append(out)
-    gemm: list = []
+    steps: list = []  # each GEMM step's ops: the step, then the marks of the pieces it made
     if tp.serial:
-        gemm.append(Compute(0, 0, world * rows))
-        gemm += [Mark(_word(p, j, npieces), p) for p, j, _ in order + own]
+        steps.append([Compute(0, 0, world * rows)] + [Mark(_word(p, j, npieces), p) for p, j, _ in order + own])
     else:
         for i, (start, end, pieces) in enumerate(_gemm_steps(order + own, rows, tp.gemm_pieces)):
-            gemm.append(Compute(i, start, end))
-            gemm += [Mark(_word(p, j, npieces), p) for p, j in pieces]
-    slots.append(gemm)
+            steps.append([Compute(i, start, end)] + [Mark(_word(p, j, npieces), p) for p, j in pieces])
+    slots += _gemm_slots(steps, tp.gemm_streams)
     return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots if s))

@@ -8,7 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4", "direct-p4-g2", "ring-p2", "auto")
+SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4", "direct-p4-g2", "ring-p2", "direct-s2",
+             "direct-p2-s2", "auto")
 
 
 def _kernels(prof) -> set:

@@ -16,7 +16,8 @@ from conccl.launch import spawn  # noqa: E402
 from conccl.pipeline import SERIAL, Order, TPSchedule  # noqa: E402
 from conccl.planner import tp as tp_planner  # noqa: E402
 
-SCHEDULES = ["serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "auto"]
+SCHEDULES = ["serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "direct-s2",
+             "ring-p2-g2-s2", "auto"]
 
 
 def _ints(shape, seed, dtype=torch.float32):

@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from rig.common import bits_equal, sm_kernels, small_ints
 
-TP_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "auto")
+TP_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "direct-p2-s2",
+                "auto")
 
 def tp(rank, world, cases, report):
     """conccl.tp: every pipeline schedule against the serial result, bit for bit; the kernels a

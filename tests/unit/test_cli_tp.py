@@ -16,6 +16,8 @@ from conccl.planner import tp as tpp
     (["study", "tp", "--out", "X", "--chunks", "0,2"], ">= 1"),
     (["bench", "tp", "--out", "X", "--ops", "all_gather"], "known: ag_gemm"),
     (["bench", "tp", "--out", "X", "--schedules", "direct-q2"], "unknown tensor-parallel schedule"),
+    (["bench", "tp", "--out", "X", "--block", "8192x4096"], "TOKENSxDxFFN"),
+    (["bench", "tp", "--out", "X", "--block", "8192x0x7"], "TOKENSxDxFFN"),
     (["plan", "tp", "--shape", "1001x8x8", "--world", "2"], "divisible"),
     (["plan", "tp"], "--shape"),
     (["plan", "tp", "--shape", "8x8x8", "--markdown", "m.md"], "--evaluate"),

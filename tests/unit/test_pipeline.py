@@ -13,13 +13,22 @@ from conccl.planner import tp as tp_planner
 from conccl.schedule import AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, StreamMode
 
 SCHEDULES = [SERIAL, TPSchedule(order=Order.RING), TPSchedule(), TPSchedule(pieces=4),
-             TPSchedule(pieces=4, gemm_pieces=2), TPSchedule(order=Order.RING, pieces=3, gemm_pieces=3)]
+             TPSchedule(pieces=4, gemm_pieces=2), TPSchedule(order=Order.RING, pieces=3, gemm_pieces=3),
+             TPSchedule(gemm_streams=2), TPSchedule(pieces=3, gemm_streams=2),
+             TPSchedule(order=Order.RING, pieces=2, gemm_pieces=2, gemm_streams=2)]
+
+
+def _gemm_slots(s):
+    """The slots that run GEMM steps (one, or two with gemm_streams=2), and the others."""
+    gemm = [ops for ops in s.slots if any(isinstance(op, Compute) for op in ops)]
+    return gemm, [ops for ops in s.slots if not any(isinstance(op, Compute) for op in ops)]
 
 
 def test_schedule_names_round_trip_and_bad_names_are_refused():
     for tp in SCHEDULES:
         assert TPSchedule.parse(tp.name) == tp
-    for bad in ("fast", "direct-x2", "direct-p", "ring-p0", "serial-p2"):
+    assert TPSchedule.parse("direct-p2-s2") == TPSchedule(pieces=2, gemm_streams=2)
+    for bad in ("fast", "direct-x2", "direct-p", "ring-p0", "serial-p2", "direct-s3", "direct-s0"):
         with pytest.raises(InvalidArgument):
             TPSchedule.parse(bad)
     with pytest.raises(InvalidArgument):
@@ -57,15 +66,17 @@ def test_gather_pipeline_moves_every_byte_once_and_computes_every_row_once(world
                 if isinstance(op, AwaitMark):
                     assert op.word in marks  # every wait has a writer
         assert computed == [1] * (world * rows)
-        # The GEMM slot waits, before each step, for the marks of the rows that step reads.
-        gemm = s.slots[-1]
-        landed = set()
-        for op in gemm:
-            if isinstance(op, AwaitMark):
-                landed.add(op.peer)
-            elif isinstance(op, Compute) and not op.own:
-                owners = {r // rows for r in range(op.row_start, op.row_end)} - ({rank} if tp.serial else set())
-                assert owners <= landed | ({rank} if world == 1 else set())
+        # Each GEMM slot waits, before each step, for the marks of the rows that step reads.
+        gemm, _ = _gemm_slots(s)
+        assert len(gemm) == (min(tp.gemm_streams, len(gemm_steps(world, rank, tp, rows))))
+        for ops in gemm:
+            landed = set()
+            for op in ops:
+                if isinstance(op, AwaitMark):
+                    landed.add(op.peer)
+                elif isinstance(op, Compute) and not op.own:
+                    owners = {r // rows for r in range(op.row_start, op.row_end)} - ({rank} if tp.serial else set())
+                    assert owners <= landed | ({rank} if world == 1 else set())
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
@@ -75,15 +86,20 @@ def test_scatter_pipeline_sends_each_piece_after_its_rows_are_computed(world, tp
     for rank in range(world):
         flat = plan_reduce_scatter(world, rank, rows * row_bytes, "float32", stream_mode=tp.stream_mode())
         s = gemm_then_scatter(flat, tp, rows, row_bytes)
-        written = {}  # mark word -> rows computed before it
-        computed = set()
-        for op in s.slots[-1]:
-            if isinstance(op, Compute):
-                computed |= set(range(op.row_start, op.row_end))
-            elif isinstance(op, Mark):
-                written[op.word] = set(computed)
-        assert computed == set(range(world * rows))
-        for ops in s.slots[:-1]:
+        written = {}  # mark word -> rows computed before it on its slot
+        every = set()
+        gemm, copies = _gemm_slots(s)
+        for ops in gemm:
+            computed = set()
+            for op in ops:
+                if isinstance(op, Compute):
+                    assert not computed & set(range(op.row_start, op.row_end))
+                    computed |= set(range(op.row_start, op.row_end))
+                elif isinstance(op, Mark):
+                    written[op.word] = set(computed)
+            every |= computed
+        assert every == set(range(world * rows))
+        for ops in copies:
             pending = None
             for op in ops:
                 if isinstance(op, AwaitMark):
@@ -109,8 +125,10 @@ def test_gemm_steps_match_the_pipelines_compute_ops():
                 flat = (plan_reduce_scatter(world, 1, 48, "float32", stream_mode=tp.stream_mode()) if scatter
                         else plan_all_gather(world, 1, 48, stream_mode=tp.stream_mode()))
                 s = (gemm_then_scatter if scatter else gather_then_gemm)(flat, tp, 6, 8)
-                ops = [(op.row_start, op.row_end) for op in s.slots[-1] if isinstance(op, Compute)]
-                assert ops == [(a, b) for a, b, _ in gemm_steps(world, 1, tp, 6, scatter)]
+                computes = sorted((op for ops in s.slots for op in ops if isinstance(op, Compute)),
+                                  key=lambda op: op.index)
+                assert [(op.row_start, op.row_end) for op in computes] == [(a, b) for a, b, _ in
+                                                                           gemm_steps(world, 1, tp, 6, scatter)]
 
 
 def test_too_many_pieces_for_the_marks_are_refused():

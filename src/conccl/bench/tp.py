@@ -77,9 +77,11 @@ def grain_of(tp: TPSchedule) -> str:
     return f"p{tp.pieces}-g{tp.gemm_pieces}"
 
 
-def timed_in_turn(torch, fns: list, warmup: int, runs: int, host: list | None = None) -> list[list[float]]:
+def timed_in_turn(torch, fns: list, warmup: int, runs: int, host: list | None = None,
+                  sleep_cycles: int = HOST_AHEAD_CYCLES) -> list[list[float]]:
     """Milliseconds per run of each of ``fns``, timed in rounds that run each once, in turn.
-    ``host``: a list that receives, per fn, the host's milliseconds to queue each run."""
+    ``host``: a list that receives, per fn, the host's milliseconds to queue each run;
+    ``sleep_cycles``: the GPU's sleep before each run, longer than the host's queueing of it."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out: list[list[float]] = [[] for _ in fns]
     queued: list[list[float]] = [[] for _ in fns]
@@ -88,7 +90,7 @@ def timed_in_turn(torch, fns: list, warmup: int, runs: int, host: list | None = 
             # The GPU sleeps while the host queues the run: the events time the GPU's work, not
             # the host's launches (which a training step's host, running ahead, hides; where it
             # cannot, at small shapes, the host time is the figure: ``host``).
-            torch.cuda._sleep(HOST_AHEAD_CYCLES)
+            torch.cuda._sleep(sleep_cycles)
             start.record()
             t0 = time.perf_counter()
             fn()

@@ -1,13 +1,16 @@
 """``conccl bench tp``: tensor-parallel ops (conccl.tp) against the GEMM alone, NCCL and async-TP."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 import torch
 
 from ..bench import tp as bench_tp
+from ..bench import tp_block
 from ..bench.environment import environment
+from ..jsonfile import write_text
 from ..launch import run_per_gpu, under_torchrun
 from ..pipeline import TPSchedule
 from ..planner.timing import MAX_WORLD
@@ -37,6 +40,12 @@ def add_parser(sub) -> None:
     b.add_argument("--gpus", type=int_range(1, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
     b.add_argument("--model-world", type=int_range(2, MAX_WORLD), default=2,
                    help="one GPU: the pipeline world whose GEMM steps are timed (default 2)")
+    b.add_argument("--block", nargs="?", const="x".join(map(str, tp_block.DEFAULT_BLOCK)), default=None,
+                   metavar="TOKENSxDxFFN",
+                   help="time a sequence-parallel SwiGLU MLP block forward+backward instead of single ops "
+                        "(default 8192x4096x14336: tokens over all ranks, model width, ffn width): compute only, "
+                        "serial NCCL, async-TP and conccl.tp's layers with each of --schedules (default auto); "
+                        "writes block.json and block.md")
     add_machine_kind(b, "JSON")
 
 
@@ -59,9 +68,44 @@ def _progress(r) -> None:
     print(f"  {r.op} {r.M}x{r.K}x{r.N} {r.impl} {r.schedule or ''}: {what}", file=sys.stderr, flush=True)
 
 
+def _block_shape(text: str) -> tuple[int, int, int]:
+    try:
+        shape = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) <= 0:
+        raise UsageError(f"--block: expected TOKENSxDxFFN (three positive integers), got {text!r}")
+    return shape
+
+
+def _block_progress(r) -> None:
+    what = f"error {r.error}" if r.error else f"{r.ms:.3f} ms, {r.ratio or 0:.3f}x compute only"
+    print(f"  block {r.impl} {r.schedule or ''}: {what}", file=sys.stderr, flush=True)
+
+
+def _run_block(args, shape, out, world: int, meta: dict) -> int:
+    schedules = ("auto",) if args.schedules == ",".join(bench_tp.DEFAULT_SCHEDULES) else config(args).schedules
+    if world < 2:
+        raise UsageError("conccl bench tp --block needs 2 or more GPUs (a sharded block has peers)")
+    if shape[0] % world or shape[2] % world:
+        raise UsageError(f"--block {args.block}: tokens and ffn must be divisible by the world size {world}")
+    records = run_per_gpu(tp_block.run_rank, shape, schedules, args.warmup, args.runs, args.dtype, _block_progress,
+                          nprocs=args.gpus, timeout_s=3600)[0]
+    if under_torchrun() and int(os.environ["RANK"]) != 0:
+        return EXIT_OK
+    out.mkdir(parents=True, exist_ok=True)
+    doc = tp_block.document(meta, records, args.warmup, args.runs)
+    write_text(out / "block.json", json.dumps(doc, indent=1))
+    write_text(out / "block.md", tp_block.markdown(doc))
+    print(tp_block.markdown(doc))
+    bad = [r for r in records if r.error or (r.rel_diff_vs_unsharded or 0) > tp_block.UNSHARDED_TOL]
+    return EXIT_FAILED if bad else EXIT_OK
+
+
 def run(args) -> int:
     cfg = config(args)
     out = check_out_dir(args.out, "--out")
+    block = _block_shape(args.block) if args.block is not None else None
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not visible:
         raise UsageError("conccl bench tp runs on CUDA GPUs and none is visible")
@@ -70,6 +114,8 @@ def run(args) -> int:
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or visible)
     meta = environment(args.machine_kind, world)
     print(f"# conccl bench tp on {world} x {meta['device']}: progress on stderr", flush=True)
+    if args.block is not None:
+        return _run_block(args, block, out, world, meta)
     if world == 1:
         torch.cuda.set_device(0)
         records = bench_tp.run_rank(0, 1, cfg, _progress)
