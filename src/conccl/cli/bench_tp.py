@@ -49,10 +49,13 @@ def add_parser(sub) -> None:
     add_machine_kind(b, "JSON")
 
 
-def config(args) -> bench_tp.TPBenchConfig:
+def config(args, allow_auto: bool = False) -> bench_tp.TPBenchConfig:
+    """``allow_auto``: --schedules may name "auto" (the block bench's layers take it)."""
     ops = comma_list(args.ops, bench_tp.OPS, "--ops")
     schedules = tuple(x.strip() for x in args.schedules.split(",") if x.strip())
     for name in schedules:
+        if allow_auto and name == "auto":
+            continue
         try:
             TPSchedule.parse(name)
         except ValueError as e:
@@ -84,7 +87,9 @@ def _block_progress(r) -> None:
 
 
 def _run_block(args, shape, out, world: int, meta: dict) -> int:
-    schedules = ("auto",) if args.schedules == ",".join(bench_tp.DEFAULT_SCHEDULES) else config(args).schedules
+    schedules = ("auto",)
+    if args.schedules != ",".join(bench_tp.DEFAULT_SCHEDULES):  # asked for: "auto" or schedule names
+        schedules = tuple(x.strip() for x in args.schedules.split(",") if x.strip())
     if world < 2:
         raise UsageError("conccl bench tp --block needs 2 or more GPUs (a sharded block has peers)")
     if shape[0] % world or shape[2] % world:
@@ -103,9 +108,9 @@ def _run_block(args, shape, out, world: int, meta: dict) -> int:
 
 
 def run(args) -> int:
-    cfg = config(args)
-    out = check_out_dir(args.out, "--out")
     block = _block_shape(args.block) if args.block is not None else None
+    cfg = config(args, allow_auto=block is not None)
+    out = check_out_dir(args.out, "--out")
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not visible:
         raise UsageError("conccl bench tp runs on CUDA GPUs and none is visible")
