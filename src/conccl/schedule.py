@@ -230,6 +230,13 @@ class Reduce:
         return self.nbytes // ELEMENT_BYTES[self.dtype] * ELEMENT_BYTES[self.out_dtype]
 
 
+def max_slots(world: int) -> int:
+    """The most stream slots any schedule of ``world`` ranks has (executors make that many
+    streams): one per peer, a control slot, and in a pipeline (:mod:`conccl.pipeline`) up to
+    two GEMM slots."""
+    return world + 3
+
+
 # Words per pad for marks: a pipeline's pieces (world x pieces per shard) each take one.
 MARK_WORDS = 256
 

@@ -92,9 +92,13 @@ def _settled(rank, world, group, cases):
         cases.append((f"settled all_to_all step {step}", bits_equal(a2a_out, REGISTRY["all_to_all"].reference(a2a_every, rank))))
     if group.options.one_shot_below or group.options.nccl_below:
         return  # one-shot calls (CONCCL_ONE_SHOT_BELOW) and calls routed to NCCL never post
-    # three collectives, each posting from its (POST_AFTER + 1)-th call on
+    # each collective whose plan no peer's row can change posts from its (POST_AFTER + 1)-th
+    # call on: the all-gather and the reduce-scatter; an all-to-all never (its plan reads what
+    # the peers send each other, Collective.plan_fixed_by_own_row)
+    posting = [c for c in ("all_gather", "reduce_scatter", "all_to_all") if REGISTRY[c].plan_fixed_by_own_row(world)]
+    assert posting == ["all_gather", "reduce_scatter"], posting
     cases.append((f"settled calls posted ({group.board.posts - before} of {3 * calls})",
-                  group.board.posts - before == 3 * (calls - POST_AFTER)))
+                  group.board.posts - before == len(posting) * (calls - POST_AFTER)))
 
 
 def persistent(rank, world, cases, report):

@@ -10,7 +10,7 @@ from conccl.errors import InvalidArgument
 from conccl.pipeline import (SERIAL, Order, TPSchedule, gather_then_gemm, gemm_steps, gemm_then_scatter,
                              split_rows)
 from conccl.planner import tp as tp_planner
-from conccl.schedule import AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, StreamMode
+from conccl.schedule import AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, StreamMode, max_slots
 
 SCHEDULES = [SERIAL, TPSchedule(order=Order.RING), TPSchedule(), TPSchedule(pieces=4),
              TPSchedule(pieces=4, gemm_pieces=2), TPSchedule(order=Order.RING, pieces=3, gemm_pieces=3),
@@ -50,6 +50,7 @@ def test_gather_pipeline_moves_every_byte_once_and_computes_every_row_once(world
     for rank in range(world):
         flat = plan_all_gather(world, rank, rows * row_bytes, stream_mode=tp.stream_mode())
         s = gather_then_gemm(flat, tp, rows, row_bytes)
+        assert len(s.slots) <= max_slots(world)  # the streams an executor has
         covered = bytearray(world * rows * row_bytes)
         for t in s.transfers:
             if t.dst is Buf.OUTPUT and t.dst_rank == rank:
@@ -86,6 +87,7 @@ def test_scatter_pipeline_sends_each_piece_after_its_rows_are_computed(world, tp
     for rank in range(world):
         flat = plan_reduce_scatter(world, rank, rows * row_bytes, "float32", stream_mode=tp.stream_mode())
         s = gemm_then_scatter(flat, tp, rows, row_bytes)
+        assert len(s.slots) <= max_slots(world)
         written = {}  # mark word -> rows computed before it on its slot
         every = set()
         gemm, copies = _gemm_slots(s)

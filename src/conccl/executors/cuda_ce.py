@@ -38,7 +38,7 @@ from torch.distributed import _symmetric_memory as symm_mem
 from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
-from ..schedule import (MARK_WORDS, Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, signal_pad_words,
+from ..schedule import (MARK_WORDS, Buf, max_slots, Schedule, Signal, StreamMode, awaited_peers, mark_index, signal_pad_words,
                         signal_word, workspace_half)
 from ..work import NCCL, Work
 from .base import GrowingWorkspace
@@ -148,8 +148,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._spin_index = spin
         self._spin_words = self._pads[rank] + 4 * spin
         self._device_index = device.index if device.index is not None else torch.cuda.current_device()
-        # Slot streams: a pipeline's (conccl.pipeline) has one per peer, the own copy's, its GEMM's.
-        self._streams = [torch.cuda.Stream(device) for _ in range(world + 2)]
+        self._streams = [torch.cuda.Stream(device) for _ in range(max_slots(world))]  # one per slot
         self._cu_streams: dict[int, object] = {}  # stream handle -> CUstream
         self._cu_streams_pool = [self._cu_stream(st) for st in self._streams]
         self._join = [torch.cuda.Event() for _ in self._streams]
