@@ -37,6 +37,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from .collectives.direct import number_slots
 from .errors import InvalidArgument
 from .schedule import MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, Schedule, StreamMode
 
@@ -185,25 +186,35 @@ def gemm_steps(world: int, rank: int, tp: TPSchedule, rows: int, scatter: bool =
     return [(rank * rows, (rank + 1) * rows, ())] + _gemm_steps(order, rows, tp.gemm_pieces)
 
 
-def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int) -> Schedule:
+def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int, keep_own: bool = True) -> Schedule:
     """An all-gather+GEMM pipeline from the agreed pull all-gather ``schedule`` of ``rows``
     rows of ``row_bytes`` bytes per rank (see the module doc). The GEMM slot computes the own
     rows first (from the input: no wait), then each step as its pieces land; in ``serial``
-    one GEMM over every row once all have landed. A pure function of plain data."""
+    one GEMM over every row once all have landed. A pure function of plain data.
+
+    The own chunk's copy into the output (a same-GPU copy: SM work) is for the caller only, as
+    no pipelined GEMM step reads it: ``keep_own`` False drops it (the gathered output is not
+    returned), True runs it after the last GEMM step. Where the flat schedule had it, in a
+    slot of its own, it raced the GEMM steps for the SMs and, queued first, could hold the
+    second step back by its whole length (measured: 0.1 ms of a 2.2 ms call on 2 x H200)."""
     _check(schedule, tp, rows, row_bytes)
     rank, world = schedule.rank, schedule.world
     chunk = rows * row_bytes
     order = _piece_order(world, rank, tp, rows)
     npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
     own_copied = False  # a serial GEMM reads the own chunk from the output: after its copy
+    own_copy = []  # a pipelined schedule's own-chunk copy, moved behind the GEMM steps
     slots = []
     for ops in schedule.slots:
         out = []
         for op in ops:
             t = op.transfer if isinstance(op, Copy) else None
-            if t is not None and t.phase is Phase.LOCAL and t.dst is Buf.OUTPUT and tp.serial:
-                out += [op, Mark(_word(rank, 0, npieces), rank)]
-                own_copied = True
+            if t is not None and t.phase is Phase.LOCAL and t.dst is Buf.OUTPUT:
+                if tp.serial:
+                    out += [op, Mark(_word(rank, 0, npieces), rank)]
+                    own_copied = True
+                elif keep_own:
+                    own_copy.append(op)
                 continue
             if t is None or t.phase is not Phase.PEER or t.dst is not Buf.OUTPUT or t.dst_rank != rank:
                 out.append(op)
@@ -226,8 +237,9 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
         steps.append([Compute(0, rank * rows, (rank + 1) * rows, own=True)])
         for i, (start, end, pieces) in enumerate(_gemm_steps(order, rows, tp.gemm_pieces), start=1):
             steps.append([AwaitMark(_word(p, j, npieces), p) for p, j in pieces] + [Compute(i, start, end)])
-    slots += _gemm_slots(steps, tp.gemm_streams)
-    return dataclasses.replace(schedule, slots=tuple(tuple(s) for s in slots if s))
+    gemm = _gemm_slots(steps, tp.gemm_streams)
+    gemm[(len(steps) - 1) % len(gemm)] += own_copy  # after the last step, on its stream
+    return dataclasses.replace(schedule, slots=number_slots(slots + gemm))
 
 
 def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int) -> Schedule:

@@ -187,3 +187,27 @@ def test_a_pipeline_lowers_its_marks_to_the_own_pads_mark_words_and_hands_back_i
     assert [(c.row_start, c.row_end, c.own) for c in computes] == [(0, 4, True), (4, 6, False), (6, 8, False)]
     with pytest.raises(TypeError, match="mark"):
         lower(s, address, [0x1000, 0x2000])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("tp", [t for t in SCHEDULES if not t.serial], ids=lambda t: t.name)
+def test_the_own_chunk_is_copied_after_the_last_gemm_step_or_not_at_all(world, tp):
+    rows, row_bytes, rank = 6, 16, 1
+    flat = plan_all_gather(world, rank, rows * row_bytes, stream_mode=tp.stream_mode())
+    assert any(t.phase is Phase.LOCAL for t in flat.transfers)  # the flat all-gather copies it
+    own = range(rank * rows * row_bytes, (rank + 1) * rows * row_bytes)
+    dropped = gather_then_gemm(flat, tp, rows, row_bytes, keep_own=False)
+    assert not any(t.phase is Phase.LOCAL for t in dropped.transfers)
+    assert {t.dst_offset // (rows * row_bytes) for t in dropped.transfers if t.dst is Buf.OUTPUT} == \
+        set(range(world)) - {rank}
+    kept = gather_then_gemm(flat, tp, rows, row_bytes)
+    local = [(k, i) for k, ops in enumerate(kept.slots) for i, op in enumerate(ops)
+             if isinstance(op, Copy) and op.transfer.phase is Phase.LOCAL]
+    assert len(local) == 1
+    k, i = local[0]
+    t = kept.slots[k][i].transfer
+    assert t.dst_offset == own.start and t.nbytes == len(own) and t.slot == k
+    last = max((op for ops in kept.slots for op in ops if isinstance(op, Compute)), key=lambda op: op.index)
+    assert last in kept.slots[k][:i]  # behind the last GEMM step, on its stream
+    for n, ops in enumerate(kept.slots):  # every transfer numbered with the slot it sits in
+        assert all(op.transfer.slot == n for op in ops if isinstance(op, Copy))

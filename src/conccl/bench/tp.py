@@ -254,9 +254,18 @@ def _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, asyn
 class _AsyncTP:
     def __init__(self, torch, group_name):
         self.torch, self.group_name = torch, group_name
+        self.return_a = False  # as conccl's op without return_gathered: the gathered A not made
 
     def ag(self, a, w):
-        return self.torch.ops.symm_mem.fused_all_gather_matmul(a, [w], 0, self.group_name)[1][0]
+        op = self.torch.ops.symm_mem.fused_all_gather_matmul
+        if not self.return_a:
+            try:
+                return op(a, [w], 0, self.group_name, return_A=False)[1][0]
+            except (TypeError, RuntimeError) as e:  # a PyTorch whose op has no return_A
+                if "return_A" not in str(e):
+                    raise
+                self.return_a = True
+        return op(a, [w], 0, self.group_name)[1][0]
 
     def rs(self, a, w):
         return self.torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, self.group_name)

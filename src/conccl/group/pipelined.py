@@ -24,16 +24,18 @@ def _prepare(group, timeout):
 
 
 def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row_bytes: int, compute,
-                            async_op: bool = False, timeout=None):
+                            async_op: bool = False, timeout=None, keep_own: bool = True):
     """All-gather ``input`` (``rows`` rows of ``row_bytes`` bytes) into ``output`` with
     ``compute(op)`` called for each :class:`~conccl.schedule.Compute` step of the pipeline
     ``tp``, each on a stream where the rows it names have landed (own rows: read them from
-    ``input``). Pull, on the copy engines; the GEMM steps on the pipeline's own stream."""
+    ``input``). Pull, on the copy engines; the GEMM steps on the pipeline's own stream.
+    ``keep_own`` False: the output's own chunk is left unwritten (the caller does not read
+    it; a pipelined schedule's GEMM steps never do), saving a same-GPU copy on SMs."""
     local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, tp.stream_mode())
     timeout_s = _prepare(group, timeout)
     schedule, views = group._agree(local, timeout_s)
-    moved = _moved(group, schedule, "gather_then_gemm", (tp, rows, row_bytes),
-                   lambda s: gather_then_gemm(s, tp, rows, row_bytes))
+    moved = _moved(group, schedule, "gather_then_gemm", (tp, rows, row_bytes, keep_own),
+                   lambda s: gather_then_gemm(s, tp, rows, row_bytes, keep_own))
     return group._execute(moved, input, output, async_op, timeout_s, views, compute=compute)
 
 

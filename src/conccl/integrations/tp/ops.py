@@ -183,7 +183,10 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
         for w, out in zip(weights, outs):
             torch.mm(src, w, out=out[op.row_start:op.row_end])
 
-    work = all_gather_then_compute(g, gathered, a2, tp, rows, K * a.element_size(), compute, async_op, timeout)
+    # Not returned, the gathered rows' own chunk is never read (the own GEMM step reads a2):
+    # no copy of it.
+    work = all_gather_then_compute(g, gathered, a2, tp, rows, K * a.element_size(), compute, async_op, timeout,
+                                   keep_own=return_gathered)
 
     def shaped(t):
         t = t.view(world * a.shape[0], *a.shape[1:-1], t.shape[-1])
