@@ -204,11 +204,16 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
     npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
     own_copied = False  # a serial GEMM reads the own chunk from the output: after its copy
     own_copy = []  # a pipelined schedule's own-chunk copy, moved behind the GEMM steps
+    staged = False  # the shard is staged for the peers (a same-GPU copy: SMs) before READY
     slots = []
     for ops in schedule.slots:
         out = []
         for op in ops:
             t = op.transfer if isinstance(op, Copy) else None
+            if t is not None and t.phase is Phase.STAGE and not tp.serial:
+                out += [op, Mark(_word(rank, 0, npieces), rank)]
+                staged = True
+                continue
             if t is not None and t.phase is Phase.LOCAL and t.dst is Buf.OUTPUT:
                 if tp.serial:
                     out += [op, Mark(_word(rank, 0, npieces), rank)]
@@ -234,7 +239,12 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
         awaits += [AwaitMark(_word(rank, 0, npieces), rank)] if own_copied else []
         steps.append(awaits + [Compute(0, 0, world * rows)])
     else:
-        steps.append([Compute(0, rank * rows, (rank + 1) * rows, own=True)])
+        # The own rows' step waits for the staging copy: queued beside it, the GEMM takes
+        # every SM first and the copy (so the peers' pulls, so the next step) waits for its
+        # end (measured on 2 x H200: a 0.33 ms gap in a 2.3 ms call; async-TP issues its copy
+        # first for the same reason).
+        wait_stage = [AwaitMark(_word(rank, 0, npieces), rank)] if staged else []
+        steps.append(wait_stage + [Compute(0, rank * rows, (rank + 1) * rows, own=True)])
         for i, (start, end, pieces) in enumerate(_gemm_steps(order, rows, tp.gemm_pieces), start=1):
             steps.append([AwaitMark(_word(p, j, npieces), p) for p, j in pieces] + [Compute(i, start, end)])
     gemm = _gemm_slots(steps, tp.gemm_streams)

@@ -182,7 +182,8 @@ def test_a_pipeline_lowers_its_marks_to_the_own_pads_mark_words_and_hands_back_i
     mark_words = [(sig.is_wait, (sig.address - 0x9000) // 4) for sig in signals if sig.address >= 0x9000]
     written = sorted(w for wait, w in mark_words if not wait)
     awaited = sorted(w for wait, w in mark_words if wait)
-    assert written == awaited == [2, 3]  # peer 1's two pieces: words 1 * 2 + j
+    # peer 1's two pieces (words 1 * 2 + j), and the staging copy (the own word 0 * 2 + 0)
+    assert written == awaited == [0, 2, 3]
     computes = [st.op for st in lowered[-1] if isinstance(st, ComputeStep)]
     assert [(c.row_start, c.row_end, c.own) for c in computes] == [(0, 4, True), (4, 6, False), (6, 8, False)]
     with pytest.raises(TypeError, match="mark"):
@@ -211,3 +212,23 @@ def test_the_own_chunk_is_copied_after_the_last_gemm_step_or_not_at_all(world, t
     assert last in kept.slots[k][:i]  # behind the last GEMM step, on its stream
     for n, ops in enumerate(kept.slots):  # every transfer numbered with the slot it sits in
         assert all(op.transfer.slot == n for op in ops if isinstance(op, Copy))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("tp", [t for t in SCHEDULES if not t.serial], ids=lambda t: t.name)
+def test_the_own_gemm_step_waits_for_the_staging_copy(world, tp):
+    rows, row_bytes, rank = 6, 16, 0
+    for symmetric in (False, True):  # a symmetric input is not staged: nothing to wait for
+        flat = plan_all_gather(world, rank, rows * row_bytes, stream_mode=tp.stream_mode(), input_symmetric=symmetric)
+        s = gather_then_gemm(flat, tp, rows, row_bytes)
+        stage = [(ops, i) for ops in s.slots for i, op in enumerate(ops)
+                 if isinstance(op, Copy) and op.transfer.phase is Phase.STAGE]
+        own = [(ops, i) for ops in s.slots for i, op in enumerate(ops) if isinstance(op, Compute) and op.own]
+        assert len(own) == 1 and len(stage) == (0 if symmetric else 1)
+        ops, i = own[0]
+        waits = [op for op in ops[:i] if isinstance(op, AwaitMark)]
+        if symmetric:
+            assert not waits
+            continue
+        sops, j = stage[0]
+        assert isinstance(sops[j + 1], Mark) and waits == [AwaitMark(sops[j + 1].word, sops[j + 1].peer)]
