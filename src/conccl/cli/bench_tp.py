@@ -1,6 +1,7 @@
 """``conccl bench tp``: tensor-parallel ops (conccl.tp) against the GEMM alone, NCCL and async-TP."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -13,8 +14,11 @@ from ..bench.environment import environment
 from ..jsonfile import write_text
 from ..launch import run_per_gpu, under_torchrun
 from ..pipeline import TPSchedule
+from ..planner import tp as tp_planner
+from ..planner.profile import ProfileError, load_profile
 from ..planner.timing import MAX_WORLD
-from .common import EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, comma_list, int_range
+from .common import (EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, check_out_file, comma_list,
+                     int_range)
 from .study_tp import parse_shapes
 
 IMPLS = ("gemm_only", "serial_nccl", "serial_conccl", "torch_async_tp", "conccl", "conccl_auto")
@@ -46,6 +50,10 @@ def add_parser(sub) -> None:
                         "(default 8192x4096x14336: tokens over all ranks, model width, ffn width): compute only, "
                         "serial NCCL, async-TP and conccl.tp's layers with each of --schedules (default auto); "
                         "writes block.json and block.md")
+    b.add_argument("--profile", metavar="FILE",
+                   help="on 2 or more GPUs: also keep the pipelines' times in this hardware profile (a `conccl study` "
+                        "profile.json of this GPU, rewritten in place), so that schedule='auto' runs the fastest "
+                        "schedule measured for these shapes (CONCCL_PROFILE=FILE)")
     add_machine_kind(b, "JSON")
 
 
@@ -69,6 +77,21 @@ def config(args, allow_auto: bool = False) -> bench_tp.TPBenchConfig:
 def _progress(r) -> None:
     what = f"error {r.error}" if r.error else f"{r.ms:.3f} ms, {r.ratio_to_gemm:.3f}x GEMM{' WRONG' if r.wrong else ''}"
     print(f"  {r.op} {r.M}x{r.K}x{r.N} {r.impl} {r.schedule or ''}: {what}", file=sys.stderr, flush=True)
+
+
+def _profile_to_keep(path: str, block):
+    """The hardware profile --profile names, read and checked writable before the measuring."""
+    if block is not None:
+        raise UsageError("--profile keeps the op bench's pipelines; --block times a whole block: drop one")
+    try:
+        profile = load_profile(path)
+    except ProfileError as e:
+        raise UsageError(f"--profile: {e}") from None
+    check_out_file(path, "--profile")
+    here = torch.cuda.get_device_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
+    if here is not None and profile.device != here:
+        raise UsageError(f"--profile {path} was measured on {profile.device!r}, this GPU is {here!r}")
+    return profile
 
 
 def _block_shape(text: str) -> tuple[int, int, int]:
@@ -111,6 +134,7 @@ def run(args) -> int:
     block = _block_shape(args.block) if args.block is not None else None
     cfg = config(args, allow_auto=block is not None)
     out = check_out_dir(args.out, "--out")
+    profile = _profile_to_keep(args.profile, block) if args.profile else None
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not visible:
         raise UsageError("conccl bench tp runs on CUDA GPUs and none is visible")
@@ -132,4 +156,10 @@ def run(args) -> int:
     doc = bench_tp.document(meta, cfg, records)
     bench_tp.write(out, doc)
     print(bench_tp.markdown(doc))
+    if profile is not None:
+        if world < 2:
+            raise UsageError("--profile keeps pipelines timed on 2 or more GPUs; this run had one")
+        table = dict(profile.tp, pipelines=tp_planner.pipelines_from_bench([doc]))
+        write_text(args.profile, dataclasses.replace(profile, tp=table).to_json())
+        print(f"conccl bench tp: kept the pipelines' times in {args.profile} (its tp table's pipelines)")
     return EXIT_FAILED if any(r.error or r.wrong for r in records) else EXIT_OK

@@ -18,6 +18,12 @@ The model follows FiCCO's two losses, from measurements wherever they exist:
 
 Then it plays the schedule's GEMM steps (:func:`conccl.pipeline.gemm_steps`, the same list the
 pipeline runs) against the pieces' landing times. A pure function of plain data.
+
+Where whole pipelines were timed on several GPUs (``conccl bench tp`` on >= 2 GPUs, kept as the
+table's ``pipelines``: :func:`pipelines_from_bench`), a shape measured at the world size asked
+is planned from those times instead: the fastest schedule measured. One GPU cannot see what a
+pipeline exposes before its first step, nor the copies' contention, so the model alone misses
+by 3-13%; the measured best is what ``auto`` should run where it exists.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ import json
 import math
 import os
 import pathlib
+import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -59,6 +66,9 @@ class TPModel:
     hbm_bytes_per_s: float
     contention: float = DEFAULT_CONTENTION
     gemm_scale: float = 1.0  # every GEMM time multiplied by it (to time a measured decomposition)
+    # Whole pipelines timed on several GPUs: {"world": W, op: {"MxKxN": {schedule: ratio to the
+    # GEMM alone}}} (:func:`pipelines_from_bench`); empty: none
+    pipelines: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def gemm_s(self, rows: int, K: int, N: int, M: int | None = None) -> float:
         """Seconds of one GEMM of ``rows`` rows with a ``K x N`` weight, run as a piece of a
@@ -115,10 +125,44 @@ def model_from(profile: HardwareProfile | None = None, table: dict | None = None
     named ``device_name``, :func:`embedded_gpu`)."""
     p = profile or load_profile()
     t = table if table is not None else (getattr(p, "tp", None) or _embedded_table(embedded_gpu(device_name)))
+    if not t.get("rows_ms"):  # timed pipelines alone (bench tp --profile): the GPU's shipped GEMM steps
+        t = {**_embedded_table(embedded_gpu(device_name)), **t}
     rows_ms = {k: {int(r): float(v) for r, v in rows.items()} for k, rows in t.get("rows_ms", {}).items()}
     eff = p.gemm_efficiency.get("compute-bound", 0.7) if isinstance(p.gemm_efficiency, dict) else 0.7
     return TPModel(rows_ms, p.bf16_flops * eff, p.sm_count, p.nvlink_bytes_per_s, p.hbm_bytes_per_s,
-                   DEFAULT_CONTENTION if contention is None else contention)
+                   DEFAULT_CONTENTION if contention is None else contention, pipelines=t.get("pipelines") or {})
+
+
+def measured_pipelines(model: TPModel, op: str, M: int, K: int, N: int, world: int) -> dict:
+    """{schedule name: ratio to the GEMM alone} of ``op`` on this shape timed as whole pipelines
+    on ``world`` GPUs, or {} where it was not."""
+    if model.pipelines.get("world") != world:
+        return {}
+    return dict(model.pipelines.get(op, {}).get(f"{M}x{K}x{N}", {}))
+
+
+def pipelines_from_bench(docs: list) -> dict:
+    """The ``pipelines`` table from ``conccl bench tp`` results (``tp.json`` documents) of
+    several GPUs: per op, shape and conccl schedule, the median over the runs of its ratio to
+    the GEMM alone. Every document must come from one world size; those of one GPU (GEMM steps
+    alone, no pipeline) are refused."""
+    runs: dict = {}
+    worlds, dtypes = set(), {(doc.get("config") or {}).get("dtype", "bfloat16") for doc in docs}
+    if len(dtypes) != 1:
+        raise InvalidArgument(f"pipelines come from runs of one dtype; these have {sorted(dtypes)}")
+    for doc in docs:
+        for r in doc.get("results", ()):
+            if r.get("impl") != "conccl" or r.get("error") or not r.get("ratio_to_gemm") or r.get("wrong"):
+                continue
+            worlds.add(r["world"])
+            key = f"{r['M']}x{r['K']}x{r['N']}"
+            runs.setdefault(r["op"], {}).setdefault(key, {}).setdefault(r["schedule"], []).append(r["ratio_to_gemm"])
+    if len(worlds) != 1 or min(worlds) < 2:
+        raise InvalidArgument(f"pipelines come from runs on one world size of >= 2 GPUs; these have {sorted(worlds)}")
+    out: dict = {"world": worlds.pop(), "dtype": dtypes.pop()}
+    for op, shapes in runs.items():
+        out[op] = {k: {n: round(statistics.median(v), 4) for n, v in sorted(by.items())} for k, by in sorted(shapes.items())}
+    return out
 
 
 def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, world: int, elem: int = 2) -> float:
@@ -221,6 +265,8 @@ class Choice:
     serial_s: float
     measured: bool  # the weight's GEMM times were measured (else the tile-wave model)
     ranked: tuple  # ((schedule name, seconds), ...) fastest first
+    # The pick is the fastest of whole pipelines timed on this many GPUs (None: the model's)
+    from_runs: int | None = None
 
 
 def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16", *,
@@ -234,11 +280,17 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
         raise InvalidArgument(f"M ({M}) must be divisible by the world size ({world})")
     m = model or _default_model(device_name, world, nvlinks, os.environ.get(shipped.ENV) or None)
     elem = 4 if dtype == "float32" else 2
-    ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem)) for tp in candidates(M, world)),
-                    key=lambda x: x[1])
-    serial = predict(m, op, SERIAL, M, K, N, world, elem)
-    return Choice(ranked[0][0], ranked[0][1], m.gemm_s(M, K, N), serial, m.measured(M, K, N),
-                  tuple((tp.name, s) for tp, s in ranked))
+    gemm = m.gemm_s(M, K, N)
+    runs = measured_pipelines(m, op, M, K, N, world) if dtype == m.pipelines.get("dtype", "bfloat16") else {}
+    if runs:  # timed on GPUs: the fastest measured (ties to the first name, every rank alike)
+        ranked = sorted(((TPSchedule.parse(n), r * gemm) for n, r in sorted(runs.items())), key=lambda x: x[1])
+        serial = runs["serial"] * gemm if "serial" in runs else predict(m, op, SERIAL, M, K, N, world, elem)
+    else:
+        ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem)) for tp in candidates(M, world)),
+                        key=lambda x: x[1])
+        serial = predict(m, op, SERIAL, M, K, N, world, elem)
+    return Choice(ranked[0][0], ranked[0][1], gemm, serial, m.measured(M, K, N),
+                  tuple((tp.name, s) for tp, s in ranked), world if runs else None)
 
 
 @lru_cache(maxsize=16)
@@ -261,5 +313,10 @@ def decomposition_s(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: 
 
 
 def without(model: TPModel, M: int, K: int, N: int) -> TPModel:
-    """``model`` without the measurements of shape M x K x N: how it predicts a shape it never saw."""
-    return dataclasses.replace(model, rows_ms={k: v for k, v in model.rows_ms.items() if k != f"{M}x{K}x{N}"})
+    """``model`` without the measurements of shape M x K x N (its GEMM steps and its timed
+    pipelines): how it predicts a shape it never saw."""
+    key = f"{M}x{K}x{N}"
+    pipelines = {op: ({k: v for k, v in by.items() if k != key} if isinstance(by, dict) else by)
+                 for op, by in model.pipelines.items()}
+    return dataclasses.replace(model, rows_ms={k: v for k, v in model.rows_ms.items() if k != key},
+                               pipelines=pipelines)

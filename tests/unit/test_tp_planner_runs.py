@@ -1,0 +1,73 @@
+"""The tensor-parallel planner from pipelines timed on several GPUs (conccl.planner.tp's
+``pipelines``): made from bench tp results, chosen from where they exist, the model elsewhere."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conccl.cli import main
+from conccl.errors import InvalidArgument
+from conccl.planner import tp as tpp
+
+
+def _doc(world=2, dtype="bfloat16", ratios=None, M=8192, K=8192, N=7168, op="ag_gemm"):
+    ratios = ratios or {"serial": 1.2, "direct": 1.05, "direct-p2": 1.03}
+    results = [{"op": op, "M": M, "K": K, "N": N, "world": world, "impl": "conccl", "schedule": n,
+                "ratio_to_gemm": r, "error": None, "wrong": False} for n, r in ratios.items()]
+    results.append({"op": op, "M": M, "K": K, "N": N, "world": world, "impl": "torch_async_tp", "schedule": None,
+                    "ratio_to_gemm": 1.0, "error": None, "wrong": False})  # not conccl's: not a candidate
+    results.append({"op": op, "M": M, "K": K, "N": N, "world": world, "impl": "conccl", "schedule": "ring",
+                    "ratio_to_gemm": 0.5, "error": None, "wrong": True})  # a wrong result never counts
+    return {"config": {"dtype": dtype}, "results": results}
+
+
+def test_the_table_is_the_median_of_the_runs_and_refuses_mixed_or_one_gpu_runs():
+    table = tpp.pipelines_from_bench([_doc(), _doc(ratios={"serial": 1.4, "direct": 1.01, "direct-p2": 1.09}),
+                                      _doc(ratios={"serial": 1.3, "direct": 1.02, "direct-p2": 1.04})])
+    assert table["world"] == 2 and table["dtype"] == "bfloat16"
+    assert table["ag_gemm"]["8192x8192x7168"] == {"direct": 1.02, "direct-p2": 1.04, "serial": 1.3}
+    for docs in ([_doc(), _doc(world=4)], [_doc(world=1)], [_doc(), _doc(dtype="float16")], []):
+        with pytest.raises(InvalidArgument):
+            tpp.pipelines_from_bench(docs)
+
+
+def test_auto_runs_the_fastest_measured_schedule_where_one_was_timed_and_the_model_elsewhere():
+    model = dataclasses.replace(tpp.model_from(device_name="NVIDIA H200"),
+                                pipelines=tpp.pipelines_from_bench([_doc(ratios={"serial": 0.9, "direct": 1.05})]))
+    c = tpp.choose("ag_gemm", 8192, 8192, 7168, 2, model=model)
+    assert c.schedule.name == "serial" and c.from_runs == 2  # what the runs say, however odd
+    assert c.predicted_s == pytest.approx(0.9 * c.gemm_alone_s) and c.serial_s == c.predicted_s
+    assert [n for n, _ in c.ranked] == ["serial", "direct"]
+    model_only = tpp.choose("ag_gemm", 8192, 8192, 7168, 2, model=dataclasses.replace(model, pipelines={}))
+    for other in (tpp.choose("ag_gemm", 8192, 8192, 7168, 4, model=model),  # another world
+                  tpp.choose("gemm_rs", 8192, 8192, 7168, 2, model=model),  # another op
+                  tpp.choose("ag_gemm", 8192, 8192, 7168, 2, "float16", model=model),  # another dtype
+                  tpp.choose("ag_gemm", 8192, 8192, 7168, 2, model=tpp.without(model, 8192, 8192, 7168))):
+        assert other.from_runs is None and len(other.ranked) > 2
+    assert model_only.from_runs is None and model_only.ranked[0][0] != "serial"
+
+
+def test_a_table_of_pipelines_alone_keeps_the_gpus_shipped_gemm_steps():
+    pipelines = tpp.pipelines_from_bench([_doc()])
+    m = tpp.model_from(table={"pipelines": pipelines}, device_name="NVIDIA H200")
+    assert m.rows_ms == tpp.model_from(device_name="NVIDIA H200").rows_ms and m.pipelines == pipelines
+
+
+def test_the_shipped_h200_table_has_two_gpu_pipelines_and_auto_takes_its_best():
+    m = tpp.model_from(device_name="NVIDIA H200")
+    runs = tpp.measured_pipelines(m, "ag_gemm", 16384, 8192, 14336, 2)
+    assert runs and m.pipelines["world"] == 2
+    c = tpp.choose("ag_gemm", 16384, 8192, 14336, 2, model=m)
+    assert c.schedule.name == min(runs, key=runs.get) and c.from_runs == 2
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["bench", "tp", "--out", "X", "--profile", "missing.json"], "--profile"),
+    (["bench", "tp", "--out", "X", "--block", "--profile", "p.json"], "--block"),
+])
+def test_bench_tp_profile_is_refused_before_measuring(argv, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
