@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -71,3 +72,28 @@ def test_bench_tp_profile_is_refused_before_measuring(argv, words, capsys, tmp_p
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1
+
+
+def test_a_profile_keeping_pipelines_loads_back_and_bad_tables_are_refused(tmp_path):
+    """What ``conccl bench tp --profile`` writes: a shipped profile with no tp table of its own
+    gets the GPU's shipped GEMM steps beside the pipelines, and loads back."""
+    from conccl.planner.profile import ProfileError, load_profile
+    from conccl.planner.shipped import shipped
+
+    name, prof = next((n, p) for n, p in shipped() if p.device == "NVIDIA H200")
+    assert not prof.tp
+    pipelines = tpp.pipelines_from_bench([_doc()])
+    table = tpp.with_pipelines(prof.tp, pipelines, prof.device)
+    path = tmp_path / "profile.json"
+    path.write_text(dataclasses.replace(prof, tp=table).to_json())
+    back = load_profile(path)
+    assert back.tp["pipelines"] == pipelines and back.tp["rows_ms"]
+    m = tpp.model_from(back, device_name=prof.device)
+    assert tpp.choose("ag_gemm", 8192, 8192, 7168, 2, model=m).schedule.name == "direct-p2"
+    for bad in ({"world": 1}, {"world": 2, "ag_gemm": {"8x8": {"direct": 1.0}}},
+                {"world": 2, "ag_gemm": {"8x8x8": {"fast": 1.0}}}, {"world": 2, "ag_gemm": {"8x8x8": {"direct": 0.1}}},
+                {"world": 2, "all_reduce": {}}):
+        doc = json.loads(prof.to_json())
+        path.write_text(json.dumps({**doc, "tp": {**table, "pipelines": bad}}))
+        with pytest.raises(ProfileError, match="tp.pipelines"):
+            load_profile(path)

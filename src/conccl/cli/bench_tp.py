@@ -159,7 +159,7 @@ def run(args) -> int:
     if profile is not None:
         if world < 2:
             raise UsageError("--profile keeps pipelines timed on 2 or more GPUs; this run had one")
-        table = dict(profile.tp, pipelines=tp_planner.pipelines_from_bench([doc]))
+        table = tp_planner.with_pipelines(profile.tp, tp_planner.pipelines_from_bench([doc]), meta["device"])
         write_text(args.profile, dataclasses.replace(profile, tp=table).to_json())
         print(f"conccl bench tp: kept the pipelines' times in {args.profile} (its tp table's pipelines)")
     return EXIT_FAILED if any(r.error or r.wrong for r in records) else EXIT_OK

@@ -90,10 +90,12 @@ def run(args) -> int:
     c = tpp.choose(args.op, M, K, N, args.world, args.dtype, model=model)
     doc = {"format": "conccl-tp-plan/1", "op": args.op, "M": M, "K": K, "N": N, "world": args.world,
            "schedule": c.schedule.name, "predicted_s": c.predicted_s, "gemm_alone_s": c.gemm_alone_s,
-           "serial_s": c.serial_s, "measured": c.measured, "ranked": [list(x) for x in c.ranked],
+           "serial_s": c.serial_s, "measured": c.measured, "from_runs": c.from_runs, "ranked": [list(x) for x in c.ranked],
            "characterization": source, "prediction": True}
     lines = [f"PREDICTION      {args.op} {M}x{K}x{N}, world {args.world}, {args.dtype}: from {source} "
-             f"({'this shape measured' if c.measured else 'shape not measured: interpolated or the tile-wave model'})",
+             "(" + (f"this shape timed as whole pipelines on {c.from_runs} GPUs: the fastest measured" if c.from_runs
+                    else 'this shape measured' if c.measured else 'shape not measured: interpolated or the tile-wave model')
+             + ")",
              f"schedule        {c.schedule.name}",
              f"predicted       {1e3 * c.predicted_s:.3f} ms = {c.predicted_s / c.gemm_alone_s:.3f}x the GEMM alone "
              f"({1e3 * c.gemm_alone_s:.3f} ms); serial {1e3 * c.serial_s:.3f} ms = {c.serial_s / c.gemm_alone_s:.3f}x"]

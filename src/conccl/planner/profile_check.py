@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+from ..errors import InvalidArgument
+from ..pipeline import TPSchedule
+
 RATE = (1e6, 1e18)  # flop/s or bytes/s of one GPU
 SLOWDOWN = (0.01, 1e3)  # a time ratio: below 1 when losing SMs helps (memory-bound GEMMs)
 SECONDS = (0.0, 60.0)  # a latency or a delay (added to a time: 0 is fine)
@@ -92,6 +95,34 @@ def check(p) -> None:
 TP_MS = (1e-6, 6e4)  # one GEMM's milliseconds
 
 
+def check_pipelines(p) -> None:
+    """``tp.pipelines``: {"world": >= 2, "dtype": a name, op: {"MxKxN": {schedule: ratio}}, and
+    "source": free text}, every ratio to the GEMM alone in (0.5, 20)."""
+    if not isinstance(p, dict):
+        raise Refused(f"field tp.pipelines must be an object, got {type(p).__name__}")
+    if not isinstance(p.get("world"), int) or isinstance(p.get("world"), bool) or p["world"] < 2:
+        raise Refused("field tp.pipelines.world must be the whole number of GPUs (>= 2) the pipelines ran on")
+    if not isinstance(p.get("dtype", "bfloat16"), str):
+        raise Refused("field tp.pipelines.dtype must be a dtype name")
+    for op, shapes in p.items():
+        if op in ("world", "dtype", "source"):
+            continue
+        if op not in ("ag_gemm", "gemm_rs") or not isinstance(shapes, dict):
+            raise Refused(f"field tp.pipelines.{op} must be ag_gemm or gemm_rs, mapping shapes to schedules")
+        for shape, by in shapes.items():
+            dims = str(shape).split("x")
+            if len(dims) != 3 or not all(d.isdecimal() and d.isascii() and int(d) > 0 for d in dims):
+                raise Refused(f"field tp.pipelines.{op} must be keyed by shapes MxKxN, got {shape!r}")
+            if not isinstance(by, dict) or not by:
+                raise Refused(f"field tp.pipelines.{op}.{shape} must map schedule names to ratios")
+            for name, ratio in by.items():
+                try:
+                    TPSchedule.parse(name)
+                except InvalidArgument:
+                    raise Refused(f"field tp.pipelines.{op}.{shape} names no schedule: {name!r}") from None
+                _number(ratio, f"tp.pipelines.{op}.{shape}.{name}", 0.5, 20.0)
+
+
 def check_tp(tp) -> None:
     """The ``tp`` table: every shape key ``MxKxN`` of positive whole numbers, every row count a
     positive whole number, every time in :data:`TP_MS` and every slowdown in :data:`SLOWDOWN`."""
@@ -99,6 +130,9 @@ def check_tp(tp) -> None:
         raise Refused(f"field tp must be an object, got {type(tp).__name__}")
     if tp and not tp.get("rows_ms"):
         raise Refused("field tp.rows_ms must hold the row-chunk timings of at least one shape (or tp be empty)")
+    pipelines = tp.get("pipelines", {})
+    if pipelines:
+        check_pipelines(pipelines)
     for name, rng in (("rows_ms", TP_MS), ("contention", SLOWDOWN)):
         for where, rows in _objects(tp.get(name, {}), f"tp.{name}", 1):
             dims = where.rsplit(".", 1)[-1].split("x")

@@ -141,6 +141,13 @@ def measured_pipelines(model: TPModel, op: str, M: int, K: int, N: int, world: i
     return dict(model.pipelines.get(op, {}).get(f"{M}x{K}x{N}", {}))
 
 
+def with_pipelines(table: dict, pipelines: dict, device_name: str | None) -> dict:
+    """A characterization table (a hardware profile's ``tp``) holding ``pipelines``; a table
+    without GEMM steps of its own takes those shipped for the GPU named ``device_name``."""
+    base = table if table.get("rows_ms") else {**_embedded_table(embedded_gpu(device_name)), **table}
+    return {**base, "pipelines": pipelines}
+
+
 def pipelines_from_bench(docs: list) -> dict:
     """The ``pipelines`` table from ``conccl bench tp`` results (``tp.json`` documents) of
     several GPUs: per op, shape and conccl schedule, the median over the runs of its ratio to
