@@ -13,7 +13,7 @@ call, from the end of its sleep kernel:
 - ``no_gemm``: wall time with no GEMM kernel running (what the pipeline exposes): ``head``
   before the first GEMM, ``gaps`` between GEMMs, ``tail`` after the last;
 - ``stage``: same-GPU copies (``Memcpy DtoD``: the shard staged into symmetric memory, the own
-  chunk into the output), ``peer``: the copy engines' peer copies (``Memcpy PtoP``), their
+  chunk into the output where it is made), ``peer``: the copy engines' peer copies (``Memcpy PtoP``), their
   summed time and when the last one ends;
 - ``other``: every other kernel (async-TP's barrier, conccl's reduction).
 
@@ -50,7 +50,7 @@ def _gpu_events(prof) -> list:
 
 
 def _is_sleep(e) -> bool:
-    return e["cat"] == "kernel" and "spin" in e["name"].lower()
+    return e["cat"] == "kernel" and "spin_kernel" in e["name"]  # torch.cuda._sleep's (not conccl's spin waits)
 
 
 def _is_gemm(e) -> bool:

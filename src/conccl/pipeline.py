@@ -18,10 +18,16 @@ transformed by a pure function:
 
 Streams of an all-gather + GEMM, world 3, rank 0, direct order, 2 pieces per shard::
 
-    slot 0 (control)  stage · READY(s) -> 1, 2 ·································· wait DONE(s)
+    slot 0 (control)  stage · mark · READY(s) -> 1, 2 ··························· wait DONE(s)
     slot 1 (peer 1)   wait READY(s) of 1 · piece 1.0 · mark · piece 1.1 · mark · DONE(s) -> 1
     slot 2 (peer 2)   wait READY(s) of 2 · piece 2.0 · mark · piece 2.1 · mark · DONE(s) -> 2
-    slot 3 (GEMM)     own rows · await 1.0 · rows 1.0 · await 2.0 · rows 2.0 · await 1.1 · ...
+    slot 3 (GEMM)     await stage · own rows · await 1.0 · rows 1.0 · await 2.0 · rows 2.0 · ...
+
+(The own rows' step waits for the staging copy: the staging is a same-GPU copy on SMs, and a
+GEMM queued beside it would take every SM first, holding the peers' pulls back a whole step.
+Above 64 MiB a shard's staging first waits for the peers' DONE of the previous call, so the
+own step does too: at no cost unless the ranks are skewed. The flat all-gather's copy of the
+own chunk into the output runs after the last step, or not at all: ``keep_own``.)
 
 With ``gemm_streams=2`` (``direct-p2-s2``) the GEMM steps alternate over two slots, so a step
 can start while the previous one's last wave still runs (own rows · await 2.0 · rows 2.0 ·
@@ -189,8 +195,9 @@ def gemm_steps(world: int, rank: int, tp: TPSchedule, rows: int, scatter: bool =
 def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int, keep_own: bool = True) -> Schedule:
     """An all-gather+GEMM pipeline from the agreed pull all-gather ``schedule`` of ``rows``
     rows of ``row_bytes`` bytes per rank (see the module doc). The GEMM slot computes the own
-    rows first (from the input: no wait), then each step as its pieces land; in ``serial``
-    one GEMM over every row once all have landed. A pure function of plain data.
+    rows first (read from the input, once the input is staged for the peers where it needs
+    staging), then each step as its pieces land; in ``serial`` one GEMM over every row once
+    all have landed. A pure function of plain data.
 
     The own chunk's copy into the output (a same-GPU copy: SM work) is for the caller only, as
     no pipelined GEMM step reads it: ``keep_own`` False drops it (the gathered output is not

@@ -232,8 +232,9 @@ class Reduce:
 
 def max_slots(world: int) -> int:
     """The most stream slots any schedule of ``world`` ranks has (executors make that many
-    streams): one per peer, a control slot, and in a pipeline (:mod:`conccl.pipeline`) up to
-    two GEMM slots."""
+    streams): one per peer, a control slot, the own chunk's copy, and in a pipeline
+    (:mod:`conccl.pipeline`) up to two GEMM slots (which take the own copy's place: world + 2
+    at most today; one spare)."""
     return world + 3
 
 

@@ -66,6 +66,8 @@ def test_the_shipped_h200_table_has_two_gpu_pipelines_and_auto_takes_its_best():
 @pytest.mark.parametrize("argv,words", [
     (["bench", "tp", "--out", "X", "--profile", "missing.json"], "--profile"),
     (["bench", "tp", "--out", "X", "--block", "--profile", "p.json"], "--block"),
+    (["bench", "tp", "--out", "X", "--block", "--ops", "ag_gemm"], "drop --ops"),
+    (["bench", "tp", "--out", "X", "--block", "--shapes", "8x8x8"], "drop --shapes"),
 ])
 def test_bench_tp_profile_is_refused_before_measuring(argv, words, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -83,11 +85,14 @@ def test_a_profile_keeping_pipelines_loads_back_and_bad_tables_are_refused(tmp_p
     name, prof = next((n, p) for n, p in shipped() if p.device == "NVIDIA H200")
     assert not prof.tp
     pipelines = tpp.pipelines_from_bench([_doc()])
-    table = tpp.with_pipelines(prof.tp, pipelines, prof.device)
+    table, note = tpp.with_pipelines(prof.tp, pipelines, prof.device)
+    assert note == "merged with those it held"  # the shipped H200 pipelines (world 2, bf16) kept
+    assert table["pipelines"]["ag_gemm"]["8192x8192x7168"] == pipelines["ag_gemm"]["8192x8192x7168"]
+    assert "16384x8192x14336" in table["pipelines"]["ag_gemm"]
     path = tmp_path / "profile.json"
     path.write_text(dataclasses.replace(prof, tp=table).to_json())
     back = load_profile(path)
-    assert back.tp["pipelines"] == pipelines and back.tp["rows_ms"]
+    assert back.tp["pipelines"] == table["pipelines"] and back.tp["rows_ms"]
     m = tpp.model_from(back, device_name=prof.device)
     assert tpp.choose("ag_gemm", 8192, 8192, 7168, 2, model=m).schedule.name == "direct-p2"
     for bad in ({"world": 1}, {"world": 2, "ag_gemm": {"8x8": {"direct": 1.0}}},
@@ -97,3 +102,30 @@ def test_a_profile_keeping_pipelines_loads_back_and_bad_tables_are_refused(tmp_p
         path.write_text(json.dumps({**doc, "tp": {**table, "pipelines": bad}}))
         with pytest.raises(ProfileError, match="tp.pipelines"):
             load_profile(path)
+
+
+def test_new_times_merge_with_those_of_the_same_world_and_dtype_and_replace_others():
+    base = {"rows_ms": {"8x8x8": {"8": 0.01}}}
+    first = tpp.pipelines_from_bench([_doc(M=1024), _doc(M=2048, op="gemm_rs")])
+    table, note = tpp.with_pipelines(base, first, "NVIDIA H200")
+    assert note == "new" and table["rows_ms"] == base["rows_ms"]
+    second = tpp.pipelines_from_bench([_doc(M=1024, ratios={"direct": 1.5})])
+    merged, note = tpp.with_pipelines(table, second, "NVIDIA H200")
+    assert note == "merged with those it held"
+    assert merged["pipelines"]["ag_gemm"]["1024x8192x7168"] == {"direct": 1.5}  # the new run's shape replaced
+    assert merged["pipelines"]["gemm_rs"] == first["gemm_rs"]  # the other op kept
+    other, note = tpp.with_pipelines(merged, tpp.pipelines_from_bench([_doc(world=4)]), "NVIDIA H200")
+    assert note.startswith("replacing") and other["pipelines"]["world"] == 4 and "gemm_rs" not in other["pipelines"]
+
+
+def test_bench_tp_profile_needs_conccls_schedules_timed(tmp_path, capsys):
+    import shutil
+
+    from conccl.planner.shipped import EMBEDDED
+
+    prof = tmp_path / "profile.json"
+    shutil.copy(EMBEDDED, prof)
+    assert main(["bench", "tp", "--out", str(tmp_path / "o"), "--impls", "gemm_only,torch_async_tp",
+                 "--profile", str(prof)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--impls must include conccl" in err and len(err.splitlines()) == 1

@@ -193,7 +193,7 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
     impls += [("conccl", s, layered(s)) for s in schedules]
 
     reference = _unsharded(torch, full_w, xs, dys, rank, rows, fs)
-    records, ran, nccl = [], [], None
+    records, ran = [], []
     for impl, schedule, (step, params) in impls:
         try:
             got = [t.detach().clone() for t in step()]
@@ -204,11 +204,15 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
             records.append(BlockRecord(tokens, d, ffn, world, impl, schedule, None, None, None, None,
                                        error=f"{type(e).__name__}: {str(e)[:200]}"))
             continue
-        if impl == "serial_nccl":
-            nccl = got
         ran.append((impl, schedule, step, params, got))
     everywhere = set.intersection(*_every(dist, world, {(i, s) for i, s, *_ in ran}))
+    for impl, schedule, *_ in ran:
+        if (impl, schedule) not in everywhere:
+            records.append(BlockRecord(tokens, d, ffn, world, impl, schedule, None, None, None, None,
+                                       error="failed on another rank"))
     ran = [r for r in ran if (r[0], r[1]) in everywhere]
+    # every rank alike (what ran everywhere): each comparison below gathers over the group
+    nccl = next((got for impl, _, _, _, got in ran if impl == "serial_nccl"), None)
 
     def zeroed(step, params):
         def fn():

@@ -11,6 +11,7 @@ import torch
 from ..bench import tp as bench_tp
 from ..bench import tp_block
 from ..bench.environment import environment
+from ..errors import InvalidArgument
 from ..jsonfile import write_text
 from ..launch import run_per_gpu, under_torchrun
 from ..pipeline import TPSchedule
@@ -32,12 +33,13 @@ def add_parser(sub) -> None:
                                    "serial NCCL's. Writes tp.json and tp.md into --out. On one GPU only the "
                                    "decomposition (each schedule's GEMM steps alone) is timed.")
     b.add_argument("--out", required=True, help="folder for tp.json and tp.md")
-    b.add_argument("--ops", default="ag_gemm,gemm_rs", help="comma-separated of ag_gemm, gemm_rs")
+    b.add_argument("--ops", default=None, help="comma-separated of ag_gemm, gemm_rs (default both)")
     b.add_argument("--shapes", type=parse_shapes, default=None,
                    help="MxKxN,... for every op (default: 8 per op, Llama-3 8B/70B layers)")
-    b.add_argument("--schedules", default=",".join(bench_tp.DEFAULT_SCHEDULES),
-                   help="conccl schedules to time, comma-separated (serial, ring, direct, direct-p4-g2, ...)")
-    b.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated of {', '.join(IMPLS)}")
+    b.add_argument("--schedules", default=None,
+                   help="conccl schedules to time, comma-separated (serial, ring, direct, direct-p4-g2, ...; default "
+                        f"{','.join(bench_tp.DEFAULT_SCHEDULES)}; with --block: auto)")
+    b.add_argument("--impls", default=None, help=f"comma-separated of {', '.join(IMPLS)} (default all)")
     b.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     b.add_argument("--runs", type=int_range(1, 10_000), default=bench_tp.TPBenchConfig.runs)
     b.add_argument("--warmup", type=int_range(0, 10_000), default=3)
@@ -59,8 +61,9 @@ def add_parser(sub) -> None:
 
 def config(args, allow_auto: bool = False) -> bench_tp.TPBenchConfig:
     """``allow_auto``: --schedules may name "auto" (the block bench's layers take it)."""
-    ops = comma_list(args.ops, bench_tp.OPS, "--ops")
-    schedules = tuple(x.strip() for x in args.schedules.split(",") if x.strip())
+    ops = comma_list(args.ops or ",".join(bench_tp.OPS), bench_tp.OPS, "--ops")
+    given = args.schedules or ("auto" if allow_auto else ",".join(bench_tp.DEFAULT_SCHEDULES))
+    schedules = tuple(x.strip() for x in given.split(",") if x.strip())
     for name in schedules:
         if allow_auto and name == "auto":
             continue
@@ -70,7 +73,8 @@ def config(args, allow_auto: bool = False) -> bench_tp.TPBenchConfig:
             raise UsageError(f"--schedules: {e}") from None
     shapes = {op: (args.shapes or bench_tp.DEFAULT_SHAPES[op]) for op in ops}
     return bench_tp.TPBenchConfig(ops=ops, shapes=shapes, schedules=schedules,
-                                  impls=comma_list(args.impls, IMPLS, "--impls"), dtype=args.dtype, warmup=args.warmup,
+                                  impls=comma_list(args.impls or ",".join(IMPLS), IMPLS, "--impls"), dtype=args.dtype,
+                                  warmup=args.warmup,
                                   runs=args.runs, model_world=args.model_world)
 
 
@@ -79,7 +83,7 @@ def _progress(r) -> None:
     print(f"  {r.op} {r.M}x{r.K}x{r.N} {r.impl} {r.schedule or ''}: {what}", file=sys.stderr, flush=True)
 
 
-def _profile_to_keep(path: str, block):
+def _profile_to_keep(path: str, block, cfg):
     """The hardware profile --profile names, read and checked writable before the measuring."""
     if block is not None:
         raise UsageError("--profile keeps the op bench's pipelines; --block times a whole block: drop one")
@@ -91,6 +95,8 @@ def _profile_to_keep(path: str, block):
     here = torch.cuda.get_device_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
     if here is not None and profile.device != here:
         raise UsageError(f"--profile {path} was measured on {profile.device!r}, this GPU is {here!r}")
+    if "conccl" not in cfg.impls:
+        raise UsageError("--profile keeps conccl's schedules' times: --impls must include conccl")
     return profile
 
 
@@ -109,10 +115,7 @@ def _block_progress(r) -> None:
     print(f"  block {r.impl} {r.schedule or ''}: {what}", file=sys.stderr, flush=True)
 
 
-def _run_block(args, shape, out, world: int, meta: dict) -> int:
-    schedules = ("auto",)
-    if args.schedules != ",".join(bench_tp.DEFAULT_SCHEDULES):  # asked for: "auto" or schedule names
-        schedules = tuple(x.strip() for x in args.schedules.split(",") if x.strip())
+def _run_block(args, shape, schedules, out, world: int, meta: dict) -> int:
     if world < 2:
         raise UsageError("conccl bench tp --block needs 2 or more GPUs (a sharded block has peers)")
     if shape[0] % world or shape[2] % world:
@@ -132,9 +135,13 @@ def _run_block(args, shape, out, world: int, meta: dict) -> int:
 
 def run(args) -> int:
     block = _block_shape(args.block) if args.block is not None else None
+    if block is not None:
+        given = [f for f, v in (("--ops", args.ops), ("--shapes", args.shapes), ("--impls", args.impls)) if v]
+        if given:
+            raise UsageError(f"--block times one block (its shape in --block, every implementation): drop {given[0]}")
     cfg = config(args, allow_auto=block is not None)
     out = check_out_dir(args.out, "--out")
-    profile = _profile_to_keep(args.profile, block) if args.profile else None
+    profile = _profile_to_keep(args.profile, block, cfg) if args.profile else None
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not visible:
         raise UsageError("conccl bench tp runs on CUDA GPUs and none is visible")
@@ -143,8 +150,10 @@ def run(args) -> int:
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.gpus or visible)
     meta = environment(args.machine_kind, world)
     print(f"# conccl bench tp on {world} x {meta['device']}: progress on stderr", flush=True)
+    if profile is not None and world < 2:
+        raise UsageError("--profile keeps pipelines timed on 2 or more GPUs; this run would have one")
     if args.block is not None:
-        return _run_block(args, block, out, world, meta)
+        return _run_block(args, block, cfg.schedules, out, world, meta)
     if world == 1:
         torch.cuda.set_device(0)
         records = bench_tp.run_rank(0, 1, cfg, _progress)
@@ -157,9 +166,10 @@ def run(args) -> int:
     bench_tp.write(out, doc)
     print(bench_tp.markdown(doc))
     if profile is not None:
-        if world < 2:
-            raise UsageError("--profile keeps pipelines timed on 2 or more GPUs; this run had one")
-        table = tp_planner.with_pipelines(profile.tp, tp_planner.pipelines_from_bench([doc]), meta["device"])
-        write_text(args.profile, dataclasses.replace(profile, tp=table).to_json())
-        print(f"conccl bench tp: kept the pipelines' times in {args.profile} (its tp table's pipelines)")
+        try:
+            table, note = tp_planner.with_pipelines(profile.tp, tp_planner.pipelines_from_bench([doc]), meta["device"])
+            write_text(args.profile, dataclasses.replace(profile, tp=table).to_json())
+        except (InvalidArgument, ProfileError) as e:  # every conccl case failed, or a time out of range
+            raise UsageError(f"--profile {args.profile}: not kept: {e} (the results are in {out})") from None
+        print(f"conccl bench tp: kept the pipelines' times in {args.profile} ({note})")
     return EXIT_FAILED if any(r.error or r.wrong for r in records) else EXIT_OK

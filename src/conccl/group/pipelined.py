@@ -29,8 +29,8 @@ def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row
     ``compute(op)`` called for each :class:`~conccl.schedule.Compute` step of the pipeline
     ``tp``, each on a stream where the rows it names have landed (own rows: read them from
     ``input``). Pull, on the copy engines; the GEMM steps on the pipeline's own stream.
-    ``keep_own`` False: the output's own chunk is left unwritten (the caller does not read
-    it; a pipelined schedule's GEMM steps never do), saving a same-GPU copy on SMs."""
+    ``keep_own`` False: a pipelined (not serial) schedule leaves the output's own chunk
+    unwritten (the caller does not read it, nor do the GEMM steps), saving a same-GPU copy on SMs."""
     local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, tp.stream_mode())
     timeout_s = _prepare(group, timeout)
     schedule, views = group._agree(local, timeout_s)

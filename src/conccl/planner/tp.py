@@ -66,8 +66,8 @@ class TPModel:
     hbm_bytes_per_s: float
     contention: float = DEFAULT_CONTENTION
     gemm_scale: float = 1.0  # every GEMM time multiplied by it (to time a measured decomposition)
-    # Whole pipelines timed on several GPUs: {"world": W, op: {"MxKxN": {schedule: ratio to the
-    # GEMM alone}}} (:func:`pipelines_from_bench`); empty: none
+    # Whole pipelines timed on several GPUs: {"world": W, "dtype": name, op: {"MxKxN":
+    # {schedule: ratio to the GEMM alone}}} (:func:`pipelines_from_bench`); empty: none
     pipelines: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def gemm_s(self, rows: int, K: int, N: int, M: int | None = None) -> float:
@@ -125,7 +125,7 @@ def model_from(profile: HardwareProfile | None = None, table: dict | None = None
     named ``device_name``, :func:`embedded_gpu`)."""
     p = profile or load_profile()
     t = table if table is not None else (getattr(p, "tp", None) or _embedded_table(embedded_gpu(device_name)))
-    if not t.get("rows_ms"):  # timed pipelines alone (bench tp --profile): the GPU's shipped GEMM steps
+    if not t.get("rows_ms"):  # a table given with timed pipelines alone: the GPU's shipped GEMM steps
         t = {**_embedded_table(embedded_gpu(device_name)), **t}
     rows_ms = {k: {int(r): float(v) for r, v in rows.items()} for k, rows in t.get("rows_ms", {}).items()}
     eff = p.gemm_efficiency.get("compute-bound", 0.7) if isinstance(p.gemm_efficiency, dict) else 0.7
@@ -141,11 +141,23 @@ def measured_pipelines(model: TPModel, op: str, M: int, K: int, N: int, world: i
     return dict(model.pipelines.get(op, {}).get(f"{M}x{K}x{N}", {}))
 
 
-def with_pipelines(table: dict, pipelines: dict, device_name: str | None) -> dict:
-    """A characterization table (a hardware profile's ``tp``) holding ``pipelines``; a table
-    without GEMM steps of its own takes those shipped for the GPU named ``device_name``."""
+def with_pipelines(table: dict, pipelines: dict, device_name: str | None) -> tuple[dict, str]:
+    """(a characterization table, a hardware profile's ``tp``, holding ``pipelines``, what
+    became of the times it held). A table without GEMM steps of its own takes those shipped
+    for the GPU named ``device_name`` (and their pipelines). Times of the same world size and
+    dtype are merged, the new ones replacing those of the same op and shape; others replaced."""
     base = table if table.get("rows_ms") else {**_embedded_table(embedded_gpu(device_name)), **table}
-    return {**base, "pipelines": pipelines}
+    old = base.get("pipelines") or {}
+    if not old:
+        return {**base, "pipelines": pipelines}, "new"
+    if (old.get("world"), old.get("dtype", "bfloat16")) != (pipelines["world"], pipelines.get("dtype", "bfloat16")):
+        return {**base, "pipelines": pipelines}, (f"replacing those of world {old.get('world')}, "
+                                                  f"{old.get('dtype', 'bfloat16')}")
+    merged = {k: v for k, v in old.items() if k != "source"}
+    for op in OPS:
+        if op in pipelines:
+            merged[op] = {**old.get(op, {}), **pipelines[op]}
+    return {**base, "pipelines": merged}, "merged with those it held"
 
 
 def pipelines_from_bench(docs: list) -> dict:
@@ -289,7 +301,7 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
     elem = 4 if dtype == "float32" else 2
     gemm = m.gemm_s(M, K, N)
     runs = measured_pipelines(m, op, M, K, N, world) if dtype == m.pipelines.get("dtype", "bfloat16") else {}
-    if runs:  # timed on GPUs: the fastest measured (ties to the first name, every rank alike)
+    if runs:  # timed on GPUs: the fastest of the schedules timed (ties to the first name, every rank alike)
         ranked = sorted(((TPSchedule.parse(n), r * gemm) for n, r in sorted(runs.items())), key=lambda x: x[1])
         serial = runs["serial"] * gemm if "serial" in runs else predict(m, op, SERIAL, M, K, N, world, elem)
     else:
