@@ -34,13 +34,18 @@ DONE after the copies that waited on READY, a PUSHED after a READY, a REDUCED af
 PUSHEDs). The CPU reference executor replays captured calls across processes to check this
 (``tests/multiproc/test_graphs.py``).
 
+A tensor-parallel pipeline's marks (:mod:`conccl.pipeline`: a piece landed or computed) are
+the rank's own words: a captured pipeline uses the pad's second block of them, writes 1 and
+resets each after its one wait, as the signal words are.
+
 What a replay cannot do: agree with the peers (shapes, dtypes and ops were checked once, at
 capture; every rank must replay the same graphs in the same order) or time out (a peer that
 never replays leaves the stream waiting; the watchdog sees only eager calls).
 """
 from __future__ import annotations
 
-from .schedule import ResetSignal, Schedule, SetSignal, Signal, WaitSignal, signal_pad_words, signal_word
+from .schedule import (AwaitMark, ResetMark, ResetSignal, Schedule, SetSignal, Signal, WaitSignal, signal_pad_words,
+                       signal_word)
 
 # Captured calls a group can hold (graph slots); each takes one block of signal words.
 GRAPH_SLOTS = 512
@@ -89,7 +94,7 @@ def graph_schedule(schedule: Schedule) -> Schedule:
         wait_free = [x for p in peers for x in (WaitSignal(p, Signal.FREE), ResetSignal(p, Signal.FREE))]
         slots[0][:0] = wait_free
         return Schedule(collective=schedule.collective, world=world, rank=rank,
-                        slots=tuple(tuple(s) for s in slots), algorithm=schedule.algorithm,
+                        slots=_marks_reset(slots), algorithm=schedule.algorithm,
                         stream_mode=schedule.stream_mode, staged=schedule.staged,
                         workspace_bytes=schedule.workspace_bytes, one_shot=schedule.one_shot)
     slots = []
@@ -121,6 +126,14 @@ def graph_schedule(schedule: Schedule) -> Schedule:
     for p in range(world):
         if p != rank and p not in awaited:
             slots[0] += [WaitSignal(p, Signal.DONE), ResetSignal(p, Signal.DONE)]
-    return Schedule(collective=schedule.collective, world=world, rank=rank, slots=tuple(tuple(s) for s in slots),
+    return Schedule(collective=schedule.collective, world=world, rank=rank, slots=_marks_reset(slots),
                     algorithm=schedule.algorithm, stream_mode=schedule.stream_mode, staged=schedule.staged,
                     workspace_bytes=schedule.workspace_bytes)
+
+
+def _marks_reset(slots) -> tuple:
+    """``slots`` with a reset after every mark's wait (a pipeline's, :mod:`conccl.pipeline`): a
+    captured call's marks write 1, and each is awaited once per call, so the next replay finds
+    0 again (its marks are the pad's captured block: see :mod:`conccl.schedule`)."""
+    return tuple(tuple(x for op in ops for x in ((op, ResetMark(op.word, op.peer)) if isinstance(op, AwaitMark)
+                                                   else (op,))) for ops in slots)

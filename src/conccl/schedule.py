@@ -62,7 +62,10 @@ Marks (tensor-parallel pipelines, :mod:`conccl.pipeline`): after the signal word
 graph slot, each pad has :data:`MARK_WORDS` words that only its own rank's streams write and
 wait on. A :class:`Mark` says a piece has landed (all-gather) or been computed (before a
 reduce-scatter sends it); an :class:`AwaitMark` holds a stream until it has. They too hold
-the call's sequence number, so they never need resetting either.
+the call's sequence number, so they never need resetting either. A captured pipeline uses a
+second block of :data:`MARK_WORDS` words, which no eager call touches (an eager word's old
+sequence number would satisfy a replay's wait at once): its marks write 1 and each wait
+resets its word (:class:`ResetMark`), every mark being awaited exactly once per call.
 """
 from __future__ import annotations
 
@@ -121,9 +124,15 @@ def release_ops(peers, done_awaited: bool = False) -> list:
 FREE_WAIT_DELTA = -1  # a push of call s waits for the peer's FREE >= s - 1 (module doc)
 
 
-def mark_index(word: int, world: int, graph_slots: int) -> int:
-    """Index of mark ``word`` in a pad holding the eager words and ``graph_slots`` graph blocks."""
-    return signal_pad_words(world) * (1 + graph_slots) + word
+def mark_index(word: int, world: int, graph_slots: int, captured: bool = False) -> int:
+    """Index of mark ``word`` in a pad holding the eager words and ``graph_slots`` graph blocks,
+    in the eager calls' block of marks or (``captured``) the captured calls'."""
+    return signal_pad_words(world) * (1 + graph_slots) + (MARK_WORDS if captured else 0) + word
+
+
+def pad_words(world: int, graph_slots: int) -> int:
+    """Words of a pad: the eager signal words, a block per graph slot, both blocks of marks."""
+    return mark_index(0, world, graph_slots) + 2 * MARK_WORDS
 
 
 class Buf(enum.Enum):
@@ -238,7 +247,8 @@ def max_slots(world: int) -> int:
     return world + 3
 
 
-# Words per pad for marks: a pipeline's pieces (world x pieces per shard) each take one.
+# Words per pad for marks: a pipeline's pieces (world x pieces per shard) each take one. A pad
+# holds two blocks of them: the eager calls', then the captured calls' (conccl.graphs).
 MARK_WORDS = 256
 
 
@@ -265,6 +275,12 @@ class AwaitMark(_MarkWord):
 
 
 @dataclass(frozen=True)
+class ResetMark(_MarkWord):
+    """Write 0 into the own pad's mark ``word``, after prior work: a captured pipeline's reset
+    after its wait (see :mod:`conccl.graphs`), never in an eager schedule."""
+
+
+@dataclass(frozen=True)
 class Compute:
     """Run the caller's computation on rows ``[row_start, row_end)`` on the slot's stream: the
     executor hands this op to the ``compute`` callable the call brought (a GEMM of those rows;
@@ -281,7 +297,7 @@ class Compute:
             raise ValueError(f"bad compute rows [{self.row_start}, {self.row_end})")
 
 
-Op = Copy | SetSignal | WaitSignal | ResetSignal | Reduce | Mark | AwaitMark | Compute
+Op = Copy | SetSignal | WaitSignal | ResetSignal | Reduce | Mark | AwaitMark | ResetMark | Compute
 
 
 @dataclass(frozen=True)

@@ -97,3 +97,67 @@ def test_parallel_layers_match_the_unsharded_block_within_bf16_rounding():
 
     for err, grads in run_per_gpu(_mlp):
         assert err < 2e-2 and grads
+
+
+def _captured(rank, world):
+    """Both ops captured into one CUDA graph with several schedules, replayed with new inputs
+    (eager pipelines in between) against serial NCCL; the replay runs no NCCL kernel and no
+    kernel but the GEMMs', the staging copy's and the reduction's."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    import conccl
+    from conccl.integrations import tp as ctp
+
+    rows, K, N = 512, 256, 384
+    dt = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(rank)
+    w = torch.randint(-3, 4, (K, N), device="cuda", generator=torch.Generator(device="cuda").manual_seed(9)).to(dt)
+    shard = torch.empty(rows, K, dtype=dt, device="cuda")
+    a = torch.empty(world * rows, K, dtype=dt, device="cuda")
+    names = ("direct", "direct-p2", "serial")
+
+    def fill():  # whole numbers: every blocking of a GEMM sums exactly, so NCCL's bits
+        shard.copy_(torch.randint(-3, 4, shard.shape, device="cuda", generator=g).to(dt))
+        a.copy_(torch.randint(-3, 4, a.shape, device="cuda", generator=g).to(dt))
+
+    def calls():
+        return [(ctp.all_gather_matmul(shard, w, 0, schedule=s, return_gathered=True),
+                 ctp.matmul_reduce_scatter(a, w, 0, schedule=s)) for s in names]
+
+    fill()
+    calls()  # eager first: groups made, kernels loaded
+    torch.cuda.synchronize()
+    conccl.reserve_graph_workspace(16 << 20)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        results = calls()
+    bad = []
+    for step in range(6):
+        fill()
+        full = torch.empty(world * rows, K, dtype=dt, device="cuda")
+        dist.all_gather_into_tensor(full, shard)
+        rs = torch.empty(rows, N, dtype=dt, device="cuda")
+        dist.reduce_scatter_tensor(rs, a @ w)
+        graph.replay()
+        if step % 2:  # an eager pipeline between replays
+            ctp.all_gather_matmul(shard.clone(), w, 0, schedule="direct-p2")
+        torch.cuda.synchronize()
+        for s, ((A, (y,)), z) in zip(names, results):
+            if not (torch.equal(A, full) and torch.equal(y, full @ w) and torch.equal(z, rs)):
+                bad.append((s, step))
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                      and not e.name.startswith(("Memcpy ", "Memset "))})
+    return bad, kernels
+
+
+def test_captured_pipelines_replay_equal_to_serial_nccl():
+    from conccl.launch import run_per_gpu
+
+    for bad, kernels in run_per_gpu(_captured):
+        assert bad == []
+        assert not any("nccl" in k.lower() for k in kernels), kernels

@@ -45,7 +45,7 @@ def _graph_of_every_collective(comm, mode, replays, jitter, one_shot=False):
     persistent = comm.persistent(ALL_GATHER, torch.empty(7 * w), ag_in, ())  # agreed eagerly, started in the graph
     captured = []  # whether each captured call is one-shot
     real_capture_call = ex.capture_call
-    ex.capture_call = lambda schedule, *a: (captured.append(schedule.one_shot), real_capture_call(schedule, *a))
+    ex.capture_call = lambda schedule, *a, **k: (captured.append(schedule.one_shot), real_capture_call(schedule, *a, **k))
     with ex.capture() as graph:
         persistent.start()
         comm.call(ALL_GATHER, ag_out, ag_in, (), route=one_shot)  # route: a public function's call

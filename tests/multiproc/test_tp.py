@@ -161,3 +161,53 @@ def test_auto_picks_from_the_candidates_and_predicts_positive_times():
     assert c.schedule in tp_planner.candidates(8192, 2) and c.predicted_s > 0
     assert c.predicted_s <= c.serial_s
     assert SERIAL in tp_planner.candidates(8192, 2) and TPSchedule(order=Order.RING) in tp_planner.candidates(8192, 2)
+
+
+def _captured(comm, replays, jitter):
+    """Both ops captured (the reference executor's stand-in for a CUDA graph) with every kind of
+    schedule, replayed with new inputs, eager pipelines in between (their marks hold sequence
+    numbers a replay must not mistake for its own)."""
+    import random
+    import time
+
+    w, r = comm.world, comm.rank
+    rng = random.Random(r)
+    rows, K, N = 4, 8, 6
+    wt = _ints((K, N), 11)
+    names = ("direct", "direct-p2", "ring-p2-g2", "serial", "direct-s2")
+    shard = torch.empty(rows, K)  # the graph's buffers: filled before each replay
+    a = torch.empty(w * rows, K)
+    results = []
+    ex = comm.executor
+    with ex.capture() as graph:
+        for name in names:
+            results.append(ctp.all_gather_matmul(shard, wt, 0, comm, schedule=name, return_gathered=True))
+            results.append(ctp.matmul_reduce_scatter(a, wt, 0, None, comm, schedule=name))
+    assert comm.seq == 0 and comm.graph_slots == 2 * len(names)
+    bad = []
+    for step in range(replays):
+        shards = [_ints((rows, K), 500 + 10 * step + s) for s in range(w)]
+        a_all = [_ints((w * rows, K), 600 + 10 * step + s) for s in range(w)]
+        shard.copy_(shards[r])
+        a.copy_(a_all[r])
+        if jitter:
+            time.sleep(rng.random() * 0.01)
+        ex.replay(graph)
+        full = torch.cat(shards)
+        expect_rs = sum(x @ wt for x in a_all)[r * rows:(r + 1) * rows]
+        for i, name in enumerate(names):
+            A, (y,) = results[2 * i]
+            if not (torch.equal(A, full) and torch.equal(y, full @ wt)):
+                bad.append(("ag_gemm", name, step))
+            if not torch.equal(results[2 * i + 1], expect_rs):
+                bad.append(("gemm_rs", name, step))
+        # eager pipelines between replays: their marks take sequence numbers >= 1
+        _, (y,) = ctp.all_gather_matmul(shards[r].clone(), wt, 0, comm, schedule="direct-p2")
+        if not torch.equal(y, full @ wt):
+            bad.append(("eager", step))
+    return bad
+
+
+@pytest.mark.parametrize("world,jitter", [(2, False), (3, True)])
+def test_captured_pipelines_replay_right_with_new_inputs_and_eager_calls_between(world, jitter):
+    assert spawn(world, _captured, 4, jitter) == [[]] * world

@@ -71,6 +71,48 @@ def tp(rank, world, cases, report):
     extra = set(rs_kernels) - allowed
     cases.append(("tp gemm_rs runs no kernel but its GEMMs' and the reduction's",
                   bool(rs_kernels) and all(k.startswith("reduce_") for k in extra) and len(extra) <= 1))
+    _captured(rank, world, cases)
+
+
+def _captured(rank, world, cases):
+    """Both ops captured into one CUDA graph (a staged all-gather, a push reduce-scatter; a
+    pipelined and the serial schedule) and replayed with new inputs, an eager pipeline between
+    replays: every result the reference's bits."""
+    import conccl
+    from conccl.collectives import REGISTRY
+    from conccl.integrations import tp as ctp
+
+    rows, K, N = 64, 128, 96
+    shard = torch.empty(rows, K, dtype=torch.bfloat16, device="cuda")
+    a = torch.empty(world * rows, K, dtype=torch.bfloat16, device="cuda")
+    w = small_ints((K, N), 13, torch.bfloat16)
+    names = ("direct-p2", "serial")
+
+    def calls():
+        return [(ctp.all_gather_matmul(shard, w, 0, schedule=s, return_gathered=True),
+                 ctp.matmul_reduce_scatter(a, w, 0, schedule=s)) for s in names]
+
+    shard.copy_(small_ints((rows, K), 500 + rank, torch.bfloat16))
+    a.copy_(small_ints((world * rows, K), 600 + rank, torch.bfloat16))
+    calls()  # eagerly first: the GEMM kernels loaded
+    torch.cuda.synchronize()
+    conccl.reserve_graph_workspace(1 << 20)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        results = calls()
+    for step in range(3):
+        shards = [small_ints((rows, K), 700 + 10 * step + r, torch.bfloat16) for r in range(world)]
+        a_all = [small_ints((world * rows, K), 800 + 10 * step + r, torch.bfloat16) for r in range(world)]
+        shard.copy_(shards[rank])
+        a.copy_(a_all[rank])
+        graph.replay()
+        ctp.all_gather_matmul(shards[rank].clone(), w, 0, schedule="direct")  # eager, between replays
+        torch.cuda.synchronize()
+        full = torch.cat(shards)
+        expect_rs = REGISTRY["reduce_scatter"].reference([(x @ w).reshape(-1) for x in a_all], rank).view(rows, N)
+        for s, ((A, (y,)), z) in zip(names, results):
+            cases.append((f"tp captured {s} replay {step}",
+                          bits_equal(A, full) and bits_equal(y, full @ w) and bits_equal(z, expect_rs)))
 
 
 def tp_layers(rank, world, cases, report):

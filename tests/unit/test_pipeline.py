@@ -238,3 +238,31 @@ def test_the_own_gemm_step_waits_for_the_staging_copy(world, tp):
             continue
         sops, j = stage[0]
         assert isinstance(sops[j + 1], Mark) and waits == [AwaitMark(sops[j + 1].word, sops[j + 1].peer)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("tp", SCHEDULES, ids=lambda t: t.name)
+def test_every_mark_is_written_once_and_awaited_once_and_captured_waits_reset(world, tp):
+    """What a captured pipeline's marks rely on (conccl.graphs): each awaited once per call, so
+    the reset after that one wait leaves every word 0 for the next replay."""
+    from collections import Counter
+
+    from conccl.graphs import graph_schedule
+    from conccl.schedule import ResetMark
+
+    rows, row_bytes = 6, 16
+    for rank in range(world):
+        for symmetric in (False, True):
+            for s in (gather_then_gemm(plan_all_gather(world, rank, rows * row_bytes, stream_mode=tp.stream_mode(),
+                                                       input_symmetric=symmetric), tp, rows, row_bytes),
+                      gemm_then_scatter(plan_reduce_scatter(world, rank, rows * row_bytes, "float32",
+                                                            stream_mode=tp.stream_mode()), tp, rows, row_bytes)):
+                written = Counter(op.word for ops in s.slots for op in ops if isinstance(op, Mark))
+                awaited = Counter(op.word for ops in s.slots for op in ops if isinstance(op, AwaitMark))
+                assert written == awaited and set(written.values()) <= {1}
+                g = graph_schedule(s)
+                for ops in g.slots:
+                    for i, op in enumerate(ops):
+                        if isinstance(op, AwaitMark):
+                            assert ops[i + 1] == ResetMark(op.word, op.peer)
+                assert sum(isinstance(op, ResetMark) for ops in g.slots for op in ops) == sum(awaited.values())

@@ -52,6 +52,7 @@ class TPBenchConfig:
     warmup: int = 3
     runs: int = 20
     model_world: int = 2  # one GPU: the pipeline world whose GEMM steps are timed
+    graph: bool = False  # each implementation captured into a CUDA graph, its replays timed
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,8 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
     dev = torch.device("cuda", torch.cuda.current_device())
     records: list[Record] = []
     async_tp = _async_tp(torch, dist) if world > 1 and "torch_async_tp" in cfg.impls else None
+    if cfg.graph and world > 1:
+        conccl.reserve_graph_workspace(graph_workspace_bytes(cfg, world))
     for op in cfg.ops:
         for (M, K, N) in cfg.shapes[op]:
             if M % max(world, cfg.model_world):
@@ -182,6 +185,15 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                 if (impl, schedule) not in everywhere:
                     failed[(impl, schedule)] = "failed on another rank"
             ran = [r for r in ran if (r[0], r[1]) in everywhere]
+            if cfg.graph:
+                fns = [gemm_only] + [fn for _, _, fn, _ in ran]
+                graphed, why = _graphed(torch, dist, world, fns)
+                if why is not None:  # one capture failed somewhere: the shape's graphs are lost
+                    records += [Record(op, M, K, N, world, i, s, None, None, None, None, error=why) for i, s, _, _ in ran]
+                    ran = []
+                else:
+                    gemm_only = graphed[0]
+                    ran = [(i, s, g, wrong) for (i, s, _, wrong), g in zip(ran, graphed[1:])]
             host: list = []
             try:
                 times = timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs, host)
@@ -205,6 +217,42 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                 progress(records[-1])
             del a_in, wt, full, prod, out_rs
     return records
+
+
+def graph_workspace_bytes(cfg: TPBenchConfig, world: int) -> int:
+    """Graph workspace every captured conccl call of the run needs (reserved before the first
+    capture): a staged all-gather stages its shard, a reduce-scatter pushes ``world`` partials."""
+    elem = 4 if cfg.dtype == "float32" else 2
+    calls = len(cfg.schedules) * ("conccl" in cfg.impls) + ("conccl_auto" in cfg.impls)
+    total = 0
+    for op in cfg.ops:
+        for M, K, N in cfg.shapes[op]:
+            per = (M // world) * K * elem if op == "ag_gemm" else M * N * elem
+            total += calls * (-(-per // 256) * 256)
+    return max(total, 1 << 20)
+
+
+def _graphed(torch, dist, world: int, fns: list):
+    """([a replay of each fn's CUDA graph], None), or (None, why) where a capture failed on any
+    rank (every rank drops the shape alike: a conccl capture is a collective call)."""
+    graphs = []
+    for fn in fns:
+        why = None
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            graphs.append(g)
+        except Exception as e:  # noqa: BLE001 - e.g. an implementation PyTorch cannot capture
+            why = f"capture: {type(e).__name__}: {str(e)[:160]}"
+        # agreed after each capture: a rank going on to capture a conccl call its peer does not
+        # make would wait for that peer on the board
+        why = next((w for w in _every(dist, world, why) if w), None)
+        if why:
+            torch.cuda.synchronize()
+            return None, why
+    torch.cuda.synchronize()
+    return [g.replay for g in graphs], None
 
 
 def _close(torch, a, b) -> bool:
@@ -299,7 +347,8 @@ def _decomposition(torch, cfg, op, M, name, src, wt, prod):
 def document(meta: dict, cfg: TPBenchConfig, records: list) -> dict:
     return {"machine_kind": meta.get("machine_kind"), "commit": meta.get("commit"), "torch": meta.get("torch"),
             "meta": meta, "config": {"dtype": cfg.dtype, "warmup": cfg.warmup, "runs": cfg.runs,
-                                     "schedules": list(cfg.schedules), "model_world": cfg.model_world},
+                                     "schedules": list(cfg.schedules), "model_world": cfg.model_world,
+                                     "graph": cfg.graph},
             "results": [asdict(r) for r in records]}
 
 
@@ -308,7 +357,8 @@ def markdown(doc: dict) -> str:
     lines = [f"# conccl bench tp ({meta.get('machine_kind')}, {meta.get('device')}, world {meta.get('world')})", "",
              f"{meta.get('date')}, commit {str(doc.get('commit'))[:12]}, torch {doc.get('torch')}, "
              f"NCCL {meta.get('nccl')}. Milliseconds: the slowest rank's median of {doc['config']['runs']} runs; "
-             "ratio: over the GEMM alone.", ""]
+             "ratio: over the GEMM alone." + (" Every implementation (the GEMM alone too) captured into a CUDA graph, "
+                                              "its replays timed." if doc["config"].get("graph") else ""), ""]
     lines += ["| op | M x K x N | impl | schedule | ms | spread | x GEMM | host ms | wrong |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in doc["results"]:

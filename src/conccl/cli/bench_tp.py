@@ -52,6 +52,9 @@ def add_parser(sub) -> None:
                         "(default 8192x4096x14336: tokens over all ranks, model width, ffn width): compute only, "
                         "serial NCCL, async-TP and conccl.tp's layers with each of --schedules (default auto); "
                         "writes block.json and block.md")
+    b.add_argument("--graph", action="store_true",
+                   help="capture every implementation (the GEMM alone too) into a CUDA graph and time its replays "
+                        "(decode runs as a graph); conccl's captured calls reserve graph workspace for every shape")
     b.add_argument("--profile", metavar="FILE",
                    help="on 2 or more GPUs: also keep the pipelines' times in this hardware profile (a `conccl study` "
                         "profile.json of this GPU, rewritten in place), so that schedule='auto' runs the fastest "
@@ -75,7 +78,7 @@ def config(args, allow_auto: bool = False) -> bench_tp.TPBenchConfig:
     return bench_tp.TPBenchConfig(ops=ops, shapes=shapes, schedules=schedules,
                                   impls=comma_list(args.impls or ",".join(IMPLS), IMPLS, "--impls"), dtype=args.dtype,
                                   warmup=args.warmup,
-                                  runs=args.runs, model_world=args.model_world)
+                                  runs=args.runs, model_world=args.model_world, graph=args.graph)
 
 
 def _progress(r) -> None:
@@ -136,7 +139,8 @@ def _run_block(args, shape, schedules, out, world: int, meta: dict) -> int:
 def run(args) -> int:
     block = _block_shape(args.block) if args.block is not None else None
     if block is not None:
-        given = [f for f, v in (("--ops", args.ops), ("--shapes", args.shapes), ("--impls", args.impls)) if v]
+        given = [f for f, v in (("--ops", args.ops), ("--shapes", args.shapes), ("--impls", args.impls),
+                                ("--graph", args.graph)) if v]
         if given:
             raise UsageError(f"--block times one block (its shape in --block, every implementation): drop {given[0]}")
     cfg = config(args, allow_auto=block is not None)

@@ -38,7 +38,7 @@ from torch.distributed import _symmetric_memory as symm_mem
 from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
-from ..schedule import (MARK_WORDS, Buf, max_slots, Schedule, Signal, StreamMode, awaited_peers, mark_index, signal_pad_words,
+from ..schedule import (Buf, max_slots, pad_words, Schedule, Signal, StreamMode, awaited_peers, mark_index, signal_pad_words,
                         signal_word, workspace_half)
 from ..work import NCCL, Work
 from .base import GrowingWorkspace
@@ -136,7 +136,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self.symmetric = SymmetricRegistry()  # this group's conccl.empty tensors
         # The eager words, then one block per graph slot (conccl.graphs), then the pipelines' marks.
         # ... and the spin words of one-shot kernels (the watchdog's abort, the kernel's timeout flag).
-        spin = mark_index(MARK_WORDS, world, GRAPH_SLOTS)
+        spin = pad_words(world, GRAPH_SLOTS)
         pad = symm_mem.empty(spin + SPIN_WORDS, dtype=torch.int32, device=device)
         pad.zero_()  # set-up only: a copy-engine collective launches no kernel
         pad[torch.tensor(primed_free_words(world), device=device)] = GRAPH_VALUE  # conccl.graphs: staged pulls
@@ -145,6 +145,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._pad_handle = symm_mem.rendezvous(pad, group_name)  # collective: peers zeroed theirs too
         self._pads = list(self._pad_handle.buffer_ptrs)
         self._marks = self._pads[rank] + 4 * mark_index(0, world, GRAPH_SLOTS)
+        self._graph_marks = self._pads[rank] + 4 * mark_index(0, world, GRAPH_SLOTS, captured=True)
         self._spin_index = spin
         self._spin_words = self._pads[rank] + 4 * spin
         self._device_index = device.index if device.index is not None else torch.cuda.current_device()
@@ -371,9 +372,11 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._graph_ws_handle = self.symm_mem.rendezvous(ws, self.group_name)
         self._graph_ws, self._graph_ws_cap = ws, nbytes
 
-    def capture_call(self, schedule: Schedule, input, output, views, slot: int, timeout_s: float) -> None:
+    def capture_call(self, schedule: Schedule, input, output, views, slot: int, timeout_s: float,
+                     compute=None) -> None:
         """Queue a captured call (graph slot ``slot``) on the capturing stream: its own signal
-        words, its own workspace region, one cuMemcpyAsync per copy."""
+        words, its own workspace region, one cuMemcpyAsync per copy; a pipeline's GEMM steps
+        (``compute(op)``, :meth:`run`'s) captured on its slot's stream."""
         ws_base = None
         if schedule.workspace_bytes:
             need = -(-schedule.workspace_bytes // 256) * 256
@@ -392,16 +395,17 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # Stream memory ops, batched or single, copies and the reduction kernel are captured
         # (scripts/graph_memops_probe.py on H200); cuMemcpyBatchAsync is not.
         program = CompiledProgram(lower(schedule, address, pads, self.batching, batch_copies=False,
-                                        spin_words=self._spin_words), driver(), self._device_index)
+                                        marks=self._graph_marks, spin_words=self._spin_words), driver(),
+                                  self._device_index)
         caller = torch.cuda.current_stream(self.device)
         events = [torch.cuda.Event() for _ in range(len(program.slots))]
         if len(program.slots) > 1:
             events[0].record(caller)
-        program.launch_slot(0, self._cu_stream(caller), GRAPH_VALUE)
+        program.launch_slot(0, self._cu_stream(caller), GRAPH_VALUE, compute and self._on(caller, compute))
         for k in range(1, len(program.slots)):  # a fork and join the capture follows
             stream = self._streams[k]
             stream.wait_event(events[0])
-            program.launch_slot(k, self._cu_streams_pool[k], GRAPH_VALUE)
+            program.launch_slot(k, self._cu_streams_pool[k], GRAPH_VALUE, compute and self._on(stream, compute))
             events[k].record(stream)
             caller.wait_event(events[k])
         self._graph_keep.append((program, events))

@@ -39,8 +39,8 @@ import os
 from typing import Callable, NamedTuple
 
 from .._driver import check, signal_flags
-from ..schedule import (AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, ResetSignal, Schedule, SetSignal, Signal,
-                        StreamMode, WaitSignal, signal_word)
+from ..schedule import (AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, ResetMark, ResetSignal, Schedule, SetSignal,
+                        Signal, StreamMode, WaitSignal, signal_word)
 from .cuda_reduce import ReduceLaunch
 
 # cuStreamBatchMemOp takes fewer than 256 operations per call.
@@ -248,10 +248,11 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             signal = SignalStep(False, pads[op.peer] + 4 * signal_word(op.kind, rank, world), op.seq_delta)
         elif isinstance(op, ResetSignal):  # a captured call, launched as call 1: writes 1 - 1 = 0
             signal = SignalStep(False, pads[rank] + 4 * signal_word(op.kind, op.peer, world), -1)
-        elif isinstance(op, (Mark, AwaitMark)):
+        elif isinstance(op, (Mark, AwaitMark, ResetMark)):
             if marks is None:
                 raise TypeError(f"{op!r}: a pipeline's mark, lowered without the pad's mark words")
-            signal = SignalStep(isinstance(op, AwaitMark), marks + 4 * op.word, 0)
+            # a reset: a captured call's, launched as call 1: writes 1 - 1 = 0
+            signal = SignalStep(isinstance(op, AwaitMark), marks + 4 * op.word, -1 if isinstance(op, ResetMark) else 0)
         else:
             raise TypeError(f"unknown schedule op {op!r}")
         if batching == "all" or (batching == "waits" and signal.is_wait):

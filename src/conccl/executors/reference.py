@@ -20,8 +20,8 @@ from ..board import HostBoard
 from ..errors import CollectiveTimeout
 from ..collectives.reduce_scatter import reduce_chunks
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
-from ..schedule import (MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetSignal, Schedule, SetSignal,
-                        WaitSignal, mark_index, signal_pad_words, signal_word, workspace_half)
+from ..schedule import (AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetMark, ResetSignal, Schedule, SetSignal,
+                        WaitSignal, mark_index, pad_words, signal_pad_words, signal_word, workspace_half)
 from ..work import NCCL, Work
 from .base import GrowingWorkspace
 
@@ -71,7 +71,7 @@ class ReferenceExecutor(GrowingWorkspace):
         self._mine: list = []  # shared-memory segments this rank created (and unlinks)
         self._attached: list = []  # peers' segments this rank maps
         # The eager words, then one block per graph slot (conccl.graphs), then the marks, as on CUDA.
-        words = signal_pad_words(world) * (1 + GRAPH_SLOTS) + MARK_WORDS
+        words = pad_words(world, GRAPH_SLOTS)
         self._pad_shm = self._create(f"{prefix}_sig_r{rank}", words * 4)
         pad = np.ndarray(words, np.uint32, self._pad_shm.buf)
         pad[:] = 0
@@ -79,7 +79,9 @@ class ReferenceExecutor(GrowingWorkspace):
         self._barrier()
         self._all_pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
         self._pads = [pad[:signal_pad_words(world)] for pad in self._all_pads]
-        self._marks = self._all_pads[rank][mark_index(0, world, GRAPH_SLOTS):]  # only this rank's streams use them
+        # only this rank's streams use them: the eager calls' block and the captured calls'
+        self._marks = self._all_pads[rank][mark_index(0, world, GRAPH_SLOTS):mark_index(0, world, GRAPH_SLOTS, True)]
+        self._graph_marks = self._all_pads[rank][mark_index(0, world, GRAPH_SLOTS, True):]
         self._capture: list | None = None  # calls recorded by capture(), None when not capturing
         self._ws_gen, self._ws = 0, [None] * world
         self._allocs: list[tuple[int, int, str]] = []  # (start, end, name pattern) of symmetric tensors
@@ -96,7 +98,7 @@ class ReferenceExecutor(GrowingWorkspace):
         return shm
 
     def _attach_words(self, name):
-        return self._attach_bytes(name, (signal_pad_words(self.world) * (1 + GRAPH_SLOTS) + MARK_WORDS) * 4).view(np.uint32)
+        return self._attach_bytes(name, pad_words(self.world, GRAPH_SLOTS) * 4).view(np.uint32)
 
     def _attach_bytes(self, name, nbytes=None):
         shm = _shm.attach(name)
@@ -158,8 +160,10 @@ class ReferenceExecutor(GrowingWorkspace):
     def capturing(self) -> bool:
         return self._capture is not None
 
-    def capture_call(self, schedule: Schedule, input, output, views, slot: int, timeout_s: float) -> None:
-        """Record a captured call (graph slot ``slot``) with a workspace of its own."""
+    def capture_call(self, schedule: Schedule, input, output, views, slot: int, timeout_s: float,
+                     compute=None) -> None:
+        """Record a captured call (graph slot ``slot``) with a workspace of its own (and a
+        pipeline's ``compute``, run again at each replay)."""
         ws = None
         if schedule.workspace_bytes:
             name = f"{self.prefix}_gws{slot}_r{{rank}}"
@@ -168,13 +172,14 @@ class ReferenceExecutor(GrowingWorkspace):
             ws = [self._attach_bytes(name.format(rank=p), schedule.workspace_bytes) for p in range(self.world)]
         words = signal_pad_words(self.world)
         pads = [pad[(1 + slot) * words:(2 + slot) * words] for pad in self._all_pads]
-        self._capture.append((schedule, input, output, views, pads, ws, timeout_s))
+        self._capture.append((schedule, input, output, views, pads, ws, timeout_s, compute))
 
     def replay(self, recorded: list) -> None:
         """Run captured calls once more, in order."""
         self.flush()
-        for schedule, input, output, views, pads, ws, timeout_s in recorded:
-            self._run_now(schedule, input, output, GRAPH_VALUE, timeout_s, views, pads=pads, ws=ws)
+        for schedule, input, output, views, pads, ws, timeout_s, compute in recorded:
+            self._run_now(schedule, input, output, GRAPH_VALUE, timeout_s, views, pads=pads, ws=ws, compute=compute,
+                          marks=self._graph_marks)
 
     # ------------------------------------------------------------ execution
     def _bytes(self, rank: int, buf: Buf, input, output, views) -> np.ndarray:
@@ -245,25 +250,26 @@ class ReferenceExecutor(GrowingWorkspace):
         dst[op.dst[1]:op.dst[1] + op.out_bytes] = result.view(torch.uint8).numpy()
 
     def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views, pads=None,
-                 ws=None, compute=None) -> None:
+                 ws=None, compute=None, marks=None) -> None:
         self._ws_now, self._reach = ws, _reach(schedule) if schedule.parts else {}
         # An eager double-buffered call's half (conccl.schedule); a captured call has its own region.
         self._ws_half = workspace_half(seq, self._ws_cap) if schedule.double_buffered and ws is None else 0
         if schedule.computes and compute is None:
             raise ValueError(f"a {schedule.collective} pipeline runs the caller's computation: pass compute=")
         try:
-            self._run_schedule(schedule, input, output, seq, timeout_s, views, pads or self._pads, compute)
+            self._run_schedule(schedule, input, output, seq, timeout_s, views, pads or self._pads, compute, marks)
         finally:
             self._ws_now, self._reach = None, {}
 
     def _run_schedule(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views,
-                      pads, compute=None) -> None:
+                      pads, compute=None, marks=None) -> None:
         """Run ``schedule`` to completion on the host.
 
         A wait unsatisfied for ``timeout_s`` raises :class:`CollectiveTimeout`; one waiting
         for a peer whose process exited, or after a peer aborted the group, raises at once.
         """
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        marks = self._marks if marks is None else marks
         pcs = [0] * schedule.num_slots
         start = time.monotonic()
         next_liveness = start + 0.1
@@ -287,10 +293,12 @@ class ReferenceExecutor(GrowingWorkspace):
                     elif isinstance(op, Reduce):
                         self._reduce(op, input, output, views)
                     elif isinstance(op, AwaitMark):
-                        if self._marks[op.word] < seq:
+                        if marks[op.word] < seq:
                             break
                     elif isinstance(op, Mark):
-                        self._marks[op.word] = seq
+                        marks[op.word] = seq
+                    elif isinstance(op, ResetMark):
+                        marks[op.word] = 0
                     elif isinstance(op, Compute):
                         compute(op)
                     pcs[k] += 1

@@ -536,23 +536,30 @@ class Group(CollectiveMethods):
         peers now (they must be capturing the same call), run at every replay on a graph slot
         of its own (:mod:`conccl.graphs`). Takes no sequence number: eager calls go on as if
         it were not there. Returns a completed Work: the call is ordered on the stream."""
-        if self.graph_slots >= GRAPH_SLOTS:
-            raise InvalidArgument(f"this conccl group has captured {GRAPH_SLOTS} calls, all it can hold; destroy the "
-                                  "group (conccl.destroy) to capture more")
+        schedule, views = self._agree_captured(local, timeout_s, one_shot)
+        return self.capture_schedule(schedule, input, output, views, timeout_s)
+
+    def _agree_captured(self, local: "_Local", timeout_s: float, one_shot: bool = False):
+        """:meth:`_agree` for a call being captured (flagged so: a peer capturing another call,
+        or running one eagerly, is a mismatch)."""
+        self._check_graph_slot()
         row = list(local.row)
         row[_F_FLAGS] |= _GRAPH
         captured = _Local(local.coll, local.dtype, row, local.views, local.algorithm, local.stream_mode, local.call)
-        schedule, views = self._agree(captured, timeout_s, one_shot)
-        return self.capture_schedule(schedule, input, output, views, timeout_s)
+        return self._agree(captured, timeout_s, one_shot)
 
-    def capture_schedule(self, schedule, input, output, views, timeout_s: float) -> Work:
-        """Capture an agreed ``schedule`` (a call's, or a persistent op's start) on the next
-        graph slot. Every rank must capture the same calls in the same order."""
+    def _check_graph_slot(self) -> None:
         if self.graph_slots >= GRAPH_SLOTS:
             raise InvalidArgument(f"this conccl group has captured {GRAPH_SLOTS} calls, all it can hold; destroy the "
                                   "group (conccl.destroy) to capture more")
+
+    def capture_schedule(self, schedule, input, output, views, timeout_s: float, compute=None) -> Work:
+        """Capture an agreed ``schedule`` (a call's, a persistent op's start, or a pipeline with
+        its ``compute``) on the next graph slot. Every rank must capture the same calls in the
+        same order."""
+        self._check_graph_slot()
         slot = self.graph_slots
-        self.executor.capture_call(graph_schedule(schedule), input, output, views, slot, timeout_s)
+        self.executor.capture_call(graph_schedule(schedule), input, output, views, slot, timeout_s, compute=compute)
         self.graph_slots += 1
         return Work()
 

@@ -3,14 +3,15 @@
 The peers agree on a flat all-gather or reduce-scatter (their rows are a flat call's: the same
 validation, mismatch checks, timeouts and watchdog), and each rank transforms its own schedule
 into a pipeline (:mod:`conccl.pipeline`, a pure function). The marks a pipeline adds are the
-rank's own words, so ranks running different pipeline schedules still interoperate. Never
-captured into a CUDA graph (yet).
+rank's own words, so ranks running different pipeline schedules still interoperate. Made
+while the stream is captured, a pipeline is agreed as a captured flat call and captured with
+its GEMM steps on a graph slot of its own (:mod:`conccl.graphs`): a decode step's TP layers
+replay as one graph.
 """
 from __future__ import annotations
 
 from ..collectives.all_gather import ALL_GATHER
 from ..collectives.reduce_scatter import REDUCE_SCATTER
-from ..errors import InvalidArgument
 from ..pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
 from ..schedule import Algorithm
 from .parts import _moved
@@ -18,9 +19,20 @@ from .parts import _moved
 
 def _prepare(group, timeout):
     group._check_usable()
-    if group.executor.capturing():
-        raise InvalidArgument("conccl's tensor-parallel ops cannot be captured into a CUDA graph yet")
     return group._timeout_s(timeout)
+
+
+def _agreed(group, local, timeout_s):
+    if group.executor.capturing():
+        return group._agree_captured(local, timeout_s)
+    return group._agree(local, timeout_s)
+
+
+def _run(group, moved, input, output, async_op, timeout_s, views, compute):
+    """Queue the pipeline ``moved``, or capture it where the stream is being captured."""
+    if group.executor.capturing():
+        return group.capture_schedule(moved, input, output, views, timeout_s, compute=compute)
+    return group._execute(moved, input, output, async_op, timeout_s, views, compute=compute)
 
 
 def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row_bytes: int, compute,
@@ -33,10 +45,10 @@ def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row
     unwritten (the caller does not read it, nor do the GEMM steps), saving a same-GPU copy on SMs."""
     local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, tp.stream_mode())
     timeout_s = _prepare(group, timeout)
-    schedule, views = group._agree(local, timeout_s)
+    schedule, views = _agreed(group, local, timeout_s)
     moved = _moved(group, schedule, "gather_then_gemm", (tp, rows, row_bytes, keep_own),
                    lambda s: gather_then_gemm(s, tp, rows, row_bytes, keep_own))
-    return group._execute(moved, input, output, async_op, timeout_s, views, compute=compute)
+    return _run(group, moved, input, output, async_op, timeout_s, views, compute)
 
 
 def compute_then_reduce_scatter(group, output, input, op, tp: TPSchedule, rows: int, row_bytes: int, compute,
@@ -47,7 +59,7 @@ def compute_then_reduce_scatter(group, output, input, op, tp: TPSchedule, rows: 
     :func:`conccl.reduce_scatter_tensor`)."""
     local = group._local_step(REDUCE_SCATTER, output, input, (op,), None, tp.stream_mode())
     timeout_s = _prepare(group, timeout)
-    schedule, views = group._agree(local, timeout_s)
+    schedule, views = _agreed(group, local, timeout_s)
     moved = _moved(group, schedule, "gemm_then_scatter", (tp, rows, row_bytes),
                    lambda s: gemm_then_scatter(s, tp, rows, row_bytes))
-    return group._execute(moved, input, output, async_op, timeout_s, views, compute=compute)
+    return _run(group, moved, input, output, async_op, timeout_s, views, compute)

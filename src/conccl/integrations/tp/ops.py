@@ -68,14 +68,18 @@ _LOADED: set = set()
 _MAX_LOADED = 4096
 
 
-def _load_kernels(key, run) -> None:
+def _load_kernels(key, run, capturing: bool = False) -> None:
     """Run ``run()`` (each distinct GEMM step of a pipeline, once) unless ``key`` ran before in
     this process. CUDA loads a kernel's module on its first launch (lazy loading, PyTorch's
     default), and loading may wait until nothing on the device is waiting. Inside a pipeline
     the GEMM steps are queued after stream waits on marks that only later work writes (in
     GEMM+reduce-scatter the copies await the GEMMs' marks), so that wait never ends: a hang,
     seen on the shared-GPU rig at world 2. Run first, on the caller's stream before the
-    pipeline, the load finds no wait queued. Costs one extra GEMM per step shape, once."""
+    pipeline, the load finds no wait queued. Costs one extra GEMM per step shape, once.
+    Not while ``capturing`` a graph: nothing runs then, and the extra GEMMs would be captured
+    into every replay (warm a captured shape eagerly first, as graph capture wants anyway)."""
+    if capturing:
+        return
     if key not in _LOADED:
         run()
         if len(_LOADED) >= _MAX_LOADED:  # serving with ever new row counts: forget, warm again
@@ -175,7 +179,7 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
     steps = _first_of_each_size(world, g.rank, tp, rows, scatter=False)
     _load_kernels(("ag", steps, K, a.dtype, a.device, tuple((w.shape, w.stride()) for w in weights)),
                   lambda: [torch.mm(a2 if own else gathered[s:e], w, out=o[s:e])  # as compute reads them
-                           for s, e, own in steps for w, o in zip(weights, outs)])
+                           for s, e, own in steps for w, o in zip(weights, outs)], g.executor.capturing())
 
     def compute(op):
         record()
@@ -242,7 +246,7 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
     record = _recorder(async_op, [x2, weight, full, out])
     steps = _first_of_each_size(world, g.rank, tp, M // world, scatter=True)
     _load_kernels(("rs", steps, K, N, a.dtype, a.device, weight.stride()),
-                  lambda: [torch.mm(x2[s:e], weight, out=full[s:e]) for s, e, _ in steps])
+                  lambda: [torch.mm(x2[s:e], weight, out=full[s:e]) for s, e, _ in steps], g.executor.capturing())
 
     def compute(step):
         record()
