@@ -306,3 +306,15 @@ def test_auto_passes_the_device_name_to_the_planner(monkeypatch):
     ops._auto.cache_clear()
     ops.resolve_schedule("auto", "ag_gemm", 8192, 8192, 7168, 2, torch.bfloat16, torch.device("cpu"))
     assert seen == ["NVIDIA H100 80GB HBM3"]
+
+
+def test_the_graph_workspace_covers_every_captured_conccl_call():
+    from conccl.bench.tp import TPBenchConfig, graph_workspace_bytes
+
+    shapes = {"ag_gemm": ((1024, 8192, 7168),), "gemm_rs": ((1024, 3584, 8192),)}
+    cfg = TPBenchConfig(shapes=shapes, schedules=("serial", "direct"), graph=True)
+    # conccl's two schedules, auto and serial_conccl: four captured calls per shape
+    need = 4 * (512 * 8192 * 2 + 1024 * 8192 * 2)
+    assert graph_workspace_bytes(cfg, 2) == need
+    fewer = TPBenchConfig(shapes=shapes, schedules=("direct",), impls=("gemm_only", "conccl"), graph=True)
+    assert graph_workspace_bytes(fewer, 2) == need // 4

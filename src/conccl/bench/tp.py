@@ -223,7 +223,8 @@ def graph_workspace_bytes(cfg: TPBenchConfig, world: int) -> int:
     """Graph workspace every captured conccl call of the run needs (reserved before the first
     capture): a staged all-gather stages its shard, a reduce-scatter pushes ``world`` partials."""
     elem = 4 if cfg.dtype == "float32" else 2
-    calls = len(cfg.schedules) * ("conccl" in cfg.impls) + ("conccl_auto" in cfg.impls)
+    calls = (len(cfg.schedules) * ("conccl" in cfg.impls) + ("conccl_auto" in cfg.impls)
+             + ("serial_conccl" in cfg.impls))  # its flat collective stages or pushes as much
     total = 0
     for op in cfg.ops:
         for M, K, N in cfg.shapes[op]:
