@@ -18,16 +18,17 @@ transformed by a pure function:
 
 Streams of an all-gather + GEMM, world 3, rank 0, direct order, 2 pieces per shard::
 
-    slot 0 (control)  stage · mark · READY(s) -> 1, 2 ··························· wait DONE(s)
+    slot 0 (control)  stage · (mark) · READY(s) -> 1, 2 ························ wait DONE(s)
     slot 1 (peer 1)   wait READY(s) of 1 · piece 1.0 · mark · piece 1.1 · mark · DONE(s) -> 1
     slot 2 (peer 2)   wait READY(s) of 2 · piece 2.0 · mark · piece 2.1 · mark · DONE(s) -> 2
-    slot 3 (GEMM)     await stage · own rows · await 1.0 · rows 1.0 · await 2.0 · rows 2.0 · ...
+    slot 3 (GEMM)     (await stage) · own rows · await 1.0 · rows 1.0 · await 2.0 · rows 2.0 · ...
 
-(The own rows' step waits for the staging copy: the staging is a same-GPU copy on SMs, and a
-GEMM queued beside it would take every SM first, holding the peers' pulls back a whole step.
-Above 64 MiB a shard's staging first waits for the peers' DONE of the previous call, so the
-own step does too: at no cost unless the ranks are skewed. The flat all-gather's copy of the
-own chunk into the output runs after the last step, or not at all: ``keep_own``.)
+(Above 64 MiB a shard's staging first waits for the peers' DONE of the previous call, and
+the own rows' step waits for the staging, a same-GPU copy on SMs: a GEMM queued beside it
+would take every SM first, holding the peers' pulls back a whole step. Smaller shards are
+staged with no wait before, so the copy starts first and the GEMM does not wait for it. The
+flat all-gather's copy of the own chunk into the output runs after the last step, or not at
+all: ``keep_own``.)
 
 With ``gemm_streams=2`` (``direct-p2-s2``) the GEMM steps alternate over two slots, so a step
 can start while the previous one's last wave still runs (own rows · await 2.0 · rows 2.0 ·
@@ -45,7 +46,8 @@ from dataclasses import dataclass
 
 from .collectives.direct import number_slots
 from .errors import InvalidArgument
-from .schedule import MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, Schedule, StreamMode
+from .schedule import (MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, Schedule, StreamMode,
+                       WaitSignal)
 
 
 class Order(enum.Enum):
@@ -195,8 +197,8 @@ def gemm_steps(world: int, rank: int, tp: TPSchedule, rows: int, scatter: bool =
 def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int, keep_own: bool = True) -> Schedule:
     """An all-gather+GEMM pipeline from the agreed pull all-gather ``schedule`` of ``rows``
     rows of ``row_bytes`` bytes per rank (see the module doc). The GEMM slot computes the own
-    rows first (read from the input, once the input is staged for the peers where it needs
-    staging), then each step as its pieces land; in ``serial`` one GEMM over every row once
+    rows first (read from the input; above 64 MiB once it is staged for the peers), then each
+    step as its pieces land; in ``serial`` one GEMM over every row once
     all have landed. A pure function of plain data.
 
     The own chunk's copy into the output (a same-GPU copy: SM work) is for the caller only, as
@@ -211,13 +213,14 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
     npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
     own_copied = False  # a serial GEMM reads the own chunk from the output: after its copy
     own_copy = []  # a pipelined schedule's own-chunk copy, moved behind the GEMM steps
-    staged = False  # the shard is staged for the peers (a same-GPU copy: SMs) before READY
+    staged = False  # the shard's staging (a same-GPU copy: SMs) waits on the peers first: the GEMM waits for it
     slots = []
     for ops in schedule.slots:
         out = []
         for op in ops:
             t = op.transfer if isinstance(op, Copy) else None
-            if t is not None and t.phase is Phase.STAGE and not tp.serial:
+            waited = any(isinstance(o, WaitSignal) for o in out)  # before the staging, on its slot
+            if t is not None and t.phase is Phase.STAGE and not tp.serial and waited:
                 out += [op, Mark(_word(rank, 0, npieces), rank)]
                 staged = True
                 continue
@@ -246,10 +249,13 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
         awaits += [AwaitMark(_word(rank, 0, npieces), rank)] if own_copied else []
         steps.append(awaits + [Compute(0, 0, world * rows)])
     else:
-        # The own rows' step waits for the staging copy: queued beside it, the GEMM takes
-        # every SM first and the copy (so the peers' pulls, so the next step) waits for its
-        # end (measured on 2 x H200: a 0.33 ms gap in a 2.3 ms call; async-TP issues its copy
-        # first for the same reason).
+        # Where the staging copy sits behind a wait (a shard above 64 MiB: the whole workspace,
+        # DONE of the previous call first), the own rows' step waits for it: the GEMM queued
+        # beside it took every SM first and the copy (so the peers' pulls, so the next step)
+        # waited for the step's end (measured on 2 x H200: a 0.33 ms gap in a 2.3 ms call;
+        # async-TP issues its copy first for the same reason). Without a wait before it, the
+        # copy is queued first and starts first: a wait would only add its latency (~10 us,
+        # 6-8% of a decode-size call).
         wait_stage = [AwaitMark(_word(rank, 0, npieces), rank)] if staged else []
         steps.append(wait_stage + [Compute(0, rank * rows, (rank + 1) * rows, own=True)])
         for i, (start, end, pieces) in enumerate(_gemm_steps(order, rows, tp.gemm_pieces), start=1):

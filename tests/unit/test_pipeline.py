@@ -188,8 +188,7 @@ def test_a_pipeline_lowers_its_marks_to_the_own_pads_mark_words_and_hands_back_i
     mark_words = [(sig.is_wait, (sig.address - 0x9000) // 4) for sig in signals if sig.address >= 0x9000]
     written = sorted(w for wait, w in mark_words if not wait)
     awaited = sorted(w for wait, w in mark_words if wait)
-    # peer 1's two pieces (words 1 * 2 + j), and the staging copy (the own word 0 * 2 + 0)
-    assert written == awaited == [0, 2, 3]
+    assert written == awaited == [2, 3]  # peer 1's two pieces: words 1 * 2 + j
     computes = [st.op for st in lowered[-1] if isinstance(st, ComputeStep)]
     assert [(c.row_start, c.row_end, c.own) for c in computes] == [(0, 4, True), (4, 6, False), (6, 8, False)]
     with pytest.raises(TypeError, match="mark"):
@@ -222,9 +221,15 @@ def test_the_own_chunk_is_copied_after_the_last_gemm_step_or_not_at_all(world, t
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("tp", [t for t in SCHEDULES if not t.serial], ids=lambda t: t.name)
-def test_the_own_gemm_step_waits_for_the_staging_copy(world, tp):
-    rows, row_bytes, rank = 6, 16, 0
-    for symmetric in (False, True):  # a symmetric input is not staged: nothing to wait for
+def test_the_own_gemm_step_waits_for_a_staging_copy_that_waits_first(world, tp):
+    """Above DOUBLE_BUFFER_MAX_BYTES the staging waits for the peers' DONE first, and the own
+    GEMM step waits for the staging; below, the staging is queued first with no wait and the
+    GEMM does not wait for it; a symmetric input is not staged."""
+    from conccl.schedule import DOUBLE_BUFFER_MAX_BYTES
+
+    rank = 0
+    for rows, row_bytes, symmetric, waits_for_stage in ((6, 16, False, False), (6, 16, True, False),
+                                                        (4, DOUBLE_BUFFER_MAX_BYTES // 2, False, True)):
         flat = plan_all_gather(world, rank, rows * row_bytes, stream_mode=tp.stream_mode(), input_symmetric=symmetric)
         s = gather_then_gemm(flat, tp, rows, row_bytes)
         stage = [(ops, i) for ops in s.slots for i, op in enumerate(ops)
@@ -233,7 +238,7 @@ def test_the_own_gemm_step_waits_for_the_staging_copy(world, tp):
         assert len(own) == 1 and len(stage) == (0 if symmetric else 1)
         ops, i = own[0]
         waits = [op for op in ops[:i] if isinstance(op, AwaitMark)]
-        if symmetric:
+        if not waits_for_stage:
             assert not waits
             continue
         sops, j = stage[0]

@@ -38,8 +38,8 @@ from torch.distributed import _symmetric_memory as symm_mem
 from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
-from ..schedule import (Buf, max_slots, pad_words, Schedule, Signal, StreamMode, awaited_peers, mark_index, signal_pad_words,
-                        signal_word, workspace_half)
+from ..schedule import (Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, max_slots, pad_words,
+                        signal_pad_words, signal_word, workspace_half)
 from ..work import NCCL, Work
 from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape

@@ -79,8 +79,10 @@ def _op(reduce_op: str):
     return ops[reduce_op]
 
 
-# cudagraph_unsafe: a conccl.tp call cannot be captured (conccl.group.pipelined), so inductor's
-# CUDA-graph modes (reduce-overhead, max-autotune) run it outside their graphs.
+# cudagraph_unsafe: a conccl.tp call can be captured (conccl.group.pipelined), but each capture
+# is a collective call that holds a graph slot and graph workspace for good, and inductor's
+# CUDA-graph modes (reduce-overhead, max-autotune) record and re-record on their own: they run
+# it outside their graphs. Capture the step with torch.cuda.graph instead.
 _TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 
 
