@@ -129,3 +129,25 @@ def test_bench_tp_profile_needs_conccls_schedules_timed(tmp_path, capsys):
                  "--profile", str(prof)]) == 2
     err = capsys.readouterr().err.strip()
     assert "--impls must include conccl" in err and len(err.splitlines()) == 1
+
+
+def test_the_call_overhead_fitted_to_timed_pipelines_is_found_again():
+    """Pipelines timed as the model predicts plus a fixed 25 us: the fit finds 25 us; none
+    without timed pipelines (the model then adds nothing)."""
+    from conccl.pipeline import TPSchedule
+
+    plain = dataclasses.replace(tpp.model_from(device_name="NVIDIA H200"), pipelines={}, call_overhead_s=0.0)
+    assert tpp.fit_call_overhead(plain) is None
+    table = {"world": 2, "dtype": "bfloat16"}
+    for op, shapes in (("ag_gemm", ((1024, 8192, 7168), (8192, 8192, 7168))), ("gemm_rs", ((1024, 3584, 8192),))):
+        table[op] = {}
+        for M, K, N in shapes:
+            g = plain.gemm_s(M, K, N)
+            table[op][f"{M}x{K}x{N}"] = {n: (tpp.predict(plain, op, TPSchedule.parse(n), M, K, N, 2) + 25e-6) / g
+                                         for n in ("serial", "direct", "direct-p2")}
+    fitted = tpp._fitted(dataclasses.replace(plain, pipelines=table))
+    assert fitted.call_overhead_s == pytest.approx(25e-6)
+    g = plain.gemm_s(1024, 8192, 7168)
+    assert tpp.predict(fitted, "ag_gemm", TPSchedule(), 1024, 8192, 7168, 2) == pytest.approx(
+        tpp.predict(plain, "ag_gemm", TPSchedule(), 1024, 8192, 7168, 2) + 25e-6)
+    assert tpp.predict(fitted, "ag_gemm", TPSchedule(), 1024, 8192, 7168, 1) < g * 1.5  # one rank: no call

@@ -69,6 +69,9 @@ class TPModel:
     # Whole pipelines timed on several GPUs: {"world": W, "dtype": name, op: {"MxKxN":
     # {schedule: ratio to the GEMM alone}}} (:func:`pipelines_from_bench`); empty: none
     pipelines: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
+    # A call's fixed cost on the GPU beyond its GEMMs and copies (signals, marks, the waits
+    # between them): fitted to the pipelines where they exist (:func:`fit_call_overhead`)
+    call_overhead_s: float = 0.0
 
     def gemm_s(self, rows: int, K: int, N: int, M: int | None = None) -> float:
         """Seconds of one GEMM of ``rows`` rows with a ``K x N`` weight, run as a piece of a
@@ -129,8 +132,36 @@ def model_from(profile: HardwareProfile | None = None, table: dict | None = None
         t = {**_embedded_table(embedded_gpu(device_name)), **t}
     rows_ms = {k: {int(r): float(v) for r, v in rows.items()} for k, rows in t.get("rows_ms", {}).items()}
     eff = p.gemm_efficiency.get("compute-bound", 0.7) if isinstance(p.gemm_efficiency, dict) else 0.7
-    return TPModel(rows_ms, p.bf16_flops * eff, p.sm_count, p.nvlink_bytes_per_s, p.hbm_bytes_per_s,
-                   DEFAULT_CONTENTION if contention is None else contention, pipelines=t.get("pipelines") or {})
+    model = TPModel(rows_ms, p.bf16_flops * eff, p.sm_count, p.nvlink_bytes_per_s, p.hbm_bytes_per_s,
+                    DEFAULT_CONTENTION if contention is None else contention, pipelines=t.get("pipelines") or {})
+    return _fitted(model)
+
+
+def _fitted(model: TPModel) -> TPModel:
+    """``model`` with its call overhead fitted to its pipelines (unchanged without them)."""
+    c = fit_call_overhead(model)
+    return model if c is None else dataclasses.replace(model, call_overhead_s=c)
+
+
+def fit_call_overhead(model: TPModel) -> float | None:
+    """The fixed cost per call (seconds, 0 to 200 us, to the microsecond) that brings the model
+    nearest to the pipelines timed on several GPUs: the least mean relative error over every op,
+    shape and schedule timed (a call's time is the model's plus c: the ratio grows by c / the
+    GEMM's time, so it is the small shapes that show it). None without timed pipelines."""
+    world, runs = model.pipelines.get("world"), []
+    base = dataclasses.replace(model, call_overhead_s=0.0)
+    for op in OPS:
+        for key, by in (model.pipelines.get(op) or {}).items():
+            M, K, N = map(int, key.split("x"))
+            if not world or M % world:
+                continue
+            g = base.gemm_s(M, K, N)
+            for name, ratio in by.items():
+                runs.append((ratio, predict(base, op, TPSchedule.parse(name), M, K, N, world) / g, g))
+    if not runs:
+        return None
+    error = {c: sum(abs((p + c * 1e-6 / g) / r - 1) for r, p, g in runs) for c in range(201)}
+    return min(error, key=lambda c: (error[c], c)) * 1e-6
 
 
 def measured_pipelines(model: TPModel, op: str, M: int, K: int, N: int, world: int) -> dict:
@@ -195,8 +226,10 @@ def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, wor
     steps = gemm_steps(world, rank, tp, rows, scatter=op == "gemm_rs")
     cont = 1.0 if world == 1 or tp.serial else model.contention
     row_bytes = (K if op == "ag_gemm" else N) * elem
-    landed = _landing_times(model, world, rank, tp, rows, row_bytes) if op == "ag_gemm" else None
     if op == "ag_gemm":
+        # The peers' shards are staged (read and written on their GPU) before they can move.
+        stage_s = 2 * rows * row_bytes / model.hbm_bytes_per_s if world > 1 else 0.0
+        landed = {pc: stage_s + t for pc, t in _landing_times(model, world, rank, tp, rows, row_bytes).items()}
         # A step is slowed by the contention only while pieces are still landing beside it.
         busy_until = max(landed.values(), default=0.0)
         t = 0.0
@@ -205,7 +238,7 @@ def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, wor
             d = model.gemm_s(end - start, K, N, M)
             overlap = min(max(busy_until - t, 0.0), d * cont)
             t += overlap + (d - overlap / cont)
-        return t
+        return t + (model.call_overhead_s if world > 1 else 0.0)
     # GEMM, then reduce-scatter: pieces leave as their step ends (every step but the first has
     # copies beside it); the sum runs after the last has arrived.
     t, done = 0.0, {}
@@ -216,7 +249,7 @@ def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, wor
     sent = _sending_times(model, world, rank, tp, rows, row_bytes, done)
     chunk = rows * row_bytes
     reduce_s = (world + 1) * chunk / model.hbm_bytes_per_s
-    return max([t, *sent.values()]) + reduce_s
+    return max([t, *sent.values()]) + reduce_s + (model.call_overhead_s if world > 1 else 0.0)
 
 
 def _landing_times(model: TPModel, world, rank, tp, rows, row_bytes) -> dict:
@@ -337,5 +370,5 @@ def without(model: TPModel, M: int, K: int, N: int) -> TPModel:
     key = f"{M}x{K}x{N}"
     pipelines = {op: ({k: v for k, v in by.items() if k != key} if isinstance(by, dict) else by)
                  for op, by in model.pipelines.items()}
-    return dataclasses.replace(model, rows_ms={k: v for k, v in model.rows_ms.items() if k != key},
-                               pipelines=pipelines)
+    return _fitted(dataclasses.replace(model, rows_ms={k: v for k, v in model.rows_ms.items() if k != key},
+                                       pipelines=pipelines, call_overhead_s=0.0))
