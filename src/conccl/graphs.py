@@ -35,8 +35,10 @@ PUSHEDs). The CPU reference executor replays captured calls across processes to 
 (``tests/multiproc/test_graphs.py``).
 
 A tensor-parallel pipeline's marks (:mod:`conccl.pipeline`: a piece landed or computed) are
-the rank's own words: a captured pipeline uses the pad's second block of them, writes 1 and
-resets each after its one wait, as the signal words are.
+the rank's own words: a captured pipeline uses its graph slot's own block of them (so graphs
+replayed at once, or pipelines captured on forked streams, never share one), writes 1 and
+resets each after its one wait, as the signal words are. A capture that fails on one rank
+after the peers agreed it breaks the group: they would replay it without that rank.
 
 What a replay cannot do: agree with the peers (shapes, dtypes and ops were checked once, at
 capture; every rank must replay the same graphs in the same order) or time out (a peer that

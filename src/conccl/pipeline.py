@@ -26,9 +26,10 @@ Streams of an all-gather + GEMM, world 3, rank 0, direct order, 2 pieces per sha
 (Above 64 MiB a shard's staging first waits for the peers' DONE of the previous call, and
 the own rows' step waits for the staging, a same-GPU copy on SMs: a GEMM queued beside it
 would take every SM first, holding the peers' pulls back a whole step. Smaller shards are
-staged with no wait before, so the copy starts first and the GEMM does not wait for it. The
-flat all-gather's copy of the own chunk into the output runs after the last step, or not at
-all: ``keep_own``.)
+staged with no wait before, so the copy, queued first, starts first and the GEMM does not wait
+for it; captured into a graph, where the staging waits for the peers' FREE and branches have
+no order, the own step waits at any size. The flat all-gather's copy of the own chunk into
+the output runs after the last step, or not at all: ``keep_own``.)
 
 With ``gemm_streams=2`` (``direct-p2-s2``) the GEMM steps alternate over two slots, so a step
 can start while the previous one's last wave still runs (own rows · await 2.0 · rows 2.0 ·
@@ -194,7 +195,8 @@ def gemm_steps(world: int, rank: int, tp: TPSchedule, rows: int, scatter: bool =
     return [(rank * rows, (rank + 1) * rows, ())] + _gemm_steps(order, rows, tp.gemm_pieces)
 
 
-def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int, keep_own: bool = True) -> Schedule:
+def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int, keep_own: bool = True,
+                     captured: bool = False) -> Schedule:
     """An all-gather+GEMM pipeline from the agreed pull all-gather ``schedule`` of ``rows``
     rows of ``row_bytes`` bytes per rank (see the module doc). The GEMM slot computes the own
     rows first (read from the input; above 64 MiB once it is staged for the peers), then each
@@ -205,7 +207,10 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
     no pipelined GEMM step reads it: ``keep_own`` False drops it (the gathered output is not
     returned), True runs it after the last GEMM step. Where the flat schedule had it, in a
     slot of its own, it raced the GEMM steps for the SMs and, queued first, could hold the
-    second step back by its whole length (measured: 0.1 ms of a 2.2 ms call on 2 x H200)."""
+    second step back by its whole length (measured: 0.1 ms of a 2.2 ms call on 2 x H200).
+    ``captured``: the pipeline is captured into a CUDA graph, where its staging waits for the
+    peers' FREE first (:mod:`conccl.graphs`) and branches have no launch order: the own step
+    waits for the staging at any size."""
     _check(schedule, tp, rows, row_bytes)
     rank, world = schedule.rank, schedule.world
     chunk = rows * row_bytes
@@ -219,7 +224,7 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
         out = []
         for op in ops:
             t = op.transfer if isinstance(op, Copy) else None
-            waited = any(isinstance(o, WaitSignal) for o in out)  # before the staging, on its slot
+            waited = captured or any(isinstance(o, WaitSignal) for o in out)  # before the staging, on its slot
             if t is not None and t.phase is Phase.STAGE and not tp.serial and waited:
                 out += [op, Mark(_word(rank, 0, npieces), rank)]
                 staged = True
@@ -254,7 +259,8 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
         # beside it took every SM first and the copy (so the peers' pulls, so the next step)
         # waited for the step's end (measured on 2 x H200: a 0.33 ms gap in a 2.3 ms call;
         # async-TP issues its copy first for the same reason). Without a wait before it, the
-        # copy is queued first and starts first: a wait would only add its latency (~10 us,
+        # copy is queued first and starts first (eagerly: a captured call waits at any size):
+        # a wait would only add its latency (~10 us,
         # 6-8% of a decode-size call).
         wait_stage = [AwaitMark(_word(rank, 0, npieces), rank)] if staged else []
         steps.append(wait_stage + [Compute(0, rank * rows, (rank + 1) * rows, own=True)])

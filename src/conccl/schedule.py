@@ -62,10 +62,11 @@ Marks (tensor-parallel pipelines, :mod:`conccl.pipeline`): after the signal word
 graph slot, each pad has :data:`MARK_WORDS` words that only its own rank's streams write and
 wait on. A :class:`Mark` says a piece has landed (all-gather) or been computed (before a
 reduce-scatter sends it); an :class:`AwaitMark` holds a stream until it has. They too hold
-the call's sequence number, so they never need resetting either. A captured pipeline uses a
-second block of :data:`MARK_WORDS` words, which no eager call touches (an eager word's old
-sequence number would satisfy a replay's wait at once): its marks write 1 and each wait
-resets its word (:class:`ResetMark`), every mark being awaited exactly once per call.
+the call's sequence number, so they never need resetting either. A captured pipeline uses its
+graph slot's own block of :data:`MARK_WORDS` words, which no other call touches (an eager
+word's old sequence number would satisfy a replay's wait at once, and two graphs may replay at
+once): its marks write 1 and each wait resets its word (:class:`ResetMark`), every mark being
+awaited exactly once per call.
 """
 from __future__ import annotations
 
@@ -124,15 +125,17 @@ def release_ops(peers, done_awaited: bool = False) -> list:
 FREE_WAIT_DELTA = -1  # a push of call s waits for the peer's FREE >= s - 1 (module doc)
 
 
-def mark_index(word: int, world: int, graph_slots: int, captured: bool = False) -> int:
-    """Index of mark ``word`` in a pad holding the eager words and ``graph_slots`` graph blocks,
-    in the eager calls' block of marks or (``captured``) the captured calls'."""
-    return signal_pad_words(world) * (1 + graph_slots) + (MARK_WORDS if captured else 0) + word
+def mark_index(word: int, world: int, graph_slots: int, slot: int | None = None) -> int:
+    """Index of mark ``word`` in a pad holding the eager words and ``graph_slots`` graph blocks:
+    in the eager calls' block of marks, or (``slot``) in that graph slot's own block (a captured
+    pipeline's: no other call, eager or captured, touches it)."""
+    return signal_pad_words(world) * (1 + graph_slots) + (0 if slot is None else (1 + slot) * MARK_WORDS) + word
 
 
 def pad_words(world: int, graph_slots: int) -> int:
-    """Words of a pad: the eager signal words, a block per graph slot, both blocks of marks."""
-    return mark_index(0, world, graph_slots) + 2 * MARK_WORDS
+    """Words of a pad: the eager signal words, a block per graph slot, the eager calls' marks and
+    a block of marks per graph slot."""
+    return mark_index(0, world, graph_slots) + (1 + graph_slots) * MARK_WORDS
 
 
 class Buf(enum.Enum):

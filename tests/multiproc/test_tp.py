@@ -5,6 +5,7 @@ reduce-scatter). Inputs are small whole numbers, so every GEMM is exact and "the
 means the same bits whatever the rows a GEMM step covers."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -184,6 +185,9 @@ def _captured(comm, replays, jitter):
             results.append(ctp.all_gather_matmul(shard, wt, 0, comm, schedule=name, return_gathered=True))
             results.append(ctp.matmul_reduce_scatter(a, wt, 0, None, comm, schedule=name))
     assert comm.seq == 0 and comm.graph_slots == 2 * len(names)
+    marks = [rec[-1] for rec in graph]  # each captured pipeline's block of mark words: its own
+    assert all(not np.shares_memory(a, b) for i, a in enumerate(marks) for b in marks[i + 1:])
+    assert not any(np.shares_memory(m, ex._marks) for m in marks)  # nor the eager calls'
     bad = []
     for step in range(replays):
         shards = [_ints((rows, K), 500 + 10 * step + s) for s in range(w)]
@@ -211,3 +215,37 @@ def _captured(comm, replays, jitter):
 @pytest.mark.parametrize("world,jitter", [(2, False), (3, True)])
 def test_captured_pipelines_replay_right_with_new_inputs_and_eager_calls_between(world, jitter):
     assert spawn(world, _captured, 4, jitter) == [[]] * world
+
+
+def _capture_fails_on_one_rank(comm):
+    """A capture that fails on one rank after the peers agreed it breaks the group on every
+    rank (they would replay it without that rank), and the slots stay in step."""
+    from conccl.errors import CollectiveError
+
+    ex = comm.executor
+    if comm.rank == 0:
+        def broken(*a, **k):
+            raise RuntimeError("no capture here")
+        ex.capture_call = broken
+    raised = None
+    with ex.capture():
+        try:
+            ctp.all_gather_matmul(torch.ones(2, 8), torch.ones(8, 3), 0, comm, schedule="direct")
+        except CollectiveError as e:
+            raised = str(e)
+    slots = comm.graph_slots
+    later = None
+    try:  # the next call on every rank: the group is broken (rank 0 at once, the peers from the board)
+        ctp.all_gather_matmul(torch.ones(2, 8), torch.ones(8, 3), 0, comm, schedule="direct", timeout=10)
+    except CollectiveError as e:
+        later = type(e).__name__
+    return raised, slots, later
+
+
+def test_a_capture_failing_on_one_rank_breaks_the_group():
+    results = spawn(2, _capture_fails_on_one_rank)
+    # rank 1 raises at its capture here (the reference executor's capture of a staged call meets
+    # the peers) or, on CUDA, at its next call
+    assert "no capture here" in results[0][0]
+    assert [r[1] for r in results] == [1, 1]
+    assert all(r[2] is not None for r in results), results

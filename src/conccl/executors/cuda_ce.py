@@ -134,8 +134,9 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
     def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
         self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
         self.symmetric = SymmetricRegistry()  # this group's conccl.empty tensors
-        # The eager words, then one block per graph slot (conccl.graphs), then the pipelines' marks.
-        # ... and the spin words of one-shot kernels (the watchdog's abort, the kernel's timeout flag).
+        # The eager words, then one block per graph slot (conccl.graphs), then the pipelines' marks
+        # (the eager calls' block, a block per graph slot), then the spin words of one-shot
+        # kernels (the watchdog's abort, the kernel's timeout flag).
         spin = pad_words(world, GRAPH_SLOTS)
         pad = symm_mem.empty(spin + SPIN_WORDS, dtype=torch.int32, device=device)
         pad.zero_()  # set-up only: a copy-engine collective launches no kernel
@@ -145,7 +146,6 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._pad_handle = symm_mem.rendezvous(pad, group_name)  # collective: peers zeroed theirs too
         self._pads = list(self._pad_handle.buffer_ptrs)
         self._marks = self._pads[rank] + 4 * mark_index(0, world, GRAPH_SLOTS)
-        self._graph_marks = self._pads[rank] + 4 * mark_index(0, world, GRAPH_SLOTS, captured=True)
         self._spin_index = spin
         self._spin_words = self._pads[rank] + 4 * spin
         self._device_index = device.index if device.index is not None else torch.cuda.current_device()
@@ -395,7 +395,9 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # Stream memory ops, batched or single, copies and the reduction kernel are captured
         # (scripts/graph_memops_probe.py on H200); cuMemcpyBatchAsync is not.
         program = CompiledProgram(lower(schedule, address, pads, self.batching, batch_copies=False,
-                                        marks=self._graph_marks, spin_words=self._spin_words), driver(),
+                                        marks=self._pads[self.rank] + 4 * mark_index(0, self.world, GRAPH_SLOTS,
+                                                                                      slot),
+                                        spin_words=self._spin_words), driver(),
                                   self._device_index)
         caller = torch.cuda.current_stream(self.device)
         events = [torch.cuda.Event() for _ in range(len(program.slots))]

@@ -79,9 +79,8 @@ class ReferenceExecutor(GrowingWorkspace):
         self._barrier()
         self._all_pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
         self._pads = [pad[:signal_pad_words(world)] for pad in self._all_pads]
-        # only this rank's streams use them: the eager calls' block and the captured calls'
-        self._marks = self._all_pads[rank][mark_index(0, world, GRAPH_SLOTS):mark_index(0, world, GRAPH_SLOTS, True)]
-        self._graph_marks = self._all_pads[rank][mark_index(0, world, GRAPH_SLOTS, True):]
+        # only this rank's streams use them: the eager calls' block (a captured call uses its slot's)
+        self._marks = self._all_pads[rank][mark_index(0, world, GRAPH_SLOTS):mark_index(0, world, GRAPH_SLOTS, 0)]
         self._capture: list | None = None  # calls recorded by capture(), None when not capturing
         self._ws_gen, self._ws = 0, [None] * world
         self._allocs: list[tuple[int, int, str]] = []  # (start, end, name pattern) of symmetric tensors
@@ -172,14 +171,16 @@ class ReferenceExecutor(GrowingWorkspace):
             ws = [self._attach_bytes(name.format(rank=p), schedule.workspace_bytes) for p in range(self.world)]
         words = signal_pad_words(self.world)
         pads = [pad[(1 + slot) * words:(2 + slot) * words] for pad in self._all_pads]
-        self._capture.append((schedule, input, output, views, pads, ws, timeout_s, compute))
+        marks = self._all_pads[self.rank][mark_index(0, self.world, GRAPH_SLOTS, slot):
+                                          mark_index(0, self.world, GRAPH_SLOTS, slot + 1)]
+        self._capture.append((schedule, input, output, views, pads, ws, timeout_s, compute, marks))
 
     def replay(self, recorded: list) -> None:
         """Run captured calls once more, in order."""
         self.flush()
-        for schedule, input, output, views, pads, ws, timeout_s, compute in recorded:
+        for schedule, input, output, views, pads, ws, timeout_s, compute, marks in recorded:
             self._run_now(schedule, input, output, GRAPH_VALUE, timeout_s, views, pads=pads, ws=ws, compute=compute,
-                          marks=self._graph_marks)
+                          marks=marks)
 
     # ------------------------------------------------------------ execution
     def _bytes(self, rank: int, buf: Buf, input, output, views) -> np.ndarray:

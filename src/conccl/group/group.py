@@ -559,8 +559,18 @@ class Group(CollectiveMethods):
         same order."""
         self._check_graph_slot()
         slot = self.graph_slots
-        self.executor.capture_call(graph_schedule(schedule), input, output, views, slot, timeout_s, compute=compute)
-        self.graph_slots += 1
+        try:
+            self.executor.capture_call(graph_schedule(schedule), input, output, views, slot, timeout_s,
+                                       compute=compute)
+        except Exception as e:
+            # The peers captured this call (it was agreed): a rank that did not would replay out
+            # of step with them, on other slots, where no watchdog looks. Break the group.
+            error = CollectiveError(f"capturing a conccl {schedule.collective} failed on this rank after the peers "
+                                    f"agreed it: {type(e).__name__}: {e}")
+            self.fail(error)
+            raise error from e
+        finally:
+            self.graph_slots += 1
         return Work()
 
     def _exchange(self, local: "_Local", seq: int, timeout_s: float):

@@ -46,8 +46,9 @@ def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row
     local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, tp.stream_mode())
     timeout_s = _prepare(group, timeout)
     schedule, views = _agreed(group, local, timeout_s)
-    moved = _moved(group, schedule, "gather_then_gemm", (tp, rows, row_bytes, keep_own),
-                   lambda s: gather_then_gemm(s, tp, rows, row_bytes, keep_own))
+    captured = group.executor.capturing()
+    moved = _moved(group, schedule, "gather_then_gemm", (tp, rows, row_bytes, keep_own, captured),
+                   lambda s: gather_then_gemm(s, tp, rows, row_bytes, keep_own, captured))
     return _run(group, moved, input, output, async_op, timeout_s, views, compute)
 
 

@@ -147,8 +147,10 @@ def fit_call_overhead(model: TPModel) -> float | None:
     """The fixed cost per call (seconds, 0 to 200 us, to the microsecond) that brings the model
     nearest to the pipelines timed on several GPUs: the least mean relative error over every op,
     shape and schedule timed (a call's time is the model's plus c: the ratio grows by c / the
-    GEMM's time, so it is the small shapes that show it). None without timed pipelines."""
+    GEMM's time, so it is the small shapes that show it). Fitted at the runs' world size, it
+    stands for every world of two or more. None without timed pipelines."""
     world, runs = model.pipelines.get("world"), []
+    elem = 4 if model.pipelines.get("dtype") == "float32" else 2
     base = dataclasses.replace(model, call_overhead_s=0.0)
     for op in OPS:
         for key, by in (model.pipelines.get(op) or {}).items():
@@ -157,7 +159,7 @@ def fit_call_overhead(model: TPModel) -> float | None:
                 continue
             g = base.gemm_s(M, K, N)
             for name, ratio in by.items():
-                runs.append((ratio, predict(base, op, TPSchedule.parse(name), M, K, N, world) / g, g))
+                runs.append((ratio, predict(base, op, TPSchedule.parse(name), M, K, N, world, elem) / g, g))
     if not runs:
         return None
     error = {c: sum(abs((p + c * 1e-6 / g) / r - 1) for r, p, g in runs) for c in range(201)}

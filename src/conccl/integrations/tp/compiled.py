@@ -14,8 +14,8 @@ world; a schedule by its name (``"auto"``, ``"direct-p4-g2"``, ...).
 Both ops are blocking and run on the current stream, as the Python ops do with
 ``async_op=False``; the results are fresh, contiguous tensors (a gather or scatter dimension
 other than 0 costs a copy, which the Python ops leave as a view). They are forward-only (the
-parallel layers carry their backward in their autograd functions), never captured in a CUDA
-graph (tagged ``cudagraph_unsafe``), and declared pure: a compiled graph that leaves an op's
+parallel layers carry their backward in their autograd functions), kept out of inductor's CUDA
+graphs (tagged ``cudagraph_unsafe``; ``torch.cuda.graph`` captures them), and declared pure: a compiled graph that leaves an op's
 results unused drops the call, so every rank must use them alike (or ranks' calls diverge).
 The group registry keeps the groups it names alive.
 """
