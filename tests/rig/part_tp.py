@@ -174,6 +174,41 @@ def tp_layers(rank, world, cases, report):
                       (row.weight, ref[2].detach()[:, part])))
         same_loss = all(abs(a - b) <= 1e-4 * abs(b) + 1e-7 for a, b in zip(losses, ref_losses))
         cases.append((f"tp layers {sched}: a sharded MLP trains like the whole one (weights, losses)", same_w and same_loss))
+    _parallelized(rank, world, cases)
+
+
+class _SwiGLU(torch.nn.Module):
+    def __init__(self, d, f):
+        super().__init__()
+        self.gate, self.up = torch.nn.Linear(d, f, bias=False), torch.nn.Linear(d, f, bias=False)
+        self.down = torch.nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def _parallelized(rank, world, cases):
+    """conccl.tp.parallelize_module on CUDA: a plain nn.Linear MLP made sequence-parallel in place
+    gives the whole module's rows and the shards of its weight gradients (fp32)."""
+    from conccl.integrations import tp as ctp
+
+    torch.manual_seed(1)
+    d, f, seq = 64, 64 * world, 8 * world
+    whole = _SwiGLU(d, f).cuda()
+    block = _SwiGLU(d, f).cuda()
+    block.load_state_dict(whole.state_dict())
+    x = torch.randn(seq, d, device="cuda")
+    (whole(x) ** 2).sum().backward()
+    ctp.parallelize_module(block, {"gate": "colwise", "up": "colwise", "down": "rowwise"})
+    rows, part = slice(rank * seq // world, (rank + 1) * seq // world), slice(rank * f // world, (rank + 1) * f // world)
+    y = block(x[rows])
+    (y ** 2).sum().backward()
+    torch.cuda.synchronize()
+    ok = (torch.allclose(y, whole(x)[rows], rtol=1e-4, atol=1e-5)
+          and torch.allclose(block.gate.weights[0].grad, whole.gate.weight.grad[part], rtol=1e-4, atol=1e-4)
+          and torch.allclose(block.down.weight.grad, whole.down.weight.grad[:, part], rtol=1e-4, atol=1e-4))
+    cases.append(("tp parallelize_module: an nn.Linear MLP made sequence-parallel gives the whole one's rows and "
+                  "gradient shards", ok))
 
 
 def bench_tp(rank, world, cases, report):

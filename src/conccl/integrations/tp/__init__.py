@@ -11,7 +11,10 @@ that a GEMM feeds, pipelined with it.
   as custom ops for ``torch.compile``, groups named by :func:`op_group`
   (:mod:`conccl.integrations.tp.compiled`);
 - :func:`fused_all_gather_matmul`, :func:`fused_matmul_reduce_scatter`: PyTorch async-TP's
-  ``torch.ops.symm_mem`` signatures (a group by its ``group_name``), for a one-line swap.
+  ``torch.ops.symm_mem`` signatures (a group by its ``group_name``), for a one-line swap;
+- :func:`parallelize_module`: a model's ``nn.Linear`` layers made column- or row-parallel in
+  place, as ``torch.distributed.tensor.parallel``'s ``ColwiseParallel`` / ``RowwiseParallel``
+  plan with sequence parallelism (:mod:`conccl.integrations.tp.parallelize`).
 
 ``schedule``: ``"auto"`` (the planner's choice from the hardware profile:
 :mod:`conccl.planner.tp`), a name (``serial``, ``ring``, ``direct``, ``direct-p4-g2``, ...;
@@ -21,6 +24,8 @@ from ...pipeline import Order, TPSchedule
 from .compiled import fused_all_gather_matmul, fused_matmul_reduce_scatter, op_group
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .ops import all_gather_matmul, matmul_reduce_scatter, resolve_schedule
+from .parallelize import parallelize_module
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "ColumnParallelLinear", "RowParallelLinear", "TPSchedule",
-           "Order", "resolve_schedule", "op_group", "fused_all_gather_matmul", "fused_matmul_reduce_scatter"]
+           "Order", "resolve_schedule", "op_group", "fused_all_gather_matmul", "fused_matmul_reduce_scatter",
+           "parallelize_module"]
