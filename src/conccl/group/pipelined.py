@@ -22,15 +22,16 @@ def _prepare(group, timeout):
     return group._timeout_s(timeout)
 
 
-def _agreed(group, local, timeout_s):
-    if group.executor.capturing():
+def _agreed(group, local, timeout_s, captured: bool):
+    """The agreed flat call (``captured``: the stream is being captured, asked once per call)."""
+    if captured:
         return group._agree_captured(local, timeout_s)
     return group._agree(local, timeout_s)
 
 
-def _run(group, moved, input, output, async_op, timeout_s, views, compute):
+def _run(group, moved, input, output, async_op, timeout_s, views, compute, captured: bool):
     """Queue the pipeline ``moved``, or capture it where the stream is being captured."""
-    if group.executor.capturing():
+    if captured:
         return group.capture_schedule(moved, input, output, views, timeout_s, compute=compute)
     return group._execute(moved, input, output, async_op, timeout_s, views, compute=compute)
 
@@ -45,11 +46,11 @@ def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row
     unwritten (the caller does not read it, nor do the GEMM steps), saving a same-GPU copy on SMs."""
     local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, tp.stream_mode())
     timeout_s = _prepare(group, timeout)
-    schedule, views = _agreed(group, local, timeout_s)
     captured = group.executor.capturing()
+    schedule, views = _agreed(group, local, timeout_s, captured)
     moved = _moved(group, schedule, "gather_then_gemm", (tp, rows, row_bytes, keep_own, captured),
                    lambda s: gather_then_gemm(s, tp, rows, row_bytes, keep_own, captured))
-    return _run(group, moved, input, output, async_op, timeout_s, views, compute)
+    return _run(group, moved, input, output, async_op, timeout_s, views, compute, captured)
 
 
 def compute_then_reduce_scatter(group, output, input, op, tp: TPSchedule, rows: int, row_bytes: int, compute,
@@ -60,7 +61,8 @@ def compute_then_reduce_scatter(group, output, input, op, tp: TPSchedule, rows: 
     :func:`conccl.reduce_scatter_tensor`)."""
     local = group._local_step(REDUCE_SCATTER, output, input, (op,), None, tp.stream_mode())
     timeout_s = _prepare(group, timeout)
-    schedule, views = _agreed(group, local, timeout_s)
+    captured = group.executor.capturing()
+    schedule, views = _agreed(group, local, timeout_s, captured)
     moved = _moved(group, schedule, "gemm_then_scatter", (tp, rows, row_bytes),
                    lambda s: gemm_then_scatter(s, tp, rows, row_bytes))
-    return _run(group, moved, input, output, async_op, timeout_s, views, compute)
+    return _run(group, moved, input, output, async_op, timeout_s, views, compute, captured)

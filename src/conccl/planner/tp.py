@@ -128,13 +128,18 @@ def model_from(profile: HardwareProfile | None = None, table: dict | None = None
     named ``device_name``, :func:`embedded_gpu`)."""
     p = profile or load_profile()
     t = table if table is not None else (getattr(p, "tp", None) or _embedded_table(embedded_gpu(device_name)))
-    if not t.get("rows_ms"):  # a table given with timed pipelines alone: the GPU's shipped GEMM steps
-        t = {**_embedded_table(embedded_gpu(device_name)), **t}
+    t = _with_gemm_steps(t, device_name)
     rows_ms = {k: {int(r): float(v) for r, v in rows.items()} for k, rows in t.get("rows_ms", {}).items()}
     eff = p.gemm_efficiency.get("compute-bound", 0.7) if isinstance(p.gemm_efficiency, dict) else 0.7
     model = TPModel(rows_ms, p.bf16_flops * eff, p.sm_count, p.nvlink_bytes_per_s, p.hbm_bytes_per_s,
                     DEFAULT_CONTENTION if contention is None else contention, pipelines=t.get("pipelines") or {})
     return _fitted(model)
+
+
+def _with_gemm_steps(table: dict, device_name: str | None) -> dict:
+    """``table``, or where it has no GEMM steps of its own (timed pipelines alone), the GPU's
+    shipped table with ``table`` over it."""
+    return table if table.get("rows_ms") else {**_embedded_table(embedded_gpu(device_name)), **table}
 
 
 def _fitted(model: TPModel) -> TPModel:
@@ -179,7 +184,7 @@ def with_pipelines(table: dict, pipelines: dict, device_name: str | None) -> tup
     became of the times it held). A table without GEMM steps of its own takes those shipped
     for the GPU named ``device_name`` (and their pipelines). Times of the same world size and
     dtype are merged, the new ones replacing those of the same op and shape; others replaced."""
-    base = table if table.get("rows_ms") else {**_embedded_table(embedded_gpu(device_name)), **table}
+    base = _with_gemm_steps(table, device_name)
     old = base.get("pipelines") or {}
     if not old:
         return {**base, "pipelines": pipelines}, "new"
