@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
-from . import api, fsdp_direct
+from . import api, fsdp_direct, fsdp_step
 from .collectives.all_gather import ALL_GATHER
 from .collectives.reduce_scatter import REDUCE_SCATTER
 from .errors import InvalidArgument, UnsupportedGroup
@@ -174,6 +174,26 @@ class FsdpComms:
     modules: list = field(default_factory=list)  # FSDP modules on conccl
     fallback: list = field(default_factory=list)  # (module name, why) left on NCCL
     pools: dict = field(default_factory=dict)  # process-group name -> SymmetricPool
+    forward_order: fsdp_step.ForwardOrder | None = None  # which module's forward begins first
+    prefetch_streams: dict = field(default_factory=dict)  # device index -> step_and_prefetch's stream
+
+    def step_and_prefetch(self, optimizer: torch.optim.Optimizer) -> bool:
+        """``optimizer.step()`` with the next forward's first all-gather beside it: the update
+        of the module whose forward began first (the root where it holds parameters, else the
+        first block), then that module's gather on a stream of its own (copy engines), then the
+        update of every other parameter on the SMs meanwhile. Call it where ``optimizer.step()``
+        was, after any gradient clipping; FSDP's pre-forward of that module waits for the gather.
+
+        Same bits as ``optimizer.step()`` for an optimizer that updates each parameter alone
+        (SGD, Adam, AdamW; foreach or fused): it runs twice, each time over a part of every
+        parameter group, so step hooks run twice; not for an optimizer that reads every
+        parameter at once, a closure, a ``torch.compile``'d step or a GradScaler's step. Before
+        the first forward (nothing recorded yet) it is one plain step. Returns whether the gather
+        was issued. Stream semantics: the update runs on the current stream; the gather on a
+        stream that waits for the first part only. Memory: that module's unsharded parameters
+        are held from the step on instead of from the forward on."""
+        first = None if self.forward_order is None else self.forward_order.take()
+        return fsdp_step.step_and_prefetch(optimizer, first, self.prefetch_streams)
 
     def memory(self) -> dict:
         """Bytes conccl holds for FSDP beyond PyTorch's caching allocator's own statistics:
@@ -193,7 +213,7 @@ def _shard_group(module):
 
 
 def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: bool = True,
-           direct: bool = False, shard_home: bool = True) -> FsdpComms:
+           direct: bool = False, shard_home: bool = True, cast_once: bool = True) -> FsdpComms:
     """Run the all-gathers and reduce-scatters of every FSDP2 module in ``module`` on copy engines.
 
     Args:
@@ -220,6 +240,11 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             from the parameters before (a state dict) keep the old memory and go stale; a
             ``torch.compile``'d optimizer step fails on parameters that share one buffer
             (PyTorch 2.13): pass False to keep FSDP's all-gather copy-in instead.
+        cast_once: with ``direct`` under mixed precision, a module's gather in backward reads
+            the cast its forward's gather made (the parameters do not change in between) instead
+            of casting the shards again as FSDP does: one cast kernel a module a step instead of
+            two, same bits. A cast is reused only inside a backward pass, of the same shard
+            tensors at the same version; pass False to cast at every gather.
 
     Returns an :class:`FsdpComms` naming the modules served and those left on NCCL.
     A collective call: every rank of the FSDP groups calls it, on the same modules.
@@ -281,7 +306,8 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             gather = shared.get(id(param_group))
             if gather is None:
                 # modules alternate between two memory pools in the order of their first gathers
-                gather = shared[id(param_group)] = fsdp_direct.DirectAllGather(pool, homes=shard_home, reuse=reuse)
+                gather = fsdp_direct.DirectAllGather(pool, homes=shard_home, reuse=reuse, cast_once=cast_once)
+                shared[id(param_group)] = gather
                 fsdp_direct.move_home(gather, param_group.fsdp_params, pg.size())
             m.set_custom_all_gather(gather)
         elif all_gather:
@@ -289,5 +315,6 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
         if reduce_scatter:
             m.set_custom_reduce_scatter(CopyEngineReduceScatter(pool) if plain else fsdp_direct.DirectReduceScatter(pool))
         comms.modules.append(name or "<root>")
+    comms.forward_order = fsdp_step.ForwardOrder(m for _, m in fsdp)
     return comms
 

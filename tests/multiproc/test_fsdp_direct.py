@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from conccl import fsdp_direct  # noqa: E402
+from conccl import fsdp_direct, fsdp_step  # noqa: E402
 
 pytestmark = pytest.mark.skipif(fsdp_direct.supported() is not None, reason=str(fsdp_direct.supported()))
 
@@ -121,6 +121,8 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
     losses = []
+    order = fsdp_step.ForwardOrder(model.modules()) if schedule == "step_prefetch" and direct else None
+    prefetched = []
     for _ in range(3):
         x = torch.randn(8, 13, generator=g)
         if schedule == "bf16_params":
@@ -129,15 +131,24 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
             for handle in [block.unshard(async_op=True) for block in model]:
                 handle.wait()
         loss = model(x).float().square().mean()
+        if schedule == "poke":  # the last block's weight changed in place between forward and backward
+            with torch.no_grad():  # (a change its backward sees: the input's gradient reads it)
+                model[-1][0].weight.add_(0.01)
         loss.backward()
         if schedule == "clip":  # the reduced gradients' norm over every rank's shards, then scaled
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)
-        opt.step()
+        if order is not None:  # the first block's update, its gather for the next forward, the rest
+            first = order.take()
+            prefetched.append(first is model[0] and fsdp_step.step_and_prefetch(opt, first, {}))
+        else:  # stock's the plain step: the split one must give its bits
+            opt.step()
         opt.zero_grad()
         losses.append(loss.item())
         saved = saved if saved is not None else model.state_dict()
     if schedule == "checkpoint":
         assert len(calls) == 3 * 3 * 2, len(calls)  # 3 blocks, 3 steps, forward and recompute
+    if order is not None:
+        assert prefetched == [True] * 3, prefetched
     if schedule == "compile":
         assert counters["frames"]["ok"] >= 1, dict(counters["frames"])  # the blocks' forwards compiled
     # where every parameter's shard lives after training: in its module's home (nothing else
@@ -154,7 +165,7 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
 def _counts():
     c = fsdp_direct.COUNTS
     return (c.skipped_copy_outs, c.declined_gathers, c.skipped_copy_ins, c.declined_reduces, c.skipped_gather_copy_ins,
-            c.cast_gathers)
+            c.cast_gathers, c.reused_casts)
 
 
 def _worker(rank, world, port, param_dtype, reduce_dtype, schedule, queue):
@@ -189,7 +200,7 @@ def _run(world, param_dtype, reduce_dtype, schedule="default"):
     for rank, stock_losses, direct_losses, same, stock_counts, counts, homed in results:
         assert direct_losses == stock_losses, (rank, stock_losses, direct_losses)
         assert all(same), (rank, same)
-        assert stock_counts == [0, 0, 0, 0, 0, 0]  # stock FSDP's collectives are left alone
+        assert stock_counts == [0] * 7  # stock FSDP's collectives are left alone
         # without a dtype cast before the gather, every module's shards live in its home (after
         # training); with one, each module has a cast home the shards are cast into, made at enable
         # (a param_dtype equal to the parameters' is no cast: FSDP clears it)
@@ -207,10 +218,10 @@ def test_direct_trains_bit_for_bit_like_stock_and_skips_every_copy(world, param_
     # once a step (the root has no parameters): 3 steps. No copy of FSDP's runs in any: a bf16
     # gradient reduced in fp32 is summed into fp32 from where it lies; with a dtype cast before
     # the gather, the shards are cast into the module's cast home (no flat buffer), else none
-    # is copied at all.
-    home = 3 * 3 * 2 if param_dtype is None else 0
+    # is copied at all; and the backward's gathers read the cast their forward made.
+    cast = 0 if param_dtype is None else 3 * 3
     for counts in _run(world, param_dtype, reduce_dtype):
-        assert counts == [3 * 3 * 2, 0, 3 * 3, 0, home, 3 * 3 * 2 - home], counts
+        assert counts == [3 * 3 * 2, 0, 3 * 3, 0, 3 * 3 * 2 - 2 * cast, cast, cast], counts
 
 
 @pytest.mark.parametrize("schedule,gathers,copy_ins", [("no_reshard", 3 * 3, 3 * 3), ("prefetch", 3 * 3 * 2, 3 * 3),
@@ -225,14 +236,37 @@ def test_direct_under_other_fsdp_schedules(schedule, gathers, copy_ins):
     meta on every rank but rank 0 and loaded from it after ``enable``, and bf16 parameters whose
     gradients are reduced in fp32 (summed into fp32 where they lie; the shards at home)."""
     for counts in _run(2, None, torch.float32, schedule):
-        assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins, gathers, 0], counts
+        assert counts == [gathers, 0, copy_ins, 3 * 3 - copy_ins, gathers, 0, 0], counts
 
 
 @pytest.mark.parametrize("schedule", ["checkpoint", "clip", "compile"])
 def test_direct_with_mixed_precision_under_checkpointing_clipping_and_compiled_blocks(schedule):
     """FSDP2's usual policy (fp32 parameters, bf16 compute, fp32 reduce) with activation
     checkpointing, gradient clipping (a norm over the reduced shards) or compiled blocks:
-    every gather a cast into the cast home, every reduction from the gradients where they lie,
-    the same bits as stock FSDP2."""
+    every forward's gather a cast into the cast home, every backward's reading that cast (a
+    checkpointed block's recompute included), every reduction from the gradients where they
+    lie, the same bits as stock FSDP2."""
     for counts in _run(2, torch.bfloat16, torch.float32, schedule):
-        assert counts == [3 * 3 * 2, 0, 3 * 3, 0, 0, 3 * 3 * 2], counts
+        assert counts == [3 * 3 * 2, 0, 3 * 3, 0, 0, 3 * 3, 3 * 3], counts
+
+
+@pytest.mark.parametrize("param_dtype", [None, torch.bfloat16])
+def test_step_and_prefetch_gives_the_plain_steps_bits(param_dtype):
+    """The optimizer's update split in two around the next forward's first gather (the first
+    block's parameters, its gather, the rest): the same bits as stock FSDP2 with one plain
+    ``opt.step()``; each step issues the gather (the last one's never read), and the forward
+    finds it done instead of gathering again."""
+    # 3 * 3 * 2 + 1 gathers: without a cast all from the homes; with one, the forward's and the
+    # prefetched ones cast, the backward's read the forward's cast
+    want = [3 * 3 * 2 + 1, 0, 0] if param_dtype is None else [0, 3 * 3 + 1, 3 * 3]
+    for counts in _run(2, param_dtype, torch.float32, "step_prefetch"):
+        assert counts == [3 * 3 * 2, 0, 3 * 3, 0] + want, counts
+
+
+def test_direct_casts_again_in_backward_what_changed_since_forward():
+    """A shard written in place between its module's forward and backward (here the last
+    block's weight, every step): that module's backward gather casts it again, as FSDP's does,
+    and the others read their forward's cast: the same bits as stock FSDP2, which gathers the
+    changed weight in backward."""
+    for counts in _run(2, torch.bfloat16, torch.float32, "poke"):
+        assert counts == [3 * 3 * 2, 0, 3 * 3, 0, 0, 3 * 3 + 3, 3 * 3 - 3], counts

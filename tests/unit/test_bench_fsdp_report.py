@@ -83,3 +83,29 @@ def test_host_profile_names_the_model_s_own_functions_per_step_and_the_table_sho
     assert "## stock, 2048 tokens: host time by function (cProfile, rank 0, 2 steps" in md
     assert "Python's garbage collector per step: generation 0 " in md
     assert f"| `{hp['by_own_time'][0]['function']}` |" in md
+
+
+def test_overlap_splits_copy_time_into_beside_kernels_and_alone_and_the_table_says_it():
+    from conccl.bench.fsdp import overlap
+
+    # kernels 0-10 and 8-20 (one busy span 0-20) and 30-40; copies 5-25 and 38-45 (us)
+    o = overlap([(0, 10), (8, 20), (30, 40)], [(5, 25), (38, 45)])
+    assert o["span_ms"] == pytest.approx(0.045) and o["kernel_ms"] == pytest.approx(0.030)
+    assert o["copy_ms"] == pytest.approx(0.027)
+    assert o["copy_beside_kernels_ms"] == pytest.approx(0.017)  # 5-20 and 38-40
+    assert o["copy_alone_ms"] == pytest.approx(0.010)  # 20-25 and 40-45
+    assert o["idle_ms"] == pytest.approx(0.005)  # 25-30
+    assert overlap([], []) == {"span_ms": 0, "kernel_ms": 0, "copy_ms": 0, "copy_beside_kernels_ms": 0,
+                               "copy_alone_ms": 0, "idle_ms": 0}
+    prof = {"stream 7": {"gemm": 1.5, "memcpy (copy engine)": 0.25}, "overlap": o}
+    res = combine([[dict(_rec(0, "conccl_direct_prefetch", [10.0], {"skipped_copy_outs": 1, "declined_gathers": 0,
+                                                                       "skipped_copy_ins": 1, "declined_reduces": 0,
+                                                                       "cast_gathers": 9, "reused_casts": 8}),
+                         profile=prof)]])
+    md = markdown({"machine_kind": "cpu", "device": "cpu", "world": 1, "commit": "abc", "date": "d", "torch": "t",
+                   "nccl": "n", "results": res, "model": {"layers": 2, "dim": 32, "ffn": 64, "heads": 2,
+                                                          "parameters": 1e4}})
+    assert "| stream 7 | 1.50 | 0.25 |" in md and "| overlap |" not in md
+    assert ("kernels ran 0.03 ms, copy engines 0.03 ms (0.02 beside a kernel, 0.01 with none running), "
+            "nothing 0.01 ms.") in md
+    assert "(9 made one cast into a cast home instead, 8 backward all-gathers read their forward's cast)" in md

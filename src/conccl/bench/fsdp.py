@@ -9,15 +9,17 @@ parameters. Four configurations run in one process per GPU, one after the other:
 - ``stock``: every block and the root wrapped by ``fully_shard`` (NCCL);
 - ``conccl``: the same, then ``conccl.fsdp.enable``;
 - ``conccl_direct``: the same with ``direct=True`` (none of FSDP's copies: :mod:`conccl.fsdp_direct`;
-  the record counts the copies skipped and the collectives left to FSDP's copies).
+  the record counts the copies skipped and the collectives left to FSDP's copies);
+- ``conccl_direct_prefetch``: the same, the optimizer stepped by ``FsdpComms.step_and_prefetch``
+  (the next forward's first all-gather beside the optimizer's update).
 
 Each trains ``train_steps`` AdamW steps from the same seed and data. Forward + backward of
 every step after ``warmup`` is timed with CUDA events on the default stream (FSDP's root
 waits there for the last reduce-scatter); the figure is the median over steps of the slowest
 rank. The loss is that of one more forward after training. Peak memory is the caching
 allocator's peak during the timed steps plus conccl's symmetric workspace (not in the
-allocator's statistics). One more step runs under the profiler (rank 0): kernel time per
-stream and kind.
+allocator's statistics). One more iteration runs under the profiler (rank 0): kernel time per
+stream and kind, and how much of the copy engines' time ran beside kernels.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from .. import fsdp, fsdp_direct
 
-CONFIGS = ("no_comm", "stock", "conccl", "conccl_direct")
+CONFIGS = ("no_comm", "stock", "conccl", "conccl_direct", "conccl_direct_prefetch")
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class FsdpConfig:
     # Run a few more forward+backward steps under cProfile (rank 0) after the timed run: where
     # the host's time per step goes, by function (the 2048-token step is host-bound).
     host_profile: bool = False
+    # conccl.fsdp.enable(cast_once=): under mixed precision, the backward's gathers read the
+    # forward's cast (False: cast at every gather, as FSDP does)
+    cast_once: bool = True
 
 
 class Block(nn.Module):
@@ -105,7 +110,7 @@ class Model(nn.Module):
         return x
 
 
-def build(config: str, shape: ModelShape, device, mixed_precision: bool = False):
+def build(config: str, shape: ModelShape, device, mixed_precision: bool = False, cast_once: bool = True):
     """The model of ``config`` on ``device`` (the same initial weights in every config); with
     ``mixed_precision``, fp32 parameters sharded under FSDP2's bf16/fp32 policy (no_comm: bf16)."""
     torch.manual_seed(0)
@@ -117,8 +122,9 @@ def build(config: str, shape: ModelShape, device, mixed_precision: bool = False)
         for blk in model.blocks:
             fully_shard(blk, **kw)
         fully_shard(model, **kw)
-        if config in ("conccl", "conccl_direct"):
-            comms = fsdp.enable(model, direct=config == "conccl_direct")
+        if config.startswith("conccl"):
+            direct = config.startswith("conccl_direct")
+            comms = fsdp.enable(model, direct=direct, **({"cast_once": cast_once} if direct else {}))
     return model, comms
 
 
@@ -159,12 +165,20 @@ def _segments(torch) -> list:
     return sorted(rows, key=lambda r: -r["reserved_gib"])
 
 
-def _train(model, x, cfg: FsdpConfig, comms=None):
+def _stepper(config: str, opt, comms):
+    """The optimizer step of ``config``: ``FsdpComms.step_and_prefetch`` or the plain one."""
+    if config == "conccl_direct_prefetch" and comms is not None:
+        return lambda: comms.step_and_prefetch(opt)
+    return opt.step
+
+
+def _train(model, x, cfg: FsdpConfig, comms=None, config: str = ""):
     """(per-step fwd+bwd ms after warm-up, peak allocator bytes, loss after training, optimizer,
     host: {programs compiled and seconds compiling them during the timed steps, per-step host ms
     to queue fwd+bwd, per-step ms of the whole iteration: fwd, bwd, optimizer step, zero_grad}).
     A step whose host time nears its GPU time is bound by the host."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    step_fn = _stepper(config, opt, comms)
     pairs, host_ms, whole = [], [], []
     compiled, boards = (0, 0.0, 0), (0, 0)
     for step in range(cfg.train_steps):
@@ -181,7 +195,7 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
         if step >= cfg.warmup:
             pairs.append((start, end))
             host_ms.append(1e3 * (time.perf_counter() - t0))
-        opt.step()
+        step_fn()
         opt.zero_grad(set_to_none=True)
         if step >= cfg.warmup:
             done = torch.cuda.Event(enable_timing=True)
@@ -202,22 +216,62 @@ def _train(model, x, cfg: FsdpConfig, comms=None):
     return times, peak, final, opt, host
 
 
-def _profile_step(model, x) -> dict:
-    """Kernel and copy time per stream of one forward + backward (rank 0), by kind."""
+def _profile_step(model, x, step) -> dict:
+    """Kernel and copy time per stream of one whole iteration (rank 0: forward, backward,
+    ``step()``, zero_grad), by kind; and under "overlap", the copy engines' time beside kernels."""
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         model(x).float().pow(2).mean().backward()
+        step()
+        model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         trace = json.load(open(f.name))
     per = defaultdict(lambda: defaultdict(float))
+    spans = {"kernel": [], "gpu_memcpy": []}
     for ev in trace.get("traceEvents", []):
         cat = ev.get("cat", "")
         if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
             continue
         stream = f"stream {ev.get('args', {}).get('stream', ev.get('tid'))}"
         per[stream][classify(ev.get("name", ""), cat)] += ev.get("dur", 0) / 1e3
-    return {s: {k: round(v, 3) for k, v in sorted(kinds.items())} for s, kinds in sorted(per.items())}
+        if cat in spans:
+            spans[cat].append((ev["ts"], ev["ts"] + ev.get("dur", 0)))
+    out = {s: {k: round(v, 3) for k, v in sorted(kinds.items())} for s, kinds in sorted(per.items())}
+    out["overlap"] = overlap(spans["kernel"], spans["gpu_memcpy"])
+    return out
+
+
+def _union(spans: list) -> list:
+    merged = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def overlap(kernels: list, copies: list) -> dict:
+    """From (start, end) microsecond spans of every kernel and every copy-engine copy of a
+    profiled iteration, ms: its span (first to last activity), the time some kernel ran, some
+    copy ran, a copy ran with no kernel anywhere (exposed copies), and nothing ran (idle)."""
+    k, c = _union(kernels), _union(copies)
+    both = 0.0
+    i = j = 0
+    while i < len(k) and j < len(c):  # the intersection of two sorted unions
+        lo, hi = max(k[i][0], c[j][0]), min(k[i][1], c[j][1])
+        both += max(0.0, hi - lo)
+        if k[i][1] < c[j][1]:
+            i += 1
+        else:
+            j += 1
+    busy_k, busy_c = sum(b - a for a, b in k), sum(b - a for a, b in c)
+    every = k + c
+    span = (max(b for _, b in every) - min(a for a, _ in every)) if every else 0.0
+    return {"span_ms": span / 1e3, "kernel_ms": busy_k / 1e3, "copy_ms": busy_c / 1e3,
+            "copy_beside_kernels_ms": both / 1e3, "copy_alone_ms": (busy_c - both) / 1e3,
+            "idle_ms": (span - (busy_k + busy_c - both)) / 1e3}
 
 
 HOST_PROFILE_STEPS = 4
@@ -306,10 +360,10 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                 loss = _deterministic_loss(config, x, cfg, device)
             free, total = torch.cuda.mem_get_info()
             used_before = total - free  # what the process held before this configuration
-            model, comms = build(config, cfg.shape, device, cfg.mixed_precision)
+            model, comms = build(config, cfg.shape, device, cfg.mixed_precision, cfg.cast_once)
             dist.barrier()
             before = fsdp_direct.counters()  # FSDP copies skipped, collectives left to FSDP's copies
-            times, peak, loss_timed, opt, host = _train(model, x, cfg, comms)
+            times, peak, loss_timed, opt, host = _train(model, x, cfg, comms, config)
             direct = {k: v - before[k] for k, v in fsdp_direct.counters().items()}
             extra = 0
             if comms is not None:
@@ -333,9 +387,11 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                 if rank == 0:
                     rec["host_profile"] = host_profile
             if cfg.profile and rank == 0:
-                rec["profile"] = _profile_step(model, x)
-            elif cfg.profile:
-                model(x).float().pow(2).mean().backward()  # the peers take part in the profiled step
+                rec["profile"] = _profile_step(model, x, _stepper(config, opt, comms))
+            elif cfg.profile:  # the peers take part in the profiled iteration
+                model(x).float().pow(2).mean().backward()
+                _stepper(config, opt, comms)()
+                model.zero_grad(set_to_none=True)
                 torch.cuda.synchronize()
             out.append(rec)
             del model, opt, comms
@@ -349,9 +405,9 @@ def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
     """The loss after ``cfg.train_steps`` steps of ``config`` under deterministic algorithms."""
     torch.use_deterministic_algorithms(True)
     try:
-        model, comms = build(config, cfg.shape, device, cfg.mixed_precision)
+        model, comms = build(config, cfg.shape, device, cfg.mixed_precision, cfg.cast_once)
         dist.barrier()
-        _, _, loss, opt, _ = _train(model, x, cfg)
+        _, _, loss, opt, _ = _train(model, x, cfg, comms, config)
     finally:
         torch.use_deterministic_algorithms(False)
     del model, comms, opt
@@ -451,8 +507,12 @@ def markdown(doc: dict) -> str:
         if r.get("host_ms") is not None:
             said.append(f"the host queued a step's forward and backward in {r['host_ms']:.2f} ms (median, slowest rank)")
         d = c.get("direct")
-        if r["config"] == "conccl_direct" and d:
-            cast = f" ({d['cast_gathers']} made one cast into a cast home instead)" if d.get("cast_gathers") else ""
+        if r["config"].startswith("conccl_direct") and d:
+            cast = ""
+            if d.get("cast_gathers"):
+                reused = f", {d['reused_casts']} backward all-gathers read their forward's cast" \
+                    if d.get("reused_casts") else ""
+                cast = f" ({d['cast_gathers']} made one cast into a cast home instead{reused})"
             said.append(f"{d['skipped_copy_outs']} all-gather copy-outs, {d.get('skipped_gather_copy_ins', 'n/a')} "
                         f"all-gather copy-ins{cast} and {d['skipped_copy_ins']} reduce-scatter copy-ins skipped; "
                         f"{d['declined_gathers']} all-gathers and {d['declined_reduces']} reduce-scatters left to "
@@ -463,11 +523,17 @@ def markdown(doc: dict) -> str:
         prof = r.get("profile_rank0")
         if not prof:
             continue
-        kinds = sorted({k for s in prof.values() for k in s})
-        lines += ["", f"## {r['config']}, {r['tokens_per_rank']} tokens: GPU time per stream in one step (ms, rank 0)", "",
-                  "| stream | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
-        for stream, by in prof.items():
+        streams = {k: v for k, v in prof.items() if k != "overlap"}
+        kinds = sorted({k for s in streams.values() for k in s})
+        lines += ["", f"## {r['config']}, {r['tokens_per_rank']} tokens: GPU time per stream in one iteration (ms, "
+                      "rank 0)", "", "| stream | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
+        for stream, by in streams.items():
             lines.append(f"| {stream} | " + " | ".join(f"{by.get(k, 0):.2f}" for k in kinds) + " |")
+        o = prof.get("overlap")
+        if o:
+            lines += ["", f"From first to last activity {o['span_ms']:.2f} ms: kernels ran {o['kernel_ms']:.2f} ms, "
+                          f"copy engines {o['copy_ms']:.2f} ms ({o['copy_beside_kernels_ms']:.2f} beside a kernel, "
+                          f"{o['copy_alone_ms']:.2f} with none running), nothing {o['idle_ms']:.2f} ms."]
     for r in res:
         hp = r.get("host_profile_rank0")
         if not hp:

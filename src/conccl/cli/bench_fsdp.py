@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
     b.add_argument("--mixed-precision", action="store_true",
                    help="fp32 parameters under FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) "
                         "(no_comm: the bf16 model)")
+    b.add_argument("--cast-every-gather", action="store_true",
+                   help="with --mixed-precision: conccl.fsdp.enable(cast_once=False), the shards cast at every gather "
+                        "as FSDP does (default: the backward's gathers read the forward's cast)")
     b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
     b.add_argument("--out", required=True, help="folder for fsdp.json and fsdp.md")
     add_machine_kind(b, "JSON")
@@ -68,7 +71,7 @@ def config(args) -> bench_fsdp.FsdpConfig:
         raise ValueError(f"--train-steps ({args.train_steps}) must exceed --warmup ({args.warmup}) >= 0")
     return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile,
                                  not args.no_deterministic_loss, args.mixed_precision,
-                                 args.host_profile)
+                                 args.host_profile, not args.cast_every_gather)
 
 
 def run(args) -> int:
@@ -99,5 +102,5 @@ def run(args) -> int:
     (out / "fsdp.json").write_text(json.dumps(doc, indent=1))
     (out / "fsdp.md").write_text(bench_fsdp.markdown(doc))
     print((out / "fsdp.md").read_text().split("\n## ")[0])
-    fallback = [r for r in doc["results"] if r["config"] in ("conccl", "conccl_direct") and r["conccl"] and r["conccl"]["fallback"]]
+    fallback = [r for r in doc["results"] if r["config"].startswith("conccl") and r["conccl"] and r["conccl"]["fallback"]]
     return EXIT_FAILED if fallback else EXIT_OK

@@ -52,6 +52,7 @@ class Counts:
     declined_reduces: int = 0
     skipped_gather_copy_ins: int = 0  # all-gathers that read the shards in their home
     cast_gathers: int = 0  # all-gathers whose copy-in is one cast into the module's cast home (no flat buffer)
+    reused_casts: int = 0  # backward all-gathers that read the cast their forward made (no copy-in at all)
 
 
 COUNTS = Counts()

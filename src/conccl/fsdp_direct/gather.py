@@ -3,6 +3,8 @@ module's shards live in one peer-readable home (:class:`_Home`), and the gather 
 parameter's unsharded tensor from every rank's home, with no copy-in and no copy-out."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
@@ -41,11 +43,14 @@ def _gather_from_home(comm, home, call):
     fsdp_params, group, device = call["fsdp_params"], call["group"], call["device"]
     copy_in, gather_stream = call["all_gather_copy_in_stream"], call["all_gather_stream"]
     handle = _fsdp_collectives._get_device_handle(device.type)
+    reused = False
     with handle.stream(copy_in):
         if home.cast:  # the shards cast into it, as FSDP's copy-in casts them into its flat buffer
-            if home.read is not None:  # not before the peers read it for the previous gather (its end)
-                copy_in.wait_event(home.read)
-            home.cast_in(fsdp_params)
+            reused = comm.cast_once and home.holds_forward_cast(fsdp_params)
+            if not reused:
+                if home.read is not None:  # not before the peers read it for the previous gather (its end)
+                    copy_in.wait_event(home.read)
+                home.cast_in(fsdp_params)
         else:
             home.take(fsdp_params, copy_in)  # a parameter moved out since (or never in): moved back
     gather_stream.wait_stream(copy_in)
@@ -60,7 +65,9 @@ def _gather_from_home(comm, home, call):
     if home.cast:
         home.read = event
     out = home.stand_in(world, device)
-    if home.cast:
+    if reused:
+        COUNTS.reused_casts += 1
+    elif home.cast:
         COUNTS.cast_gathers += 1
     else:
         COUNTS.skipped_gather_copy_ins += 1
@@ -85,6 +92,21 @@ def _copy_out(all_gather_result, fsdp_params, group):
             for t in p.all_gather_outputs:
                 t.record_stream(stream)
     COUNTS.skipped_copy_outs += 1
+
+
+def _in_backward() -> bool:
+    """Whether this thread runs a backward pass now (autograd's engine: FSDP2's pre-backward
+    unshard, a checkpointed block's recompute). False where PyTorch cannot tell."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
+def _versions(p) -> tuple[int, int]:
+    """The version counters that count an in-place write to ``p``'s shard: the parameter's
+    (a DTensor: an in-place op on it, as the optimizer's, does not reach its local tensor's
+    counter) and the padded shard's (shared with the local tensor: a write through
+    ``to_local()``)."""
+    return p.sharded_param._version, p._sharded_param_data._version
 
 
 def _gathered_dtype(p, dtype):
@@ -171,6 +193,9 @@ class _Home:
         # stream waits for each copy-out) implies it, but not for a module gathered twice
         # before its first copy-out (a block called twice): this makes it local.
         self.read = None
+        # What the last cast read, made outside a backward pass: each shard (a weak reference)
+        # and its version counter; None once a cast ran inside one (holds_forward_cast).
+        self.forward_cast = None
         self._stand_in = None
 
     def stand_in(self, world: int, device):
@@ -188,9 +213,24 @@ class _Home:
     def cast_in(self, fsdp_params) -> None:
         """Every padded shard cast into its place here, on the current stream (FSDP's copy-in
         of a mixed-precision gather, without the flat buffer it casts into)."""
+        shards = [p._sharded_param_data for p in fsdp_params]
         with torch.no_grad():
-            torch._foreach_copy_([self.buf[off:off + n] for off, n in zip(self.offsets, self.sizes)],
-                                 [p._sharded_param_data for p in fsdp_params])
+            torch._foreach_copy_([self.buf[off:off + n] for off, n in zip(self.offsets, self.sizes)], shards)
+        self.forward_cast = None if _in_backward() else [(weakref.ref(t), _versions(p)) for p, t in
+                                                          zip(fsdp_params, shards)]
+
+    def holds_forward_cast(self, fsdp_params) -> bool:
+        """Whether a gather now may read this cast home as it is: inside a backward pass, where
+        the last cast was its forward's, of these same shards, unchanged since by any in-place
+        write autograd counts. A module's parameters do not change between its forward and its
+        backward (the optimizer steps between iterations), so FSDP2's re-gather in backward
+        would cast the same values again; the forward's cast is what the backward then reads.
+        (A version counter alone would not do between iterations: a fused optimizer's update
+        leaves it unchanged.)"""
+        if self.forward_cast is None or not _in_backward() or len(fsdp_params) != len(self.forward_cast):
+            return False
+        return all(ref() is p._sharded_param_data and _versions(p) == versions
+                   for p, (ref, versions) in zip(fsdp_params, self.forward_cast))
 
     def holds(self, p, off: int) -> bool:
         data = p._sharded_param_data  # by storage and offset: an empty view's data_ptr() is 0
@@ -236,7 +276,7 @@ class DirectAllGather:
     mapped: the peers pull from it). Where :func:`parameter_outputs` declines, a plain conccl
     all-gather into the flat buffer runs and FSDP copies out as usual."""
 
-    def __init__(self, pool=None, gather=None, homes=True, reuse=None, parity=None):
+    def __init__(self, pool=None, gather=None, homes=True, reuse=None, parity=None, cast_once=True):
         self.pool = pool
         # which of the two memory pools ``reuse`` (fsdp_direct.reuse.Pools) its unsharded tensors use:
         # given at the first gather unless set here; no pools where ``reuse`` is None
@@ -245,6 +285,8 @@ class DirectAllGather:
         self.pending = None  # the parameters of the all-gather under way (set by the wrap)
         self.homes = homes  # move the shards into one peer-readable buffer: no copy-in (_Home)
         self.home = None
+        # a cast home: the backward's gather reads the forward's cast (_Home.holds_forward_cast)
+        self.cast_once = cast_once
 
     def home_for(self, fsdp_params, world: int):
         """This module's :class:`_Home`, made the first time (a collective allocation: every rank
