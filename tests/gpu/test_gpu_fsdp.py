@@ -169,3 +169,86 @@ def test_direct_serves_fsdp2_mixed_precision_without_its_copies():
             direct["kernels"]
         assert direct["losses"] == stock["losses"], (stock["losses"], direct["losses"])
         assert all(torch.equal(a, b) for a, b in zip(direct["params"], stock["params"]))
+
+
+def _with_options(rank, world, config, schedule, steps=20):
+    """``steps`` AdamW steps of the benchmark's blocks under FSDP2's mixed precision with
+    ``schedule``'s options: activation checkpointing or compiled blocks (inductor), gradient
+    clipping in both; ``conccl_direct_prefetch`` also steps by ``FsdpComms.step_and_prefetch``."""
+    import os
+
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from conccl import fsdp, fsdp_direct
+    from conccl.bench.fsdp import Model, ModelShape
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    device = torch.device("cuda", torch.cuda.current_device())
+    if schedule == "compile":
+        torch._dynamo.reset()  # each run compiles its own blocks (no cache limit reached across runs)
+    torch.manual_seed(0)
+    model = Model(ModelShape(dim=512, ffn=1376, heads=8, layers=3)).to(device=device, dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    recomputed = []
+    for blk in model.blocks:
+        if schedule == "checkpoint":
+            from torch.distributed._composable import checkpoint
+
+            checkpoint(blk)
+            blk.qkv.register_forward_hook(lambda *_: recomputed.append(1))
+        fully_shard(blk, mp_policy=policy)
+        if schedule == "compile":
+            blk.compile()
+    fully_shard(model, mp_policy=policy)
+    comms = fsdp.enable(model, direct=True) if config != "stock" else None
+    before = fsdp_direct.counters()
+    g = torch.Generator(device=device).manual_seed(1000 + rank)
+    x = torch.randn(1, 333, 512, generator=g, device=device, dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    losses, prefetched = [], []
+    for _ in range(steps):
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+        if config == "conccl_direct_prefetch":
+            prefetched.append(comms.step_and_prefetch(opt))
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    after = fsdp_direct.counters()
+    return {"losses": losses, "params": [p.to_local().detach().cpu() for p in model.parameters()],
+            "prefetched": prefetched, "recomputed": len(recomputed), "fallback": comms and comms.fallback,
+            "counts": {k: after[k] - before[k] for k in after}}
+
+
+def _options(rank, world):
+    return {s: [_with_options(rank, world, c, s) for c in ("stock", "conccl_direct", "conccl_direct_prefetch")]
+            for s in ("checkpoint", "compile")}
+
+
+def test_direct_with_mixed_precision_checkpointing_compiled_blocks_clipping_and_prefetch_steps_like_stock():
+    """FSDP2's usual configuration: fp32 parameters, bf16 compute, fp32 reduce; activation
+    checkpointing or inductor-compiled blocks; gradient clipping; 20 AdamW steps. ``direct=True``
+    (casts reused in backward) and ``step_and_prefetch`` give stock FSDP2's losses and final
+    parameters bit for bit, with none of FSDP's copies."""
+    from conccl.launch import run_per_gpu
+
+    results = run_per_gpu(_options)
+    for by in results:
+        for schedule, (stock, direct, prefetch) in by.items():
+            print(schedule, stock["losses"][-1], direct["losses"][-1], prefetch["losses"][-1], direct["counts"],
+                  prefetch["counts"])
+            for run in (direct, prefetch):
+                c = run["counts"]
+                assert not run["fallback"] and c["declined_gathers"] == 0 and c["declined_reduces"] == 0, c
+                assert c["skipped_copy_ins"] == 20 * 3 and c["reused_casts"] == 20 * 3, c  # every backward gather
+                assert run["losses"] == stock["losses"], (schedule, stock["losses"], run["losses"])
+                assert all(torch.equal(a, b) for a, b in zip(run["params"], stock["params"])), schedule
+            # the prefetch's one more cast a step (the last step's gather never read)
+            assert direct["counts"]["cast_gathers"] == 20 * 3 and prefetch["counts"]["cast_gathers"] == 20 * 3 + 1
+            assert prefetch["prefetched"] == [True] * 20 and direct["prefetched"] == []
+            if schedule == "checkpoint":
+                assert stock["recomputed"] == direct["recomputed"] == 20 * 3 * 2, stock["recomputed"]

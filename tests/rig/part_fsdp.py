@@ -58,7 +58,8 @@ def _fsdp_run(rank, world, cases, report, direct, mixed=False):
     report[name] = {"modules": len(comms.modules), "fallback": comms.fallback}
     c = fsdp_direct.COUNTS
     counts = lambda: (c.skipped_copy_outs, c.declined_gathers,  # noqa: E731
-                      c.skipped_copy_ins, c.declined_reduces, c.skipped_gather_copy_ins, c.cast_gathers)
+                      c.skipped_copy_ins, c.declined_reduces, c.skipped_gather_copy_ins, c.cast_gathers,
+                      getattr(c, "reused_casts", 0))
     before = counts()
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref)]
     g = torch.Generator(device="cuda").manual_seed(7)  # the same batch on every rank
@@ -66,6 +67,9 @@ def _fsdp_run(rank, world, cases, report, direct, mixed=False):
     compiled = []  # copy-engine programs compiled per step: buffers that move re-address programs instead
     readdressed = []
     peaks = []  # bytes the sharded model's forward + backward allocated above its start, per step
+    # direct: the sharded model's optimizer steps by FsdpComms.step_and_prefetch (the first
+    # block's update, its gather for the next forward, the rest), the reference's by opt.step()
+    prefetched = []
     for _ in range(4):
         x = torch.randn(64, dim, device="cuda", generator=g)
         start = sum(e.programs_compiled for e in executors)
@@ -79,7 +83,10 @@ def _fsdp_run(rank, world, cases, report, direct, mixed=False):
             if m is model:
                 torch.cuda.synchronize()
                 peaks.append(torch.cuda.max_memory_allocated() - base)
-            opt.step()
+            if m is model and direct and hasattr(comms, "step_and_prefetch"):
+                prefetched.append(comms.step_and_prefetch(opt))
+            else:
+                opt.step()
             opt.zero_grad()
         compiled.append(sum(e.programs_compiled for e in executors) - start)
         readdressed.append(sum(e.programs_readdressed for e in executors) - start_re)
@@ -88,6 +95,9 @@ def _fsdp_run(rank, world, cases, report, direct, mixed=False):
     cases.append((f"{name}: no copy-engine program compiled in the last step (re-addressed: {readdressed})",
                   compiled[-1] == 0))
     report[name]["step_peak_bytes"] = peaks
+    if direct and hasattr(comms, "step_and_prefetch"):
+        cases.append((f"{name}: every step issued the next forward's first gather ({prefetched})",
+                      prefetched == [True] * 4))
     if direct:  # the blocks' unsharded parameters made in the alternating pools (fsdp_direct.reuse)
         parities = [{(getattr(p, "_conccl_reuse", None) or (None, None))[1]
                      for p in block._get_fsdp_state()._fsdp_param_group.fsdp_params} for block in model]
@@ -120,7 +130,8 @@ def _fsdp_run(rank, world, cases, report, direct, mixed=False):
         cases.append((f"{name}: every shard within 1e-5 of unsharded training's", all(close)))
     cases.append((f"{name}: every FSDP module with parameters on conccl", not comms.fallback and len(comms.modules) == 3))
     report[name].update(zip(("skipped_copy_outs", "declined_gathers", "skipped_copy_ins", "declined_reduces",
-                             "skipped_gather_copy_ins", "cast_gathers"), (b - a for a, b in zip(before, counts()))))
+                             "skipped_gather_copy_ins", "cast_gathers", "reused_casts"),
+                            (b - a for a, b in zip(before, counts()))))
     r = report[name]
     if direct:  # every gather and reduce of these plain Linear shards uses the parameters and gradients in place
         # (mixed: each gather's copy-in one cast into the cast home; the bf16 gradients summed into fp32)
@@ -128,6 +139,9 @@ def _fsdp_run(rank, world, cases, report, direct, mixed=False):
                       r["skipped_copy_outs"] > 0 and r["skipped_copy_ins"] > 0
                       and r["cast_gathers" if mixed else "skipped_gather_copy_ins"] > 0
                       and r["declined_gathers"] == r["declined_reduces"] == 0))
+        if mixed and hasattr(comms, "step_and_prefetch"):  # each backward gather reads its forward's cast
+            cases.append((f"{name}: {r['reused_casts']} backward gathers read the forward's cast, "
+                          f"{r['cast_gathers']} cast", r["reused_casts"] >= 3 * 4 and r["cast_gathers"] >= 3 * 4))
         if mixed:
             cases.append((f"{name}: the reduction sums bf16 gradients into fp32 ({r['kernels']})",
                           any(k.startswith("reduce_wide_bf16") for k in r["kernels"])))
