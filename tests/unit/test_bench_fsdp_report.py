@@ -95,8 +95,12 @@ def test_overlap_splits_copy_time_into_beside_kernels_and_alone_and_the_table_sa
     assert o["copy_beside_kernels_ms"] == pytest.approx(0.017)  # 5-20 and 38-40
     assert o["copy_alone_ms"] == pytest.approx(0.010)  # 20-25 and 40-45
     assert o["idle_ms"] == pytest.approx(0.005)  # 25-30
+    assert o["copy_alone_longest"] == [[0.02, 0.005], [0.04, 0.005]]  # [ms from the start, ms long]
+    # a copy under several kernels with gaps between them: exposed only in the gaps
+    gaps = overlap([(0, 10), (12, 14), (16, 30)], [(5, 25)])
+    assert gaps["copy_alone_ms"] == pytest.approx(0.004) and gaps["copy_alone_longest"] == [[0.01, 0.002], [0.014, 0.002]]
     assert overlap([], []) == {"span_ms": 0, "kernel_ms": 0, "copy_ms": 0, "copy_beside_kernels_ms": 0,
-                               "copy_alone_ms": 0, "idle_ms": 0}
+                               "copy_alone_ms": 0, "idle_ms": 0, "copy_alone_longest": []}
     prof = {"stream 7": {"gemm": 1.5, "memcpy (copy engine)": 0.25}, "overlap": o}
     res = combine([[dict(_rec(0, "conccl_direct_prefetch", [10.0], {"skipped_copy_outs": 1, "declined_gathers": 0,
                                                                        "skipped_copy_ins": 1, "declined_reduces": 0,

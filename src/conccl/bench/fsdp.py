@@ -24,7 +24,10 @@ stream and kind, and how much of the copy engines' time ran beside kernels.
 from __future__ import annotations
 
 import gc
+import gzip
 import json
+import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -78,6 +81,8 @@ class FsdpConfig:
     # conccl.fsdp.enable(cast_once=): under mixed precision, the backward's gathers read the
     # forward's cast (False: cast at every gather, as FSDP does)
     cast_once: bool = True
+    # a folder for rank 0's profiled iteration per config, as a gzipped Chrome trace
+    trace_dir: str | None = None
 
 
 class Block(nn.Module):
@@ -216,7 +221,7 @@ def _train(model, x, cfg: FsdpConfig, comms=None, config: str = ""):
     return times, peak, final, opt, host
 
 
-def _profile_step(model, x, step) -> dict:
+def _profile_step(model, x, step, trace: str | None = None) -> dict:
     """Kernel and copy time per stream of one whole iteration (rank 0: forward, backward,
     ``step()``, zero_grad), by kind; and under "overlap", the copy engines' time beside kernels."""
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
@@ -226,6 +231,9 @@ def _profile_step(model, x, step) -> dict:
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
+        if trace:
+            with open(f.name, "rb") as src, gzip.open(trace, "wb") as dst:
+                shutil.copyfileobj(src, dst)
         trace = json.load(open(f.name))
     per = defaultdict(lambda: defaultdict(float))
     spans = {"kernel": [], "gpu_memcpy": []}
@@ -255,23 +263,32 @@ def _union(spans: list) -> list:
 def overlap(kernels: list, copies: list) -> dict:
     """From (start, end) microsecond spans of every kernel and every copy-engine copy of a
     profiled iteration, ms: its span (first to last activity), the time some kernel ran, some
-    copy ran, a copy ran with no kernel anywhere (exposed copies), and nothing ran (idle)."""
+    copy ran, a copy ran with no kernel anywhere (exposed copies), and nothing ran (idle); and
+    the longest stretches of exposed copies, as [ms from the first activity, ms long]."""
     k, c = _union(kernels), _union(copies)
-    both = 0.0
-    i = j = 0
-    while i < len(k) and j < len(c):  # the intersection of two sorted unions
-        lo, hi = max(k[i][0], c[j][0]), min(k[i][1], c[j][1])
-        both += max(0.0, hi - lo)
-        if k[i][1] < c[j][1]:
+    alone = []  # (start, end) of copy time with no kernel running
+    i = 0
+    for a, b in c:  # both unions sorted and disjoint: one sweep
+        while i < len(k) and k[i][1] <= a:
             i += 1
-        else:
-            j += 1
+        cur, n = a, i
+        while n < len(k) and k[n][0] < b:
+            if k[n][0] > cur:
+                alone.append((cur, k[n][0]))
+            cur = max(cur, k[n][1])
+            n += 1
+        if cur < b:
+            alone.append((cur, b))
     busy_k, busy_c = sum(b - a for a, b in k), sum(b - a for a, b in c)
+    both = busy_c - sum(b - a for a, b in alone)
     every = k + c
     span = (max(b for _, b in every) - min(a for a, _ in every)) if every else 0.0
+    first = min(a for a, _ in every) if every else 0.0
+    longest = sorted(((b - a, a) for a, b in alone if b > a), key=lambda t: (-t[0], t[1]))[:8]
     return {"span_ms": span / 1e3, "kernel_ms": busy_k / 1e3, "copy_ms": busy_c / 1e3,
             "copy_beside_kernels_ms": both / 1e3, "copy_alone_ms": (busy_c - both) / 1e3,
-            "idle_ms": (span - (busy_k + busy_c - both)) / 1e3}
+            "idle_ms": (span - (busy_k + busy_c - both)) / 1e3,
+            "copy_alone_longest": [[round((a - first) / 1e3, 3), round(d / 1e3, 3)] for d, a in longest]}
 
 
 HOST_PROFILE_STEPS = 4
@@ -387,7 +404,11 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                 if rank == 0:
                     rec["host_profile"] = host_profile
             if cfg.profile and rank == 0:
-                rec["profile"] = _profile_step(model, x, _stepper(config, opt, comms))
+                trace = None
+                if cfg.trace_dir:
+                    os.makedirs(cfg.trace_dir, exist_ok=True)
+                    trace = os.path.join(cfg.trace_dir, f"{config}_{tokens}.json.gz")
+                rec["profile"] = _profile_step(model, x, _stepper(config, opt, comms), trace)
             elif cfg.profile:  # the peers take part in the profiled iteration
                 model(x).float().pow(2).mean().backward()
                 _stepper(config, opt, comms)()
@@ -533,7 +554,10 @@ def markdown(doc: dict) -> str:
         if o:
             lines += ["", f"From first to last activity {o['span_ms']:.2f} ms: kernels ran {o['kernel_ms']:.2f} ms, "
                           f"copy engines {o['copy_ms']:.2f} ms ({o['copy_beside_kernels_ms']:.2f} beside a kernel, "
-                          f"{o['copy_alone_ms']:.2f} with none running), nothing {o['idle_ms']:.2f} ms."]
+                          f"{o['copy_alone_ms']:.2f} with none running), nothing {o['idle_ms']:.2f} ms."
+                      + (" Longest exposed copies (ms into the iteration: ms long): " + ", ".join(
+                          f"{at:.2f}: {ms:.2f}" for at, ms in o["copy_alone_longest"]) + "."
+                         if o.get("copy_alone_longest") else "")]
     for r in res:
         hp = r.get("host_profile_rank0")
         if not hp:

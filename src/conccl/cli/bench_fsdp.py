@@ -49,6 +49,8 @@ def add_parser(sub) -> None:
     b.add_argument("--cast-every-gather", action="store_true",
                    help="with --mixed-precision: conccl.fsdp.enable(cast_once=False), the shards cast at every gather "
                         "as FSDP does (default: the backward's gathers read the forward's cast)")
+    b.add_argument("--trace-dir", default=None,
+                   help="also write rank 0's profiled iteration per config there, as a gzipped Chrome trace")
     b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
     b.add_argument("--out", required=True, help="folder for fsdp.json and fsdp.md")
     add_machine_kind(b, "JSON")
@@ -71,7 +73,7 @@ def config(args) -> bench_fsdp.FsdpConfig:
         raise ValueError(f"--train-steps ({args.train_steps}) must exceed --warmup ({args.warmup}) >= 0")
     return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile,
                                  not args.no_deterministic_loss, args.mixed_precision,
-                                 args.host_profile, not args.cast_every_gather)
+                                 args.host_profile, not args.cast_every_gather, args.trace_dir)
 
 
 def run(args) -> int:
