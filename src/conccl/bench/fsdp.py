@@ -6,7 +6,8 @@ parameters. Four configurations run in one process per GPU, one after the other:
 
 - ``no_comm``: the same model unsharded on every rank, the same tokens: the step without
   any communication, the floor the other two are judged against;
-- ``stock``: every block and the root wrapped by ``fully_shard`` (NCCL);
+- ``stock``: every block and the root wrapped by ``fully_shard`` (NCCL), as torchtitan wraps a
+  model: every block but the last resharded after forward;
 - ``conccl``: the same, then ``conccl.fsdp.enable``;
 - ``conccl_direct``: the same with ``direct=True`` (none of FSDP's copies: :mod:`conccl.fsdp_direct`;
   the record counts the copies skipped and the collectives left to FSDP's copies);
@@ -124,8 +125,10 @@ def build(config: str, shape: ModelShape, device, mixed_precision: bool = False,
     comms = None
     if config != "no_comm":
         kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if fp32 else {}
-        for blk in model.blocks:
-            fully_shard(blk, **kw)
+        for i, blk in enumerate(model.blocks):
+            # as torchtitan wraps a model: the last block is not resharded after forward, as
+            # backward needs it again at once (resharded, its gather would stand alone there)
+            fully_shard(blk, reshard_after_forward=i < len(model.blocks) - 1, **kw)
         fully_shard(model, **kw)
         if config.startswith("conccl"):
             direct = config.startswith("conccl_direct")
@@ -223,7 +226,12 @@ def _train(model, x, cfg: FsdpConfig, comms=None, config: str = ""):
 
 def _profile_step(model, x, step, trace: str | None = None) -> dict:
     """Kernel and copy time per stream of one whole iteration (rank 0: forward, backward,
-    ``step()``, zero_grad), by kind; and under "overlap", the copy engines' time beside kernels."""
+    ``step()``, zero_grad), by kind; and under "overlap", the copy engines' time beside kernels.
+    One iteration runs before, unprofiled: the profiled one starts as a timed one does (after
+    a step, which may have issued its first gather)."""
+    model(x).float().pow(2).mean().backward()
+    step()
+    model.zero_grad(set_to_none=True)
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         model(x).float().pow(2).mean().backward()
         step()
@@ -409,10 +417,11 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                     os.makedirs(cfg.trace_dir, exist_ok=True)
                     trace = os.path.join(cfg.trace_dir, f"{config}_{tokens}.json.gz")
                 rec["profile"] = _profile_step(model, x, _stepper(config, opt, comms), trace)
-            elif cfg.profile:  # the peers take part in the profiled iteration
-                model(x).float().pow(2).mean().backward()
-                _stepper(config, opt, comms)()
-                model.zero_grad(set_to_none=True)
+            elif cfg.profile:  # the peers take part in the profiled iteration and the one before it
+                for _ in range(2):
+                    model(x).float().pow(2).mean().backward()
+                    _stepper(config, opt, comms)()
+                    model.zero_grad(set_to_none=True)
                 torch.cuda.synchronize()
             out.append(rec)
             del model, opt, comms
