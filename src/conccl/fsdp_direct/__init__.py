@@ -27,7 +27,8 @@ stream-ordered reuse, :mod:`.reuse`):
   would in the copy-out) and fills them. Where FSDP casts the shards before the gather (mixed
   precision: ``param_dtype``), the home is a *cast home* in the gathered dtype: the shards stay
   where they are and each gather first casts them into it (one copy, as FSDP's copy-in, but
-  no flat buffer). Elsewhere (a resharded post-forward state, mixed dtypes) it tells the hook
+  no flat buffer), except a gather in backward that finds its forward's cast still there
+  (:meth:`.gather._Home.holds_forward_cast`). Elsewhere (a resharded post-forward state, mixed dtypes) it tells the hook
   which parameters it gathers and FSDP's own function runs, copy-in included; the hook still
   fills the tensors from the flat buffer;
 - ``foreach_all_gather_copy_out``, for a gather so done, only orders the current stream after
