@@ -174,26 +174,33 @@ class FsdpComms:
     modules: list = field(default_factory=list)  # FSDP modules on conccl
     fallback: list = field(default_factory=list)  # (module name, why) left on NCCL
     pools: dict = field(default_factory=dict)  # process-group name -> SymmetricPool
-    forward_order: fsdp_step.ForwardOrder | None = None  # which module's forward begins first
-    prefetch_streams: dict = field(default_factory=dict)  # device index -> step_and_prefetch's stream
+    fsdp_modules: list = field(default_factory=list, repr=False)  # every FSDP module enable found
+    # which module's forward begins first, and the gather issued for it: made at the first
+    # step_and_prefetch (a model never stepped so runs no hook of it)
+    forward_order: fsdp_step.ForwardOrder | None = None
 
     def step_and_prefetch(self, optimizer: torch.optim.Optimizer) -> bool:
         """``optimizer.step()`` with the next forward's first all-gather beside it: the update
         of the module whose forward began first (the root where it holds parameters, else the
-        first block), then that module's gather on a stream of its own (copy engines), then the
-        update of every other parameter on the SMs meanwhile. Call it where ``optimizer.step()``
-        was, after any gradient clipping; FSDP's pre-forward of that module waits for the gather.
+        first block), then that module's gather on FSDP's all-gather stream (copy engines), then
+        the update of every other parameter on the SMs meanwhile. Call it where
+        ``optimizer.step()`` was, after any gradient clipping; FSDP's pre-forward of that module
+        waits for the gather. The first call is one plain step (it installs the forward
+        pre-hooks that find the first module; :mod:`conccl.fsdp_step`).
 
         Same bits as ``optimizer.step()`` for an optimizer that updates each parameter alone
-        (SGD, Adam, AdamW; foreach or fused): it runs twice, each time over a part of every
-        parameter group, so step hooks run twice; not for an optimizer that reads every
-        parameter at once, a closure, a ``torch.compile``'d step or a GradScaler's step. Before
-        the first forward (nothing recorded yet) it is one plain step. Returns whether the gather
-        was issued. Stream semantics: the update runs on the current stream; the gather on a
-        stream that waits for the first part only. Memory: that module's unsharded parameters
-        are held from the step on instead of from the forward on."""
-        first = None if self.forward_order is None else self.forward_order.take()
-        return fsdp_step.step_and_prefetch(optimizer, first, self.prefetch_streams)
+        (SGD, Adam, AdamW): it runs twice, each time over a part of every parameter group, so
+        step hooks run twice and see part of the parameters; not for an optimizer that reads
+        every parameter at once, a closure, a ``torch.compile``'d step or a GradScaler's step.
+        Where the first module's parameters change before the next forward (another step,
+        ``load_state_dict``, in place through autograd's view of them) the gather is dropped and
+        the forward gathers again; a write through ``.data`` is not seen. Returns whether the
+        gather was issued. Stream semantics: the update runs on the current stream; the gather
+        on FSDP's all-gather stream, after the first part only. Memory: that module's
+        unsharded parameters are held from the step on instead of from the forward on."""
+        if self.forward_order is None:
+            self.forward_order = fsdp_step.ForwardOrder(self.fsdp_modules)
+        return fsdp_step.step_and_prefetch(optimizer, self.forward_order)
 
     def memory(self) -> dict:
         """Bytes conccl holds for FSDP beyond PyTorch's caching allocator's own statistics:
@@ -243,8 +250,9 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
         cast_once: with ``direct`` under mixed precision, a module's gather in backward reads
             the cast its forward's gather made (the parameters do not change in between) instead
             of casting the shards again as FSDP does: one cast kernel a module a step instead of
-            two, same bits. A cast is reused only inside a backward pass, of the same shard
-            tensors at the same version; pass False to cast at every gather.
+            two, same bits. A cast is read once, only inside a backward pass, of the same shard
+            tensors at the same versions (a write through ``.data`` between a module's forward
+            and its backward is not seen); pass False to cast at every gather.
 
     Returns an :class:`FsdpComms` naming the modules served and those left on NCCL.
     A collective call: every rank of the FSDP groups calls it, on the same modules.
@@ -315,6 +323,6 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
         if reduce_scatter:
             m.set_custom_reduce_scatter(CopyEngineReduceScatter(pool) if plain else fsdp_direct.DirectReduceScatter(pool))
         comms.modules.append(name or "<root>")
-    comms.forward_order = fsdp_step.ForwardOrder(m for _, m in fsdp)
+    comms.fsdp_modules = [m for _, m in fsdp]
     return comms
 

@@ -4,15 +4,21 @@ In an FSDP2 iteration the first module's all-gather of the next forward sits alo
 critical path: it needs that module's parameters updated, so it is queued after the whole
 optimizer step, and the forward waits for it. The optimizer's update is elementwise per
 parameter (SGD, Adam, AdamW, ...), so it can run in two parts with the same bits: the first
-module's parameters, then the rest. Between the two, that module's gather starts on its own
-stream; the rest of the update runs on the SMs while copy engines move the gather's bytes.
+module's parameters, then the rest. Between the two, that module's gather starts on FSDP's
+all-gather stream; the rest of the update runs on the SMs while copy engines move the bytes.
 
 The first module is the one whose forward began first since the last step (a forward pre-hook
-on every FSDP module records it): the root where it holds parameters (embeddings), else the
-first block. What ``optimizer.step()`` sees differs in one way: it runs twice, each time over
-a part of every parameter group's parameters, so its step hooks run twice, and a step that
-reads every parameter at once (a global norm inside the optimizer, LBFGS's closure) must not
-be split: use ``optimizer.step()`` there. Gradient clipping runs before, as usual.
+on every FSDP module records it, installed at the first step: a model never stepped this way
+runs no hook): the root where it holds parameters (embeddings), else the first block. What
+``optimizer.step()`` sees differs in one way: it runs twice, each time over a part of every
+parameter group's parameters, so its step hooks run twice and see part of the parameters; a
+step that reads every parameter at once (a global norm inside the optimizer, LBFGS's closure)
+must not be split: use ``optimizer.step()`` there. Gradient clipping runs before, as usual.
+
+A gathered module is the parameters as they were at the step. Where they change before the
+next forward (another step, ``load_state_dict``, an EMA swap), the gather is dropped and the
+forward gathers again: seen by the parameters' version counters and by a second step; a write
+no counter sees (through ``.data``, a fused optimizer's plain ``optimizer.step()``) is not.
 """
 from __future__ import annotations
 
@@ -27,25 +33,39 @@ except ImportError:  # pragma: no cover - older PyTorch: conccl.fsdp.enable refu
 
 
 def _param_group(module):
-    state = module._get_fsdp_state()
-    return state._fsdp_param_group
+    return module._get_fsdp_state()._fsdp_param_group
+
+
+def _versions(module) -> tuple:
+    """Every version counter that counts a write to ``module``'s sharded parameters (the
+    DTensor parameter's and its padded shard's: see fsdp_direct.gather._versions)."""
+    return tuple((p.sharded_param._version, p._sharded_param_data._version)
+                 for p in _param_group(module).fsdp_params)
 
 
 class ForwardOrder:
-    """Which FSDP module's forward began first since :meth:`take` (forward pre-hooks on every
-    FSDP module of ``modules`` that owns parameters)."""
+    """Which FSDP module's forward began first since :meth:`take`, and the gather issued for
+    it (:func:`step_and_prefetch`), dropped before that forward where it went stale. Pre-hooks
+    on every FSDP module of ``modules`` that owns parameters, run before FSDP's own."""
 
     def __init__(self, modules):
         self.first = None  # a weak reference to the module
+        self.pending = None  # (weak reference to the module, its parameters' versions at the gather)
+        self.dropped = 0  # prefetched gathers dropped as stale
         self.handles = []
         for m in modules:
             if isinstance(m, FSDPModule) and _param_group(m) is not None:
-                self.handles.append(m.register_forward_pre_hook(self._seen(weakref.ref(m))))
+                hook = torch._dynamo.disable(self._seen(weakref.ref(m)))  # eager in a compiled block
+                self.handles.append(m.register_forward_pre_hook(hook, prepend=True))
 
     def _seen(self, ref):
         def hook(module, args):
             if self.first is None:
                 self.first = ref
+            if self.pending is not None and self.pending[0] is ref:
+                if _versions(module) != self.pending[1]:
+                    self.drop()
+                self.pending = None
         return hook
 
     def take(self):
@@ -53,22 +73,42 @@ class ForwardOrder:
         ref, self.first = self.first, None
         return None if ref is None else ref()
 
+    def drop(self) -> None:
+        """The pending gather's result thrown away (waited for, then resharded: FSDP's
+        pre-forward gathers the module again)."""
+        module = self.pending[0]() if self.pending is not None else None
+        self.pending = None
+        if module is not None:
+            group = _param_group(module)
+            group.wait_for_unshard()
+            group.reshard()
+            self.dropped += 1
+
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
 
 
-def step_and_prefetch(optimizer: torch.optim.Optimizer, first, streams: dict) -> bool:
-    """``optimizer.step()`` over ``first``'s parameters, then ``first.unshard(async_op=True)``
-    on a stream of its own (``streams``: device index -> stream, made on first use; not the
-    current stream, whose remaining optimizer kernels would queue behind the gather), ordered
-    after that update, then the step over every other parameter. ``first`` None, or none of its parameters in ``optimizer``: one plain step.
-    Returns whether the gather was issued (FSDP's pre-forward of ``first`` then waits for it)."""
-    if first is None:
-        optimizer.step()
-        return False
-    mine = {id(p.sharded_param) for p in _param_group(first).fsdp_params}
+def _gather_stream(module, device):
+    """FSDP's all-gather stream of ``module`` (its forward gathers' stream: the unsharded
+    parameters made there are reused there), else the current one's device's default."""
+    ctx = getattr(module._get_fsdp_state(), "_comm_ctx", None)
+    stream = getattr(ctx, "all_gather_stream", None)
+    return stream if stream is not None else torch.cuda.current_stream(device)
+
+
+def step_and_prefetch(optimizer: torch.optim.Optimizer, order: ForwardOrder) -> bool:
+    """``optimizer.step()`` over the parameters of ``order``'s first module, then that module's
+    ``unshard(async_op=True)`` on FSDP's all-gather stream (ordered after that update), then
+    the step over every other parameter (run even where the gather raised, then re-raised: the
+    update happens once). No module seen, or none of its parameters in ``optimizer``: one plain
+    step. A gather still pending from the last call (no forward since) is dropped first.
+    Returns whether the gather was issued (FSDP's pre-forward of that module waits for it)."""
+    if order.pending is not None:
+        order.drop()
+    first = order.take()
+    mine = set() if first is None else {id(p.sharded_param) for p in _param_group(first).fsdp_params}
     groups = optimizer.param_groups
     saved = [g["params"] for g in groups]
     head = [[p for p in ps if id(p) in mine] for ps in saved]
@@ -79,19 +119,20 @@ def step_and_prefetch(optimizer: torch.optim.Optimizer, first, streams: dict) ->
         for g, ps in zip(groups, head):
             g["params"] = ps
         optimizer.step()
-        device = next(p for ps in head for p in ps).device
-        if device.type == "cuda":
-            stream = streams.get(device.index)
-            if stream is None:
-                stream = streams[device.index] = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
+        try:
+            device = next(p for ps in head for p in ps).device
+            if device.type == "cuda":
+                stream = _gather_stream(first, device)
+                stream.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(stream):
+                    first.unshard(async_op=True)
+            else:
                 first.unshard(async_op=True)
-        else:
-            first.unshard(async_op=True)
-        for g, ps in zip(groups, saved):
-            g["params"] = [p for p in ps if id(p) not in mine]
-        optimizer.step()
+            order.pending = (weakref.ref(first), _versions(first))
+        finally:
+            for g, ps in zip(groups, saved):
+                g["params"] = [p for p in ps if id(p) not in mine]
+            optimizer.step()
     finally:
         for g, ps in zip(groups, saved):
             g["params"] = ps

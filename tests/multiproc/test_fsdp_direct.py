@@ -80,7 +80,7 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
             checkpoint(block)
             block[0].register_forward_hook(lambda *_: calls.append(1))
     for block in model:
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=schedule != "no_reshard")
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=not schedule.startswith("no_reshard"))
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     if schedule == "compile":  # compiled blocks (FSDP2's hooks stay eager: dynamo skips them)
         from torch import _dynamo
@@ -118,10 +118,13 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     # views of the parameters: they must stay the live ones (on a rank that loaded into meta
     # parameters, the shards move home at the first gather: taken after it)
     saved = model.state_dict() if schedule != "meta" else None
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=schedule.endswith("fused") or None)
+    if schedule.endswith("groups"):  # two parameter groups: the weights and the biases, other rates
+        params = list(model.parameters())
+        opt = torch.optim.AdamW([{"params": params[0::2]}, {"params": params[1::2], "lr": 3e-2}], lr=1e-2)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
     losses = []
-    order = fsdp_step.ForwardOrder(model.modules()) if schedule == "step_prefetch" and direct else None
+    order = fsdp_step.ForwardOrder(model.modules()) if schedule.startswith("step_prefetch") and direct else None
     prefetched = []
     for _ in range(3):
         x = torch.randn(8, 13, generator=g)
@@ -138,10 +141,13 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         if schedule == "clip":  # the reduced gradients' norm over every rank's shards, then scaled
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)
         if order is not None:  # the first block's update, its gather for the next forward, the rest
-            first = order.take()
-            prefetched.append(first is model[0] and fsdp_step.step_and_prefetch(opt, first, {}))
+            prefetched.append(order.first is not None and order.first() is model[0]
+                              and fsdp_step.step_and_prefetch(opt, order))
         else:  # stock's the plain step: the split one must give its bits
             opt.step()
+        if schedule.endswith("stale"):  # the first block changed after the step: its gather is stale
+            with torch.no_grad():
+                model[0][0].weight.mul_(0.5)
         opt.zero_grad()
         losses.append(loss.item())
         saved = saved if saved is not None else model.state_dict()
@@ -149,6 +155,8 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         assert len(calls) == 3 * 3 * 2, len(calls)  # 3 blocks, 3 steps, forward and recompute
     if order is not None:
         assert prefetched == [True] * 3, prefetched
+        # a stale gather dropped before each forward that followed one (the last step's has none)
+        assert order.dropped == (2 if schedule.endswith("stale") else 0), order.dropped
     if schedule == "compile":
         assert counters["frames"]["ok"] >= 1, dict(counters["frames"])  # the blocks' forwards compiled
     # where every parameter's shard lives after training: in its module's home (nothing else
@@ -250,17 +258,38 @@ def test_direct_with_mixed_precision_under_checkpointing_clipping_and_compiled_b
         assert counts == [3 * 3 * 2, 0, 3 * 3, 0, 0, 3 * 3, 3 * 3], counts
 
 
-@pytest.mark.parametrize("param_dtype", [None, torch.bfloat16])
-def test_step_and_prefetch_gives_the_plain_steps_bits(param_dtype):
+@pytest.mark.parametrize("param_dtype,schedule", [(None, "step_prefetch"), (torch.bfloat16, "step_prefetch"),
+                                                   (torch.bfloat16, "step_prefetch_fused"),
+                                                   (None, "step_prefetch_groups")])
+def test_step_and_prefetch_gives_the_plain_steps_bits(param_dtype, schedule):
     """The optimizer's update split in two around the next forward's first gather (the first
     block's parameters, its gather, the rest): the same bits as stock FSDP2 with one plain
-    ``opt.step()``; each step issues the gather (the last one's never read), and the forward
-    finds it done instead of gathering again."""
+    ``opt.step()``, with a fused AdamW (whose update moves no version counter: the next forward
+    casts again all the same) and with two parameter groups; each step issues the gather (the
+    last one's never read), and the forward finds it done instead of gathering again."""
     # 3 * 3 * 2 + 1 gathers: without a cast all from the homes; with one, the forward's and the
     # prefetched ones cast, the backward's read the forward's cast
     want = [3 * 3 * 2 + 1, 0, 0] if param_dtype is None else [0, 3 * 3 + 1, 3 * 3]
-    for counts in _run(2, param_dtype, torch.float32, "step_prefetch"):
+    for counts in _run(2, param_dtype, torch.float32, schedule):
         assert counts == [3 * 3 * 2, 0, 3 * 3, 0] + want, counts
+
+
+def test_step_and_prefetch_drops_a_gather_the_weights_changed_after():
+    """The first block's weight written after the step (as an EMA swap or a load would): its
+    prefetched gather is dropped before the forward, which gathers again, and the bits are
+    stock's, which gathers after the write."""
+    for counts in _run(2, torch.bfloat16, torch.float32, "step_prefetch_stale"):
+        # 2 dropped gathers (cast, waited for: a copy-out each, then resharded) besides the
+        # 3 * 3 + 1 as above
+        assert counts == [3 * 3 * 2 + 2, 0, 3 * 3, 0, 0, 3 * 3 + 1 + 2, 3 * 3], counts
+
+
+def test_direct_casts_at_every_forward_after_a_fused_step():
+    """Blocks not resharded after forward (no gather in backward) under a fused AdamW, whose
+    update moves no version counter: every forward's gather casts again (a cast is read again
+    only inside a backward pass), the same bits as stock FSDP2."""
+    for counts in _run(2, torch.bfloat16, torch.float32, "no_reshard_fused"):
+        assert counts == [3 * 3, 0, 3 * 3, 0, 0, 3 * 3, 0], counts
 
 
 def test_direct_casts_again_in_backward_what_changed_since_forward():

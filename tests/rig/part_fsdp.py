@@ -96,8 +96,8 @@ def _fsdp_run(rank, world, cases, report, direct, mixed=False):
                   compiled[-1] == 0))
     report[name]["step_peak_bytes"] = peaks
     if direct and hasattr(comms, "step_and_prefetch"):
-        cases.append((f"{name}: every step issued the next forward's first gather ({prefetched})",
-                      prefetched == [True] * 4))
+        cases.append((f"{name}: every step but the first (it installs the hooks) issued the next forward's "
+                      f"first gather ({prefetched})", prefetched == [False] + [True] * 3))
     if direct:  # the blocks' unsharded parameters made in the alternating pools (fsdp_direct.reuse)
         parities = [{(getattr(p, "_conccl_reuse", None) or (None, None))[1]
                      for p in block._get_fsdp_state()._fsdp_param_group.fsdp_params} for block in model]

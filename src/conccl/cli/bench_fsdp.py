@@ -69,6 +69,8 @@ def config(args) -> bench_fsdp.FsdpConfig:
             raise ValueError(f"--{name} must be >= 1, got {getattr(shape, name)}")
     if shape.dim % shape.heads:
         raise ValueError(f"--dim ({shape.dim}) must be a multiple of --heads ({shape.heads})")
+    if args.cast_every_gather and not args.mixed_precision:
+        raise ValueError("--cast-every-gather needs --mixed-precision (only a mixed-precision gather casts)")
     if args.warmup < 0 or args.train_steps - args.warmup < 1:
         raise ValueError(f"--train-steps ({args.train_steps}) must exceed --warmup ({args.warmup}) >= 0")
     return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile,

@@ -47,7 +47,9 @@ def _gather_from_home(comm, home, call):
     with handle.stream(copy_in):
         if home.cast:  # the shards cast into it, as FSDP's copy-in casts them into its flat buffer
             reused = comm.cast_once and home.holds_forward_cast(fsdp_params)
-            if not reused:
+            if reused:  # once: a second gather in this backward (after an update in it) casts again
+                home.forward_cast = None
+            else:
                 if home.read is not None:  # not before the peers read it for the previous gather (its end)
                     copy_in.wait_event(home.read)
                 home.cast_in(fsdp_params)
@@ -221,12 +223,14 @@ class _Home:
 
     def holds_forward_cast(self, fsdp_params) -> bool:
         """Whether a gather now may read this cast home as it is: inside a backward pass, where
-        the last cast was its forward's, of these same shards, unchanged since by any in-place
-        write autograd counts. A module's parameters do not change between its forward and its
-        backward (the optimizer steps between iterations), so FSDP2's re-gather in backward
-        would cast the same values again; the forward's cast is what the backward then reads.
-        (A version counter alone would not do between iterations: a fused optimizer's update
-        leaves it unchanged.)"""
+        the last cast was made outside one (its forward's) and no gather read it in a backward
+        since, of these same shards, unchanged since by any in-place write autograd counts. A
+        module's parameters do not change between its forward and its backward (the optimizer
+        steps between iterations), so FSDP2's re-gather in backward would cast the same values
+        again; the forward's cast is what the backward then reads. Not seen: a write between the
+        two that moves no version counter (through ``.data``, a fused optimizer's kernel); a
+        version counter alone would not do between iterations for that reason, so the next
+        forward always casts."""
         if self.forward_cast is None or not _in_backward() or len(fsdp_params) != len(self.forward_cast):
             return False
         return all(ref() is p._sharded_param_data and _versions(p) == versions
