@@ -12,6 +12,11 @@ weight gradients GEMMs over the gathered rows. Implementations, each the same ma
 - ``serial_nccl``: ``torch.distributed``'s all-gather and reduce-scatter (NCCL), then or after
   the whole GEMM;
 - ``torch_async_tp``: PyTorch's ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``;
+- ``torch_tp_plan``: PyTorch's own tensor-parallel plan of the block, as torchtitan writes it for
+  a feed-forward (``PrepareModuleInput`` gathering the sequence-sharded input once,
+  ``ColwiseParallel`` gate and up, ``RowwiseParallel`` down reduce-scattered back to the
+  sequence shard; DTensor, NCCL, eager: no overlap), the plan ``conccl.tp.parallelize_module``
+  stands in for;
 - ``conccl``: :class:`conccl.tp.ColumnParallelLinear` and :class:`~conccl.tp.RowParallelLinear`
   (their schedules: ``auto`` and each asked for).
 
@@ -129,6 +134,49 @@ class _ComputeOnlyOps:
         return (x @ w)[self.rank * rows:(self.rank + 1) * rows]
 
 
+def dtensor_plan(torch, dist, rank: int, world: int, full_w, xs, dys):
+    """(step, params) of the block under PyTorch's tensor-parallel plan (``torch_tp_plan``):
+    an MLP of ``full_w`` (gate, up: ``[ffn, d]``; down: ``[d, ffn]``) parallelized over the
+    default group, whose step runs this rank's ``xs[rank]`` forward and ``dys[rank]`` backward
+    and returns the output, the input's gradient and each weight's local gradient shard (as
+    the other implementations, in their order)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   parallelize_module)
+
+    silu = torch.nn.functional.silu
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            dev, dt = full_w[0].device, full_w[0].dtype
+            (ffn, d) = full_w[0].shape
+            self.gate = torch.nn.Linear(d, ffn, bias=False, device=dev, dtype=dt)
+            self.up = torch.nn.Linear(d, ffn, bias=False, device=dev, dtype=dt)
+            self.down = torch.nn.Linear(ffn, d, bias=False, device=dev, dtype=dt)
+            with torch.no_grad():
+                for lin, w in zip((self.gate, self.up, self.down), full_w):
+                    lin.weight.copy_(w)
+
+        def forward(self, x):
+            return self.down(silu(self.gate(x)) * self.up(x))
+
+    mlp = MLP()
+    mesh = DeviceMesh.from_group(dist.group.WORLD, full_w[0].device.type)
+    parallelize_module(mlp, mesh, PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),)))
+    parallelize_module(mlp, mesh, {"gate": ColwiseParallel(), "up": ColwiseParallel(),
+                                   "down": RowwiseParallel(output_layouts=Shard(0))})
+    params = [mlp.gate.weight, mlp.up.weight, mlp.down.weight]
+
+    def step():
+        x = xs[rank].clone().requires_grad_()
+        y = mlp(x)  # an AsyncCollectiveTensor (the reduce-scatter's): waited for where read
+        y.backward(dys[rank])
+        return [y, x.grad] + [p.grad.to_local() for p in params]
+    return step, params
+
+
 def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), warmup: int = 3, runs: int = 20,
              dtype: str = "bfloat16", progress=None) -> list:
     """Every implementation of the block on this rank; the records (the same on every rank)."""
@@ -190,10 +238,17 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
     async_tp = _async_tp(torch, dist)
     if async_tp is not None:
         impls.append(("torch_async_tp", None, plain(_AsyncTPOps(torch, async_tp.group_name))))
+    try:
+        impls.append(("torch_tp_plan", None, dtensor_plan(torch, dist, rank, world, full_w, xs, dys)))
+    except (ImportError, RuntimeError) as e:  # no DTensor tensor parallelism here: a record says so
+        records_early = [BlockRecord(tokens, d, ffn, world, "torch_tp_plan", None, None, None, None, None,
+                                     error=f"{type(e).__name__}: {str(e)[:200]}")]
+    else:
+        records_early = []
     impls += [("conccl", s, layered(s)) for s in schedules]
 
     reference = _unsharded(torch, full_w, xs, dys, rank, rows, fs)
-    records, ran = [], []
+    records, ran = records_early, []
     for impl, schedule, (step, params) in impls:
         try:
             got = [t.detach().clone() for t in step()]
