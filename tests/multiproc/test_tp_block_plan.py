@@ -44,3 +44,25 @@ def test_pytorchs_plan_of_the_block_is_the_unsharded_blocks_math():
     for rank, shapes, rel in results:
         assert shapes, rank  # output, input gradient, the weights' local gradient shards
         assert rel < 1e-5, (rank, rel)  # fp32 sums in another order than one GEMM's
+
+
+def _conccl_plan(comm, schedule):
+    d, ffn, tokens, world = 8, 12, 6, comm.world
+    g = torch.Generator().manual_seed(0)
+    full_w = [torch.randn(n_out, n_in, generator=g) / n_in ** 0.5 for n_out, n_in in ((ffn, d), (ffn, d), (d, ffn))]
+    xs = [torch.randn(tokens // world, d, generator=g) for _ in range(world)]
+    dys = [torch.randn(tokens // world, d, generator=g) for _ in range(world)]
+    step, params = tp_block.conccl_plan(torch, comm.rank, xs, dys, full_w, schedule, comm)
+    got = [t.detach().clone() for t in step()]
+    ref = tp_block._unsharded(torch, full_w, xs, dys, comm.rank, tokens // world, ffn // world)
+    return [tuple(t.shape) for t in got] == [tuple(t.shape) for t in ref], tp_block._relative(torch, got, ref)
+
+
+@pytest.mark.parametrize("schedule", ["serial", "direct"])
+def test_conccl_plan_of_the_block_is_the_unsharded_blocks_math(schedule):
+    """The same model of plain layers under ``conccl.tp.parallelize_module`` (the reference
+    executor): what ``conccl_plan`` times is the block, in the other implementations' order."""
+    from conccl.launch import spawn
+
+    for shapes, rel in spawn(2, _conccl_plan, schedule):
+        assert shapes and rel < 1e-5, rel

@@ -17,6 +17,8 @@ weight gradients GEMMs over the gathered rows. Implementations, each the same ma
   ``ColwiseParallel`` gate and up, ``RowwiseParallel`` down reduce-scattered back to the
   sequence shard; DTensor, NCCL, eager: no overlap), the plan ``conccl.tp.parallelize_module``
   stands in for;
+- ``conccl_plan``: the same model of plain layers under ``conccl.tp.parallelize_module`` (gate
+  and up each gather the rows: the plan has no module that gathers once for both);
 - ``conccl``: :class:`conccl.tp.ColumnParallelLinear` and :class:`~conccl.tp.RowParallelLinear`
   (their schedules: ``auto`` and each asked for).
 
@@ -134,17 +136,9 @@ class _ComputeOnlyOps:
         return (x @ w)[self.rank * rows:(self.rank + 1) * rows]
 
 
-def dtensor_plan(torch, dist, rank: int, world: int, full_w, xs, dys):
-    """(step, params) of the block under PyTorch's tensor-parallel plan (``torch_tp_plan``):
-    an MLP of ``full_w`` (gate, up: ``[ffn, d]``; down: ``[d, ffn]``) parallelized over the
-    default group, whose step runs this rank's ``xs[rank]`` forward and ``dys[rank]`` backward
-    and returns the output, the input's gradient and each weight's local gradient shard (as
-    the other implementations, in their order)."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   parallelize_module)
-
+def _mlp(torch, full_w):
+    """The block as a model of plain ``nn.Linear`` layers (gate, up: ``[ffn, d]``; down:
+    ``[d, ffn]``; the weights ``full_w``), as a model's code has it before a plan shards it."""
     silu = torch.nn.functional.silu
 
     class MLP(torch.nn.Module):
@@ -162,7 +156,41 @@ def dtensor_plan(torch, dist, rank: int, world: int, full_w, xs, dys):
         def forward(self, x):
             return self.down(silu(self.gate(x)) * self.up(x))
 
-    mlp = MLP()
+    return MLP()
+
+
+def conccl_plan(torch, rank: int, xs, dys, full_w, schedule: str, group=None):
+    """(step, params) of the block as :func:`dtensor_plan`'s model with
+    ``conccl.tp.parallelize_module`` in place of PyTorch's plan (``conccl_plan``): gate and up
+    column-parallel (each gathers the rows itself: no module gathers once for both), down
+    row-parallel, over ``group`` (default: the world)."""
+    from ..integrations import tp as ctp
+
+    mlp = _mlp(torch, full_w)
+    ctp.parallelize_module(mlp, {"gate": "colwise", "up": "colwise", "down": "rowwise"}, group, schedule=schedule,
+                           backward_schedule=schedule)
+    params = [mlp.gate.weights[0], mlp.up.weights[0], mlp.down.weight]
+
+    def step():
+        x = xs[rank].clone().requires_grad_()
+        y = mlp(x)
+        y.backward(dys[rank])
+        return [y, x.grad] + [p.grad for p in params]
+    return step, params
+
+
+def dtensor_plan(torch, dist, rank: int, world: int, full_w, xs, dys):
+    """(step, params) of the block under PyTorch's tensor-parallel plan (``torch_tp_plan``):
+    an MLP of ``full_w`` (gate, up: ``[ffn, d]``; down: ``[d, ffn]``) parallelized over the
+    default group, whose step runs this rank's ``xs[rank]`` forward and ``dys[rank]`` backward
+    and returns the output, the input's gradient and each weight's local gradient shard (as
+    the other implementations, in their order)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   parallelize_module)
+
+    mlp = _mlp(torch, full_w)
     mesh = DeviceMesh.from_group(dist.group.WORLD, full_w[0].device.type)
     parallelize_module(mlp, mesh, PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),)))
     parallelize_module(mlp, mesh, {"gate": ColwiseParallel(), "up": ColwiseParallel(),
@@ -246,6 +274,7 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
     else:
         records_early = []
     impls += [("conccl", s, layered(s)) for s in schedules]
+    impls += [("conccl_plan", s, conccl_plan(torch, rank, xs, dys, full_w, s)) for s in schedules]
 
     reference = _unsharded(torch, full_w, xs, dys, rank, rows, fs)
     records, ran = records_early, []
