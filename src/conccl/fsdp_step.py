@@ -18,7 +18,11 @@ must not be split: use ``optimizer.step()`` there. Gradient clipping runs before
 A gathered module is the parameters as they were at the step. Where they change before the
 next forward (another step, ``load_state_dict``, an EMA swap), the gather is dropped and the
 forward gathers again: seen by the parameters' version counters and by a second step; a write
-no counter sees (through ``.data``, a fused optimizer's plain ``optimizer.step()``) is not.
+no counter sees (through ``.data``, a fused optimizer's plain ``optimizer.step()``) is not. A
+change must be made alike on every rank (as any change to sharded weights is): a rank that drops
+a gather gathers again, a collective call its peers must make too. The gather is issued only
+where this optimizer steps every trainable parameter of the module (another optimizer stepping
+some of them after would leave it stale).
 """
 from __future__ import annotations
 
@@ -37,10 +41,11 @@ def _param_group(module):
 
 
 def _versions(module) -> tuple:
-    """Every version counter that counts a write to ``module``'s sharded parameters (the
-    DTensor parameter's and its padded shard's: see fsdp_direct.gather._versions)."""
-    return tuple((p.sharded_param._version, p._sharded_param_data._version)
-                 for p in _param_group(module).fsdp_params)
+    """What tells that ``module``'s sharded parameters changed: each one's tensors (a parameter
+    replaced) and every version counter that counts a write to them (the DTensor parameter's and
+    its padded shard's: see fsdp_direct.gather._versions)."""
+    return tuple((id(p.sharded_param), id(p._sharded_param_data), p.sharded_param._version,
+                  p._sharded_param_data._version) for p in _param_group(module).fsdp_params)
 
 
 class ForwardOrder:
@@ -62,7 +67,7 @@ class ForwardOrder:
         def hook(module, args):
             if self.first is None:
                 self.first = ref
-            if self.pending is not None and self.pending[0] is ref:
+            if self.pending is not None and self.pending[0]() is module:
                 if _versions(module) != self.pending[1]:
                     self.drop()
                 self.pending = None
@@ -78,8 +83,8 @@ class ForwardOrder:
         pre-forward gathers the module again)."""
         module = self.pending[0]() if self.pending is not None else None
         self.pending = None
-        if module is not None:
-            group = _param_group(module)
+        group = None if module is None else _param_group(module)
+        if group is not None and group._all_gather_result is not None:  # not consumed by a forward since
             group.wait_for_unshard()
             group.reshard()
             self.dropped += 1
@@ -102,18 +107,19 @@ def step_and_prefetch(optimizer: torch.optim.Optimizer, order: ForwardOrder) -> 
     """``optimizer.step()`` over the parameters of ``order``'s first module, then that module's
     ``unshard(async_op=True)`` on FSDP's all-gather stream (ordered after that update), then
     the step over every other parameter (run even where the gather raised, then re-raised: the
-    update happens once). No module seen, or none of its parameters in ``optimizer``: one plain
-    step. A gather still pending from the last call (no forward since) is dropped first.
+    update happens once). No module seen, or not every trainable parameter of it in
+    ``optimizer``: one plain step. A gather still pending from the last call (no forward since) is dropped first.
     Returns whether the gather was issued (FSDP's pre-forward of that module waits for it)."""
     if order.pending is not None:
         order.drop()
     first = order.take()
-    mine = set() if first is None else {id(p.sharded_param) for p in _param_group(first).fsdp_params}
+    mine = set() if first is None else {id(p.sharded_param) for p in _param_group(first).fsdp_params
+                                        if p.sharded_param.requires_grad}
     groups = optimizer.param_groups
     saved = [g["params"] for g in groups]
     head = [[p for p in ps if id(p) in mine] for ps in saved]
-    if not any(head):
-        optimizer.step()
+    if not mine or sum(map(len, head)) != len(mine):  # another optimizer steps some of them: gather
+        optimizer.step()                               # only once every update is in (a plain step)
         return False
     try:
         for g, ps in zip(groups, head):

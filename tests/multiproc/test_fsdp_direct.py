@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from conccl import fsdp_direct, fsdp_step  # noqa: E402
+from conccl import fsdp, fsdp_direct  # noqa: E402
 
 pytestmark = pytest.mark.skipif(fsdp_direct.supported() is not None, reason=str(fsdp_direct.supported()))
 
@@ -122,9 +122,15 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
     if schedule.endswith("groups"):  # two parameter groups: the weights and the biases, other rates
         params = list(model.parameters())
         opt = torch.optim.AdamW([{"params": params[0::2]}, {"params": params[1::2], "lr": 3e-2}], lr=1e-2)
+    others = None  # a second optimizer (fused: its update moves no version counter) over the biases
+    if schedule.endswith("two_opts"):
+        params = list(model.parameters())
+        opt, others = torch.optim.AdamW(params[0::2], lr=1e-2), torch.optim.AdamW(params[1::2], lr=1e-2, fused=True)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
     losses = []
-    order = fsdp_step.ForwardOrder(model.modules()) if schedule.startswith("step_prefetch") and direct else None
+    # as conccl.fsdp.enable returns it: its step_and_prefetch installs the hooks at its first call
+    stepper = fsdp.FsdpComms(fsdp_modules=list(model.modules())) if schedule.startswith("step_prefetch") and direct \
+        else None
     prefetched = []
     for _ in range(3):
         x = torch.randn(8, 13, generator=g)
@@ -140,11 +146,13 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         loss.backward()
         if schedule == "clip":  # the reduced gradients' norm over every rank's shards, then scaled
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)
-        if order is not None:  # the first block's update, its gather for the next forward, the rest
-            prefetched.append(order.first is not None and order.first() is model[0]
-                              and fsdp_step.step_and_prefetch(opt, order))
-        else:  # stock's the plain step: the split one must give its bits
-            opt.step()
+        for _ in range(2 if schedule.endswith("twice") else 1):
+            if stepper is not None:  # the first block's update, its gather for the next forward, the rest
+                prefetched.append(stepper.step_and_prefetch(opt))
+            else:  # stock's the plain step: the split one must give its bits
+                opt.step()
+        if others is not None:
+            others.step()
         if schedule.endswith("stale"):  # the first block changed after the step: its gather is stale
             with torch.no_grad():
                 model[0][0].weight.mul_(0.5)
@@ -153,10 +161,16 @@ def _train(rank, world, direct: bool, param_dtype, reduce_dtype, schedule="defau
         saved = saved if saved is not None else model.state_dict()
     if schedule == "checkpoint":
         assert len(calls) == 3 * 3 * 2, len(calls)  # 3 blocks, 3 steps, forward and recompute
-    if order is not None:
-        assert prefetched == [True] * 3, prefetched
-        # a stale gather dropped before each forward that followed one (the last step's has none)
-        assert order.dropped == (2 if schedule.endswith("stale") else 0), order.dropped
+    if stepper is not None:
+        order = stepper.forward_order
+        # the first call installs the hooks (a plain step); a second call with no forward since
+        # drops the first's gather and finds no module (plain); no gather where another
+        # optimizer steps some of the block's parameters
+        want = {"step_prefetch_twice": [False, False, True, False, True, False],
+                "step_prefetch_two_opts": [False] * 3}.get(schedule, [False, True, True])
+        assert prefetched == want, prefetched
+        # a stale gather dropped before the forward after it (the last step's has none after it)
+        assert order.dropped == {"step_prefetch_stale": 1, "step_prefetch_twice": 2}.get(schedule, 0), order.dropped
     if schedule == "compile":
         assert counters["frames"]["ok"] >= 1, dict(counters["frames"])  # the blocks' forwards compiled
     # where every parameter's shard lives after training: in its module's home (nothing else
@@ -261,6 +275,7 @@ def test_direct_with_mixed_precision_under_checkpointing_clipping_and_compiled_b
 @pytest.mark.parametrize("param_dtype,schedule", [(None, "step_prefetch"), (torch.bfloat16, "step_prefetch"),
                                                    (torch.bfloat16, "step_prefetch_fused"),
                                                    (None, "step_prefetch_groups")])
+# (3 steps: the first plain, the other two each issue a gather; the last one's never read)
 def test_step_and_prefetch_gives_the_plain_steps_bits(param_dtype, schedule):
     """The optimizer's update split in two around the next forward's first gather (the first
     block's parameters, its gather, the rest): the same bits as stock FSDP2 with one plain
@@ -279,9 +294,20 @@ def test_step_and_prefetch_drops_a_gather_the_weights_changed_after():
     prefetched gather is dropped before the forward, which gathers again, and the bits are
     stock's, which gathers after the write."""
     for counts in _run(2, torch.bfloat16, torch.float32, "step_prefetch_stale"):
-        # 2 dropped gathers (cast, waited for: a copy-out each, then resharded) besides the
-        # 3 * 3 + 1 as above
-        assert counts == [3 * 3 * 2 + 2, 0, 3 * 3, 0, 0, 3 * 3 + 1 + 2, 3 * 3], counts
+        # 1 dropped gather (cast, waited for: a copy-out, then resharded) besides the 3 * 3 + 1
+        # as above
+        assert counts == [3 * 3 * 2 + 1, 0, 3 * 3, 0, 0, 3 * 3 + 1 + 1, 3 * 3], counts
+
+
+def test_step_and_prefetch_twice_drops_the_first_gather_and_never_splits_anothers_update():
+    """Two steps with no forward between (the second drops the first's gather: the weights it
+    read are stale) and a second, fused optimizer stepping the biases after (the gather would
+    read them before that update and no version counter would tell: no gather is issued); the
+    same bits as stock FSDP2 stepping alike."""
+    for counts in _run(2, torch.bfloat16, torch.float32, "step_prefetch_twice"):
+        assert counts == [3 * 3 * 2 + 2, 0, 3 * 3, 0, 0, 3 * 3 + 2, 3 * 3], counts
+    for counts in _run(2, torch.bfloat16, torch.float32, "step_prefetch_two_opts"):
+        assert counts == [3 * 3 * 2, 0, 3 * 3, 0, 0, 3 * 3, 3 * 3], counts
 
 
 def test_direct_casts_at_every_forward_after_a_fused_step():

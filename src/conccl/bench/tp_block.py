@@ -199,8 +199,9 @@ def dtensor_plan(torch, dist, rank: int, world: int, full_w, xs, dys):
 
     def step():
         x = xs[rank].clone().requires_grad_()
-        y = mlp(x)  # an AsyncCollectiveTensor (the reduce-scatter's): waited for where read
+        y = mlp(x)  # an AsyncCollectiveTensor (the reduce-scatter's)
         y.backward(dys[rank])
+        y = y.wait() if hasattr(y, "wait") else y  # its work left no pending in functional collectives
         return [y, x.grad] + [p.grad.to_local() for p in params]
     return step, params
 
@@ -268,7 +269,7 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
         impls.append(("torch_async_tp", None, plain(_AsyncTPOps(torch, async_tp.group_name))))
     try:
         impls.append(("torch_tp_plan", None, dtensor_plan(torch, dist, rank, world, full_w, xs, dys)))
-    except (ImportError, RuntimeError) as e:  # no DTensor tensor parallelism here: a record says so
+    except Exception as e:  # noqa: BLE001 - no DTensor tensor parallelism here: a record says so
         records_early = [BlockRecord(tokens, d, ffn, world, "torch_tp_plan", None, None, None, None, None,
                                      error=f"{type(e).__name__}: {str(e)[:200]}")]
     else:
