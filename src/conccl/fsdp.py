@@ -193,9 +193,10 @@ class FsdpComms:
         step hooks run twice and see part of the parameters; not for an optimizer that reads
         every parameter at once, a closure, a ``torch.compile``'d step or a GradScaler's step.
         Where the first module's parameters change before the next forward (another step,
-        ``load_state_dict``, in place through autograd's view of them) the gather is dropped and
-        the forward gathers again; a write through ``.data`` is not seen. Returns whether the
-        gather was issued. Stream semantics: the update runs on the current stream; the gather
+        ``load_state_dict``, in place through autograd's view of them; alike on every rank) the
+        gather is dropped and the forward gathers again; a write through ``.data`` is not seen.
+        Where another optimizer steps some of that module's parameters, one plain step. Returns
+        whether the gather was issued. Stream semantics: the update runs on the current stream; the gather
         on FSDP's all-gather stream, after the first part only. Memory: that module's
         unsharded parameters are held from the step on instead of from the forward on."""
         if self.forward_order is None:
