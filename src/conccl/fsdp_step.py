@@ -30,10 +30,7 @@ import weakref
 
 import torch
 
-try:
-    from torch.distributed.fsdp import FSDPModule
-except ImportError:  # pragma: no cover - older PyTorch: conccl.fsdp.enable refuses first
-    FSDPModule = None
+from .fsdp_direct import FSDPModule, shard_versions  # FSDPModule None on a PyTorch without FSDP2
 
 
 def _param_group(module):
@@ -42,10 +39,9 @@ def _param_group(module):
 
 def _versions(module) -> tuple:
     """What tells that ``module``'s sharded parameters changed: each one's tensors (a parameter
-    replaced) and every version counter that counts a write to them (the DTensor parameter's and
-    its padded shard's: see fsdp_direct.gather._versions)."""
-    return tuple((id(p.sharded_param), id(p._sharded_param_data), p.sharded_param._version,
-                  p._sharded_param_data._version) for p in _param_group(module).fsdp_params)
+    replaced) and the version counters that count a write to them (:func:`shard_versions`)."""
+    return tuple((id(p.sharded_param), id(p._sharded_param_data), *shard_versions(p))
+                 for p in _param_group(module).fsdp_params)
 
 
 class ForwardOrder:
@@ -57,11 +53,10 @@ class ForwardOrder:
         self.first = None  # a weak reference to the module
         self.pending = None  # (weak reference to the module, its parameters' versions at the gather)
         self.dropped = 0  # prefetched gathers dropped as stale
-        self.handles = []
-        for m in modules:
+        for m in modules:  # hooks held by the modules for their lifetime (as FSDP's own)
             if isinstance(m, FSDPModule) and _param_group(m) is not None:
                 hook = torch._dynamo.disable(self._seen(weakref.ref(m)))  # eager in a compiled block
-                self.handles.append(m.register_forward_pre_hook(hook, prepend=True))
+                m.register_forward_pre_hook(hook, prepend=True)
 
     def _seen(self, ref):
         def hook(module, args):
@@ -88,11 +83,6 @@ class ForwardOrder:
             group.wait_for_unshard()
             group.reshard()
             self.dropped += 1
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
 
 def _gather_stream(module, device):

@@ -224,18 +224,21 @@ def _train(model, x, cfg: FsdpConfig, comms=None, config: str = ""):
     return times, peak, final, opt, host
 
 
+def _iteration(model, x, step) -> None:
+    """One untimed iteration: forward, backward, ``step()``, zero_grad."""
+    model(x).float().pow(2).mean().backward()
+    step()
+    model.zero_grad(set_to_none=True)
+
+
 def _profile_step(model, x, step, trace: str | None = None) -> dict:
     """Kernel and copy time per stream of one whole iteration (rank 0: forward, backward,
     ``step()``, zero_grad), by kind; and under "overlap", the copy engines' time beside kernels.
     One iteration runs before, unprofiled: the profiled one starts as a timed one does (after
     a step, which may have issued its first gather)."""
-    model(x).float().pow(2).mean().backward()
-    step()
-    model.zero_grad(set_to_none=True)
+    _iteration(model, x, step)
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        model(x).float().pow(2).mean().backward()
-        step()
-        model.zero_grad(set_to_none=True)
+        _iteration(model, x, step)
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
@@ -419,9 +422,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                 rec["profile"] = _profile_step(model, x, _stepper(config, opt, comms), trace)
             elif cfg.profile:  # the peers take part in the profiled iteration and the one before it
                 for _ in range(2):
-                    model(x).float().pow(2).mean().backward()
-                    _stepper(config, opt, comms)()
-                    model.zero_grad(set_to_none=True)
+                    _iteration(model, x, _stepper(config, opt, comms))
                 torch.cuda.synchronize()
             out.append(rec)
             del model, opt, comms

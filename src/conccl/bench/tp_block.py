@@ -136,6 +136,19 @@ class _ComputeOnlyOps:
         return (x @ w)[self.rank * rows:(self.rank + 1) * rows]
 
 
+def _stepping(rank: int, xs, dys, forward, params, local=lambda g: g):
+    """(step, params): a step runs ``forward`` on this rank's input rows and backward from its
+    output gradient, and returns the output, the input's gradient and each parameter's local
+    gradient (``local``), the order every implementation returns them in."""
+    def step():
+        x = xs[rank].clone().requires_grad_()
+        y = forward(x)
+        y.backward(dys[rank])
+        y = y.wait() if hasattr(y, "wait") else y  # a DTensor plan's AsyncCollectiveTensor: its work ended
+        return [y, x.grad] + [local(p.grad) for p in params]
+    return step, params
+
+
 def _mlp(torch, full_w):
     """The block as a model of plain ``nn.Linear`` layers (gate, up: ``[ffn, d]``; down:
     ``[d, ffn]``; the weights ``full_w``), as a model's code has it before a plan shards it."""
@@ -169,14 +182,7 @@ def conccl_plan(torch, rank: int, xs, dys, full_w, schedule: str, group=None):
     mlp = _mlp(torch, full_w)
     ctp.parallelize_module(mlp, {"gate": "colwise", "up": "colwise", "down": "rowwise"}, group, schedule=schedule,
                            backward_schedule=schedule)
-    params = [mlp.gate.weights[0], mlp.up.weights[0], mlp.down.weight]
-
-    def step():
-        x = xs[rank].clone().requires_grad_()
-        y = mlp(x)
-        y.backward(dys[rank])
-        return [y, x.grad] + [p.grad for p in params]
-    return step, params
+    return _stepping(rank, xs, dys, mlp, [mlp.gate.weights[0], mlp.up.weights[0], mlp.down.weight])
 
 
 def dtensor_plan(torch, dist, rank: int, world: int, full_w, xs, dys):
@@ -195,15 +201,8 @@ def dtensor_plan(torch, dist, rank: int, world: int, full_w, xs, dys):
     parallelize_module(mlp, mesh, PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),)))
     parallelize_module(mlp, mesh, {"gate": ColwiseParallel(), "up": ColwiseParallel(),
                                    "down": RowwiseParallel(output_layouts=Shard(0))})
-    params = [mlp.gate.weight, mlp.up.weight, mlp.down.weight]
-
-    def step():
-        x = xs[rank].clone().requires_grad_()
-        y = mlp(x)  # an AsyncCollectiveTensor (the reduce-scatter's)
-        y.backward(dys[rank])
-        y = y.wait() if hasattr(y, "wait") else y  # its work left no pending in functional collectives
-        return [y, x.grad] + [p.grad.to_local() for p in params]
-    return step, params
+    return _stepping(rank, xs, dys, mlp, [mlp.gate.weight, mlp.up.weight, mlp.down.weight],
+                     local=lambda g: g.to_local())
 
 
 def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), warmup: int = 3, runs: int = 20,
@@ -235,13 +234,10 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
     def plain(ops):
         params = [p.clone().requires_grad_() for p in (wg, wu, wd)]
 
-        def step():
-            x = xs[rank].clone().requires_grad_()
+        def forward(x):
             gate, up = Column.apply(x, ops, params[0], params[1])
-            y = Row.apply(torch.nn.functional.silu(gate) * up, params[2], ops)
-            y.backward(dys[rank])
-            return [y, x.grad] + [p.grad for p in params]
-        return step, params
+            return Row.apply(torch.nn.functional.silu(gate) * up, params[2], ops)
+        return _stepping(rank, xs, dys, forward, params)
 
     def layered(schedule):
         col = ctp.ColumnParallelLinear(d, (ffn, ffn), world_size=world, schedule=schedule, backward_schedule=schedule,
@@ -252,15 +248,10 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
             col.weights[0].copy_(wg)
             col.weights[1].copy_(wu)
             row.weight.copy_(wd)
-        params = [col.weights[0], col.weights[1], row.weight]
-
-        def step():
-            x = xs[rank].clone().requires_grad_()
+        def forward(x):
             gate, up = col(x)
-            y = row(torch.nn.functional.silu(gate) * up)
-            y.backward(dys[rank])
-            return [y, x.grad] + [p.grad for p in params]
-        return step, params
+            return row(torch.nn.functional.silu(gate) * up)
+        return _stepping(rank, xs, dys, forward, [col.weights[0], col.weights[1], row.weight])
 
     impls = [("compute_only", None, plain(_ComputeOnlyOps(torch, rank, world, rows, d, fs, dt, dev))),
              ("serial_nccl", None, plain(_NcclOps(torch, dist, world)))]

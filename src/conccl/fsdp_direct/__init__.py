@@ -61,12 +61,13 @@ import inspect
 import torch
 
 from . import reuse
-from ._state import COUNTS, FSDP_FIELDS, ORIGINAL, FSDPModule, FSDPParam, _fsdp_collectives, _fsdp_param_group
+from ._state import (COUNTS, FSDP_FIELDS, ORIGINAL, FSDPModule, FSDPParam, _fsdp_collectives, _fsdp_param_group,
+                     shard_versions)
 from .gather import COPY_OUT_ARGS, GATHER_ARGS, DirectAllGather, _copy_out, _gather, move_home, parameter_outputs
 from .reduce_scatter import _UNDIVIDED, COPY_IN_ARGS, DirectReduceScatter, _copy_in, _reduce
 
 __all__ = ["COUNTS", "ORIGINAL", "DirectAllGather", "DirectReduceScatter", "counters", "install", "move_home",
-           "parameter_outputs", "supported"]
+           "parameter_outputs", "shard_versions", "supported"]
 
 _REDUCE_ARGS = ("fsdp_params", "unsharded_grads", "reduce_scatter_group", "reduce_scatter_stream",
                 "reduce_scatter_comm")  # the first five of foreach_reduce's; more follow, among them

@@ -56,3 +56,11 @@ class Counts:
 
 
 COUNTS = Counts()
+
+
+def shard_versions(p) -> tuple[int, int]:
+    """The version counters that count an in-place write to FSDPParam ``p``'s shard: the
+    parameter's (a DTensor: an in-place op on it, as the optimizer's, does not reach its local
+    tensor's counter) and the padded shard's (shared with the local tensor: a write through
+    ``to_local()``). A write through ``.data`` or by a fused optimizer's kernel moves neither."""
+    return p.sharded_param._version, p._sharded_param_data._version

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .. import api
 from ..collectives.all_gather import ALL_GATHER
-from ._state import COUNTS, ShardedState, _fsdp_collectives
+from ._state import COUNTS, ShardedState, _fsdp_collectives, shard_versions
 from .reuse import allocating, pooled
 
 GATHER_ARGS = ("fsdp_params", "group", "async_op", "all_gather_copy_in_stream", "all_gather_stream", "device",
@@ -101,14 +101,6 @@ def _in_backward() -> bool:
     unshard, a checkpointed block's recompute). False where PyTorch cannot tell."""
     task = getattr(torch._C, "_current_graph_task_id", None)
     return task is not None and task() != -1
-
-
-def _versions(p) -> tuple[int, int]:
-    """The version counters that count an in-place write to ``p``'s shard: the parameter's
-    (a DTensor: an in-place op on it, as the optimizer's, does not reach its local tensor's
-    counter) and the padded shard's (shared with the local tensor: a write through
-    ``to_local()``)."""
-    return p.sharded_param._version, p._sharded_param_data._version
 
 
 def _gathered_dtype(p, dtype):
@@ -218,7 +210,7 @@ class _Home:
         shards = [p._sharded_param_data for p in fsdp_params]
         with torch.no_grad():
             torch._foreach_copy_([self.buf[off:off + n] for off, n in zip(self.offsets, self.sizes)], shards)
-        self.forward_cast = None if _in_backward() else [(weakref.ref(t), _versions(p)) for p, t in
+        self.forward_cast = None if _in_backward() else [(weakref.ref(t), shard_versions(p)) for p, t in
                                                           zip(fsdp_params, shards)]
 
     def holds_forward_cast(self, fsdp_params) -> bool:
@@ -233,7 +225,7 @@ class _Home:
         forward always casts."""
         if self.forward_cast is None or not _in_backward() or len(fsdp_params) != len(self.forward_cast):
             return False
-        return all(ref() is p._sharded_param_data and _versions(p) == versions
+        return all(ref() is p._sharded_param_data and shard_versions(p) == versions
                    for p, (ref, versions) in zip(fsdp_params, self.forward_cast))
 
     def holds(self, p, off: int) -> bool:
