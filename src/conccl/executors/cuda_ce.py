@@ -284,11 +284,12 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             start = self._start
         if start is not None:
             start.record(ctrl)
-        program.launch_slot(0, self._cu_stream(ctrl), seq, compute and self._on(ctrl, compute))
+        program.launch_slot(0, self._cu_stream(ctrl), seq, compute and self._on(ctrl, compute), ctrl.cuda_stream)
         for k in range(1, len(program.slots)):
             stream = self._streams[k]
             stream.wait_event(start)
-            program.launch_slot(k, self._cu_streams_pool[k], seq, compute and self._on(stream, compute))
+            program.launch_slot(k, self._cu_streams_pool[k], seq, compute and self._on(stream, compute),
+                                stream.cuda_stream)
             self._join[k].record(stream)
             ctrl.wait_event(self._join[k])
         if async_op:
@@ -403,11 +404,13 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         events = [torch.cuda.Event() for _ in range(len(program.slots))]
         if len(program.slots) > 1:
             events[0].record(caller)
-        program.launch_slot(0, self._cu_stream(caller), GRAPH_VALUE, compute and self._on(caller, compute))
+        program.launch_slot(0, self._cu_stream(caller), GRAPH_VALUE, compute and self._on(caller, compute),
+                            caller.cuda_stream)
         for k in range(1, len(program.slots)):  # a fork and join the capture follows
             stream = self._streams[k]
             stream.wait_event(events[0])
-            program.launch_slot(k, self._cu_streams_pool[k], GRAPH_VALUE, compute and self._on(stream, compute))
+            program.launch_slot(k, self._cu_streams_pool[k], GRAPH_VALUE, compute and self._on(stream, compute),
+                                stream.cuda_stream)
             events[k].record(stream)
             caller.wait_event(events[k])
         self._graph_keep.append((program, events))
