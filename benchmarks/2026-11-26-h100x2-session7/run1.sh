@@ -5,7 +5,7 @@
 # 2. GPU tests: the fast calls, the collectives against NCCL bit for bit, graphs;
 # 3. bench.latency --phases, in turns: the tree before (.old/src, 8545b4c), this tree with
 #    cuda-python's calls (CONCCL_DRIVER_CALLS=cuda-python), this tree as shipped;
-# 4. the shared-GPU rig's eager and graph parts at world 2.
+# 4. the shared-GPU rig's eager and graph parts at world 2; 5. issue 39's op bench again.
 #   git archive 8545b4c src | tar -x -C .old   (untracked, carried to the device)
 #   OUT=<folder> CONCCL_COMMIT=<sha> bash benchmarks/2026-11-26-h100x2-session7/run1.sh
 set -u
@@ -32,4 +32,8 @@ done
 for f in lat_old1 lat_cp1 lat_new1 lat_old2 lat_cp2 lat_new2; do echo "== $f"; grep "^| all_gather\|^| reduce_scatter" $R/$f/latency.md | cut -d'|' -f2-9; done
 CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src timeout $((570 - (SECONDS - t0))) python3 -m pytest -q tests/rig -k "eager-w2 or graph-w2" > $R/rig.log 2>&1
 echo "rig exit $? at $((SECONDS-t0)) s"; tail -1 $R/rig.log
+# issue 39: the op bench once more (with session 6's run8, the H100's two-GPU pipelines table)
+PYTHONPATH=src timeout $((590 - (SECONDS - t0))) python3 -m conccl bench tp --out $R/ops --impls gemm_only,torch_async_tp,conccl,conccl_auto \
+    --machine-kind $CONCCL_MACHINE_KIND > $R/ops.log 2>&1
+echo "ops exit $? at $((SECONDS-t0)) s"
 tar -C $OUT -czf $OUT/run1.tgz r
