@@ -78,6 +78,7 @@ PHASES = (
     ("executor run", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor.run"),
     ("program lookup", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor._program"),
     ("driver calls", "conccl.executors.cuda_program", "CompiledProgram.launch_slot"),
+    ("graph launch", "conccl.executors.cuda_graph_launch", "SettledGraph.launch"),  # a settled call's, instead
     ("watchdog track", "conccl.watchdog", "Watchdog.track"),
 )
 PHASE_LABELS = tuple(dict.fromkeys(label for label, _, _ in PHASES))

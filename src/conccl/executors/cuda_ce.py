@@ -41,6 +41,7 @@ from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
 from ..schedule import (Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, max_slots, pad_words,
                         signal_pad_words, signal_word, workspace_half)
 from ..work import NCCL, Work
+from . import cuda_graph_launch as settled_graphs
 from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape
 
@@ -126,6 +127,17 @@ class SymmetricRegistry:
 SPIN_WORDS = 2  # after the marks: a one-shot kernel's abort word (the watchdog's) and timeout flag
 
 
+class _Program:
+    """A compiled program cached for one (schedule, buffers): how many calls ran it, and its
+    settled graph once it has one (None: not yet tried; False: cannot have one)."""
+
+    __slots__ = ("schedule", "views", "ws", "program", "lowered", "uses", "graph")
+
+    def __init__(self, schedule, views, ws, program, lowered):
+        self.schedule, self.views, self.ws, self.program, self.lowered = schedule, views, ws, program, lowered
+        self.uses, self.graph = 0, None
+
+
 class CudaCopyEngineExecutor(GrowingWorkspace):
     device_type = "cuda"
     tracks_flights = True
@@ -162,6 +174,10 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._ws_handle = None
         self._ws_keys = (None, None)
         self._programs: dict = {}
+        # Settled calls' programs launched as graphs (conccl.executors.cuda_graph_launch): made
+        # so far, launches so far, programs that could not be captured; the capture's stream.
+        self.programs_graphed = self.graph_launches = self.graph_failures = 0
+        self._capture_stream = None
         # Programs compiled for eager and persistent calls since start (not captured ones): a
         # loop whose buffers move compiles on every call.
         self.programs_compiled = 0
@@ -214,7 +230,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._ws_keys = tuple(tuple(p + workspace_half(parity, nbytes) for p in self._ws_handle.buffer_ptrs)
                               for parity in (0, 1))
 
-    def _program(self, schedule: Schedule, input, output, views, seq: int) -> CompiledProgram:
+    def _program(self, schedule: Schedule, input, output, views, seq: int) -> _Program:
         """``schedule`` compiled against these buffers (cached: loops reuse their tensors).
 
         Keyed by the identity of ``schedule`` and ``views``, which the communicator keeps while
@@ -226,8 +242,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         ws = self._ws_keys[parity]  # every rank's workspace address (None before the first staging)
         key = (id(schedule), id(views), input.data_ptr(), output.data_ptr(), parity)
         hit = self._programs.get(key)
-        if hit is not None and hit[0] is schedule and hit[1] is views and hit[2] is ws:
-            return hit[3]
+        if hit is not None and hit.schedule is schedule and hit.views is views and hit.ws is ws:
+            return hit
         t0 = time.perf_counter()
         address = _addresses(self.rank, input, output, views, ws)
         lowered = lower(schedule, address, self._pads, self.batching, marks=self._marks, spin_words=self._spin_words)
@@ -245,9 +261,42 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             self.programs_compiled += 1
         self.program_compile_s += time.perf_counter() - t0
         if len(self._programs) >= _MAX_PROGRAMS:
-            self._programs.clear()
-        self._programs[key] = (schedule, views, ws, program)
-        return program
+            self._drop_programs()
+        entry = self._programs[key] = _Program(schedule, views, ws, program, lowered)
+        return entry
+
+    def _drop_programs(self) -> None:
+        for entry in self._programs.values():
+            if entry.graph:
+                entry.graph.close()  # a launch still queued runs: the driver frees it after
+        self._programs.clear()
+
+    def _settled_graph(self, entry: _Program, input, output, views):
+        """``entry``'s graph (conccl.executors.cuda_graph_launch) once this is its GRAPH_AFTER-th
+        call, made now; None before; False where it cannot have one (the calls stay driver calls)."""
+        entry.uses += 1
+        if entry.uses < settled_graphs.GRAPH_AFTER:
+            return None
+        entry.graph = False
+        if not (settled_graphs.available() and settled_graphs.graphable(entry.lowered)):
+            return False
+        t0 = time.perf_counter()
+        try:
+            # The same signals; the copies one cuMemcpyAsync each (a batch cannot be captured).
+            steps = lower(entry.schedule, _addresses(self.rank, input, output, views, entry.ws), self._pads,
+                          self.batching, batch_copies=False, marks=self._marks, spin_words=self._spin_words)
+            if self._capture_stream is None:
+                self._capture_stream = torch.cuda.Stream(self.device)
+            entry.graph = settled_graphs.SettledGraph(CompiledProgram(steps, driver(), self._device_index), steps[0],
+                                                      self._capture_stream.cuda_stream, driver())
+            self.programs_graphed += 1
+        except (RuntimeError, ValueError) as e:
+            self.graph_failures += 1
+            if self.graph_failures == 1:
+                warnings.warn(f"conccl: a settled {entry.schedule.collective} could not be launched as a graph ({e}); "
+                              "its calls stay driver calls", stacklevel=3)
+        self.program_compile_s += time.perf_counter() - t0
+        return entry.graph
 
     def _current_stream(self):
         """The caller's current stream (:func:`current_stream`)."""
@@ -272,7 +321,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         ordered after the caller's work and before its later work with no event at all.
         """
         caller = self._current_stream()
-        program = self._program(schedule, input, output, views, seq)
+        entry = self._program(schedule, input, output, views, seq)
+        program = entry.program
         # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
         ctrl = self._control_stream(caller, async_op or (caller.cuda_stream == 0 and (
             schedule.stream_mode is StreamMode.BATCH or not self._default_stream_ok)))
@@ -284,12 +334,18 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             start = self._start
         if start is not None:
             start.record(ctrl)
-        program.launch_slot(0, self._cu_stream(ctrl), seq, compute and self._on(ctrl, compute), ctrl.cuda_stream)
+        graph = entry.graph
+        if graph is None and compute is None:
+            graph = self._settled_graph(entry, input, output, views)
+        if graph:
+            graph.launch(ctrl.cuda_stream, seq)
+            self.graph_launches += 1
+        else:
+            program.launch_slot(0, self._cu_stream(ctrl), seq, compute and self._on(ctrl, compute))
         for k in range(1, len(program.slots)):
             stream = self._streams[k]
             stream.wait_event(start)
-            program.launch_slot(k, self._cu_streams_pool[k], seq, compute and self._on(stream, compute),
-                                stream.cuda_stream)
+            program.launch_slot(k, self._cu_streams_pool[k], seq, compute and self._on(stream, compute))
             self._join[k].record(stream)
             ctrl.wait_event(self._join[k])
         if async_op:
@@ -404,13 +460,11 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         events = [torch.cuda.Event() for _ in range(len(program.slots))]
         if len(program.slots) > 1:
             events[0].record(caller)
-        program.launch_slot(0, self._cu_stream(caller), GRAPH_VALUE, compute and self._on(caller, compute),
-                            caller.cuda_stream)
+        program.launch_slot(0, self._cu_stream(caller), GRAPH_VALUE, compute and self._on(caller, compute))
         for k in range(1, len(program.slots)):  # a fork and join the capture follows
             stream = self._streams[k]
             stream.wait_event(events[0])
-            program.launch_slot(k, self._cu_streams_pool[k], GRAPH_VALUE, compute and self._on(stream, compute),
-                                stream.cuda_stream)
+            program.launch_slot(k, self._cu_streams_pool[k], GRAPH_VALUE, compute and self._on(stream, compute))
             events[k].record(stream)
             caller.wait_event(events[k])
         self._graph_keep.append((program, events))
@@ -481,6 +535,6 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._graph_ws = self._graph_ws_handle = None
         self._pad = self._pad_handle = None
         self.symmetric = SymmetricRegistry()
-        self._programs.clear()
+        self._drop_programs()
         self._by_shape.clear()
 

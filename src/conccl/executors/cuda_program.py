@@ -38,10 +38,9 @@ from __future__ import annotations
 import os
 from typing import Callable, NamedTuple
 
-from .._driver import check, driver, signal_flags
+from .._driver import check, signal_flags
 from ..schedule import (AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, ResetMark, ResetSignal, Schedule, SetSignal,
                         Signal, StreamMode, WaitSignal, signal_word)
-from . import cuda_fastcall as fastcall
 from .cuda_reduce import ReduceLaunch
 
 # cuStreamBatchMemOp takes fewer than 256 operations per call.
@@ -299,24 +298,20 @@ class CompiledProgram:
                          for steps, calls in zip(lowered, self.slots)]
         return program
 
-    def launch_slot(self, k: int, stream, seq: int, compute=None, handle: int | None = None) -> None:
-        """Queue slot ``k`` of call ``seq`` on ``stream`` (a ``CUstream``; ``handle``: its raw
-        value, which the ctypes calls take; from ``int(stream)`` where not given); ``compute(op)``
+    def launch_slot(self, k: int, stream, seq: int, compute=None) -> None:
+        """Queue slot ``k`` of call ``seq`` on ``stream`` (a ``CUstream``); ``compute(op)``
         queues a pipeline's computation steps on that stream (the executor's)."""
-        if handle is None and fastcall.available():
-            handle = int(stream)
         for i, call in enumerate(self.slots[k]):
             if call.__class__ is _ComputeCall:
                 compute(call.op)
                 continue
-            err = call.launch(stream, handle, seq)
-            if err:  # 0, or cuda-python's (CUresult, ...) tuple: a tuple is true, its first item says
-                if err.__class__ is int or err[0]:
-                    self._fail(err, k, i)
+            err = call.launch(stream, seq)
+            if err[0]:
+                self._fail(err, k, i)
 
     def _fail(self, err, k: int, i: int) -> None:
         try:
-            check(driver().CUresult(err) if err.__class__ is int else err)
+            check(err)
         except RuntimeError as e:
             raise RuntimeError(f"{e} in {self.slots[k][i].what()} (slot {k}, step {i} of {len(self.slots[k])})") from None
 
@@ -324,7 +319,7 @@ class CompiledProgram:
 # The compiled calls: each holds its driver function and its arguments, built once, and makes
 # the call with the call's sequence number written in (cuda-python returns (CUresult, ...)).
 class _SignalBatchCall:
-    __slots__ = ("call", "params", "count", "patches", "fast")
+    __slots__ = ("call", "params", "count", "patches")
 
     def __init__(self, step: SignalBatch, cu, flags: tuple, device_index):
         wait_op = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32
@@ -340,13 +335,8 @@ class _SignalBatchCall:
             self.params.append(p)
             patches.append((sub, signal.seq_delta))
         self.call, self.count, self.patches = cu.cuStreamBatchMemOp, len(self.params), tuple(patches)
-        self.fast = None
-        if fastcall.available():
-            self.fast = fastcall.SignalBatchFast(cu, self.params, [(i, s.seq_delta) for i, s in enumerate(step.signals)])
 
-    def launch(self, stream, handle: int, seq: int):
-        if self.fast is not None:
-            return self.fast.launch(handle, seq)
+    def launch(self, stream, seq: int):
         for sub, delta in self.patches:
             sub.value = (seq + delta) & 0xFFFFFFFF
         return self.call(stream, self.count, self.params, 0)
@@ -363,7 +353,7 @@ class _SignalCall:
         self.address, self.seq_delta, self.is_wait = cu.CUdeviceptr(step.address), step.seq_delta, step.is_wait
         self.flags = flags[0] if step.is_wait else flags[1]
 
-    def launch(self, stream, handle: int, seq: int):
+    def launch(self, stream, seq: int):
         return self.call(stream, self.address, (seq + self.seq_delta) & 0xFFFFFFFF, self.flags)
 
     def what(self) -> str:
@@ -371,16 +361,13 @@ class _SignalCall:
 
 
 class _CopyCall:
-    __slots__ = ("call", "dst", "src", "nbytes", "fast")
+    __slots__ = ("call", "dst", "src", "nbytes")
 
     def __init__(self, step: CopyStep, cu, flags: tuple, device_index):
         self.call, self.nbytes = cu.cuMemcpyAsync, step.nbytes
         self.dst, self.src = cu.CUdeviceptr(step.dst), cu.CUdeviceptr(step.src)
-        self.fast = fastcall.CopyFast(step.dst, step.src, step.nbytes) if fastcall.available() else None
 
-    def launch(self, stream, handle: int, seq: int):
-        if self.fast is not None:
-            return self.fast.launch(handle)
+    def launch(self, stream, seq: int):
         return self.call(self.dst, self.src, self.nbytes, stream)
 
     def what(self) -> str:
@@ -388,7 +375,7 @@ class _CopyCall:
 
 
 class _CopyBatchCall:
-    __slots__ = ("call", "args", "fast")
+    __slots__ = ("call", "args")
 
     def __init__(self, step: CopyBatch, cu, flags: tuple, device_index):
         attrs = cu.CUmemcpyAttributes()
@@ -397,11 +384,8 @@ class _CopyBatchCall:
         self.call = cu.cuMemcpyBatchAsync
         self.args = ([cu.CUdeviceptr(c.dst) for c in step.copies], [cu.CUdeviceptr(c.src) for c in step.copies],
                      [c.nbytes for c in step.copies], len(step.copies), [attrs], [0], 1)
-        self.fast = fastcall.CopyBatchFast(cu, step.copies) if fastcall.available() else None
 
-    def launch(self, stream, handle: int, seq: int):
-        if self.fast is not None:
-            return self.fast.launch(handle)
+    def launch(self, stream, seq: int):
         return self.call(*self.args, stream)
 
     def what(self) -> str:
@@ -414,7 +398,7 @@ class _ReduceCall:
     def __init__(self, step: ReduceStep, cu, flags: tuple, device_index):
         self.cu, self.kernel = cu, ReduceLaunch(device_index, *step)
 
-    def launch(self, stream, handle: int, seq: int):
+    def launch(self, stream, seq: int):
         return self.kernel.launch(self.cu, stream)
 
     def what(self) -> str:
@@ -437,7 +421,7 @@ class _OneShotCall:
             timeout_ns=cuda_spin.timeout_ns() if os.environ.get("CONCCL_SPIN_TIMEOUT_S") else UNBOUNDED_NS)
         self.cu, self.kernel, self.step = cu, cuda_oneshot.OneShotLaunch(device_index, args), step
 
-    def launch(self, stream, handle: int, seq: int):
+    def launch(self, stream, seq: int):
         return self.kernel.launch(self.cu, stream, seq)
 
     def what(self) -> str:

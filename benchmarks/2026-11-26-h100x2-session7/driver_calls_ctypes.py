@@ -1,4 +1,5 @@
-"""The compiled programs' hot driver calls through ctypes, their argument arrays built once.
+"""Tried in session 7 and not shipped (run1: no faster than cuda-python; the driver itself costs
+the time): the compiled programs' hot driver calls through ctypes, their arrays built once.
 
 cuda-python converts a list argument (a ``cuStreamBatchMemOp``'s parameter structs, a
 ``cuMemcpyBatchAsync``'s pointer and size lists) into a fresh C array at every call: a settled

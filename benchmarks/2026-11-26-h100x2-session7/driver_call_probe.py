@@ -6,17 +6,19 @@ every 64 calls so a full queue is not timed). Routes:
 
 * cuda-python (``cuda.bindings.driver``), as :mod:`conccl.executors.cuda_program` calls it today;
 * the same driver functions through ctypes with argument arrays built once
-  (:mod:`conccl.executors.cuda_fastcall`), where the call patches a value in place;
+  (``driver_calls_ctypes.py`` beside this script), where the call patches a value in place;
 * PyTorch's event record / stream wait and a CUDA graph's replay.
 
 Every ctypes route is checked to do what it should (the written words, the copied bytes).
 
-    PYTHONPATH=src python3 scripts/driver_call_probe.py [--calls 2000] [--json OUT]
+    PYTHONPATH=src python3 benchmarks/2026-11-26-h100x2-session7/driver_call_probe.py [--calls 2000] [--json OUT]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import statistics
 import time
 
@@ -45,7 +47,9 @@ def main() -> None:
     from cuda.bindings import driver as cu
 
     from conccl._driver import signal_flags
-    from conccl.executors import cuda_fastcall as fc
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import driver_calls_ctypes as fc  # the ctypes route tried in this session (not shipped: no faster)
 
     torch.cuda.set_device(0)
     torch.cuda.init()

@@ -1,0 +1,181 @@
+"""No-device tier: a settled call's graph (conccl.executors.cuda_graph_launch): which programs may
+have one, how captured memory-operation nodes are matched to the program's signal batches, and
+that each launch writes the call's sequence number into every node before launching, against
+a driver API simulated in ctypes memory. The GPU tier (tests/gpu/test_gpu_settled_graph.py)
+runs it on devices against NCCL."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from conccl.executors import cuda_graph_launch as sg
+from conccl.executors.cuda_program import CopyBatch, CopyStep, OneShotStep, ReduceStep, SignalBatch, SignalStep
+
+W, R = SignalStep(True, 0x100, 0), SignalStep(False, 0x204, 1)
+
+
+def test_which_programs_may_run_as_a_graph():
+    copy = CopyStep(1, 2, 4096)
+    assert sg.graphable(((SignalBatch((W,)), copy, SignalBatch((R,))),))
+    assert sg.graphable(((SignalBatch((W,)), CopyBatch((copy, copy)), ReduceStep(1, (2, 3), 8, "float32", 1.0)),))
+    assert not sg.graphable(((SignalBatch((W,)), copy), (SignalBatch((R,)),)))  # two slots
+    assert not sg.graphable(((W, copy, R),))  # single signals: a driver without batches
+    assert not sg.graphable(((copy,),))  # no signal: nothing to write per call
+    assert not sg.graphable(((SignalBatch((W,)), CopyStep(1, 2, sg.GRAPH_MAX_BYTES + 1)),))
+    assert sg.graphable(((SignalBatch((W,)), CopyBatch((CopyStep(1, 2, sg.GRAPH_MAX_BYTES // 2),) * 2)),))
+    one_shot = OneShotStep(*([None] * len(OneShotStep._fields)))
+    assert not sg.graphable(((one_shot,),))
+
+
+def test_nodes_are_matched_to_batches_by_their_ops_or_not_at_all():
+    a, b = ((True, 1), (False, 2)), ((False, 3),)
+    assert sg.match_nodes([b, a], [a, b]) == [1, 0]
+    with pytest.raises(ValueError, match="2 memory-operation nodes for 1"):
+        sg.match_nodes([a, b], [a])
+    with pytest.raises(ValueError, match="matches 2 nodes"):
+        sg.match_nodes([a, a], [a, a])
+    with pytest.raises(ValueError, match="matches 0 nodes"):
+        sg.match_nodes([a, ((True, 9),)], [a, b])
+
+
+def _v(handle):
+    """A handle as the fake sees it: the real functions' argument types turn c_void_p into a pointer."""
+    return handle.value if isinstance(handle, ctypes.c_void_p) else handle
+
+
+class _FakeDriver:
+    """The driver functions a settled graph calls, over Python state: a capture records the
+    program's signal batches as memory-operation nodes (48-byte ops, as the driver keeps them)."""
+
+    def __init__(self, order=None, corrupt=False):
+        self.nodes, self.calls, self.order, self.corrupt = [], [], order, corrupt
+        self.capturing = False
+
+    def record_batch(self, signals, seq):  # the fake program's launch during capture
+        raw = (ctypes.c_char * (48 * len(signals)))()
+        for i, s in enumerate(signals):
+            ctypes.c_uint32.from_buffer(raw, 48 * i).value = 1 if s.is_wait else 2
+            ctypes.c_uint64.from_buffer(raw, 48 * i + 8).value = s.address
+            value = (seq + s.seq_delta + (1 if self.corrupt else 0)) & 0xFFFFFFFF
+            ctypes.c_uint32.from_buffer(raw, 48 * i + 16).value = value
+        self.nodes.append(raw)
+
+    def api(self):
+        def begin(stream, mode):
+            self.capturing = True
+            return 0
+
+        def end(stream, graph):
+            self.capturing = False
+            graph._obj.value = 0x6A
+            return 0
+
+        def get_nodes(graph, nodes, n):
+            order = self.order or list(range(len(self.nodes)))
+            if nodes is None:
+                n._obj.value = len(order) + 1  # a memcpy node besides the batches
+                return 0
+            for i, k in enumerate(order):
+                nodes[i] = 1000 + k
+            nodes[len(order)] = 7
+            return 0
+
+        def node_type(node, kind):
+            kind._obj.value = sg._NODE_MEMCPY if node == 7 else sg._NODE_BATCH_MEM_OP
+            return 0
+
+        def get_params(node, p):
+            raw = self.nodes[node - 1000]
+            p._obj.ctx, p._obj.count, p._obj.array = 0xC0, len(raw) // 48, ctypes.addressof(raw)
+            return 0
+
+        def instantiate(exe, graph, flags):
+            exe._obj.value = 0xE7
+            return 0
+
+        def set_params(exe, node, p):
+            params = p._obj
+            raw = ctypes.string_at(params.array, 48 * params.count)
+            values = [int.from_bytes(raw[i + 16:i + 20], "little") for i in range(0, len(raw), 48)]
+            self.calls.append(("set", _v(exe), node, params.ctx, values))
+            return 0
+
+        def launch(exe, stream):
+            self.calls.append(("launch", _v(exe), stream))
+            return 0
+
+        def destroy(handle):
+            self.calls.append(("destroy", _v(handle)))
+            return 0
+
+        return {"cuStreamBeginCapture": begin, "cuStreamEndCapture": end, "cuGraphGetNodes": get_nodes,
+                "cuGraphNodeGetType": node_type, "cuGraphBatchMemOpNodeGetParams": get_params,
+                "cuGraphInstantiateWithFlags": instantiate, "cuGraphExecBatchMemOpNodeSetParams": set_params,
+                "cuGraphLaunch": launch, "cuGraphExecDestroy": destroy, "cuGraphDestroy": destroy}
+
+
+class _FakeProgram:
+    def __init__(self, driver, steps):
+        self.driver, self.steps = driver, steps
+
+    def launch_slot(self, k, stream, seq):
+        assert self.driver.capturing and k == 0
+        for step in self.steps:
+            if isinstance(step, SignalBatch):
+                self.driver.record_batch(step.signals, seq)
+
+
+class _Cu:
+    @staticmethod
+    def CUstream(handle):  # noqa: N802
+        return ("stream", handle)
+
+
+STEPS = (SignalBatch((SignalStep(True, 0x100, 0), SignalStep(False, 0x204, 0))), CopyStep(1, 2, 64),
+         SignalBatch((SignalStep(False, 0x208, 1), SignalStep(True, 0x10C, -1))))
+
+
+@pytest.mark.parametrize("order", [None, [1, 0]])
+def test_each_launch_writes_the_calls_values_into_every_node_then_launches(monkeypatch, order):
+    fake = _FakeDriver(order=order)
+    monkeypatch.setattr(sg, "_api", fake.api)
+    graph = sg.SettledGraph(_FakeProgram(fake, STEPS), STEPS, 0x51, _Cu)
+    for seq, stream in ((7, 0x99), (0, 0)):  # seq 0: the -1 wraps
+        fake.calls.clear()
+        graph.launch(stream, seq)
+        sets = sorted(c[2:] for c in fake.calls if c[0] == "set")
+        assert sets == [(1000, 0xC0, [seq, seq]), (1001, 0xC0, [seq + 1, (seq - 1) & 0xFFFFFFFF])]
+        assert fake.calls[-1] == ("launch", 0xE7, stream) and len(fake.calls) == 3
+    graph.close()
+    assert fake.calls[-2:] == [("destroy", 0xE7), ("destroy", 0x6A)]
+
+
+def test_a_node_holding_other_values_than_asked_is_refused_and_freed(monkeypatch):
+    fake = _FakeDriver(corrupt=True)
+    monkeypatch.setattr(sg, "_api", fake.api)
+    with pytest.raises(ValueError, match="another value"):
+        sg.SettledGraph(_FakeProgram(fake, STEPS), STEPS, 0x51, _Cu)
+    assert ("destroy", 0x6A) in fake.calls and not fake.capturing
+
+
+def test_a_failed_launch_during_capture_still_ends_the_capture(monkeypatch):
+    fake = _FakeDriver()
+    monkeypatch.setattr(sg, "_api", fake.api)
+
+    class Failing(_FakeProgram):
+        def launch_slot(self, k, stream, seq):
+            raise RuntimeError("CUDA driver error in cuMemcpyAsync")
+
+    with pytest.raises(RuntimeError, match="cuMemcpyAsync"):
+        sg.SettledGraph(Failing(fake, STEPS), STEPS, 0x51, _Cu)
+    assert not fake.capturing and ("destroy", 0x6A) in fake.calls
+
+
+def test_the_route_is_off_where_asked(monkeypatch):
+    sg._api.cache_clear()
+    try:
+        monkeypatch.setenv("CONCCL_SETTLED_GRAPHS", "0")
+        assert not sg.available()
+    finally:
+        sg._api.cache_clear()
