@@ -280,10 +280,15 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         entry.graph = False
         if not (settled_graphs.available() and settled_graphs.graphable(entry.lowered)):
             return False
+        # A copy between two plain tensors of this GPU would replay as an SM kernel: read the
+        # staged copy instead, or keep driver calls.
+        schedule = settled_graphs.own_copies_from_staging(entry.schedule, views[0] is None, views[1] is None)
+        if schedule is None:
+            return False
         t0 = time.perf_counter()
         try:
             # The same signals; the copies one cuMemcpyAsync each (a batch cannot be captured).
-            steps = lower(entry.schedule, _addresses(self.rank, input, output, views, entry.ws), self._pads,
+            steps = lower(schedule, _addresses(self.rank, input, output, views, entry.ws), self._pads,
                           self.batching, batch_copies=False, marks=self._marks, spin_words=self._spin_words)
             if self._capture_stream is None:
                 self._capture_stream = torch.cuda.Stream(self.device)

@@ -17,6 +17,14 @@ kernel or pipeline step, and at most :data:`GRAPH_MAX_BYTES` of copies (a graph'
 one after another on one stream; ``cuMemcpyBatchAsync`` spreads large ones over the engines).
 ``CONCCL_SETTLED_GRAPHS=0`` keeps every call on driver calls.
 
+A graph replays a copy between two of PyTorch's own (caching-allocator) tensors on one GPU as
+an SM kernel (``memcpy32_post``), where the same copy made eagerly, or any copy touching
+symmetric (VMM-mapped) or peer memory, stays on a copy engine (``graph_copy_kinds.py`` in
+session 7's benchmarks, 2 x H100). A copy-engine collective must not bring that SM back, so
+such a copy (the own shard of an all-gather or all-to-all of plain tensors) reads the copy of
+the input the call staged in the symmetric workspace instead (:func:`own_copies_from_staging`),
+and a program with one that has no staged source keeps its driver calls.
+
 The graph is built and driven through ctypes on the driver's C API (``cuGetProcAddress``):
 cuda-python's binding takes a fresh Python list for a node's parameters at every call; here
 each node's parameters are one C array, written in place.
@@ -27,6 +35,9 @@ import ctypes
 import functools
 import os
 
+import dataclasses
+
+from ..schedule import Buf, Copy, Phase, Schedule
 from .cuda_program import CopyBatch, CopyStep, ReduceStep, SignalBatch
 
 GRAPH_AFTER = 3  # the call that finds its program run this many times before launches a graph
@@ -103,6 +114,35 @@ def graphable(lowered: tuple) -> bool:
         elif not isinstance(step, ReduceStep):
             return False
     return batches > 0 and nbytes <= GRAPH_MAX_BYTES
+
+
+def own_copies_from_staging(schedule: Schedule, plain_input: bool, plain_output: bool) -> Schedule | None:
+    """``schedule`` with every copy between this rank's own plain tensors (``plain_input`` /
+    ``plain_output``: not peer-reachable, PyTorch's memory) reading instead the bytes an earlier
+    staging copy of its slot put in the workspace (the same bytes, already there: copy-engine
+    records in a graph, where a plain-to-plain copy is a kernel); ``schedule`` itself where it
+    has none; None where one has no staged source (its program keeps driver calls)."""
+    rank = schedule.rank
+    plain = {Buf.INPUT: plain_input, Buf.OUTPUT: plain_output, Buf.WORKSPACE: False}
+    slots, changed = [], False
+    for ops in schedule.slots:
+        staged, out = [], []
+        for op in ops:
+            t = op.transfer if isinstance(op, Copy) else None
+            if t is not None and t.src_rank == t.dst_rank == rank and plain[t.src] and plain[t.dst]:
+                source = next((s for s in staged if s.src is t.src and s.src_offset <= t.src_offset
+                               and t.src_offset + t.nbytes <= s.src_offset + s.nbytes), None)
+                if source is None:
+                    return None
+                op = Copy(dataclasses.replace(t, src=Buf.WORKSPACE,
+                                              src_offset=source.dst_offset + t.src_offset - source.src_offset))
+                changed = True
+            elif (t is not None and t.phase is Phase.STAGE and t.src_rank == t.dst_rank == rank
+                  and t.dst is Buf.WORKSPACE and t.src is not Buf.WORKSPACE):
+                staged.append(t)
+            out.append(op)
+        slots.append(tuple(out))
+    return dataclasses.replace(schedule, slots=tuple(slots)) if changed else schedule
 
 
 def match_nodes(node_ops: list, batches: list) -> list:
