@@ -20,7 +20,7 @@ def _probe(rank, world):
     from conccl._driver import check, driver
 
     cu = driver()
-    n = 1 << 16
+    n = 1 << 20
     sym = symm_mem.empty(2 * n, dtype=torch.uint8, device="cuda")
     handle = symm_mem.rendezvous(sym, dist.group.WORLD.group_name)
     own, peer = handle.buffer_ptrs[rank], handle.buffer_ptrs[1 - rank]
@@ -32,14 +32,19 @@ def _probe(rank, world):
              "peer symmetric->plain (pull)": (plain_b.data_ptr(), peer),
              "plain->peer symmetric (push)": (peer + n * rank // 2, plain_a.data_ptr()),
              "own symmetric->own symmetric": (own + n, own)}
+    for size in (4096, 32768, 1 << 20):  # sizes of copies between this GPU's own buffers
+        cases[f"plain->plain {size}"] = (plain_b.data_ptr(), plain_a.data_ptr(), size)
+        cases[f"plain->own symmetric {size}"] = (own, plain_a.data_ptr(), size)
+        cases[f"own symmetric->plain {size}"] = (plain_b.data_ptr(), own, size)
     out = {}
     stream = torch.cuda.Stream()
-    for name, (dst, src) in cases.items():
+    for name, (dst, src, *size) in cases.items():
+        nbytes = size[0] if size else (4096 if "push" in name else n)
         dist.barrier()
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=stream):
-            check(cu.cuMemcpyAsync(cu.CUdeviceptr(dst), cu.CUdeviceptr(src), 4096 if "push" in name else n,
+            check(cu.cuMemcpyAsync(cu.CUdeviceptr(dst), cu.CUdeviceptr(src), nbytes,
                                    cu.CUstream(torch.cuda.current_stream().cuda_stream)))
         g.replay()
         torch.cuda.synchronize()
@@ -49,7 +54,7 @@ def _probe(rank, world):
         graph_names = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             with torch.cuda.stream(stream):
-                check(cu.cuMemcpyAsync(cu.CUdeviceptr(dst), cu.CUdeviceptr(src), 4096 if "push" in name else n,
+                check(cu.cuMemcpyAsync(cu.CUdeviceptr(dst), cu.CUdeviceptr(src), nbytes,
                                        cu.CUstream(stream.cuda_stream)))
             torch.cuda.synchronize()
         eager_names = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})

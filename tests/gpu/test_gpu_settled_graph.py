@@ -69,13 +69,18 @@ def _settled(rank, world):
             wrong += int(not torch.equal(ar, ar_in))
         torch.cuda.synchronize()
         launches = ex.graph_launches - before[1]
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            conccl.all_gather_into_tensor(ag_out, ag_in)
-            torch.cuda.synchronize()
-        kernels = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                          and not e.name.startswith(("Memcpy", "Memset"))})
+        kernels = {}
+        for name, call in (("all_gather", lambda: conccl.all_gather_into_tensor(ag_out, ag_in)),
+                           ("reduce_scatter", lambda: conccl.reduce_scatter_tensor(rs_out, rs_in)),
+                           ("all_to_all", lambda: conccl.all_to_all_single(a2a_out, a2a_in)),
+                           ("all_reduce", lambda: conccl.all_reduce(ar))):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                call()
+                torch.cuda.synchronize()
+            kernels[name] = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                                    and not e.name.startswith(("Memcpy", "Memset"))})
         out["cases"].append({"round": round_, "wrong": wrong, "graphed": ex.programs_graphed - before[0],
-                             "launches": launches, "gather_kernels": kernels, "failures": ex.graph_failures})
+                             "launches": launches, "kernels": kernels, "failures": ex.graph_failures})
     return out
 
 
@@ -93,4 +98,7 @@ def test_settled_calls_run_as_graphs_with_nccls_bits():
             # the all-gather, reduce-scatter and all-to-all at least, each from its third call (a
             # double-buffered call alternates two programs: 6 of its 10 calls)
             assert case["graphed"] >= 3 and case["launches"] >= 3 * 6, case
-            assert case["gather_kernels"] == [], case  # a graph of copies and memory operations only
+        for case in r["cases"]:  # copy engines and memory operations only, but the sums' kernel
+            k = case["kernels"]
+            assert k["all_gather"] == [] and k["all_to_all"] == [], case
+            assert all(name.startswith("reduce_") for name in k["reduce_scatter"] + k["all_reduce"]), case
