@@ -181,59 +181,8 @@ def test_the_route_is_off_where_asked(monkeypatch):
         sg._api.cache_clear()
 
 
-def _own_result(schedule, nbytes_in, nbytes_out, ws_bytes):
-    """This rank's output after the copies among its own buffers, in order (peers' ignored):
-    what a schedule leaves where no peer writes."""
-    import numpy as np
 
-    from conccl.schedule import Buf, Copy
-
-    rng = np.random.default_rng(0)
-    bufs = {Buf.INPUT: rng.integers(0, 256, nbytes_in, dtype=np.uint8),
-            Buf.OUTPUT: np.zeros(nbytes_out, dtype=np.uint8), Buf.WORKSPACE: np.zeros(ws_bytes, dtype=np.uint8)}
-    for ops in schedule.slots:
-        for op in ops:
-            if isinstance(op, Copy) and op.transfer.src_rank == op.transfer.dst_rank == schedule.rank:
-                t = op.transfer
-                bufs[t.dst][t.dst_offset:t.dst_offset + t.nbytes] = bufs[t.src][t.src_offset:t.src_offset + t.nbytes]
-    return bufs[Buf.OUTPUT]
-
-
-def _plain_to_plain(schedule, plain_in, plain_out):
-    from conccl.schedule import Buf, Copy
-
-    plain = {Buf.INPUT: plain_in, Buf.OUTPUT: plain_out, Buf.WORKSPACE: False}
-    return [op.transfer for ops in schedule.slots for op in ops if isinstance(op, Copy)
-            and op.transfer.src_rank == op.transfer.dst_rank == schedule.rank and plain[op.transfer.src]
-            and plain[op.transfer.dst]]
-
-
-@pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("stream_mode", ["single", "batch"])  # one slot: what a graph may hold
-def test_own_copies_of_plain_tensors_read_the_staged_input_and_leave_the_same_bytes(world, stream_mode):
-    from conccl.collectives.all_gather import plan_all_gather
-    from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
-    from conccl.schedule import StreamMode
-
-    mode = StreamMode(stream_mode)
-    n = 4096
-    for rank in range(world):
-        for schedule, n_in in ((plan_all_gather(world, rank, n, stream_mode=mode), n),
-                               (plan_all_to_all(world, rank, equal_split_matrix(world, n), stream_mode=mode), world * n)):
-            assert _plain_to_plain(schedule, True, True), schedule.collective  # the own shard's copy
-            moved = sg.own_copies_from_staging(schedule, True, True)
-            assert moved is not None and not _plain_to_plain(moved, True, True), schedule.collective
-            ws = max(schedule.workspace_bytes, 1)
-            assert (_own_result(moved, n_in, world * n, ws) == _own_result(schedule, n_in, world * n, ws)).all()
-            # symmetric tensors have no plain copy: the schedule is kept as it is
-            assert sg.own_copies_from_staging(schedule, False, False) is schedule
-
-
-def test_a_plain_copy_with_no_staged_source_keeps_the_driver_calls():
-    from conccl.collectives.all_gather import plan_all_gather
-    from conccl.schedule import Algorithm
-
-    # a push from a plain input into symmetric outputs stages nothing; call its output plain
-    s = plan_all_gather(2, 0, 4096, algorithm=Algorithm.PUSH, output_symmetric=True)
-    if _plain_to_plain(s, True, True):
-        assert sg.own_copies_from_staging(s, True, True) is None
+def test_only_calls_on_peer_reachable_tensors_may_have_a_graph():
+    view = ((0x1000, 0x2000), (0, 0))
+    assert sg.peer_reachable((view, view))
+    assert not sg.peer_reachable((None, view)) and not sg.peer_reachable((view, None))

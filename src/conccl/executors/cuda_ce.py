@@ -280,11 +280,9 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         entry.graph = False
         if not (settled_graphs.available() and settled_graphs.graphable(entry.lowered)):
             return False
-        # A copy between two plain tensors of this GPU would replay as an SM kernel: read the
-        # staged copy instead, or keep driver calls.
-        schedule = settled_graphs.own_copies_from_staging(entry.schedule, views[0] is None, views[1] is None)
-        if schedule is None:
-            return False
+        if not settled_graphs.peer_reachable(views):
+            return False  # a graph may replay a copy of PyTorch's memory as an SM kernel
+        schedule = entry.schedule
         t0 = time.perf_counter()
         try:
             # The same signals; the copies one cuMemcpyAsync each (a batch cannot be captured).

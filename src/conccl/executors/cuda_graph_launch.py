@@ -17,17 +17,15 @@ kernel or pipeline step, and at most :data:`GRAPH_MAX_BYTES` of copies (a graph'
 one after another on one stream; ``cuMemcpyBatchAsync`` spreads large ones over the engines).
 ``CONCCL_SETTLED_GRAPHS=0`` keeps every call on driver calls.
 
-A graph replays a copy between two of PyTorch's own (caching-allocator) tensors on one GPU as
-an SM kernel (``memcpy32_post``), where the same copy made eagerly, or any copy touching
-symmetric (VMM-mapped) or peer memory, stays on a copy engine (``graph_copy_kinds.py`` in
-session 7's benchmarks, 2 x H100). A copy-engine collective must not bring that SM back, so
-such a copy (the own shard of an all-gather or all-to-all of plain tensors) reads the copy of
-the input the call staged in the symmetric workspace instead (:func:`own_copies_from_staging`),
-and a program with one that has no staged source keeps its driver calls.
-
-The graph is built and driven through ctypes on the driver's C API (``cuGetProcAddress``):
-cuda-python's binding takes a fresh Python list for a node's parameters at every call; here
-each node's parameters are one C array, written in place.
+Only calls whose input and output are peer-reachable on every rank (``conccl.empty`` tensors,
+symmetric memory): a graph replayed some copies of calls on PyTorch's own (caching-allocator)
+tensors as SM kernels (``memcpy32_post``, ``memcpy128``), where the same copies made as driver
+calls stay on copy engines, and a copy-engine collective must not bring that SM back. On 2 x
+H100 (session 7's ``graph_copy_kinds.py`` and the GPU test) the all-gather, all-to-all and
+all-reduce of plain tensors showed them (the staged input's copy read back from the workspace
+as well), the calls on symmetric tensors none; which copies the driver turns into kernels was
+not pinned down (the same plain-to-plain copy was a kernel once and a copy-engine record later
+in one process), so plain tensors keep their driver calls.
 """
 from __future__ import annotations
 
@@ -35,9 +33,6 @@ import ctypes
 import functools
 import os
 
-import dataclasses
-
-from ..schedule import Buf, Copy, Phase, Schedule
 from .cuda_program import CopyBatch, CopyStep, ReduceStep, SignalBatch
 
 GRAPH_AFTER = 3  # the call that finds its program run this many times before launches a graph
@@ -116,33 +111,11 @@ def graphable(lowered: tuple) -> bool:
     return batches > 0 and nbytes <= GRAPH_MAX_BYTES
 
 
-def own_copies_from_staging(schedule: Schedule, plain_input: bool, plain_output: bool) -> Schedule | None:
-    """``schedule`` with every copy between this rank's own plain tensors (``plain_input`` /
-    ``plain_output``: not peer-reachable, PyTorch's memory) reading instead the bytes an earlier
-    staging copy of its slot put in the workspace (the same bytes, already there: copy-engine
-    records in a graph, where a plain-to-plain copy is a kernel); ``schedule`` itself where it
-    has none; None where one has no staged source (its program keeps driver calls)."""
-    rank = schedule.rank
-    plain = {Buf.INPUT: plain_input, Buf.OUTPUT: plain_output, Buf.WORKSPACE: False}
-    slots, changed = [], False
-    for ops in schedule.slots:
-        staged, out = [], []
-        for op in ops:
-            t = op.transfer if isinstance(op, Copy) else None
-            if t is not None and t.src_rank == t.dst_rank == rank and plain[t.src] and plain[t.dst]:
-                source = next((s for s in staged if s.src is t.src and s.src_offset <= t.src_offset
-                               and t.src_offset + t.nbytes <= s.src_offset + s.nbytes), None)
-                if source is None:
-                    return None
-                op = Copy(dataclasses.replace(t, src=Buf.WORKSPACE,
-                                              src_offset=source.dst_offset + t.src_offset - source.src_offset))
-                changed = True
-            elif (t is not None and t.phase is Phase.STAGE and t.src_rank == t.dst_rank == rank
-                  and t.dst is Buf.WORKSPACE and t.src is not Buf.WORKSPACE):
-                staged.append(t)
-            out.append(op)
-        slots.append(tuple(out))
-    return dataclasses.replace(schedule, slots=tuple(slots)) if changed else schedule
+def peer_reachable(views) -> bool:
+    """Whether a call's input and output are peer-reachable on every rank (``views``: the
+    agreed (bases, offsets) of each, None where some rank's is PyTorch's own memory): the only
+    calls a settled graph runs (module doc)."""
+    return views[0] is not None and views[1] is not None
 
 
 def match_nodes(node_ops: list, batches: list) -> list:
