@@ -36,7 +36,7 @@ from ..launch import apply_safe_env, run_per_gpu
 from .environment import environment
 from .faults import _spin_cycles
 from .impls import REGISTRY
-from .run import _timed, _wrong_elements, make_case, round_size
+from .run import _timed, _wrong_elements, make_case, max_bytes, round_size
 
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 4 << 20)
 DEFAULT_IMPLS = ("conccl", "conccl_symm_push", "conccl_symm_pull", "nccl")
@@ -133,7 +133,9 @@ def _loop(run, iters: int) -> float:
 def latency_worker(rank: int, world: int, impls: list[str], collectives: list[str], sizes: list[int],
                    iters: int, warmup: int, reps: int, phases: bool = False) -> list[dict]:
     dtype, esize = torch.bfloat16, 2
-    ctx = {"max_bytes": max(round_size(s, world, esize) for s in sizes)}
+    # every buffer of every case (a reduce-scatter's input is world times its output): the
+    # symmetric implementations' arenas hold the largest
+    ctx = {"max_bytes": max_bytes([get_collective(c) for c in collectives], sizes, world, esize)}
     records = []
     for coll in map(get_collective, collectives):
         for name in impls:
