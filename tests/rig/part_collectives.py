@@ -59,6 +59,7 @@ def eager(rank, world, cases, report):
                     want = REGISTRY["all_reduce"].reference(every, rank, [(op,)] * world)
                     cases.append((f"all_reduce {dtype} n={world * n} {opname} {mode.value}", bits_equal(got, want)))
     _settled(rank, world, group, cases)
+    _settled_graphs(rank, world, group, cases)
 
 
 def _settled(rank, world, group, cases):
@@ -99,6 +100,39 @@ def _settled(rank, world, group, cases):
     assert posting == ["all_gather", "reduce_scatter"], posting
     cases.append((f"settled calls posted ({group.board.posts - before} of {3 * calls})",
                   group.board.posts - before == len(posting) * (calls - POST_AFTER)))
+
+
+def _settled_graphs(rank, world, group, cases):
+    """Calls on conccl.empty tensors repeated with new contents: from each program's third
+    call on it runs as one CUDA graph launch (conccl.executors.cuda_graph_launch), whose signal
+    values each call rewrites; every result still the reference's bits, and the launches seen."""
+    import conccl
+    from conccl.collectives import REGISTRY
+    from conccl.executors import cuda_graph_launch
+
+    ex = group.executor
+    n, calls = 1031, 8
+    ag_in, ag_out = conccl.empty(n), conccl.empty(world * n)
+    rs_in, rs_out = conccl.empty(world * n, dtype=torch.bfloat16), conccl.empty(n, dtype=torch.bfloat16)
+    before = ex.graph_launches
+    for step in range(calls):
+        ag_every = [seeded(73, r, step, n, torch.float32) for r in range(world)]
+        rs_every = [seeded(74, r, step, world * n, torch.bfloat16) for r in range(world)]
+        ag_in.copy_(ag_every[rank])
+        rs_in.copy_(rs_every[rank])
+        conccl.all_gather_into_tensor(ag_out, ag_in)
+        conccl.reduce_scatter_tensor(rs_out, rs_in)
+        torch.cuda.synchronize()
+        cases.append((f"settled graph all_gather step {step}",
+                      bits_equal(ag_out, REGISTRY["all_gather"].reference(ag_every, rank))))
+        cases.append((f"settled graph reduce_scatter step {step}",
+                      bits_equal(rs_out, REGISTRY["reduce_scatter"].reference(rs_every, rank, [(None,)] * world))))
+    if group.options.one_shot_below or group.options.nccl_below or not cuda_graph_launch.available():
+        return  # one-shot calls are one kernel launch already; routed calls are NCCL's
+    cases.append((f"settled calls launched as graphs ({ex.graph_launches - before}, {ex.graph_failures} failed)",
+                  ex.graph_launches - before >= 2 and ex.graph_failures == 0))
+    for t in (ag_in, ag_out, rs_in, rs_out):
+        conccl.release(t)
 
 
 def persistent(rank, world, cases, report):

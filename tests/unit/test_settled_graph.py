@@ -48,8 +48,8 @@ class _FakeDriver:
     """The driver functions a settled graph calls, over Python state: a capture records the
     program's signal batches as memory-operation nodes (48-byte ops, as the driver keeps them)."""
 
-    def __init__(self, order=None, corrupt=False):
-        self.nodes, self.calls, self.order, self.corrupt = [], [], order, corrupt
+    def __init__(self, order=None, corrupt=False, copies=1):
+        self.nodes, self.calls, self.order, self.corrupt, self.copies = [], [], order, corrupt, copies
         self.capturing = False
 
     def record_batch(self, signals, seq):  # the fake program's launch during capture
@@ -74,11 +74,12 @@ class _FakeDriver:
         def get_nodes(graph, nodes, n):
             order = self.order or list(range(len(self.nodes)))
             if nodes is None:
-                n._obj.value = len(order) + 1  # a memcpy node besides the batches
+                n._obj.value = len(order) + self.copies  # the copies' memcpy nodes besides the batches
                 return 0
             for i, k in enumerate(order):
                 nodes[i] = 1000 + k
-            nodes[len(order)] = 7
+            for i in range(self.copies):
+                nodes[len(order) + i] = 7
             return 0
 
         def node_type(node, kind):
@@ -159,6 +160,15 @@ def test_a_node_holding_other_values_than_asked_is_refused_and_freed(monkeypatch
     assert ("destroy", 0x6A) in fake.calls and not fake.capturing
 
 
+def test_a_graph_holding_other_work_than_its_program_is_refused(monkeypatch):
+    # two memcpy nodes where the program has one copy: something else was queued on the stream
+    fake = _FakeDriver(copies=2)
+    monkeypatch.setattr(sg, "_api", fake.api)
+    with pytest.raises(ValueError, match="2 copies and 0 kernels where its program has 1 and 0"):
+        sg.SettledGraph(_FakeProgram(fake, STEPS), STEPS, 0x51, _Cu)
+    assert ("destroy", 0x6A) in fake.calls
+
+
 def test_a_failed_launch_during_capture_still_ends_the_capture(monkeypatch):
     fake = _FakeDriver()
     monkeypatch.setattr(sg, "_api", fake.api)
@@ -172,17 +182,54 @@ def test_a_failed_launch_during_capture_still_ends_the_capture(monkeypatch):
     assert not fake.capturing and ("destroy", 0x6A) in fake.calls
 
 
-def test_the_route_is_off_where_asked(monkeypatch):
+class _FakeLibcuda:
+    """A libcuda whose cuGetProcAddress finds every function (at an address never called)."""
+
+    def __init__(self, missing=()):
+        self.missing, self.asked = missing, []
+
+        def get(*args):  # a plain function: the code sets its argtypes, as on a ctypes one
+            return self._get(*args)
+        self.cuGetProcAddress_v2 = get
+
+    def _get(self, name, pfn, version, flags, status):
+        self.asked.append((name.decode(), version))
+        found = name.decode() not in self.missing
+        pfn._obj.value = ctypes.cast(ctypes.pythonapi.Py_IsInitialized, ctypes.c_void_p).value if found else None
+        status._obj.value = 0 if found else 1
+        return 0
+
+
+def test_the_route_is_off_where_asked_or_where_a_function_is_missing(monkeypatch):
+    lib = _FakeLibcuda()
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: lib)
     sg._api.cache_clear()
     try:
+        monkeypatch.delenv("CONCCL_SETTLED_GRAPHS", raising=False)
+        assert sg.available() and {n for n, _ in lib.asked} == set(sg._SIGNATURES)
+        sg._api.cache_clear()
         monkeypatch.setenv("CONCCL_SETTLED_GRAPHS", "0")
+        assert not sg.available()
+        sg._api.cache_clear()
+        monkeypatch.delenv("CONCCL_SETTLED_GRAPHS")
+        monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeLibcuda(missing=("cuGraphExecBatchMemOpNodeSetParams",)))
         assert not sg.available()
     finally:
         sg._api.cache_clear()
 
 
 
-def test_only_calls_on_peer_reachable_tensors_may_have_a_graph():
-    view = ((0x1000, 0x2000), (0, 0))
-    assert sg.peer_reachable((view, view))
-    assert not sg.peer_reachable((None, view)) and not sg.peer_reachable((view, None))
+def test_only_calls_on_the_peer_reachable_tensors_agreed_may_have_a_graph():
+    class T:
+        def __init__(self, address):
+            self.address = address
+
+        def data_ptr(self):
+            return self.address
+
+    inp, out = ((0x1000, 0x2000), (16, 32)), ((0x5000, 0x6000), (0, 0))
+    assert sg.peer_reachable((inp, out), T(0x2020), T(0x6000), 1)
+    assert not sg.peer_reachable((None, out), T(0x2020), T(0x6000), 1)
+    assert not sg.peer_reachable((inp, None), T(0x2020), T(0x6000), 1)
+    # a parts call: its output is another (plain) tensor than the agreed view's
+    assert not sg.peer_reachable((inp, out), T(0x2020), T(0x9000), 1)

@@ -177,7 +177,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # Settled calls' programs launched as graphs (conccl.executors.cuda_graph_launch): made
         # so far, launches so far, programs that could not be captured; the capture's stream.
         self.programs_graphed = self.graph_launches = self.graph_failures = 0
-        self._capture_stream = None
+        self._capture_stream: int | None = None  # a raw stream of its own (cuda_graph_launch.create_stream)
         # Programs compiled for eager and persistent calls since start (not captured ones): a
         # loop whose buffers move compiles on every call.
         self.programs_compiled = 0
@@ -262,6 +262,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self.program_compile_s += time.perf_counter() - t0
         if len(self._programs) >= _MAX_PROGRAMS:
             self._drop_programs()
+        if hit is not None and hit.graph:  # a stale entry under this key (other views, workspace)
+            hit.graph.close()
         entry = self._programs[key] = _Program(schedule, views, ws, program, lowered)
         return entry
 
@@ -280,7 +282,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         entry.graph = False
         if not (settled_graphs.available() and settled_graphs.graphable(entry.lowered)):
             return False
-        if not settled_graphs.peer_reachable(views):
+        if not settled_graphs.peer_reachable(views, input, output, self.rank):
             return False  # a graph may replay a copy of PyTorch's memory as an SM kernel
         schedule = entry.schedule
         t0 = time.perf_counter()
@@ -289,11 +291,13 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             steps = lower(schedule, _addresses(self.rank, input, output, views, entry.ws), self._pads,
                           self.batching, batch_copies=False, marks=self._marks, spin_words=self._spin_words)
             if self._capture_stream is None:
-                self._capture_stream = torch.cuda.Stream(self.device)
+                # Its own stream: one of PyTorch's pooled streams may be another group's or a
+                # thread's, whose work would be captured into the graph.
+                self._capture_stream = settled_graphs.create_stream()
             entry.graph = settled_graphs.SettledGraph(CompiledProgram(steps, driver(), self._device_index), steps[0],
-                                                      self._capture_stream.cuda_stream, driver())
+                                                      self._capture_stream, driver())
             self.programs_graphed += 1
-        except (RuntimeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - any failure here leaves the driver calls, which work
             self.graph_failures += 1
             if self.graph_failures == 1:
                 warnings.warn(f"conccl: a settled {entry.schedule.collective} could not be launched as a graph ({e}); "
@@ -338,9 +342,10 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         if start is not None:
             start.record(ctrl)
         graph = entry.graph
-        if graph is None and compute is None:
+        if graph is None and compute is None and ctrl.cuda_stream:
+            # not on the legacy default stream (handle 0), which cuda-python may take per thread
             graph = self._settled_graph(entry, input, output, views)
-        if graph:
+        if graph and ctrl.cuda_stream:
             graph.launch(ctrl.cuda_stream, seq)
             self.graph_launches += 1
         else:
@@ -540,4 +545,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self.symmetric = SymmetricRegistry()
         self._drop_programs()
         self._by_shape.clear()
+        if self._capture_stream is not None:
+            settled_graphs.destroy_stream(self._capture_stream)
+            self._capture_stream = None
 

@@ -4,8 +4,8 @@ A settled eager call (the same buffers as its last calls) spent most of its host
 driver, not in Python: on 2 x H100 (benchmarks/2026-11-26-h100x2-session7, the probe) one
 ``cuMemcpyAsync`` costs 4.9 us of host time, a ``cuMemcpyBatchAsync`` of two copies 8.9 us,
 a batch of two stream memory operations 2.1 us, through cuda-python or ctypes alike, while
-launching a whole graph costs 2.6 us. So a program that has run :data:`GRAPH_AFTER` times on
-the same buffers is captured once into a graph (its copies as memcpy nodes, as a captured
+launching a whole graph costs 2.6 us. So a program about to run for the :data:`GRAPH_AFTER`-th
+time on the same buffers is captured once into a graph (its copies as memcpy nodes, as a captured
 call's are), and each later call writes its sequence number into the graph's memory-operation
 nodes (``cuGraphExecBatchMemOpNodeSetParams``: launches already queued keep their values) and
 launches it. The graph holds the same operations, in the same order, on the same stream, with
@@ -35,7 +35,7 @@ import os
 
 from .cuda_program import CopyBatch, CopyStep, ReduceStep, SignalBatch
 
-GRAPH_AFTER = 3  # the call that finds its program run this many times before launches a graph
+GRAPH_AFTER = 3  # the call that would run a program for this many-th time captures and launches it
 GRAPH_MAX_BYTES = 4 << 20  # copies per call, above which the batched driver calls stay
 _PARAM_BYTES = 48  # sizeof(CUstreamBatchMemOpParams): a union padded to 6 x 64 bits
 _ADDRESS_OFFSET, _VALUE_OFFSET = 8, 16  # of a wait or write op's address and 32-bit value
@@ -59,6 +59,8 @@ _SIGNATURES = {  # name: (CUDA version of the signature, argument types)
     "cuGraphLaunch": (12000, [_VP, _VP]),
     "cuGraphExecDestroy": (12000, [_VP]),
     "cuGraphDestroy": (12000, [_VP]),
+    "cuStreamCreate": (12000, [ctypes.POINTER(_VP), ctypes.c_uint]),
+    "cuStreamDestroy": (12000, [_VP]),
 }
 # CUstreamCaptureMode THREAD_LOCAL: other threads (the watchdog's event queries) go on meanwhile
 _CAPTURE_THREAD_LOCAL = 1
@@ -91,6 +93,18 @@ def available() -> bool:
     return _api() is not None
 
 
+def create_stream() -> int:
+    """A new stream of the current context for captures (``CU_STREAM_NON_BLOCKING``): its raw
+    handle. Not one of PyTorch's pooled streams, which another group or thread may be using."""
+    handle = _VP()
+    _check(_api()["cuStreamCreate"](ctypes.byref(handle), 1), "cuStreamCreate")
+    return handle.value
+
+
+def destroy_stream(handle: int) -> None:
+    _api()["cuStreamDestroy"](handle)
+
+
 def graphable(lowered: tuple) -> bool:
     """Whether a lowered program (:func:`conccl.executors.cuda_program.lower`) may run as a
     settled graph: one slot of signal batches, copies and reductions, copies within
@@ -111,11 +125,13 @@ def graphable(lowered: tuple) -> bool:
     return batches > 0 and nbytes <= GRAPH_MAX_BYTES
 
 
-def peer_reachable(views) -> bool:
-    """Whether a call's input and output are peer-reachable on every rank (``views``: the
-    agreed (bases, offsets) of each, None where some rank's is PyTorch's own memory): the only
-    calls a settled graph runs (module doc)."""
-    return views[0] is not None and views[1] is not None
+def peer_reachable(views, input, output, rank: int) -> bool:
+    """Whether ``input`` and ``output`` are the peer-reachable tensors ``views`` describe on every
+    rank (the agreed (bases, offsets) of each, None where some rank's is PyTorch's own memory;
+    a parts call passes another tensor than the view's): the only calls a settled graph runs
+    (module doc)."""
+    return all(view is not None and t.data_ptr() == view[0][rank] + view[1][rank]
+               for view, t in ((views[0], input), (views[1], output)))
 
 
 def match_nodes(node_ops: list, batches: list) -> list:
@@ -143,7 +159,8 @@ def _check(err: int, what: str) -> None:
 
 class SettledGraph:
     """``program`` (a CompiledProgram of one slot, lowered without copy batches: ``steps``)
-    captured once on ``capture_stream`` (a raw handle, a stream nothing else uses) as a graph;
+    captured once on ``capture_stream`` (a raw handle of a stream nothing else uses: the
+    executor creates its own, not one of PyTorch's pooled streams) as a graph;
     :meth:`launch` queues it as call ``seq``. Raises where the capture does not give one memory
     operation node per signal batch holding what the batch asked (the caller keeps driver calls)."""
 
@@ -158,7 +175,7 @@ class SettledGraph:
                 program.launch_slot(0, cu.CUstream(capture_stream), _PLACEHOLDER)
             finally:  # ends the capture however the launch went: the stream must not stay captured
                 _check(api["cuStreamEndCapture"](capture_stream, ctypes.byref(self._graph)), "cuStreamEndCapture")
-            nodes = self._memop_nodes()
+            nodes = self._memop_nodes(steps)
             params = [self._node_params(n) for n in nodes]
             sigs = [tuple((op == 1, address) for op, address, _ in p[2]) for p in params]
             order = match_nodes(sigs, [tuple((s.is_wait, s.address) for s in b.signals) for b in batches])
@@ -181,18 +198,28 @@ class SettledGraph:
         self._set = api["cuGraphExecBatchMemOpNodeSetParams"]
         self._launch = api["cuGraphLaunch"]
 
-    def _memop_nodes(self) -> list:
+    def _memop_nodes(self, steps: tuple) -> list:
+        """The graph's memory-operation nodes; raises unless its other nodes are one memcpy per
+        copy and one kernel per reduction of ``steps`` (nothing else was queued on the stream
+        while it was captured)."""
         api, n = self._api, _SIZE(0)
         _check(api["cuGraphGetNodes"](self._graph, None, ctypes.byref(n)), "cuGraphGetNodes")
         nodes = (_VP * n.value)()
         _check(api["cuGraphGetNodes"](self._graph, nodes, ctypes.byref(n)), "cuGraphGetNodes")
-        out, kind = [], ctypes.c_int(-1)
+        out, kind, counts = [], ctypes.c_int(-1), {_NODE_MEMCPY: 0, _NODE_KERNEL: 0}
         for node in nodes[:n.value]:
             _check(api["cuGraphNodeGetType"](node, ctypes.byref(kind)), "cuGraphNodeGetType")
             if kind.value == _NODE_BATCH_MEM_OP:
                 out.append(node)
-            elif kind.value not in (_NODE_MEMCPY, _NODE_KERNEL):
+            elif kind.value in counts:
+                counts[kind.value] += 1
+            else:
                 raise ValueError(f"a captured settled call holds a node of type {kind.value}")
+        want = {_NODE_MEMCPY: sum(isinstance(x, CopyStep) for x in steps),
+                _NODE_KERNEL: sum(isinstance(x, ReduceStep) for x in steps)}
+        if counts != want:
+            raise ValueError(f"a captured settled call holds {counts[_NODE_MEMCPY]} copies and {counts[_NODE_KERNEL]} "
+                             f"kernels where its program has {want[_NODE_MEMCPY]} and {want[_NODE_KERNEL]}")
         return out
 
     def _node_params(self, node) -> tuple:

@@ -78,6 +78,10 @@ class ReferenceExecutor(GrowingWorkspace):
         pad[primed_free_words(world)] = GRAPH_VALUE  # as on CUDA (conccl.graphs: staged pulls)
         self._barrier()
         self._all_pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
+        # Every rank has mapped every pad before any goes on: a rank whose work needs no peer
+        # (arguments refused before any call) could otherwise close, and unlink its pad, while
+        # a slow peer was still to map it (seen once under load, tests/multiproc/test_tp_parallelize.py).
+        self._barrier()
         self._pads = [pad[:signal_pad_words(world)] for pad in self._all_pads]
         # only this rank's streams use them: the eager calls' block (a captured call uses its slot's)
         self._marks = self._all_pads[rank][mark_index(0, world, GRAPH_SLOTS):mark_index(0, world, GRAPH_SLOTS, 0)]
