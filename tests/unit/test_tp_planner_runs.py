@@ -151,3 +151,28 @@ def test_the_call_overhead_fitted_to_timed_pipelines_is_found_again():
     assert tpp.predict(fitted, "ag_gemm", TPSchedule(), 1024, 8192, 7168, 2) == pytest.approx(
         tpp.predict(plain, "ag_gemm", TPSchedule(), 1024, 8192, 7168, 2) + 25e-6)
     assert tpp.predict(fitted, "ag_gemm", TPSchedule(), 1024, 8192, 7168, 1) < g * 1.5  # one rank: no call
+
+
+def test_a_step_overhead_fitted_to_timed_pipelines_is_found_again():
+    """Pipelines timed as a model whose steps last at least 20 us predicts, plus 25 us a call:
+    the fit finds both (decode-size pipelines of several steps show the first)."""
+    from conccl.pipeline import TPSchedule
+
+    plain = dataclasses.replace(tpp.model_from(device_name="NVIDIA H200"), pipelines={}, call_overhead_s=0.0,
+                                step_overhead_s=0.0)
+    slow = dataclasses.replace(plain, step_overhead_s=20e-6)
+    table = {"world": 2, "dtype": "bfloat16"}
+    for op, shapes in (("ag_gemm", ((1024, 8192, 7168), (8192, 8192, 7168))), ("gemm_rs", ((1024, 3584, 8192),))):
+        table[op] = {}
+        for M, K, N in shapes:
+            g = plain.gemm_s(M, K, N)
+            table[op][f"{M}x{K}x{N}"] = {n: (tpp.predict(slow, op, TPSchedule.parse(n), M, K, N, 2) + 25e-6) / g
+                                         for n in ("serial", "direct", "direct-p2", "direct-p4")}
+    fitted = tpp._fitted(dataclasses.replace(plain, pipelines=table))
+    assert fitted.call_overhead_s == pytest.approx(25e-6) and fitted.step_overhead_s == pytest.approx(20e-6)
+    # a pipeline of several steps costs at least the step overhead per step; one step, none
+    p4 = TPSchedule.parse("direct-p4")
+    assert tpp.predict(fitted, "gemm_rs", p4, 1024, 3584, 8192, 2) > tpp.predict(plain, "gemm_rs", p4, 1024, 3584, 8192,
+                                                                                 2) + 25e-6
+    assert tpp.predict(fitted, "gemm_rs", TPSchedule(), 1024, 3584, 8192, 2) == pytest.approx(
+        tpp.predict(plain, "gemm_rs", TPSchedule(), 1024, 3584, 8192, 2) + 25e-6)

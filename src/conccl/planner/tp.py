@@ -72,6 +72,11 @@ class TPModel:
     # A call's fixed cost on the GPU beyond its GEMMs and copies (signals, marks, the waits
     # between them): fitted to the pipelines where they exist (:func:`fit_call_overhead`)
     call_overhead_s: float = 0.0
+    # The least time a step of a pipeline of several takes: queueing a step (its GEMM, marks and
+    # copies) costs the host about this, so a shorter GEMM step leaves the GPU waiting (decode
+    # sizes: on 2 x H100 each step past the first of a 1024-row GEMM+reduce-scatter added 35-40
+    # us). Fitted with the call's fixed cost (:func:`fit_overheads`); 0 without timed pipelines.
+    step_overhead_s: float = 0.0
 
     def gemm_s(self, rows: int, K: int, N: int, M: int | None = None) -> float:
         """Seconds of one GEMM of ``rows`` rows with a ``K x N`` weight, run as a piece of a
@@ -143,17 +148,53 @@ def _with_gemm_steps(table: dict, device_name: str | None) -> dict:
 
 
 def _fitted(model: TPModel) -> TPModel:
-    """``model`` with its call overhead fitted to its pipelines (unchanged without them)."""
-    c = fit_call_overhead(model)
-    return model if c is None else dataclasses.replace(model, call_overhead_s=c)
+    """``model`` with its call and step overheads fitted to its pipelines (unchanged without them)."""
+    fit = fit_overheads(model)
+    return model if fit is None else dataclasses.replace(model, call_overhead_s=fit[0], step_overhead_s=fit[1])
+
+
+# The per-step least times fit_overheads tries, in us: every 6 us to 60, then every 2 us
+# around the best (the model is fitted once per process; each try replays every timed run).
+_STEP_COARSE_US, _STEP_FINE_US = tuple(range(0, 61, 6)), (-4, -2, 2, 4)
+
+
+def fit_overheads(model: TPModel) -> tuple[float, float] | None:
+    """(call overhead, step overhead) in seconds that bring the model nearest to the pipelines
+    timed on several GPUs (least mean relative error over every op, shape and schedule timed):
+    for each step overhead tried (0-60 us, :data:`_STEP_COARSE_US` then :data:`_STEP_FINE_US`
+    around the best) the call overhead as :func:`fit_call_overhead` finds it; ties go to the
+    smaller step overhead. None without timed pipelines."""
+    tried: dict = {}
+
+    def at(h: int):
+        if h not in tried:
+            tried[h] = _fit_call_overhead(dataclasses.replace(model, step_overhead_s=h * 1e-6))
+        return tried[h]
+
+    def best(hs):
+        found = [(at(h)[1], h) for h in hs if at(h) is not None]
+        return min(found)[1] if found else None
+
+    h = best(_STEP_COARSE_US)
+    if h is None:
+        return None
+    h = best(sorted({h, *(h + d for d in _STEP_FINE_US if 0 <= h + d <= 60)}))
+    return at(h)[0], h * 1e-6
 
 
 def fit_call_overhead(model: TPModel) -> float | None:
+    """The call overhead alone (the model's step overhead as it is): see :func:`_fit_call_overhead`."""
+    found = _fit_call_overhead(model)
+    return None if found is None else found[0]
+
+
+def _fit_call_overhead(model: TPModel) -> tuple[float, float] | None:
     """The fixed cost per call (seconds, 0 to 200 us, to the microsecond) that brings the model
     nearest to the pipelines timed on several GPUs: the least mean relative error over every op,
     shape and schedule timed (a call's time is the model's plus c: the ratio grows by c / the
     GEMM's time, so it is the small shapes that show it). Fitted at the runs' world size, it
-    stands for every world of two or more. None without timed pipelines."""
+    stands for every world of two or more. (seconds, its mean relative error), or None without
+    timed pipelines."""
     world, runs = model.pipelines.get("world"), []
     elem = 4 if model.pipelines.get("dtype") == "float32" else 2
     base = dataclasses.replace(model, call_overhead_s=0.0)
@@ -168,7 +209,8 @@ def fit_call_overhead(model: TPModel) -> float | None:
     if not runs:
         return None
     error = {c: sum(abs((p + c * 1e-6 / g) / r - 1) for r, p, g in runs) for c in range(201)}
-    return min(error, key=lambda c: (error[c], c)) * 1e-6
+    c = min(error, key=lambda c: (error[c], c))
+    return c * 1e-6, error[c] / len(runs)
 
 
 def measured_pipelines(model: TPModel, op: str, M: int, K: int, N: int, world: int) -> dict:
@@ -240,17 +282,19 @@ def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, wor
         # A step is slowed by the contention only while pieces are still landing beside it.
         busy_until = max(landed.values(), default=0.0)
         t = 0.0
+        least = model.step_overhead_s if len(steps) > 1 and world > 1 else 0.0
         for start, end, pieces in steps:
             t = max(t, max((landed.get(pc, 0.0) for pc in pieces), default=0.0))  # own rows: in place
-            d = model.gemm_s(end - start, K, N, M)
+            d = max(model.gemm_s(end - start, K, N, M), least)
             overlap = min(max(busy_until - t, 0.0), d * cont)
             t += overlap + (d - overlap / cont)
         return t + (model.call_overhead_s if world > 1 else 0.0)
     # GEMM, then reduce-scatter: pieces leave as their step ends (every step but the first has
     # copies beside it); the sum runs after the last has arrived.
     t, done = 0.0, {}
+    least = model.step_overhead_s if len(steps) > 1 and world > 1 else 0.0
     for i, (start, end, pieces) in enumerate(steps):
-        t += model.gemm_s(end - start, K, N, M) * (cont if i else 1.0)
+        t += max(model.gemm_s(end - start, K, N, M) * (cont if i else 1.0), least)
         for pc in pieces:
             done[pc] = t
     sent = _sending_times(model, world, rank, tp, rows, row_bytes, done)
