@@ -20,11 +20,12 @@ import ctypes
 import functools
 import os
 
+from conccl.executors.cuda_graph_launch import driver_functions
+
 # cuGetProcAddress: the CUDA version whose signature of each function we call. Batch memory
 # ops took their current parameter struct in 11.7; cuMemcpyBatchAsync lost its failIdx in 13.0
 # (cuda-python 13's binding, which conccl's calls follow, has none).
 _VERSIONS = {"cuStreamBatchMemOp": 12000, "cuMemcpyBatchAsync": 13000, "cuMemcpyAsync": 12000}
-_FOUND = 0  # CU_GET_PROC_ADDRESS_SUCCESS
 _PARAM_BYTES = 48  # sizeof(CUstreamBatchMemOpParams): a union padded to 6 x 64 bits
 _VALUE_OFFSET = 16  # of the 32-bit value in a wait or write op (checked against cuda-python's struct)
 _u64, _size = ctypes.c_uint64, ctypes.c_size_t
@@ -35,26 +36,11 @@ def _functions() -> dict | None:
     """{name: ctypes function} for :data:`_VERSIONS`, or None where any is missing."""
     if os.environ.get("CONCCL_DRIVER_CALLS", "ctypes") == "cuda-python":
         return None
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        get = lib.cuGetProcAddress_v2
-    except (OSError, AttributeError):
-        return None
-    get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, _u64, ctypes.POINTER(ctypes.c_int)]
-    get.restype = ctypes.c_int
-    found = {}
     kinds = {"cuStreamBatchMemOp": [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint],
              "cuMemcpyBatchAsync": [ctypes.c_void_p] * 3 + [_size, ctypes.c_void_p, ctypes.c_void_p, _size,
                                                             ctypes.c_void_p],
              "cuMemcpyAsync": [_u64, _u64, _size, ctypes.c_void_p]}
-    for name, version in _VERSIONS.items():
-        pfn, status = ctypes.c_void_p(), ctypes.c_int(-1)
-        if get(name.encode(), ctypes.byref(pfn), version, 0, ctypes.byref(status)) or status.value != _FOUND \
-                or not pfn.value:
-            return None
-        fn = ctypes.CFUNCTYPE(ctypes.c_int, *kinds[name])(pfn.value)
-        found[name] = fn
-    return found
+    return driver_functions({name: (version, kinds[name]) for name, version in _VERSIONS.items()})
 
 
 def available() -> bool:

@@ -131,6 +131,18 @@ def test_bench_tp_profile_needs_conccls_schedules_timed(tmp_path, capsys):
     assert "--impls must include conccl" in err and len(err.splitlines()) == 1
 
 
+def _timed_table(plain, timed, schedules, call_s: float) -> dict:
+    """A ``pipelines`` table of two ranks as if each schedule took what ``timed`` predicts plus
+    ``call_s``, as ratios to ``plain``'s GEMM alone."""
+    from conccl.pipeline import TPSchedule
+
+    table = {"world": 2, "dtype": "bfloat16"}
+    for op, shapes in (("ag_gemm", ((1024, 8192, 7168), (8192, 8192, 7168))), ("gemm_rs", ((1024, 3584, 8192),))):
+        table[op] = {f"{M}x{K}x{N}": {n: (tpp.predict(timed, op, TPSchedule.parse(n), M, K, N, 2) + call_s)
+                                      / plain.gemm_s(M, K, N) for n in schedules} for M, K, N in shapes}
+    return table
+
+
 def test_the_call_overhead_fitted_to_timed_pipelines_is_found_again():
     """Pipelines timed as the model predicts plus a fixed 25 us: the fit finds 25 us; none
     without timed pipelines (the model then adds nothing)."""
@@ -138,13 +150,7 @@ def test_the_call_overhead_fitted_to_timed_pipelines_is_found_again():
 
     plain = dataclasses.replace(tpp.model_from(device_name="NVIDIA H200"), pipelines={}, call_overhead_s=0.0)
     assert tpp.fit_call_overhead(plain) is None
-    table = {"world": 2, "dtype": "bfloat16"}
-    for op, shapes in (("ag_gemm", ((1024, 8192, 7168), (8192, 8192, 7168))), ("gemm_rs", ((1024, 3584, 8192),))):
-        table[op] = {}
-        for M, K, N in shapes:
-            g = plain.gemm_s(M, K, N)
-            table[op][f"{M}x{K}x{N}"] = {n: (tpp.predict(plain, op, TPSchedule.parse(n), M, K, N, 2) + 25e-6) / g
-                                         for n in ("serial", "direct", "direct-p2")}
+    table = _timed_table(plain, plain, ("serial", "direct", "direct-p2"), 25e-6)
     fitted = tpp._fitted(dataclasses.replace(plain, pipelines=table))
     assert fitted.call_overhead_s == pytest.approx(25e-6)
     g = plain.gemm_s(1024, 8192, 7168)
@@ -161,13 +167,7 @@ def test_a_step_overhead_fitted_to_timed_pipelines_is_found_again():
     plain = dataclasses.replace(tpp.model_from(device_name="NVIDIA H200"), pipelines={}, call_overhead_s=0.0,
                                 step_overhead_s=0.0)
     slow = dataclasses.replace(plain, step_overhead_s=20e-6)
-    table = {"world": 2, "dtype": "bfloat16"}
-    for op, shapes in (("ag_gemm", ((1024, 8192, 7168), (8192, 8192, 7168))), ("gemm_rs", ((1024, 3584, 8192),))):
-        table[op] = {}
-        for M, K, N in shapes:
-            g = plain.gemm_s(M, K, N)
-            table[op][f"{M}x{K}x{N}"] = {n: (tpp.predict(slow, op, TPSchedule.parse(n), M, K, N, 2) + 25e-6) / g
-                                         for n in ("serial", "direct", "direct-p2", "direct-p4")}
+    table = _timed_table(plain, slow, ("serial", "direct", "direct-p2", "direct-p4"), 25e-6)
     fitted = tpp._fitted(dataclasses.replace(plain, pipelines=table))
     assert fitted.call_overhead_s == pytest.approx(25e-6) and fitted.step_overhead_s == pytest.approx(20e-6)
     # a pipeline of several steps costs at least the step overhead per step; one step, none

@@ -68,11 +68,10 @@ _NODE_BATCH_MEM_OP = 12  # CUgraphNodeType
 _NODE_MEMCPY, _NODE_KERNEL = 1, 0
 
 
-@functools.lru_cache(maxsize=1)
-def _api():
-    """{name: ctypes function} from the driver, or None where any is missing (or turned off)."""
-    if os.environ.get("CONCCL_SETTLED_GRAPHS", "1") == "0":
-        return None
+def driver_functions(signatures: dict) -> dict | None:
+    """{name: ctypes function} for ``signatures`` ({name: (CUDA version of the signature,
+    argument types)}, each returning a CUresult), as libcuda's ``cuGetProcAddress`` hands them
+    out; None where libcuda or any of them is missing."""
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         get = lib.cuGetProcAddress_v2
@@ -81,12 +80,20 @@ def _api():
     get.argtypes = [ctypes.c_char_p, ctypes.POINTER(_VP), ctypes.c_int, _U64, ctypes.POINTER(ctypes.c_int)]
     get.restype = ctypes.c_int
     out = {}
-    for name, (version, args) in _SIGNATURES.items():
+    for name, (version, args) in signatures.items():
         pfn, status = _VP(), ctypes.c_int(-1)
         if get(name.encode(), ctypes.byref(pfn), version, 0, ctypes.byref(status)) or status.value or not pfn.value:
             return None
         out[name] = ctypes.CFUNCTYPE(ctypes.c_int, *args)(pfn.value)
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _api():
+    """The functions a settled graph calls, or None where any is missing (or turned off)."""
+    if os.environ.get("CONCCL_SETTLED_GRAPHS", "1") == "0":
+        return None
+    return driver_functions(_SIGNATURES)
 
 
 def available() -> bool:
