@@ -40,14 +40,20 @@ replayed at once, or pipelines captured on forked streams, never share one), wri
 resets each after its one wait, as the signal words are. A capture that fails on one rank
 after the peers agreed it breaks the group: they would replay it without that rank.
 
+A one-stream call's own-shard copy (input to its own chunk of the output: no peer reads or
+writes either) moves to a branch of its own, forked at the call's start and joined at its end
+(:func:`_own_copy_forked`): in a graph the fork and the join are edges, free, and the copy
+then runs beside the signals instead of between the last peer copy and the final wait, where
+it added ~10 us to a 64 KiB all-gather on 2 x H100 (23.7 us against 14.1 in place).
+
 What a replay cannot do: agree with the peers (shapes, dtypes and ops were checked once, at
 capture; every rank must replay the same graphs in the same order) or time out (a peer that
 never replays leaves the stream waiting; the watchdog sees only eager calls).
 """
 from __future__ import annotations
 
-from .schedule import (AwaitMark, ResetMark, ResetSignal, Schedule, SetSignal, Signal, WaitSignal, signal_pad_words,
-                       signal_word)
+from .schedule import (AwaitMark, Buf, Compute, Copy, Mark, Phase, ResetMark, ResetSignal, Schedule, SetSignal, Signal,
+                       WaitSignal, signal_pad_words, signal_word)
 
 # Captured calls a group can hold (graph slots); each takes one block of signal words.
 GRAPH_SLOTS = 512
@@ -96,7 +102,7 @@ def graph_schedule(schedule: Schedule) -> Schedule:
         wait_free = [x for p in peers for x in (WaitSignal(p, Signal.FREE), ResetSignal(p, Signal.FREE))]
         slots[0][:0] = wait_free
         return Schedule(collective=schedule.collective, world=world, rank=rank,
-                        slots=_marks_reset(slots), algorithm=schedule.algorithm,
+                        slots=_own_copy_forked(_marks_reset(slots), schedule), algorithm=schedule.algorithm,
                         stream_mode=schedule.stream_mode, staged=schedule.staged,
                         workspace_bytes=schedule.workspace_bytes, one_shot=schedule.one_shot)
     slots = []
@@ -128,8 +134,8 @@ def graph_schedule(schedule: Schedule) -> Schedule:
     for p in range(world):
         if p != rank and p not in awaited:
             slots[0] += [WaitSignal(p, Signal.DONE), ResetSignal(p, Signal.DONE)]
-    return Schedule(collective=schedule.collective, world=world, rank=rank, slots=_marks_reset(slots),
-                    algorithm=schedule.algorithm, stream_mode=schedule.stream_mode, staged=schedule.staged,
+    return Schedule(collective=schedule.collective, world=world, rank=rank,
+                    slots=_own_copy_forked(_marks_reset(slots), schedule), algorithm=schedule.algorithm, stream_mode=schedule.stream_mode, staged=schedule.staged,
                     workspace_bytes=schedule.workspace_bytes)
 
 
@@ -139,3 +145,31 @@ def _marks_reset(slots) -> tuple:
     0 again (its marks are the pad's captured block: see :mod:`conccl.schedule`)."""
     return tuple(tuple(x for op in ops for x in ((op, ResetMark(op.word, op.peer)) if isinstance(op, AwaitMark)
                                                    else (op,))) for ops in slots)
+
+
+def _own_copy_forked(slots: tuple, schedule: Schedule) -> tuple:
+    """``slots`` with a one-stream call's own-shard copies (Phase.LOCAL: the rank's input to its
+    own output, which no peer touches) moved into a slot of their own, which the executor forks
+    from the call's start and joins at its end (see the module doc). Nothing else moves: a
+    pipeline's (its GEMM steps and marks order the copies) and a one-shot call's (one kernel)
+    are left as they are, and so is a copy that is not the only thing of its kind."""
+    if len(slots) != 1 or schedule.one_shot:
+        return slots
+    ops = slots[0]
+    if any(isinstance(op, (Compute, Mark, AwaitMark)) for op in ops):
+        return slots
+    own = [op for op in ops if _input_to_own_output(op)]
+    if not own:
+        return slots
+    return tuple(op for op in ops if not _input_to_own_output(op)), tuple(Copy(op.transfer.in_slot(1)) for op in own)
+
+
+def _input_to_own_output(op) -> bool:
+    """An own-shard copy from the call's input to its output: nothing the call does reads its
+    source (the input is never written) or its destination (the own chunk: peers write and read
+    other chunks; in place, there is no such copy). Not an all-reduce's own piece, which copies
+    the reduction's result out of the workspace after the reduction."""
+    if not (isinstance(op, Copy) and op.transfer.phase is Phase.LOCAL):
+        return False
+    t = op.transfer
+    return t.src is Buf.INPUT and t.dst is Buf.OUTPUT and t.src_rank == t.dst_rank

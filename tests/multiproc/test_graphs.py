@@ -128,3 +128,30 @@ def test_the_captured_schedule_waits_once_per_word_resets_it_and_ends_with_every
                 assert not any(w.kind is Signal.DONE for w in waits)
             else:
                 assert {w.peer for w in waits if w.kind is Signal.DONE} == {0, 2, 3}
+
+
+def test_a_one_stream_calls_own_copy_runs_on_a_forked_branch_and_nothing_else_moves():
+    """In a graph the own-shard copy (input to the own chunk) leaves the signal chain for a slot
+    of its own (forked at the start, joined at the end); a copy that reads what the call
+    computed (the all-reduce's own piece, from the workspace after the sum) stays in order."""
+    from conccl.collectives.all_reduce import plan_all_reduce
+    from conccl.schedule import Algorithm, Buf, Copy, Phase, Reduce
+
+    def local(op):
+        return isinstance(op, Copy) and op.transfer.phase is Phase.LOCAL
+
+    for kw in ({"algorithm": Algorithm.PUSH, "input_symmetric": True, "output_symmetric": True},
+               {"algorithm": Algorithm.PULL}, {"algorithm": Algorithm.PULL, "input_symmetric": True}):
+        eager = plan_all_gather(2, 0, 1 << 16, stream_mode=StreamMode.BATCH, **kw)
+        g = graph_schedule(eager)
+        assert len(eager.slots) == 1 and len(g.slots) == 2, kw
+        assert not any(local(op) for op in g.slots[0])
+        assert [op.transfer.slot for op in g.slots[1]] == [1] and all(local(op) for op in g.slots[1])
+        assert g.slots[1][0].transfer.src is Buf.INPUT and g.slots[1][0].transfer.dst is Buf.OUTPUT
+    in_place = graph_schedule(plan_all_gather(2, 0, 1 << 16, stream_mode=StreamMode.BATCH, in_place=True,
+                                              output_symmetric=True, peers_in_place=True))
+    assert len(in_place.slots) == 1  # no own copy: nothing to fork
+    ar = graph_schedule(plan_all_reduce(2, 0, 1 << 15, 2, "bfloat16", stream_mode=StreamMode.BATCH))
+    ops = ar.slots[0]
+    assert len(ar.slots) == 1 and any(local(op) for op in ops)
+    assert max(i for i, op in enumerate(ops) if isinstance(op, Reduce)) < min(i for i, op in enumerate(ops) if local(op))

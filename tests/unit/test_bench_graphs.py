@@ -280,6 +280,33 @@ def test_each_case_tears_down_and_drops_conccl_groups_even_when_it_fails(monkeyp
     assert "drop" not in events  # NCCL's graphs hold no conccl state
 
 
+def test_variants_are_conccl_implementations_of_the_registry_and_accepted():
+    """--impls takes conccl's variants (conccl.empty tensors, in place, other stream modes):
+    each one the bench's registry holds, run by conccl's group, so dropped with it."""
+    for name in graphs.VARIANTS:
+        assert REGISTRY[name].family == "cuda_symm" and graphs.USES_CONCCL_GROUP[name], name
+    cfg = GraphsConfig(impls=("nccl", "conccl_symm_push", "conccl_symm_push_in_place"))
+    assert cfg.impls[1:] == ("conccl_symm_push", "conccl_symm_push_in_place")
+    with pytest.raises(ValueError, match="--impls"):
+        GraphsConfig(impls=("nccl", "nccl_ce"))  # another family: it cannot share the process
+
+
+def test_a_dropped_group_takes_its_conccl_empty_arenas_along(monkeypatch):
+    """conccl.empty memory is known to the group that allocated it: after the group is
+    dropped, the next implementation must allocate afresh (else its tensors count as plain)."""
+    from conccl.bench import graphs_run
+    from conccl.bench.impls import Impl
+
+    monkeypatch.setattr(graphs_run, "_drop_conccl_groups", lambda: None)
+    monkeypatch.setattr(graphs_run, "_measure", lambda *a: {**graphs.summarize([5.0]), "wrong": 0, "path": None})
+    ctx = {"arena_in": object(), "arena_out": object(), "max_bytes": 1 << 20}
+    impl = Impl("conccl_symm_push", "cuda_symm", "fake", lambda coll, inp, out, ctx: ((lambda: None), (lambda: out)))
+    graphs_run._impl_records(impl, _FakeCase(), GraphsConfig(modes=("eager",)), ctx)
+    assert "arena_in" in ctx and "arena_out" in ctx  # eager only: the group lives on
+    graphs_run._impl_records(impl, _FakeCase(), GraphsConfig(), ctx)
+    assert sorted(ctx) == ["max_bytes"]
+
+
 def test_nccl_below_reads_what_set_eager_path_returned():
     from conccl.bench.graphs_run import _nccl_below
 

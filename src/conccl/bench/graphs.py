@@ -38,10 +38,15 @@ from ..units import format_size
 FORMAT = "conccl-bench-graphs/1"
 MODES = ("graph", "eager")
 IMPLS = ("nccl", "conccl", "conccl_auto")  # what this benchmark runs; NCCL first: every ratio is to it
+# conccl's variants that --impls may add (conccl.bench.impls): tensors from conccl.empty, in
+# place, other stream modes; what a schedule change does in a graph, beside the default's figures.
+VARIANTS = ("conccl_symm_pull", "conccl_symm_push", "conccl_symm_push_in_place", "conccl_symm_push_single",
+            "conccl_symm_push_per_peer", "conccl_per_peer", "conccl_single")
+KNOWN_IMPLS = IMPLS + VARIANTS
 BASELINE = "nccl"
 # Whether an implementation's calls are conccl's: those reserve graph workspace before a capture
-# and have their conccl group destroyed after it.
-USES_CONCCL_GROUP = {"nccl": False, "conccl": True, "conccl_auto": True}
+# and have their conccl group destroyed after it (and their conccl.empty arenas with it).
+USES_CONCCL_GROUP = {"nccl": False, **{name: True for name in KNOWN_IMPLS if name.startswith("conccl")}}
 DEFAULT_SIZES = tuple(4096 << (2 * i) for i in range(9))  # 4K, 16K, ... 256M
 MAX_SIZE = 32 << 30  # more per rank than any GPU of a node holds with its input beside it
 WORKSPACE_ALIGN = 512  # per peer: the chunks' workspace slots round up to 256, the capture to 256 more
@@ -75,7 +80,7 @@ class GraphsConfig:
             shown = (format_size(bad[0]) if _whole(bad[0]) and bad[0] > 0 else repr(bad[0])) if bad else "none"
             raise ValueError(f"--sizes: {shown} given; expected sizes from 1 byte to {format_size(MAX_SIZE)} per rank")
         for flag, given, known in (("--collectives", self.collectives, tuple(COLLECTIVES)),
-                                   ("--impls", self.impls, IMPLS), ("--modes", self.modes, MODES)):
+                                   ("--impls", self.impls, KNOWN_IMPLS), ("--modes", self.modes, MODES)):
             unknown = [g for g in given if g not in known]
             if unknown or not given or len(set(given)) != len(given):
                 what = f"unknown {', '.join(map(repr, unknown))}" if unknown else "none given" if not given else \
@@ -287,7 +292,7 @@ def markdown(doc: dict) -> str:
     cfg = doc.get("config", {})
     by = {(r.collective, r.bytes, r.impl, r.mode): r for r in recs}
     collectives = list(dict.fromkeys(r.collective for r in recs))
-    impls = sorted(dict.fromkeys(r.impl for r in recs), key=lambda i: (i != BASELINE, IMPLS.index(i) if i in IMPLS else 99))
+    impls = sorted(dict.fromkeys(r.impl for r in recs), key=lambda i: (i != BASELINE, KNOWN_IMPLS.index(i) if i in KNOWN_IMPLS else 99))
     others = [i for i in impls if i != BASELINE]
     sizes = sorted({r.bytes for r in recs})
     calls = sorted({r.calls_per_graph for r in recs if r.error is None}) or [cfg.get("calls", "?")]

@@ -179,6 +179,10 @@ def _impl_records(impl, case: _Case, cfg: GraphsConfig, ctx: dict) -> tuple[list
         finally:
             if USES_CONCCL_GROUP[impl.name] and "graph" in cfg.modes:
                 _drop_conccl_groups()
+                # conccl.empty arenas belong to the group just closed: its successor would take
+                # them for plain tensors
+                for key in [k for k in ctx if k.startswith("arena_")]:
+                    del ctx[key]
     recs = [GraphsRecord(collective=case.coll.name, bytes=case.size, impl=impl.name, mode=m,
                          calls_per_graph=case.calls, replays=cfg.replays, nccl_below=_nccl_below(info, case.coll),
                          **fields[m]) for m in cfg.modes]
