@@ -53,7 +53,9 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, pers
     mode = StreamMode(stream_mode) if stream_mode else None
 
     def setup(coll, inp, out, ctx):
-        if symmetric:
+        if symmetric and inp is out:  # in place (all_reduce): one peer-reachable tensor, as the caller's
+            inp = out = _to_symmetric(out, ctx, "out")
+        elif symmetric:
             inp, out = _to_symmetric(inp, ctx, "in"), _to_symmetric(out, ctx, "out")
         comm = conccl.get_communicator()
         if persistent:  # agreed once here; each run only starts it
