@@ -17,6 +17,18 @@ def _kernels(prof) -> set:
             and not e.name.startswith(("Memcpy ", "Memset "))}
 
 
+def _exact_reduction_operands(M: int, K: int, N: int, dtype, g):
+    """A GEMM+reduce-scatter's operands whose every partial product and every partial sum over
+    up to 8 ranks is a whole number of magnitude <= 192: exact in bf16 and fp16, so NCCL's
+    reduce-scatter (which rounds after each of its additions, in an order of its own) and
+    conccl's (fp32, rounded once) give the same bits at any world size. Random integers in
+    [-3, 3] in the first 8 columns of ``a`` (the rest 0), ``w`` in [-1, 1]."""
+    a = torch.zeros(M, K, dtype=dtype, device="cuda")
+    a[:, :8] = torch.randint(-3, 4, (M, 8), device="cuda", generator=g).to(dtype)
+    w = torch.randint(-1, 2, (K, N), device="cuda", generator=g).to(dtype)
+    return a, w
+
+
 def _against_serial(rank, world):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
@@ -35,11 +47,12 @@ def _against_serial(rank, world):
         dist.all_gather_into_tensor(full, shard)
         expect = full @ w
         a = torch.randint(-3, 4, (world * rows, K), device="cuda", generator=g).to(dtype)
+        a_rs, w_rs = _exact_reduction_operands(world * rows, K, N, dtype, g)
         expect_rs = torch.empty(rows, N, dtype=dtype, device="cuda")
-        dist.reduce_scatter_tensor(expect_rs, a @ w)
+        dist.reduce_scatter_tensor(expect_rs, a_rs @ w_rs)
         for name in SCHEDULES:
             A, (y,) = ctp.all_gather_matmul(shard, [w], 0, schedule=name, return_gathered=True)
-            z = ctp.matmul_reduce_scatter(a, w, 0, schedule=name)
+            z = ctp.matmul_reduce_scatter(a_rs, w_rs, 0, schedule=name)
             torch.cuda.synchronize()
             if not (torch.equal(A, full) and torch.equal(y, expect)):
                 bad.append(("ag_gemm", str(dtype), name))
@@ -115,15 +128,17 @@ def _captured(rank, world):
     w = torch.randint(-3, 4, (K, N), device="cuda", generator=torch.Generator(device="cuda").manual_seed(9)).to(dt)
     shard = torch.empty(rows, K, dtype=dt, device="cuda")
     a = torch.empty(world * rows, K, dtype=dt, device="cuda")
+    w_rs = torch.empty(K, N, dtype=dt, device="cuda")
     names = ("direct", "direct-p2", "serial")
 
-    def fill():  # whole numbers: every blocking of a GEMM sums exactly, so NCCL's bits
+    def fill():  # whole numbers: every blocking of a GEMM and every order of the sums exact, so NCCL's bits
         shard.copy_(torch.randint(-3, 4, shard.shape, device="cuda", generator=g).to(dt))
-        a.copy_(torch.randint(-3, 4, a.shape, device="cuda", generator=g).to(dt))
+        for dst, src in zip((a, w_rs), _exact_reduction_operands(world * rows, K, N, dt, g)):
+            dst.copy_(src)
 
     def calls():
         return [(ctp.all_gather_matmul(shard, w, 0, schedule=s, return_gathered=True),
-                 ctp.matmul_reduce_scatter(a, w, 0, schedule=s)) for s in names]
+                 ctp.matmul_reduce_scatter(a, w_rs, 0, schedule=s)) for s in names]
 
     fill()
     calls()  # eager first: groups made, kernels loaded
@@ -138,7 +153,7 @@ def _captured(rank, world):
         full = torch.empty(world * rows, K, dtype=dt, device="cuda")
         dist.all_gather_into_tensor(full, shard)
         rs = torch.empty(rows, N, dtype=dt, device="cuda")
-        dist.reduce_scatter_tensor(rs, a @ w)
+        dist.reduce_scatter_tensor(rs, a @ w_rs)
         graph.replay()
         if step % 2:  # an eager pipeline between replays
             ctp.all_gather_matmul(shard.clone(), w, 0, schedule="direct-p2")
