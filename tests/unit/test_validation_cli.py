@@ -276,7 +276,7 @@ def test_which_implementations_run_a_collective():
     assert set(every) == set(IMPLS) - {"torch_lc", "conccl_symm_push_in_place"}
     # reduce-scatter: conccl's push paths and NCCL; not pull, not the libraries' all-gather-only paths
     assert {n for n, cs in served.items() if "reduce_scatter" in cs} == set(every) - {
-        "conccl_symm_pull", "conccl_per_peer", "conccl_single", "nccl_ce"}
+        "conccl_symm_pull", "conccl_per_peer", "conccl_single", "conccl_batch", "nccl_ce"}
     # an unknown collective runs under conccl's and torch.distributed's own paths, not under
     # another library's path for named collectives only
     new = _Reverse()
@@ -284,7 +284,7 @@ def test_which_implementations_run_a_collective():
                                                                               "conccl_symm_push_in_place"}
     # a collective that refuses pull is not run by the pull implementations, and is by the default
     refused = {n for n, i in IMPLS.items() if not i.serves(REDUCE_SCATTER, 4)}
-    assert {"conccl_symm_pull", "conccl_per_peer", "conccl_single"} <= refused
+    assert {"conccl_symm_pull", "conccl_per_peer", "conccl_single", "conccl_batch"} <= refused
     assert not {"conccl", "conccl_persistent", "conccl_symm_push", "nccl"} & refused
 
 

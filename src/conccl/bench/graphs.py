@@ -41,7 +41,7 @@ IMPLS = ("nccl", "conccl", "conccl_auto")  # what this benchmark runs; NCCL firs
 # conccl's variants that --impls may add (conccl.bench.impls): tensors from conccl.empty, in
 # place, other stream modes; what a schedule change does in a graph, beside the default's figures.
 VARIANTS = ("conccl_symm_pull", "conccl_symm_push", "conccl_symm_push_in_place", "conccl_symm_push_single",
-            "conccl_symm_push_per_peer", "conccl_per_peer", "conccl_single")
+            "conccl_symm_push_per_peer", "conccl_symm_push_batch", "conccl_per_peer", "conccl_single", "conccl_batch")
 KNOWN_IMPLS = IMPLS + VARIANTS
 BASELINE = "nccl"
 # Whether an implementation's calls are conccl's: those reserve graph workspace before a capture

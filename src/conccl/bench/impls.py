@@ -202,7 +202,11 @@ REGISTRY: dict[str, Impl] = {
                      algorithm="push", stream_mode="single", symmetric=True),
         _conccl_impl("conccl_symm_push_per_peer", "conccl push from conccl.empty, one stream per peer",
                      algorithm="push", stream_mode="per_peer", symmetric=True),
+        _conccl_impl("conccl_symm_push_batch", "conccl push from conccl.empty, one stream, peer copies batched "
+                     "(captured: one memcpy node after another)", algorithm="push", stream_mode="batch", symmetric=True),
         _conccl_impl("conccl_per_peer", "conccl pull, staged, one stream per peer", algorithm="pull", stream_mode="per_peer"),
+        _conccl_impl("conccl_batch", "conccl pull, staged, one stream, peer copies batched (captured: one memcpy node "
+                     "after another)", algorithm="pull", stream_mode="batch"),
         _conccl_impl("conccl_single", "conccl pull, staged, one cudaMemcpyAsync after another",
                      algorithm="pull", stream_mode="single"),
         Impl("conccl_auto", "cuda_symm", "conccl's functions on ordinary tensors with conccl.set_eager_path('auto'): "
