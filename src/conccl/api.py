@@ -261,12 +261,8 @@ def reserve_graph_workspace(nbytes: int, group=None) -> None:
 
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
                 timeout: timedelta | None = None, checks: bool | None = None, nccl_below: dict | None = None,
-                post_settled: bool | None = None, graph_stream_mode: StreamMode | None = None) -> None:
+                post_settled: bool | None = None) -> None:
     """Change a group's defaults (algorithm, stream mode, timeout) on this rank.
-
-    ``graph_stream_mode``: the stream mode of calls captured into a CUDA graph that ask for
-    none (default ``StreamMode.PER_PEER``: a branch per peer, which costs nothing in a graph);
-    ``stream_mode`` is the eager calls' (default ``StreamMode.BATCH``).
 
     ``post_settled=False``: every call waits on the host board for every peer's row, so a
     mismatch always raises before anything moves (default True: a call that repeats a
@@ -290,8 +286,6 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
         opts.algorithm = Algorithm(algorithm)
     if stream_mode is not None:
         opts.stream_mode = StreamMode(stream_mode)
-    if graph_stream_mode is not None:
-        opts.graph_stream_mode = StreamMode(graph_stream_mode)
     if timeout is not None:
         opts.timeout = timeout
     if checks is not None:

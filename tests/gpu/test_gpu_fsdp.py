@@ -12,6 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
+# The relative distance between neighbouring values (2 ** -mantissa bits) of each dtype.
+_ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -23}
+
+
 def _train(rank, world, mode, mixed_precision=False):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
@@ -81,9 +85,14 @@ def _check_every_call_against_nccl(model, comms, checks):
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             ref = torch.empty_like(output_tensor)
             dist.reduce_scatter_tensor(ref, input_tensor.clone(), op=op, group=group)
+            # the sum of the operands' magnitudes, for the bound below (world > 2)
+            mass = torch.empty_like(output_tensor, dtype=torch.float32)
+            dist.reduce_scatter_tensor(mass, input_tensor.float().abs(), group=group)
             super().__call__(output_tensor, input_tensor, group, op)
+            world = dist.get_world_size(group)
             checks.append(("reduce_scatter", output_tensor.numel(), str(getattr(op, "op", op)), str(input_tensor.dtype),
-                           torch.equal(ref.view(torch.int16), output_tensor.view(torch.int16))))
+                           torch.equal(ref.view(torch.int16), output_tensor.view(torch.int16)),
+                           bool(((ref.float() - output_tensor.float()).abs() <= 2 * world * _ULP[ref.dtype] * mass).all())))
 
     pool = next(iter(comms.pools.values()))
     for m in model.modules():
@@ -112,7 +121,10 @@ def test_fsdp_enable_trains_like_stock_fsdp_on_copy_engines():
         print("calls checked against NCCL", checked["checks"])
         # the control: stock FSDP2 twice gives the same bits, so a difference below is conccl's
         assert again["losses"] == stock["losses"], (stock["losses"], again["losses"])
-        assert checked["checks"] and all(c[-1] for c in checked["checks"]), checked["checks"]
+        # world 2: one addition, NCCL's bits; beyond, NCCL rounds after each of its additions in an
+        # order of its own and conccl once in rank order: within the bound of NCCL's roundings
+        assert checked["checks"] and all(c[-1] if c[0] == "all_gather" else (c[4] or world > 2) and c[5]
+                                         for c in checked["checks"]), checked["checks"]
         print("losses", stock["losses"], mine["losses"], "memory", mine["memory"], "mapped", mine["mapped"])
         assert mine["modules"] and not mine["fallback"], mine
         assert mine["memory"] and all(m["pool"] == "symmetric" and m["pool_bytes"] > 0 for m in mine["memory"].values())
@@ -158,7 +170,9 @@ def test_direct_serves_fsdp2_mixed_precision_without_its_copies():
     as stock FSDP2 (world 2: one fp32 addition)."""
     from conccl.launch import run_per_gpu
 
-    for stock, direct in run_per_gpu(_mixed):
+    results = run_per_gpu(_mixed)
+    world = len(results)
+    for stock, direct in results:
         print("mixed precision", stock["losses"], direct["losses"],
               {k: v for k, v in direct.items() if k.startswith(("skipped", "declined", "cast"))})
         assert direct["cast_gathers"] >= 6 * 3 and direct["declined_gathers"] == 0 and not direct["fallback"], direct
@@ -167,8 +181,20 @@ def test_direct_serves_fsdp2_mixed_precision_without_its_copies():
         assert any(k.startswith("reduce_wide_bf16") for k in direct["kernels"]), direct["kernels"]
         assert not any("chunk_cat" in k or "split_with_sizes" in k or "nccl" in k.lower() for k in direct["kernels"]), \
             direct["kernels"]
-        assert direct["losses"] == stock["losses"], (stock["losses"], direct["losses"])
-        assert all(torch.equal(a, b) for a, b in zip(direct["params"], stock["params"]))
+        _like_stock(direct, stock, world)
+
+
+def _like_stock(run, stock, world, what=""):
+    """World 2: stock FSDP2's losses and final parameters bit for bit (each reduction one fp32
+    addition, NCCL's). Beyond, NCCL's reductions round in an order of their own: losses within
+    1e-3 of stock's (relative) and every parameter within one learning-rate step (1e-3)."""
+    if world == 2:
+        assert run["losses"] == stock["losses"], (what, stock["losses"], run["losses"])
+        assert all(torch.equal(a, b) for a, b in zip(run["params"], stock["params"])), what
+    else:
+        assert all(abs(a - b) <= 1e-3 * abs(b) for a, b in zip(run["losses"], stock["losses"])), \
+            (what, stock["losses"], run["losses"])
+        assert all(float((a - b).abs().max()) <= 1e-3 for a, b in zip(run["params"], stock["params"])), what
 
 
 def _with_options(rank, world, config, schedule, steps=20):
@@ -237,6 +263,7 @@ def test_direct_with_mixed_precision_checkpointing_compiled_blocks_clipping_and_
     from conccl.launch import run_per_gpu
 
     results = run_per_gpu(_options)
+    world = len(results)
     for by in results:
         for schedule, (stock, direct, prefetch) in by.items():
             print(schedule, stock["losses"][-1], direct["losses"][-1], prefetch["losses"][-1], direct["counts"],
@@ -245,8 +272,7 @@ def test_direct_with_mixed_precision_checkpointing_compiled_blocks_clipping_and_
                 c = run["counts"]
                 assert not run["fallback"] and c["declined_gathers"] == 0 and c["declined_reduces"] == 0, c
                 assert c["skipped_copy_ins"] == 20 * 3 and c["reused_casts"] == 20 * 3, c  # every backward gather
-                assert run["losses"] == stock["losses"], (schedule, stock["losses"], run["losses"])
-                assert all(torch.equal(a, b) for a, b in zip(run["params"], stock["params"])), schedule
+                _like_stock(run, stock, world, schedule)
             # forward casts 3 a step, 2 where block 0 was prefetched (19 steps), the 19 prefetches
             # 1 each (the last one's never read)
             assert direct["counts"]["cast_gathers"] == 20 * 3 and prefetch["counts"]["cast_gathers"] == 20 * 3 + 1

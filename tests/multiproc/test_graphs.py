@@ -32,7 +32,7 @@ def _fill(t, rank, step, salt):
 
 def _graph_of_every_collective(comm, mode, replays, jitter, one_shot=False):
     w, r = comm.world, comm.rank
-    comm.options.stream_mode = comm.options.graph_stream_mode = mode  # eager and captured calls alike
+    comm.options.stream_mode = mode
     comm.options.one_shot_below = (1 << 20) if one_shot else 0
     ex = comm.executor
     rng = random.Random(r)
@@ -156,26 +156,3 @@ def test_a_one_stream_calls_own_copy_runs_on_a_forked_branch_and_nothing_else_mo
     assert len(ar.slots) == 1 and any(local(op) for op in ops)
     assert max(i for i, op in enumerate(ops) if isinstance(op, Reduce)) < min(i for i, op in enumerate(ops) if local(op))
 
-
-def _captured_stream_modes(comm):
-    ex = comm.executor
-    seen = []
-    real_capture_call = ex.capture_call
-    ex.capture_call = lambda schedule, *a, **k: (seen.append(schedule.stream_mode), real_capture_call(schedule, *a, **k))
-    inp, out = torch.ones(4), torch.empty(4 * comm.world)
-    with ex.capture():
-        comm.call(ALL_GATHER, out, inp, ())  # the group's graph_stream_mode: a branch per peer
-        comm.call(ALL_GATHER, out, inp, (), stream_mode=StreamMode.BATCH)  # the call's own wins
-        comm.options.graph_stream_mode = None  # None: as the eager calls' stream_mode
-        comm.call(ALL_GATHER, out, inp, ())
-    eager = []
-    real_run = ex.run
-    ex.run = lambda schedule, *a, **k: (eager.append(schedule.stream_mode), real_run(schedule, *a, **k))[1]
-    comm.call(ALL_GATHER, out, inp, ())  # eager calls keep stream_mode
-    return seen, eager
-
-
-def test_captured_calls_take_the_groups_graph_stream_mode_unless_they_ask():
-    for seen, eager in spawn(2, _captured_stream_modes):
-        assert seen == [StreamMode.PER_PEER, StreamMode.BATCH, StreamMode.BATCH], seen
-        assert eager == [StreamMode.BATCH], eager

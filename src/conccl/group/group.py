@@ -174,11 +174,6 @@ class Options:
     # peer copies as one cudaMemcpyBatchAsync took 13 us less GPU time per call than one
     # cudaMemcpyAsync after another, and as much bandwidth or more at large sizes.
     stream_mode: StreamMode = StreamMode.BATCH
-    # The stream mode of a call captured into a CUDA graph that asks for none (None: as
-    # stream_mode). In a graph a fork or a join is an edge, free, where eager it costs events
-    # and driver calls: one branch per peer lets the peers' waits and copies run side by side
-    # instead of one after another (benchmarks/2026-11-26-h100x2-session8).
-    graph_stream_mode: StreamMode | None = StreamMode.PER_PEER
     timeout: timedelta = DEFAULT_TIMEOUT
     # False skips the mismatch checks and the watchdog: for measuring what they cost only, as
     # a dead peer then hangs the GPU stream for good.
@@ -273,7 +268,7 @@ class Group(CollectiveMethods):
         # same as for NCCL routing above) is planned to spare the SMs.
         one_shot = route and self._wants_one_shot(output, algorithm, stream_mode)
         if self.executor.capturing():
-            return self._capture(local, input, output, timeout_s, one_shot, stream_mode)
+            return self._capture(local, input, output, timeout_s, one_shot)
         schedule, views = self._agree(local, timeout_s, one_shot)
         return self._execute(schedule, input, output, async_op, timeout_s, views)
 
@@ -536,25 +531,21 @@ class Group(CollectiveMethods):
         self.fail(error)
         raise error from e
 
-    def _capture(self, local: "_Local", input, output, timeout_s: float, one_shot: bool = False,
-                 stream_mode=None) -> Work:
+    def _capture(self, local: "_Local", input, output, timeout_s: float, one_shot: bool = False) -> Work:
         """A call made while the caller's stream is being captured into a graph: agreed with the
         peers now (they must be capturing the same call), run at every replay on a graph slot
         of its own (:mod:`conccl.graphs`). Takes no sequence number: eager calls go on as if
-        it were not there. Returns a completed Work: the call is ordered on the stream.
-        ``stream_mode``: the call's own (None: the group's ``graph_stream_mode``)."""
-        schedule, views = self._agree_captured(local, timeout_s, one_shot,
-                                               stream_mode or self.options.graph_stream_mode)
+        it were not there. Returns a completed Work: the call is ordered on the stream."""
+        schedule, views = self._agree_captured(local, timeout_s, one_shot)
         return self.capture_schedule(schedule, input, output, views, timeout_s)
 
-    def _agree_captured(self, local: "_Local", timeout_s: float, one_shot: bool = False, stream_mode=None):
+    def _agree_captured(self, local: "_Local", timeout_s: float, one_shot: bool = False):
         """:meth:`_agree` for a call being captured (flagged so: a peer capturing another call,
-        or running one eagerly, is a mismatch), in ``stream_mode`` (None: the local step's)."""
+        or running one eagerly, is a mismatch)."""
         self._check_graph_slot()
         row = list(local.row)
         row[_F_FLAGS] |= _GRAPH
-        captured = _Local(local.coll, local.dtype, row, local.views, local.algorithm,
-                          stream_mode or local.stream_mode, local.call)
+        captured = _Local(local.coll, local.dtype, row, local.views, local.algorithm, local.stream_mode, local.call)
         return self._agree(captured, timeout_s, one_shot)
 
     def _check_graph_slot(self) -> None:
