@@ -12,9 +12,12 @@ own region of workspace, so nothing it touches is shared with another call. On t
   double-buffer the shared workspace) is dropped, and every captured call instead ends with a
   wait for DONE from every peer: when it completes on a rank's stream, no peer touches that
   rank's memory any more, so the next replay, or any other call, may reuse it;
-* a push into the peers' workspace waits for their READY of this replay instead of their
-  FREE of an earlier call, and every rank sends READY first (the region is free: its previous
-  replay ended with the DONE waits above).
+* a push into the peers' workspace (a reduce-scatter's, an all-reduce's) waits for their FREE
+  of the call's previous replay, which each rank sends every peer as its last op, after its
+  DONE waits, when nothing reads or writes its region any more: the one-way signal that would
+  otherwise gate the pushes (a READY of this replay, sent first) is off the critical path
+  (the words start primed, as a staged pull's below). A call of several streams, whose last op
+  is not last, keeps the READY.
 
 A staged pull (an all-gather or all-to-all of plain tensors: peers read only this call's own
 workspace region) does better: its end wait is the one-way signal that would sit between
@@ -30,8 +33,8 @@ Why a reset can never erase the next replay's signal: every word's next write is
 after its reset. A waiter resets before the operations that follow its wait; the writer's next
 write of that word comes after the writer has waited, in the same or the next replay, for a
 signal the waiter sends only after those operations (a READY after the end-of-call DONE, a
-DONE after the copies that waited on READY, a PUSHED after a READY, a REDUCED after the
-PUSHEDs). The CPU reference executor replays captured calls across processes to check this
+DONE after the copies that waited on READY or FREE, a PUSHED after a READY or FREE, a REDUCED
+after the PUSHEDs, a FREE after the DONE waits). The CPU reference executor replays captured calls across processes to check this
 (``tests/multiproc/test_graphs.py``).
 
 A tensor-parallel pipeline's marks (:mod:`conccl.pipeline`: a piece landed or computed) are
@@ -107,13 +110,15 @@ def graph_schedule(schedule: Schedule) -> Schedule:
                         workspace_bytes=schedule.workspace_bytes, one_shot=schedule.one_shot)
     slots = []
     pushes = False  # into the peers' workspace: READY of this replay stands in for FREE
+    free_gated = _free_gated(schedule)  # ... or FREE of the previous replay does (module doc)
     for ops in schedule.slots:
         out = []
         for op in ops:
             if isinstance(op, WaitSignal):
                 if op.kind is Signal.FREE:
                     pushes = True
-                    out += [WaitSignal(op.peer, Signal.READY), ResetSignal(op.peer, Signal.READY)]
+                    kind = Signal.FREE if free_gated else Signal.READY
+                    out += [WaitSignal(op.peer, kind), ResetSignal(op.peer, kind)]
                     continue
                 if op.seq_delta != 0:
                     continue  # guards the previous call's use of shared memory: nothing is shared
@@ -127,13 +132,18 @@ def graph_schedule(schedule: Schedule) -> Schedule:
             else:
                 out.append(op)
         slots.append(out)
-    if pushes:
+    if pushes and not free_gated:
         slots[0][:0] = [SetSignal(p, Signal.READY) for p in range(world) if p != rank]
     awaited = {op.peer for ops in schedule.slots for op in ops
                if isinstance(op, WaitSignal) and op.kind is Signal.DONE and op.seq_delta == 0}
     for p in range(world):
         if p != rank and p not in awaited:
             slots[0] += [WaitSignal(p, Signal.DONE), ResetSignal(p, Signal.DONE)]
+    if free_gated:
+        # After every peer's DONE: nothing reads or writes this rank's region any more. Every
+        # peer, also one whose chunk to this rank is empty (it waits for none: the word stays
+        # set, and only this call's next replay uses it).
+        slots[0] += [SetSignal(p, Signal.FREE) for p in range(world) if p != rank]
     return Schedule(collective=schedule.collective, world=world, rank=rank,
                     slots=_own_copy_forked(_marks_reset(slots), schedule), algorithm=schedule.algorithm, stream_mode=schedule.stream_mode, staged=schedule.staged,
                     workspace_bytes=schedule.workspace_bytes)
@@ -145,6 +155,18 @@ def _marks_reset(slots) -> tuple:
     0 again (its marks are the pad's captured block: see :mod:`conccl.schedule`)."""
     return tuple(tuple(x for op in ops for x in ((op, ResetMark(op.word, op.peer)) if isinstance(op, AwaitMark)
                                                    else (op,))) for ops in slots)
+
+
+def _free_gated(schedule: Schedule) -> bool:
+    """Whether a captured call's pushes into the peers' workspace wait for the peers' FREE of
+    the call's previous replay instead of their READY of this one (see the module doc): one
+    stream (its last op, after its DONE waits, may free the region), not one-shot (one
+    kernel), not a pipeline (its marks order its steps)."""
+    if len(schedule.slots) != 1 or schedule.one_shot:
+        return False
+    ops = schedule.slots[0]
+    return (not any(isinstance(op, (Compute, Mark, AwaitMark)) for op in ops)
+            and any(isinstance(op, WaitSignal) and op.kind is Signal.FREE for op in ops))
 
 
 def _own_copy_forked(slots: tuple, schedule: Schedule) -> tuple:

@@ -156,3 +156,65 @@ def test_a_one_stream_calls_own_copy_runs_on_a_forked_branch_and_nothing_else_mo
     assert len(ar.slots) == 1 and any(local(op) for op in ops)
     assert max(i for i, op in enumerate(ops) if isinstance(op, Reduce)) < min(i for i, op in enumerate(ops) if local(op))
 
+
+
+def _slow_reducer(comm, replays):
+    """Captured reduce-scatter and all-reduce, replayed with new inputs, rank 0 slow to read its
+    workspace (a random sleep before each of its sums): a peer that pushed into that workspace
+    again before rank 0 had read it would change rank 0's result."""
+    w, r = comm.world, comm.rank
+    ex = comm.executor
+    rng = random.Random(7 + r)
+    if r == 0:
+        real_reduce = ex._reduce
+
+        def slow(*a, **k):
+            time.sleep(rng.random() * 0.004)
+            return real_reduce(*a, **k)
+        ex._reduce = slow
+    rs_in, rs_out = torch.empty(5 * w), torch.empty(5)
+    ar = torch.empty(7 * w)
+    # one call per graph: nothing else between two replays of a call holds a fast rank back
+    with ex.capture() as rs_graph:
+        comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,))
+    with ex.capture() as ar_graph:
+        comm.call(ALL_REDUCE, ar, ar, (ReduceOp.SUM,))
+    ok = []
+    for graph, t, coll, args in ((rs_graph, rs_in, REDUCE_SCATTER, None), (ar_graph, ar, ALL_REDUCE, [(ReduceOp.SUM,)] * w)):
+        for step in range(replays):  # replays of one graph back to back
+            ins = []
+            for p in range(w):
+                x = torch.empty_like(t)
+                _fill(x, p, step, coll.name == "all_reduce")
+                ins.append(x)
+            t.copy_(ins[r])
+            ex.replay(graph)
+            ok.append(torch.equal(rs_out if coll is REDUCE_SCATTER else ar, coll.reference(ins, r, args)))
+    return ok
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_fast_rank_never_pushes_into_a_slow_ranks_workspace_before_it_was_read(world):
+    for ok in spawn(world, _slow_reducer, 12):
+        assert ok == [True] * 24, ok
+
+
+def test_a_captured_push_into_the_peers_workspace_waits_for_the_previous_replays_free():
+    """One stream: no READY round trip before the pushes, FREE of the previous replay instead
+    (sent by each rank last, to every peer); several streams keep the READY."""
+    from conccl.collectives.all_reduce import plan_all_reduce
+    from conccl.collectives.reduce_scatter import plan_reduce_scatter
+    from conccl.schedule import SetSignal
+
+    for eager in (plan_reduce_scatter(3, 1, 4096, "bfloat16", stream_mode=StreamMode.BATCH),
+                  plan_all_reduce(3, 1, 6144, 2, "bfloat16")):
+        (ops,) = graph_schedule(eager).slots
+        assert not any(getattr(op, "kind", None) is Signal.READY for op in ops), eager.collective
+        assert set(ops[:4]) == {WaitSignal(0, Signal.FREE), ResetSignal(0, Signal.FREE), WaitSignal(2, Signal.FREE),
+                                ResetSignal(2, Signal.FREE)}
+        assert set(ops[-2:]) == {SetSignal(0, Signal.FREE), SetSignal(2, Signal.FREE)}
+        last_done = max(i for i, op in enumerate(ops) if isinstance(op, WaitSignal) and op.kind is Signal.DONE)
+        assert last_done < len(ops) - 2  # freed only once every peer is done with this rank's memory
+    per_peer = graph_schedule(plan_reduce_scatter(3, 1, 4096, "bfloat16", stream_mode=StreamMode.PER_PEER))
+    kinds = {op.kind for slot in per_peer.slots for op in slot if isinstance(op, WaitSignal)}
+    assert Signal.READY in kinds and Signal.FREE not in kinds

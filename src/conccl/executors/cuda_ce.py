@@ -152,7 +152,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         spin = pad_words(world, GRAPH_SLOTS)
         pad = symm_mem.empty(spin + SPIN_WORDS, dtype=torch.int32, device=device)
         pad.zero_()  # set-up only: a copy-engine collective launches no kernel
-        pad[torch.tensor(primed_free_words(world), device=device)] = GRAPH_VALUE  # conccl.graphs: staged pulls
+        pad[torch.tensor(primed_free_words(world), device=device)] = GRAPH_VALUE  # conccl.graphs: staged pulls, workspace pushes
         torch.cuda.synchronize(device)
         self._pad = pad
         self._pad_handle = symm_mem.rendezvous(pad, group_name)  # collective: peers zeroed theirs too

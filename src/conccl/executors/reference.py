@@ -75,7 +75,7 @@ class ReferenceExecutor(GrowingWorkspace):
         self._pad_shm = self._create(f"{prefix}_sig_r{rank}", words * 4)
         pad = np.ndarray(words, np.uint32, self._pad_shm.buf)
         pad[:] = 0
-        pad[primed_free_words(world)] = GRAPH_VALUE  # as on CUDA (conccl.graphs: staged pulls)
+        pad[primed_free_words(world)] = GRAPH_VALUE  # as on CUDA (conccl.graphs: staged pulls, workspace pushes)
         self._barrier()
         self._all_pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
         # Every rank has mapped every pad before any goes on: a rank whose work needs no peer
