@@ -16,8 +16,8 @@ own region of workspace, so nothing it touches is shared with another call. On t
   of the call's previous replay, which each rank sends every peer as its last op, after its
   DONE waits, when nothing reads or writes its region any more: the one-way signal that would
   otherwise gate the pushes (a READY of this replay, sent first) is off the critical path
-  (the words start primed, as a staged pull's below). A call of several streams, whose last op
-  is not last, keeps the READY.
+  (the words start primed, as a staged pull's below). In every stream mode alike: a rank's
+  mode is its own, and ranks of one call may differ.
 
 A staged pull (an all-gather or all-to-all of plain tensors: peers read only this call's own
 workspace region) does better: its end wait is the one-way signal that would sit between
@@ -140,13 +140,13 @@ def graph_schedule(schedule: Schedule) -> Schedule:
         if p != rank and p not in awaited:
             slots[0] += [WaitSignal(p, Signal.DONE), ResetSignal(p, Signal.DONE)]
     if free_gated:
-        # After every peer's DONE: nothing reads or writes this rank's region any more. Every
-        # peer, also one whose chunk to this rank is empty (it waits for none: the word stays
-        # set, and only this call's next replay uses it).
+        # Last on slot 0, which holds every DONE wait and every read of this rank's region (the
+        # other slots only push into the peers'): nothing touches the region any more. To every
+        # peer, as every rank waits for every peer's FREE (an empty chunk's gate included).
         slots[0] += [SetSignal(p, Signal.FREE) for p in range(world) if p != rank]
     return Schedule(collective=schedule.collective, world=world, rank=rank,
-                    slots=_own_copy_forked(_marks_reset(slots), schedule), algorithm=schedule.algorithm, stream_mode=schedule.stream_mode, staged=schedule.staged,
-                    workspace_bytes=schedule.workspace_bytes)
+                    slots=_own_copy_forked(_marks_reset(slots), schedule), algorithm=schedule.algorithm,
+                    stream_mode=schedule.stream_mode, staged=schedule.staged, workspace_bytes=schedule.workspace_bytes)
 
 
 def _marks_reset(slots) -> tuple:
@@ -159,12 +159,13 @@ def _marks_reset(slots) -> tuple:
 
 def _free_gated(schedule: Schedule) -> bool:
     """Whether a captured call's pushes into the peers' workspace wait for the peers' FREE of
-    the call's previous replay instead of their READY of this one (see the module doc): one
-    stream (its last op, after its DONE waits, may free the region), not one-shot (one
-    kernel), not a pipeline (its marks order its steps)."""
-    if len(schedule.slots) != 1 or schedule.one_shot:
+    the call's previous replay instead of their READY of this one (see the module doc): any
+    such call in any stream mode (the mode is each rank's own, not agreed: ranks of one call
+    may differ, so the protocol must not), but not a one-shot call (one kernel, its own
+    protocol) or a pipeline (its marks order its steps), which every rank runs alike."""
+    if schedule.one_shot:
         return False
-    ops = schedule.slots[0]
+    ops = [op for slot in schedule.slots for op in slot]
     return (not any(isinstance(op, (Compute, Mark, AwaitMark)) for op in ops)
             and any(isinstance(op, WaitSignal) and op.kind is Signal.FREE for op in ops))
 

@@ -157,7 +157,6 @@ def test_a_one_stream_calls_own_copy_runs_on_a_forked_branch_and_nothing_else_mo
     assert max(i for i, op in enumerate(ops) if isinstance(op, Reduce)) < min(i for i, op in enumerate(ops) if local(op))
 
 
-
 def _slow_reducer(comm, replays):
     """Captured reduce-scatter and all-reduce, replayed with new inputs, rank 0 slow to read its
     workspace (a random sleep before each of its sums): a peer that pushed into that workspace
@@ -215,6 +214,42 @@ def test_a_captured_push_into_the_peers_workspace_waits_for_the_previous_replays
         assert set(ops[-2:]) == {SetSignal(0, Signal.FREE), SetSignal(2, Signal.FREE)}
         last_done = max(i for i, op in enumerate(ops) if isinstance(op, WaitSignal) and op.kind is Signal.DONE)
         assert last_done < len(ops) - 2  # freed only once every peer is done with this rank's memory
+    # several streams alike (a rank's stream mode is its own: the protocol must not depend on it)
     per_peer = graph_schedule(plan_reduce_scatter(3, 1, 4096, "bfloat16", stream_mode=StreamMode.PER_PEER))
-    kinds = {op.kind for slot in per_peer.slots for op in slot if isinstance(op, WaitSignal)}
-    assert Signal.READY in kinds and Signal.FREE not in kinds
+    kinds = {op.kind for slot in per_peer.slots for op in slot if isinstance(op, (WaitSignal, SetSignal))}
+    assert Signal.READY not in kinds and Signal.FREE in kinds
+    assert set(per_peer.slots[0][-2:]) == {SetSignal(0, Signal.FREE), SetSignal(2, Signal.FREE)}
+
+
+def _mixed_modes(comm, replays):
+    """Every rank captures the same calls, each in a stream mode of its own (rank r:
+    BATCH, PER_PEER, SINGLE, ...); an all-reduce of one element leaves most chunks empty."""
+    w, r = comm.world, comm.rank
+    modes = (StreamMode.BATCH, StreamMode.PER_PEER, StreamMode.SINGLE)
+    comm.options.stream_mode = modes[r % len(modes)]
+    rs_in, rs_out = torch.empty(3 * w), torch.empty(3)
+    one, ar = torch.empty(1), torch.empty(5 * w + 1)
+    with comm.executor.capture() as graph:
+        comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,))
+        comm.call(ALL_REDUCE, one, one, (ReduceOp.SUM,))
+        comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,))
+    ok = []
+    for step in range(replays):
+        ins = {name: [] for name in ("rs", "one", "ar")}
+        for q in range(w):
+            for name, t in (("rs", rs_in), ("one", one), ("ar", ar)):
+                x = torch.empty_like(t)
+                _fill(x, q, step, len(name))
+                ins[name].append(x)
+        rs_in.copy_(ins["rs"][r]), one.copy_(ins["one"][r]), ar.copy_(ins["ar"][r])
+        comm.executor.replay(graph)
+        ok.append(torch.equal(rs_out, REDUCE_SCATTER.reference(ins["rs"], r))
+                  and torch.equal(one, ALL_REDUCE.reference(ins["one"], r, [(ReduceOp.SUM,)] * w))
+                  and torch.equal(ar, ALL_REDUCE.reference(ins["ar"], r, [(ReduceOp.AVG,)] * w)))
+    return ok
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_that_capture_in_different_stream_modes_replay_right(world):
+    for ok in spawn(world, _mixed_modes, 4):
+        assert ok == [True] * 4, ok
