@@ -231,6 +231,26 @@ def test_changed_options_apply_to_a_remembered_call():
     assert spawn(2, _algorithm_after_set_options) == [["push", "pull", "push"]] * 2
 
 
+def _mismatched_default_algorithm(comm):
+    """Each rank's group default (set_options is per rank) asks for another algorithm: a push on
+    one rank and a pull on the other would each wait for signals that say nothing of the other's
+    copies, leaving one output silently wrong. Refused on every rank before anything moves."""
+    comm.options.algorithm = Algorithm.PUSH if comm.rank == 0 else Algorithm.PULL
+    out, inp = comm.executor.empty((comm.world * 4,), torch.float32), comm.executor.empty((4,), torch.float32)
+    out.fill_(3.0)
+    try:
+        comm.all_gather_into_tensor(out, inp)
+    except CollectiveError as e:
+        return str(e), bool((out == 3.0).all())
+    return "no error", False
+
+
+def test_ranks_whose_default_algorithms_differ_are_refused_everywhere():
+    (msg0, untouched0), (msg1, untouched1) = spawn(2, _mismatched_default_algorithm)
+    assert "algorithm (pull vs push here)" in msg0 and "algorithm (push vs pull here)" in msg1
+    assert "nothing was moved" in msg0 and untouched0 and untouched1
+
+
 def _mismatched_size(comm):
     n = 8 if comm.rank != 1 else 9
     out = torch.full((comm.world * n,), 3.0)

@@ -437,13 +437,18 @@ class Group(CollectiveMethods):
 
     def _local_row(self, coll: Collective, call: LocalCall, dtype, in_bytes: int, out_bytes: int, views, algorithm,
                    stream_mode) -> "_Local":
-        """The local step of a validated ``call``: its board row."""
+        """The local step of a validated ``call``: its board row. The row names the algorithm the
+        call asks for, its own or else the group's default: the default is each rank's own
+        (``set_options``), and ranks that asked for different ones must be refused alike (a
+        push on one rank and a pull on the other each wait for signals that say nothing of
+        the other's copies: a silently wrong output)."""
         _check_algorithm(algorithm)
+        asked = algorithm or self.options.algorithm
         # An in-place input is reached through the output, at another offset on every rank.
         flags = (_SYM_IN * (views[0] is not None and not call.in_place) | _SYM_OUT * (views[1] is not None)
                  | _IN_PLACE * call.in_place)
         row = [0, _code(coll.name), _code(str(dtype)), in_bytes, out_bytes, flags,
-               -1 if algorithm is None else _code(algorithm.value),
+               -1 if asked is None else _code(asked.value),
                -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
                call.agreed, -1 if views[0] is None else views[0][2], -1 if views[1] is None else views[1][2],
                *call.send, *call.recv]

@@ -105,7 +105,7 @@ def reduce_scatter_from_parts(group, output, parts, rows, op=None, timeout=None)
     # Remembered as a call's local step is (its settled plans and views with it: the executor
     # keeps compiled programs by their identity); the parts are validated on every call.
     key = ("from_parts", output.data_ptr(), output.numel(), output.dtype, parts[0].dtype, output.device,
-           ex.views_generation, call.agreed, group.options.stream_mode, group.options.checks)
+           ex.views_generation, call.agreed, group.options.stream_mode, group.options.checks, group.options.algorithm)
     local = group._locals.get(key)
     if local is None:
         # The peers see a flat reduce-scatter: its input is this rank's own (pushed), never reached.
