@@ -355,6 +355,10 @@ class Algorithm(enum.Enum):
 
     PULL = "pull"  # each rank reads its peers' (symmetric) inputs into its own output
     PUSH = "push"  # each rank writes its input into its peers' (symmetric) outputs
+    # each rank writes its input into its peers' workspace and copies what landed in its own into
+    # its output: one signal (the pushes' DONE) on the critical path, the workspace freed for the
+    # next call off it (an all-gather's; a reduce-scatter's and an all-reduce's push is this)
+    STAGED_PUSH = "staged_push"
 
 
 class StreamMode(enum.Enum):

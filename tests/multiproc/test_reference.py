@@ -13,13 +13,15 @@ from conccl.errors import CollectiveError, CollectiveTimeout  # noqa: E402
 from conccl.launch import spawn  # noqa: E402
 
 MODES = [(a, m) for a in (Algorithm.PULL, Algorithm.PUSH) for m in StreamMode]
+# the all-gather also pushes into the peers' workspace
+GATHER_MODES = MODES + [(Algorithm.STAGED_PUSH, m) for m in StreamMode]
 
 
 def _gather_all_modes(comm, n):
     w, r = comm.world, comm.rank
     ex = comm.executor
     results = []
-    for algo, mode in MODES:
+    for algo, mode in GATHER_MODES:
         for sym_in in (False, True):
             if algo is Algorithm.PUSH:
                 out = ex.empty((w * n,), torch.int32)
@@ -42,11 +44,39 @@ def test_all_gather_every_mode(world):
 
 def _gather_in_place(comm, n):
     w, r = comm.world, comm.rank
-    out = comm.executor.empty((w * n,), torch.float32)
-    out.fill_(-1)
-    out[r * n:(r + 1) * n] = r + 0.5
-    comm.all_gather_into_tensor(out, out[r * n:(r + 1) * n])
-    return bool(torch.equal(out, torch.arange(w).float().add(0.5).repeat_interleave(n)))
+    ok = []
+    sym = comm.executor.empty((w * n,), torch.float32), comm.executor.empty((w * n,), torch.float32)
+    for algo, out in ((None, sym[0]), (Algorithm.STAGED_PUSH, torch.empty(w * n)), (Algorithm.STAGED_PUSH, sym[1])):
+        out.fill_(-1)
+        out[r * n:(r + 1) * n] = r + 0.5
+        comm.all_gather_into_tensor(out, out[r * n:(r + 1) * n], algorithm=algo)
+        ok.append(bool(torch.equal(out, torch.arange(w).float().add(0.5).repeat_interleave(n))))
+    return all(ok)
+
+
+def _staged_push_back_to_back(comm, calls):
+    """Eager staged-push all-gathers, new inputs every call, the ranks drifting apart (random
+    sleeps; settled calls post and run ahead): a push into a peer's workspace half must wait
+    until the peer has copied out what the call before last left there."""
+    import random
+    import time
+
+    w, r = comm.world, comm.rank
+    rng = random.Random(r)
+    inp, out = torch.empty(300), torch.empty(300 * w)
+    ok = []
+    for step in range(calls):
+        inp.copy_(torch.arange(300).float() + 1000 * r + 7 * step)
+        time.sleep(rng.random() * 0.003)
+        comm.all_gather_into_tensor(out, inp, algorithm=Algorithm.STAGED_PUSH)
+        ok.append(bool(torch.equal(out, torch.cat([torch.arange(300).float() + 1000 * k + 7 * step for k in range(w)]))))
+    return ok
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_staged_push_all_gathers_back_to_back_with_drifting_ranks(world):
+    for ok in spawn(world, _staged_push_back_to_back, 30):
+        assert ok == [True] * 30, ok
 
 
 @pytest.mark.parametrize("world", [2, 4])

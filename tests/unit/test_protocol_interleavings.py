@@ -27,7 +27,7 @@ from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
 from conccl.collectives.one_shot import (plan_one_shot_all_gather, plan_one_shot_all_reduce,
                                          plan_one_shot_all_to_all, plan_one_shot_reduce_scatter)
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
-from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, Buf, Copy, Reduce, SetSignal, StreamMode, WaitSignal,
+from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, Algorithm, Buf, Copy, Reduce, SetSignal, StreamMode, WaitSignal,
                              signal_pad_words, signal_word, workspace_half)
 
 CAPACITY = 1 << 13  # the model's workspace per rank: two halves of 4 KiB
@@ -43,6 +43,10 @@ def _plans(world, rank, kind, mode):
         return plan_all_gather(world, rank, 64, stream_mode=mode)  # plain tensors: staged
     if kind == "ag_sym":
         return plan_all_gather(world, rank, 64, stream_mode=mode, input_symmetric=True)
+    if kind == "ag_sp":  # pushes into the peers' workspace, copied out there
+        return plan_all_gather(world, rank, 64, stream_mode=mode, algorithm=Algorithm.STAGED_PUSH)
+    if kind == "ag_sp_big":  # whole under the small_double_buffer fixture
+        return plan_all_gather(world, rank, 1024, stream_mode=mode, algorithm=Algorithm.STAGED_PUSH)
     if kind == "a2a":
         return plan_all_to_all(world, rank, equal_split_matrix(world, 32), stream_mode=mode)
     if kind == "rs":
@@ -129,7 +133,7 @@ def _run(world, calls, mode, seed, half=workspace_half):
     return "did not finish"
 
 
-KINDS = ("ag", "rs", "ar", "a2a", "ag_sym", "os_ag", "os_a2a", "os_rs", "os_ar")
+KINDS = ("ag", "rs", "ar", "a2a", "ag_sym", "ag_sp", "os_ag", "os_a2a", "os_rs", "os_ar")
 
 
 @pytest.mark.parametrize("mode", list(StreamMode))
@@ -144,7 +148,7 @@ def test_no_read_sees_another_calls_workspace_bytes(world, mode):
 def test_the_model_sees_an_overwrite_with_one_half():
     """The counter-test: both halves one (every call at offset 0). Some run must go wrong,
     for the all-gather's staging and for the reduce-scatter's pushes alike."""
-    for calls in (["ag"] * 6, ["rs"] * 6):
+    for calls in (["ag"] * 6, ["rs"] * 6, ["ag_sp"] * 6):
         found = [_run(2, calls, StreamMode.PER_PEER, seed, half=lambda seq, capacity: 0) for seed in range(40)]
         assert any(f and "holding call" in f for f in found), calls
 
@@ -170,7 +174,7 @@ def small_double_buffer(monkeypatch):
         plan.cache_clear()
 
 
-WHOLE_KINDS = KINDS + ("rs_big", "ar_big")
+WHOLE_KINDS = KINDS + ("rs_big", "ar_big", "ag_sp_big")
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -179,11 +183,13 @@ def test_whole_and_double_buffered_calls_mix(world, small_double_buffer):
     assert not _plans(world, 0, "ar_big", StreamMode.BATCH).double_buffered
     assert _plans(world, 0, "rs", StreamMode.BATCH).double_buffered
     assert _plans(world, 0, "ar", StreamMode.BATCH).double_buffered
+    assert not _plans(world, 0, "ag_sp_big", StreamMode.BATCH).double_buffered
+    assert _plans(world, 0, "ag_sp", StreamMode.BATCH).double_buffered
     for mode in StreamMode:
         # a whole call first, then pushes into the halves it used (found in review: call 2's
         # pushes once waited for a FREE the zeroed pad already satisfied)
-        for first in ("rs_big", "ar_big"):
-            for then in ("rs", "ar", "os_ar"):
+        for first in ("rs_big", "ar_big", "ag_sp_big"):
+            for then in ("rs", "ar", "os_ar", "ag_sp"):
                 for seed in range(30):
                     assert _run(world, [first, then, then, first, then], mode, seed) is None, (world, mode, seed, first,
                                                                                                then)

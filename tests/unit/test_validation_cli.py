@@ -271,17 +271,17 @@ def test_bench_buffers_hold_the_largest_input_and_output():
 
 def test_which_implementations_run_a_collective():
     served = {n: [c for c in COLLECTIVES if i.serves(COLLECTIVES[c], 4)] for n, i in IMPLS.items()}
-    assert served["torch_lc"] == ["all_gather"] and served["conccl_symm_push_in_place"] == ["all_gather"]
+    gather_only = {"torch_lc", "conccl_symm_push_in_place", "conccl_staged_push", "conccl_symm_staged_push"}
+    assert all(served[n] == ["all_gather"] for n in gather_only)
     every = [n for n, cs in served.items() if {"all_gather", "all_to_all"} <= set(cs)]
-    assert set(every) == set(IMPLS) - {"torch_lc", "conccl_symm_push_in_place"}
+    assert set(every) == set(IMPLS) - gather_only
     # reduce-scatter: conccl's push paths and NCCL; not pull, not the libraries' all-gather-only paths
     assert {n for n, cs in served.items() if "reduce_scatter" in cs} == set(every) - {
         "conccl_symm_pull", "conccl_per_peer", "conccl_single", "conccl_batch", "nccl_ce"}
     # an unknown collective runs under conccl's and torch.distributed's own paths, not under
     # another library's path for named collectives only
     new = _Reverse()
-    assert {n for n, i in IMPLS.items() if i.serves(new, 4)} == set(IMPLS) - {"torch_lc", "nccl_ce",
-                                                                              "conccl_symm_push_in_place"}
+    assert {n for n, i in IMPLS.items() if i.serves(new, 4)} == set(IMPLS) - gather_only - {"nccl_ce"}
     # a collective that refuses pull is not run by the pull implementations, and is by the default
     refused = {n for n, i in IMPLS.items() if not i.serves(REDUCE_SCATTER, 4)}
     assert {"conccl_symm_pull", "conccl_per_peer", "conccl_single", "conccl_batch"} <= refused

@@ -41,7 +41,8 @@ IMPLS = ("nccl", "conccl", "conccl_auto")  # what this benchmark runs; NCCL firs
 # conccl's variants that --impls may add (conccl.bench.impls): tensors from conccl.empty, in
 # place, other stream modes; what a schedule change does in a graph, beside the default's figures.
 VARIANTS = ("conccl_symm_pull", "conccl_symm_push", "conccl_symm_push_in_place", "conccl_symm_push_single",
-            "conccl_symm_push_per_peer", "conccl_symm_push_batch", "conccl_per_peer", "conccl_single", "conccl_batch")
+            "conccl_symm_push_per_peer", "conccl_symm_push_batch", "conccl_per_peer", "conccl_single", "conccl_batch",
+            "conccl_staged_push", "conccl_symm_staged_push")
 KNOWN_IMPLS = IMPLS + VARIANTS
 BASELINE = "nccl"
 # Whether an implementation's calls are conccl's: those reserve graph workspace before a capture
@@ -190,8 +191,9 @@ def parse_list(text: str, flag: str, parse=str) -> tuple:
 
 def graph_workspace_per_call(coll, size: int, world: int) -> int:
     """Graph workspace one captured conccl call of ``coll`` may take at ``size`` output bytes
-    per rank (an upper bound: its input's bytes, each peer's slot and the capture rounded up)."""
-    return coll.input_bytes(size, world) + world * WORKSPACE_ALIGN
+    per rank (an upper bound: its input's bytes, or its output's for a staged push, each peer's
+    slot and the capture rounded up)."""
+    return max(coll.input_bytes(size, world), size) + world * WORKSPACE_ALIGN
 
 
 def calls_per_graph(calls: int, per_call_bytes: int, budget_bytes: int) -> int:

@@ -9,6 +9,7 @@ from ..schedule import Algorithm, Buf, Copy, Phase, Schedule, StreamMode, Transf
 from ..validate import InvalidArgument, byte_range, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule
+from .reduce_scatter import WORKSPACE_ALIGN
 
 NAME = "all_gather"
 
@@ -36,6 +37,8 @@ def plan_all_gather(
     """
     if not 0 <= rank < world:
         raise InvalidArgument(f"rank {rank} outside a world of {world}")
+    if algorithm is Algorithm.STAGED_PUSH:
+        return _plan_staged_push(world, rank, nbytes, stream_mode, in_place)
     if algorithm is Algorithm.PUSH and not output_symmetric:
         raise InvalidArgument("push all-gather needs a peer-reachable output (allocate it with conccl.empty)")
     from_output = peers_in_place and output_symmetric
@@ -66,6 +69,32 @@ def plan_all_gather(
     )
 
 
+def _plan_staged_push(world: int, rank: int, nbytes: int, stream_mode: StreamMode, in_place: bool) -> Schedule:
+    """Algorithm.STAGED_PUSH: each rank pushes its input into slot ``rank`` of every peer's
+    workspace and, once every peer's DONE says its own slots are written, copies them into its
+    output. The reduce-scatter's protocol (:func:`~conccl.collectives.direct.build_direct_schedule`,
+    ``into_workspace``) with copies where it sums: the pushes wait for the peers' FREE of an
+    earlier call (off the critical path in steady state), the only signal on it is DONE, and
+    neither tensor need be peer-reachable. Costs a workspace of ``world`` aligned slots and a
+    same-GPU copy of what lands."""
+    slot = -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    peers: dict[int, Transfer | None] = {}
+    finish: list = []
+    for p in range(world):
+        if p == rank or not nbytes:
+            continue
+        peers[p] = Transfer(rank, Buf.INPUT, 0, p, Buf.WORKSPACE, rank * slot, nbytes, 0, Phase.PEER)
+        finish.append(Copy(Transfer(rank, Buf.WORKSPACE, p * slot, rank, Buf.OUTPUT, p * nbytes, nbytes, 0,
+                                    Phase.LOCAL)))
+    local = None
+    if not in_place and nbytes:
+        local = Transfer(rank, Buf.INPUT, 0, rank, Buf.OUTPUT, rank * nbytes, nbytes, 0, Phase.LOCAL)
+    return build_direct_schedule(
+        NAME, world, rank, algorithm=Algorithm.STAGED_PUSH, stream_mode=stream_mode, peer_transfers=peers,
+        stage=None, local=local, staged=True, workspace_bytes=world * slot if nbytes else 0, wait_done=True,
+        finish=tuple(finish), into_workspace=True)
+
+
 def check_all_gather(output, input, world: int, rank: int, device_type: str) -> bool:
     """Validate arguments; return True when the call is in place (input is output's own chunk)."""
     check_pair(output, input, device_type)
@@ -90,6 +119,7 @@ class AllGather(Collective):
 
     name = NAME
     api_name = "all_gather_into_tensor"
+    staged_push = True
 
     def layout(self, world: int, rank: int) -> Layout:
         return Layout(1, world, tuple(((src, 0),) for src in range(world)), in_place_chunk=rank)

@@ -92,6 +92,8 @@ class Collective(abc.ABC):
     # torch.distributed's function takes one tensor, reduced in place (``all_reduce(tensor,
     # op)``); the group's call still takes (output, input, *args), in place when they are one.
     single_tensor: ClassVar[bool] = False
+    # Whether it plans Algorithm.STAGED_PUSH (pushes into the peers' workspace, copied out there)
+    staged_push: ClassVar[bool] = False
 
     def plan_fixed_by_own_row(self, world: int) -> bool:
         """Whether this rank's board row and the check that the peers' agree with it fix every
@@ -166,6 +168,8 @@ class Collective(abc.ABC):
             return Algorithm.PUSH if output_symmetric else Algorithm.PULL
         if requested is Algorithm.PUSH and not output_symmetric:
             raise InvalidArgument("Algorithm.PUSH needs every rank's output allocated with conccl.empty")
+        if requested is Algorithm.STAGED_PUSH and not self.staged_push:
+            raise InvalidArgument(f"{self.api_name} has no Algorithm.STAGED_PUSH")
         return requested
 
     @abc.abstractmethod
