@@ -21,6 +21,7 @@ def eager(rank, world, cases, report):
     from conccl.collectives import REGISTRY
 
     group = conccl.get_group()
+    staged_push = getattr(conccl.Algorithm, "STAGED_PUSH", None)  # None in an older checkout
     premul = dist._make_nccl_premul_sum(0.25)
     tag = 0
     for dtype in DTYPES:
@@ -31,6 +32,12 @@ def eager(rank, world, cases, report):
             conccl.all_gather_into_tensor(out, every[rank])
             torch.cuda.synchronize()
             cases.append((f"all_gather {dtype} n={n}", bits_equal(out, REGISTRY["all_gather"].reference(every, rank))))
+            if staged_push is not None:  # pushed into the peers' workspace, copied out there
+                out = torch.empty(world * n, dtype=dtype, device="cuda")
+                group.all_gather_into_tensor(out, every[rank], algorithm=staged_push)
+                torch.cuda.synchronize()
+                cases.append((f"all_gather staged push {dtype} n={n}",
+                              bits_equal(out, REGISTRY["all_gather"].reference(every, rank))))
 
             tag += 1
             every = [seeded(tag, r, 0, world * n, dtype) for r in range(world)]
@@ -176,10 +183,14 @@ def graph(rank, world, cases, report):
     ar = torch.empty(12345, dtype=torch.bfloat16, device="cuda")
     pers_out = torch.empty(world * n, device="cuda")
     pers = conccl.persistent_all_gather_into_tensor(pers_out, ag_in)
+    staged_push = getattr(conccl.Algorithm, "STAGED_PUSH", None)  # None in an older checkout
+    sp_out = torch.empty(world * n, device="cuda")
 
     def calls():
         pers.start()
         conccl.all_gather_into_tensor(ag_out, ag_in)
+        if staged_push is not None:
+            conccl.get_group().all_gather_into_tensor(sp_out, ag_in, algorithm=staged_push)
         conccl.all_gather_into_tensor(sym_out, ag_in)
         conccl.all_to_all_single(a2a_out, a2a_in)
         conccl.reduce_scatter_tensor(rs_out, rs_in)
@@ -212,6 +223,7 @@ def graph(rank, world, cases, report):
         cases += [(f"graph replay {step} all_gather", bits_equal(ag_out, ag_want)),
                   (f"graph replay {step} all_gather into symmetric output", bits_equal(sym_out, ag_want)),
                   (f"graph replay {step} persistent all_gather", bits_equal(pers_out, ag_want)),
+                  (f"graph replay {step} all_gather staged push", staged_push is None or bits_equal(sp_out, ag_want)),
                   (f"graph replay {step} all_to_all", bits_equal(a2a_out, REGISTRY["all_to_all"].reference(every["a2a"], rank))),
                   (f"graph replay {step} reduce_scatter", bits_equal(rs_out, REGISTRY["reduce_scatter"].reference(every["rs"], rank))),
                   (f"graph replay {step} all_reduce", bits_equal(ar, REGISTRY["all_reduce"].reference(every["ar"], rank)))]
