@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
 
+from conccl import Algorithm  # noqa: E402
 from conccl.collectives import REGISTRY  # noqa: E402
 from conccl.errors import CollectiveError, GroupBroken, InvalidArgument  # noqa: E402
 from conccl.launch import spawn_hosts  # noqa: E402
@@ -143,6 +144,27 @@ def _mismatches(comm, culprit, how):
     out = torch.empty(4 * w)
     comm.all_gather_into_tensor(out, every[r])
     return msg, untouched, _same(out, REGISTRY["all_gather"].reference(every, r))
+
+
+def _mismatched_default_algorithm(comm, culprit):
+    """Rank ``culprit`` defaults to another algorithm (set_options is per rank): the node-local
+    steps read it, so every host must agree on it; then everyone calls alike again."""
+    w, r = comm.world, comm.rank
+    if r == culprit:
+        comm.options.algorithm = Algorithm.PULL
+    out = torch.full((w * 4,), -1.0)
+    try:
+        comm.all_gather_into_tensor(out, torch.full((4,), float(r)))
+        msg = None
+    except CollectiveError as e:
+        msg = str(e)
+    return msg, bool((out == -1).all())
+
+
+def test_a_default_algorithm_that_differs_on_any_host_is_refused_on_every_rank():
+    for msg, untouched in spawn_hosts("2x2", _mismatched_default_algorithm, 3):
+        assert msg is not None and "nothing was moved" in msg and "algorithm" in msg, msg
+        assert untouched
 
 
 @pytest.mark.parametrize("culprit,how", [(3, "dtype"), (1, "size"), (5, "size")])

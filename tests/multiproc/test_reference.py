@@ -261,6 +261,29 @@ def test_changed_options_apply_to_a_remembered_call():
     assert spawn(2, _algorithm_after_set_options) == [["push", "pull", "push"]] * 2
 
 
+def _staged_push_default(comm):
+    """STAGED_PUSH as the group's default: the all-gather's; the collectives without one run as
+    if no default were set (an all-to-all, here), the reductions push as they always do."""
+    w, r = comm.world, comm.rank
+    seen = []
+    run = comm.executor.run
+    comm.executor.run = lambda schedule, *a, **k: (seen.append(schedule.algorithm.value), run(schedule, *a, **k))[1]
+    comm.options.algorithm = Algorithm.STAGED_PUSH
+    out = torch.empty(4 * w)
+    comm.all_gather_into_tensor(out, torch.full((4,), float(r)))
+    ok = torch.equal(out, torch.arange(w).float().repeat_interleave(4))
+    a2a = torch.empty(2 * w)
+    comm.all_to_all_single(a2a, torch.full((2 * w,), float(r)))
+    ok = ok and torch.equal(a2a, torch.arange(w).float().repeat_interleave(2))
+    rs = torch.empty(3)
+    comm.reduce_scatter_tensor(rs, torch.ones(3 * w))
+    return seen, ok and torch.equal(rs, torch.full((3,), float(w)))
+
+
+def test_a_staged_push_default_serves_the_all_gather_and_leaves_the_others_be():
+    assert spawn(2, _staged_push_default) == [(["staged_push", "pull", "push"], True)] * 2
+
+
 def _mismatched_default_algorithm(comm):
     """Each rank's group default (set_options is per rank) asks for another algorithm: a push on
     one rank and a pull on the other would each wait for signals that say nothing of the other's
@@ -277,7 +300,7 @@ def _mismatched_default_algorithm(comm):
 
 def test_ranks_whose_default_algorithms_differ_are_refused_everywhere():
     (msg0, untouched0), (msg1, untouched1) = spawn(2, _mismatched_default_algorithm)
-    assert "algorithm (pull vs push here)" in msg0 and "algorithm (push vs pull here)" in msg1
+    assert "algorithm (pull vs push here; asked per call or by set_options)" in msg0 and "(push vs pull here" in msg1
     assert "nothing was moved" in msg0 and untouched0 and untouched1
 
 

@@ -280,6 +280,18 @@ def test_each_case_tears_down_and_drops_conccl_groups_even_when_it_fails(monkeyp
     assert "drop" not in events  # NCCL's graphs hold no conccl state
 
 
+def test_a_staged_push_reserves_its_output_only_where_it_runs():
+    """The case's calls per graph come from the input-sized bound, as before the staged push;
+    the staged-push variants' captured calls take a slot of every rank's input."""
+    ag = COLLECTIVES["all_gather"]
+    plain = graphs.graph_workspace_per_call(ag, 1 << 20, 4)
+    staged = graphs.graph_workspace_per_call(ag, 1 << 20, 4, staged_push=True)
+    assert plain == (1 << 18) + 4 * graphs.WORKSPACE_ALIGN and staged == (1 << 20) + 4 * graphs.WORKSPACE_ALIGN
+    rs = COLLECTIVES["reduce_scatter"]
+    assert graphs.graph_workspace_per_call(rs, 1 << 20, 4, True) == graphs.graph_workspace_per_call(rs, 1 << 20, 4)
+    assert set(graphs.STAGED_PUSH_IMPLS) <= set(graphs.VARIANTS)
+
+
 def test_variants_are_conccl_implementations_of_the_registry_and_accepted():
     """--impls takes conccl's variants (conccl.empty tensors, in place, other stream modes):
     each one the bench's registry holds, run by conccl's group, so dropped with it."""

@@ -189,11 +189,16 @@ def parse_list(text: str, flag: str, parse=str) -> tuple:
         raise ValueError(f"{flag}: {e}") from None
 
 
-def graph_workspace_per_call(coll, size: int, world: int) -> int:
+# the implementations whose captured calls take a slot of every rank's input: the output's bytes
+STAGED_PUSH_IMPLS = ("conccl_staged_push", "conccl_symm_staged_push")
+
+
+def graph_workspace_per_call(coll, size: int, world: int, staged_push: bool = False) -> int:
     """Graph workspace one captured conccl call of ``coll`` may take at ``size`` output bytes
-    per rank (an upper bound: its input's bytes, or its output's for a staged push, each peer's
-    slot and the capture rounded up)."""
-    return max(coll.input_bytes(size, world), size) + world * WORKSPACE_ALIGN
+    per rank (an upper bound: its input's bytes, or for a ``staged_push`` its output's, each
+    peer's slot and the capture rounded up)."""
+    return (max(coll.input_bytes(size, world), size) if staged_push else coll.input_bytes(size, world)) \
+        + world * WORKSPACE_ALIGN
 
 
 def calls_per_graph(calls: int, per_call_bytes: int, budget_bytes: int) -> int:

@@ -22,8 +22,8 @@ import conccl
 
 from ..collectives import Collective, get as get_collective
 from ..units import format_size
-from .graphs import (USES_CONCCL_GROUP, GraphsConfig, GraphsRecord, calls_per_graph, graph_workspace_per_call,
-                     per_call_us, summarize)
+from .graphs import (STAGED_PUSH_IMPLS, USES_CONCCL_GROUP, GraphsConfig, GraphsRecord, calls_per_graph,
+                     graph_workspace_per_call, per_call_us, summarize)
 from .impls import REGISTRY
 from .run import _wrong_elements, make_case, max_bytes, round_size
 
@@ -34,7 +34,7 @@ class _Case:
     """One collective at one size: this rank's buffers and the bytes a correct output holds."""
 
     def __init__(self, coll: Collective, size: int, calls: int, world: int, rank: int):
-        self.coll, self.size, self.calls = coll, size, calls
+        self.coll, self.size, self.calls, self.world = coll, size, calls, world
         self.ws_per_call = graph_workspace_per_call(coll, size, world)
         self.inp, self.out, self.expected = make_case(coll, size, world, rank, DTYPE, "cuda")
         self.pristine = None
@@ -106,7 +106,9 @@ def _measure(mode: str, impl, unit, result, case: _Case, cfg: GraphsConfig, ctx:
         unit()  # eagerly first: the conccl group, its kernels and NCCL's communicator exist before capture
         torch.cuda.synchronize()
         if USES_CONCCL_GROUP[impl.name]:
-            conccl.reserve_graph_workspace(case.calls * case.ws_per_call)
+            staged = impl.name in STAGED_PUSH_IMPLS  # its calls take more than the case's bound
+            conccl.reserve_graph_workspace(case.calls * (graph_workspace_per_call(case.coll, case.size, case.world, True)
+                                                         if staged else case.ws_per_call))
         dist.barrier()
         torch.cuda.synchronize()
         ctx.pop("path", None)

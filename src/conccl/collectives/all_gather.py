@@ -91,7 +91,7 @@ def _plan_staged_push(world: int, rank: int, nbytes: int, stream_mode: StreamMod
         local = Transfer(rank, Buf.INPUT, 0, rank, Buf.OUTPUT, rank * nbytes, nbytes, 0, Phase.LOCAL)
     return build_direct_schedule(
         NAME, world, rank, algorithm=Algorithm.STAGED_PUSH, stream_mode=stream_mode, peer_transfers=peers,
-        stage=None, local=local, staged=True, workspace_bytes=world * slot if nbytes else 0, wait_done=True,
+        stage=None, local=local, staged=True, workspace_bytes=world * slot if nbytes and world > 1 else 0, wait_done=True,
         finish=tuple(finish), into_workspace=True)
 
 

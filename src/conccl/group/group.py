@@ -87,7 +87,7 @@ class _Local:
     dtype: object
     row: list  # published on the board; the sequence number is written per call
     views: tuple  # the executor's peer_view of (input, output)
-    algorithm: Algorithm | None  # as requested (None: the group's default)
+    algorithm: Algorithm | None  # as asked for, by the call or the group's default (the row's; None: automatic)
     stream_mode: StreamMode
     call: LocalCall  # what the collective's validation decided
     settled: dict = _field(default_factory=dict)  # rows (sequence numbers zeroed) -> (schedule, views)
@@ -444,6 +444,8 @@ class Group(CollectiveMethods):
         the other's copies: a silently wrong output)."""
         _check_algorithm(algorithm)
         asked = algorithm or self.options.algorithm
+        if algorithm is None and asked is Algorithm.STAGED_PUSH and not coll.staged_push:
+            asked = None  # a default for the collectives that have it (the all-gather's), not a request
         # An in-place input is reached through the output, at another offset on every rank.
         flags = (_SYM_IN * (views[0] is not None and not call.in_place) | _SYM_OUT * (views[1] is not None)
                  | _IN_PLACE * call.in_place)
@@ -452,7 +454,7 @@ class Group(CollectiveMethods):
                -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
                call.agreed, -1 if views[0] is None else views[0][2], -1 if views[1] is None else views[1][2],
                *call.send, *call.recv]
-        return _Local(coll, dtype, row, views, algorithm, stream_mode or self.options.stream_mode, call)
+        return _Local(coll, dtype, row, views, asked, stream_mode or self.options.stream_mode, call)
 
     def _agree(self, local: "_Local", timeout_s: float, one_shot: bool = False, may_post: bool = True,
                peers_fixed: bool = False) -> tuple:
@@ -627,7 +629,7 @@ class Group(CollectiveMethods):
         all_flags = _all_flags(rows)
         schedule = local.coll.plan(
             w, self.rank, local.call, peers,
-            algorithm=local.coll.algorithm(local.algorithm or self.options.algorithm, bool(all_flags & _SYM_OUT)),
+            algorithm=local.coll.algorithm(local.algorithm, bool(all_flags & _SYM_OUT)),
             stream_mode=local.stream_mode, input_symmetric=bool(all_flags & _SYM_IN),
             output_symmetric=bool(all_flags & _SYM_OUT), peers_in_place=bool(all_flags & _IN_PLACE))
         if all_flags & _ONE_SHOT:  # every rank would: a pure function of the rows, alike everywhere
@@ -651,7 +653,8 @@ class Group(CollectiveMethods):
             if bad:
                 raise CollectiveError(
                     f"conccl {coll} (sequence number {seq}) on rank {self.rank}: rank {bad[0]} called with a different "
-                    f"{what} ({_describe(field, rows[bad[0], field], dtype)} vs {_describe(field, rows[self.rank, field], dtype)} here); nothing was moved")
+                    f"{what} ({_describe(field, rows[bad[0], field], dtype)} vs {_describe(field, rows[self.rank, field], dtype)} here"
+                    f"{'; asked per call or by set_options' if field == _F_ALGO else ''}); nothing was moved")
 
     def _timeout_s(self, timeout) -> float:
         t = timeout if timeout is not None else self.options.timeout
@@ -816,6 +819,6 @@ def _describe(field: int, value, dtype) -> str:
     if field == _F_COLL:
         return {_code(n): n for n in REGISTRY}.get(int(value), f"collective#{int(value)}")
     if field == _F_ALGO:
-        return {_code(a.value): a.value for a in Algorithm}.get(int(value), "default")
+        return {_code(a.value): a.value for a in Algorithm}.get(int(value), "automatic")
     return str(int(value))
 

@@ -61,13 +61,13 @@ from ..collectives.reduce_scatter import REDUCE_SCATTER, reduce_op
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
 from ..persistent import HierarchicalPersistent
 from ..work import Work
-from .group import _F_ARG, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_SEQ, Group, _code, _describe
+from .group import _F_ALGO, _F_ARG, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_SEQ, Group, _code, _describe
 from .methods import CollectiveMethods
 from .topology import HostLayout
 
 # The call's descriptor, field by field as the group's board row names them (for _describe).
 _FIELDS = ((_F_SEQ, "sequence number"), (_F_COLL, "collective"), (_F_DTYPE, "dtype"), (_F_IN, "input size"),
-           (_F_OUT, "output size"), (_F_ARG, "reduction op"))
+           (_F_OUT, "output size"), (_F_ARG, "reduction op"), (_F_ALGO, "default algorithm (set_options)"))
 
 
 class CrossNode:
@@ -239,7 +239,10 @@ class HierarchicalGroup(CollectiveMethods):
         if not self.options.checks:
             return
         sizes = (-1, -1) if flat else (input.numel() * input.element_size(), output.numel() * output.element_size())
-        desc = [seq, _code(coll.name), _code(str(input.dtype)), *sizes, call.agreed]
+        # the node-local steps read each rank's default algorithm: every host must have the same
+        default = self.options.algorithm
+        desc = [seq, _code(coll.name), _code(str(input.dtype)), *sizes, call.agreed,
+                -1 if default is None else _code(default.value)]
         what = f"conccl {coll.name} (hierarchical, sequence number {seq})"
         try:
             hosts = self.cross.exchange(desc)
