@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # NOT RUN this session (its device time was spent): the GPU check and first measurement of
 # (a) captured reduce-scatters and all-reduces gated by the previous replay's FREE instead of a
-#     READY round trip (c8aa842, bd2ee76): before (graphs.py of BASE) and after, in turns, twice;
+#     READY round trip (c8aa842, bd2ee76): before (graphs.py of c8aa842^) and after, in turns, twice;
 # (b) the all-gather's Algorithm.STAGED_PUSH (a08639c): in a graph and eager against NCCL, push
 #     and in place; its GPU test; the GPU tests that capture reductions; the rig's graph part.
-#   git show BASE:src/conccl/graphs.py > old_graphs.py   (untracked, in the checkout's root; BASE=57b0476^^^)
+#   git show c8aa842^:src/conccl/graphs.py > old_graphs.py   (untracked, in the checkout's root: the fork, no FREE gating)
 #   OUT=<folder> CONCCL_COMMIT=<sha> bash benchmarks/2026-11-26-h100x2-session8/run6_next.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
