@@ -12,7 +12,8 @@ own region of workspace, so nothing it touches is shared with another call. On t
   double-buffer the shared workspace) is dropped, and every captured call instead ends with a
   wait for DONE from every peer: when it completes on a rank's stream, no peer touches that
   rank's memory any more, so the next replay, or any other call, may reuse it;
-* a push into the peers' workspace (a reduce-scatter's, an all-reduce's) waits for their FREE
+* a push into the peers' workspace (a reduce-scatter's, an all-reduce's, an all-gather's
+  ``STAGED_PUSH``) waits for their FREE
   of the call's previous replay, which each rank sends every peer as its last op, after its
   DONE waits, when nothing reads or writes its region any more: the one-way signal that would
   otherwise gate the pushes (a READY of this replay, sent first) is off the critical path
