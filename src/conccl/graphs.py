@@ -35,8 +35,8 @@ after its reset. A waiter resets before the operations that follow its wait; the
 write of that word comes after the writer has waited, in the same or the next replay, for a
 signal the waiter sends only after those operations (a READY after the end-of-call DONE, a
 DONE after the copies that waited on READY or FREE, a PUSHED after a READY or FREE, a REDUCED
-after the PUSHEDs, a FREE after the DONE waits). The CPU reference executor replays captured calls across processes to check this
-(``tests/multiproc/test_graphs.py``).
+after the PUSHEDs, a FREE after the DONE waits). The CPU reference executor replays captured
+calls across processes to check this (``tests/multiproc/test_graphs.py``).
 
 A tensor-parallel pipeline's marks (:mod:`conccl.pipeline`: a piece landed or computed) are
 the rank's own words: a captured pipeline uses its graph slot's own block of them (so graphs
@@ -164,11 +164,15 @@ def _free_gated(schedule: Schedule) -> bool:
     such call in any stream mode (the mode is each rank's own, not agreed: ranks of one call
     may differ, so the protocol must not), but not a one-shot call (one kernel, its own
     protocol) or a pipeline (its marks order its steps), which every rank runs alike."""
-    if schedule.one_shot:
-        return False
-    ops = [op for slot in schedule.slots for op in slot]
-    return (not any(isinstance(op, (Compute, Mark, AwaitMark)) for op in ops)
-            and any(isinstance(op, WaitSignal) and op.kind is Signal.FREE for op in ops))
+    return _reshapeable(schedule) and any(isinstance(op, WaitSignal) and op.kind is Signal.FREE
+                                          for slot in schedule.slots for op in slot)
+
+
+def _reshapeable(schedule: Schedule) -> bool:
+    """Neither one-shot (one kernel, its own protocol) nor a pipeline (its marks and GEMM steps
+    order its copies): a call whose signals and copies may be regated or moved to a branch."""
+    return not schedule.one_shot and not any(isinstance(op, (Compute, Mark, AwaitMark))
+                                             for slot in schedule.slots for op in slot)
 
 
 def _own_copy_forked(slots: tuple, schedule: Schedule) -> tuple:
@@ -177,11 +181,9 @@ def _own_copy_forked(slots: tuple, schedule: Schedule) -> tuple:
     from the call's start and joins at its end (see the module doc). Nothing else moves: a
     pipeline's (its GEMM steps and marks order the copies) and a one-shot call's (one kernel)
     are left as they are, and so is a copy that is not the only thing of its kind."""
-    if len(slots) != 1 or schedule.one_shot:
+    if len(slots) != 1 or not _reshapeable(schedule):
         return slots
     ops = slots[0]
-    if any(isinstance(op, (Compute, Mark, AwaitMark)) for op in ops):
-        return slots
     own = [op for op in ops if _input_to_own_output(op)]
     if not own:
         return slots

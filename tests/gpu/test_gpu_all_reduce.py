@@ -9,10 +9,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-# The relative distance between neighbouring values (2 ** -mantissa bits) of each dtype.
-_ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -23}
-
-
 def _kernels(prof) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
@@ -49,7 +45,7 @@ def _all_reduce_against_nccl(rank, world):
                     # NCCL rounds after each of its world - 1 additions (its order is its own), conccl
                     # once: each rounding moves a partial sum by at most half an ulp, so the two differ
                     # by at most world ulps of the sum of magnitudes (elementwise).
-                    bound = world * _ULP[dtype] * every.view(world, -1).float().abs().sum(0)
+                    bound = world * torch.finfo(dtype).eps * every.view(world, -1).float().abs().sum(0)
                     report["cases"].append((str(dtype), n, str(op), mode.value, torch.equal(bits(out), bits(ref)),
                                             bool(((out.float() - ref.float()).abs() <= bound).all()),
                                             torch.equal(bits(out), bits(stated))))

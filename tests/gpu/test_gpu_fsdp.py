@@ -12,10 +12,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-# The relative distance between neighbouring values (2 ** -mantissa bits) of each dtype.
-_ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -23}
-
-
 def _train(rank, world, mode, mixed_precision=False):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
@@ -89,10 +85,10 @@ def _check_every_call_against_nccl(model, comms, checks):
             mass = torch.empty_like(output_tensor, dtype=torch.float32)
             dist.reduce_scatter_tensor(mass, input_tensor.float().abs(), group=group)
             super().__call__(output_tensor, input_tensor, group, op)
-            world = dist.get_world_size(group)
+            bound = 2 * dist.get_world_size(group) * torch.finfo(ref.dtype).eps * mass
             checks.append(("reduce_scatter", output_tensor.numel(), str(getattr(op, "op", op)), str(input_tensor.dtype),
                            torch.equal(ref.view(torch.int16), output_tensor.view(torch.int16)),
-                           bool(((ref.float() - output_tensor.float()).abs() <= 2 * world * _ULP[ref.dtype] * mass).all())))
+                           bool(((ref.float() - output_tensor.float()).abs() <= bound).all())))
 
     pool = next(iter(comms.pools.values()))
     for m in model.modules():

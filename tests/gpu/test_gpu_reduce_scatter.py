@@ -13,10 +13,6 @@ def _kernels(prof) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-# The relative distance between neighbouring values (2 ** -mantissa bits) of each dtype.
-_ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -23}
-
-
 def _reduce_scatter_against_nccl(rank, world):
     import torch.distributed as dist
     from torch.distributed import ReduceOp
@@ -45,7 +41,7 @@ def _reduce_scatter_against_nccl(rank, world):
                 # NCCL rounds after each of its world - 1 additions (in an order of its own), conccl
                 # once: they differ by at most world ulps of the sum of the operands' magnitudes
                 mine = every.view(world, world, n)[:, rank].float().abs().sum(0)
-                close = bool(((out.float() - ref.float()).abs() <= world * _ULP[dtype] * mine).all())
+                close = bool(((out.float() - ref.float()).abs() <= world * torch.finfo(dtype).eps * mine).all())
                 report["cases"].append((str(dtype), n, str(getattr(op, "op", op)), same, close,
                                         torch.equal(bits(out), bits(stated))))
     # in place, and a persistent op started many times
