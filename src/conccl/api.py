@@ -179,7 +179,7 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, *,
 
 def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
     """Reduce ``tensor`` over the ranks, in place, copy engines moving every byte and one small
-    kernel reducing (a reduce-scatter into the group workspace, then an all-gather out of it).
+    kernel reducing.
 
     Args:
         tensor: CUDA tensor, contiguous, bf16, fp16 or fp32, any number of elements (the same
@@ -188,18 +188,24 @@ def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
             (a Python float). Every rank must pass the same.
         group, async_op, timeout: as in :func:`all_gather_into_tensor`.
 
-    Rank r reduces elements ``r*c .. (r+1)*c`` (``c``: the count divided by the world size,
-    rounded up to 16 bytes) in the order rank 0, 1, ..., in fp32, rounded to the dtype once
-    (AVG and PREMUL_SUM multiply each operand first), and every rank copies each chunk of the
-    result from its reducer. Two ranks: NCCL's result bit for bit as :func:`reduce_scatter_tensor`
-    says; more: within the dtype's
-    rounding of NCCL's ring order. Stream semantics and failures: as
-    :func:`all_gather_into_tensor`.
+    Two ways, chosen by size alike on every rank (the group's call takes ``algorithm=`` to
+    ask for one): up to ``(world - 1) x bytes <= 16 MiB`` (every size to 16 MiB at two
+    ranks), **one pass** (``Algorithm.STAGED_PUSH``): every rank pushes its whole tensor into
+    every peer's workspace and reduces what landed, one signal on the critical path; above,
+    **two passes** (``Algorithm.PUSH``): a reduce-scatter into the workspace, rank r
+    reducing elements ``r*c .. (r+1)*c`` (``c``: the count divided by the world size,
+    rounded up to 16 bytes), then an all-gather of the chunks out of it. Either way every
+    element is summed in the order rank 0, 1, ..., in fp32, rounded to the dtype once (AVG
+    and PREMUL_SUM multiply each operand first): the same bits. Two ranks: NCCL's result bit
+    for bit as :func:`reduce_scatter_tensor` says; more: within the dtype's rounding of
+    NCCL's ring order. Stream semantics and failures: as :func:`all_gather_into_tensor`.
 
-    SMs used: the reduction kernel, at most half the GPU's SMs' worth of CTAs, on one chunk
-    (1/world of the tensor); copies use none (one CTA for the whole call when it runs
-    one-shot: see :func:`all_gather_into_tensor`). Workspace: the tensor's bytes (rounded up to 256 per chunk) of symmetric
-    memory per rank. In `conccl bench`; not yet in `conccl study` or the planner.
+    SMs used: the reduction kernel, at most half the GPU's SMs' worth of CTAs, over the whole
+    tensor (one pass) or one chunk (two); copies use none (one CTA for the whole call when it
+    runs one-shot: see :func:`all_gather_into_tensor`). Workspace, symmetric memory per rank:
+    ``world`` x the tensor's bytes in one pass, the tensor's bytes in two (rounded up to 256
+    per slot), twice where double-buffered (:mod:`conccl.schedule`). In `conccl bench`; not
+    yet in `conccl study` or the planner.
     """
     return get_group(group).call(ALL_REDUCE, tensor, tensor, (op,), async_op, timeout=timeout,
                                  route=True)
@@ -249,9 +255,12 @@ def reserve_graph_workspace(nbytes: int, group=None) -> None:
     CUDA graphs later (a collective call, made before the first capture on ``group``).
 
     A captured call runs at every replay with a workspace region of its own (nothing it
-    touches is shared with another call: :mod:`conccl.graphs`): a reduce-scatter or all-reduce
-    needs its input's bytes (each chunk's slot rounded up to 256), an all-gather or all-to-all
-    from ordinary tensors its input's; from :func:`empty` tensors none. Capturing a call that
+    touches is shared with another call: :mod:`conccl.graphs`): a reduce-scatter, or an
+    all-reduce in two passes, needs its input's bytes (each chunk's slot rounded up to 256);
+    an all-reduce in one pass (:func:`all_reduce`: the default up to 16 MiB sent per rank)
+    ``world`` x its bytes; an all-gather or all-to-all from ordinary tensors its input's, from
+    :func:`empty` tensors none (an all-gather's ``Algorithm.STAGED_PUSH``: its output's).
+    :meth:`~conccl.collectives.base.Collective.graph_workspace_bytes` gives the bound. Capturing a call that
     does not fit raises :class:`InvalidArgument` naming what it needs.
     """
     if not isinstance(nbytes, int) or nbytes < 0:

@@ -27,26 +27,32 @@ def _all_reduce_against_nccl(rank, world):
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for n in (1, 1000, 12345, (64 << 20) // 2 + 3):
             for op in (ReduceOp.SUM, ReduceOp.AVG):
-                for mode in (conccl.StreamMode.BATCH, conccl.StreamMode.PER_PEER):
+                for mode, algorithm in ((conccl.StreamMode.BATCH, None), (conccl.StreamMode.PER_PEER, None),
+                                        (conccl.StreamMode.BATCH, conccl.Algorithm.PUSH),
+                                        (conccl.StreamMode.PER_PEER, conccl.Algorithm.STAGED_PUSH)):
                     x = torch.randn(n, dtype=torch.float32, device="cuda", generator=g).to(dtype)
                     ref = x.clone()
                     dist.all_reduce(ref, op=op)
                     every = torch.empty(world * n, dtype=dtype, device="cuda")
                     dist.all_gather_into_tensor(every, x)
                     stated = ALL_REDUCE.reference(list(every.view(world, -1)), rank, [(op,)] * world)
-                    if mode is conccl.StreamMode.BATCH:
-                        conccl.all_reduce(x, op=op)  # the public, in-place call
+                    if mode is conccl.StreamMode.BATCH and algorithm is None:
+                        conccl.all_reduce(x, op=op)  # the public, in-place call (one pass or two by size)
                         out = x
-                    else:  # the group's out-of-place call, one stream per peer
+                    elif algorithm is conccl.Algorithm.PUSH:  # two passes asked, in place
+                        group.all_reduce(x, x, op, stream_mode=mode, algorithm=algorithm)
+                        out = x
+                    else:  # the group's out-of-place call, one stream per peer (one pass asked, or by size)
                         out = torch.full_like(x, float("nan"))
-                        group.all_reduce(out, x, op, stream_mode=mode)
+                        group.all_reduce(out, x, op, stream_mode=mode, algorithm=algorithm)
                     torch.cuda.synchronize()
                     bits = lambda t: t.view(torch.int32 if dtype == torch.float32 else torch.int16)  # noqa: E731
                     # NCCL rounds after each of its world - 1 additions (its order is its own), conccl
                     # once: each rounding moves a partial sum by at most half an ulp, so the two differ
                     # by at most world ulps of the sum of magnitudes (elementwise).
                     bound = world * torch.finfo(dtype).eps * every.view(world, -1).float().abs().sum(0)
-                    report["cases"].append((str(dtype), n, str(op), mode.value, torch.equal(bits(out), bits(ref)),
+                    how = f"{mode.value}/{algorithm.value if algorithm else 'auto'}"
+                    report["cases"].append((str(dtype), n, str(op), how, torch.equal(bits(out), bits(ref)),
                                             bool(((out.float() - ref.float()).abs() <= bound).all()),
                                             torch.equal(bits(out), bits(stated))))
     # mixed with the other collectives on one group, and a persistent op started many times
@@ -78,6 +84,22 @@ def _all_reduce_against_nccl(rank, world):
         torch.cuda.synchronize()
     report["kernels"] = sorted(set(_kernels(prof)))
     report["kernel_count"] = sum(1 for k in _kernels(prof) if "reduce" in k)
+    # the same, small enough to run in one pass (which the spy sees): the reduction kernel only
+    from conccl.collectives.all_reduce import one_pass
+    small = torch.randn(1 << 19, device="cuda", generator=g).to(torch.bfloat16)
+    ran, run = [], group.executor.run
+    group.executor.run = lambda schedule, *a, **k: (ran.append(schedule.algorithm.value), run(schedule, *a, **k))[1]
+    conccl.all_reduce(small)
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            conccl.all_reduce(small)
+        torch.cuda.synchronize()
+    group.executor.run = run
+    report["one_pass"] = (one_pass(small.numel() * 2, world), ran)
+    report["kernels_1p"] = sorted(set(_kernels(prof)))
+    report["kernel_count_1p"] = sum(1 for k in _kernels(prof) if "reduce" in k)
     return report
 
 
@@ -99,3 +121,7 @@ def test_all_reduce_equals_nccl_and_runs_only_the_reduction_kernel():
         assert r["persistent_mixed"] == [True] * 5, r["persistent_mixed"]
         assert all(k.startswith("reduce_") or "Memcpy" in k or "Memset" in k for k in r["kernels"]), r["kernels"]
         assert r["kernel_count"] == 3, r
+        expect = "staged_push" if r["one_pass"][0] else "push"
+        assert r["one_pass"][1] == [expect] * 4, r["one_pass"]  # the call the test meant ran
+        assert all(k.startswith("reduce_") or "Memcpy" in k or "Memset" in k for k in r["kernels_1p"]), r["kernels_1p"]
+        assert r["kernel_count_1p"] == 3, r

@@ -10,7 +10,8 @@ from torch.distributed import ReduceOp, _make_nccl_premul_sum  # noqa: E402
 
 from conccl import Algorithm, StreamMode  # noqa: E402
 from conccl.collectives.all_gather import ALL_GATHER  # noqa: E402
-from conccl.collectives.all_reduce import ALL_REDUCE, chunk_ranges, plan_all_reduce  # noqa: E402
+from conccl.collectives.all_reduce import (ALL_REDUCE, ONE_PASS_MAX_SEND_BYTES, chunk_ranges, one_pass,  # noqa: E402
+                                           plan_all_reduce)
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
 from conccl.errors import CollectiveError, InvalidArgument  # noqa: E402
 from conccl.launch import spawn  # noqa: E402
@@ -28,30 +29,79 @@ def _bits(t):
     return t.contiguous().view(torch.uint8)
 
 
-def _ar(comm, n, dtype, op, mode, in_place, seed):
+def _ran(comm):
+    """The algorithms of the schedules ``comm``'s executor runs, in order (a spy)."""
+    ran, run = [], comm.executor.run
+
+    def spy(schedule, *a, **k):
+        ran.append(schedule.algorithm)
+        return run(schedule, *a, **k)
+
+    comm.executor.run = spy
+    return ran
+
+
+def _ar(comm, n, dtype, op, mode, in_place, seed, algorithm=None):
     w, r = comm.world, comm.rank
     comm.options.stream_mode = mode
+    ran = _ran(comm)
     inputs = _inputs(w, n, dtype, seed)
     inp = inputs[r].clone()
     out = inp if in_place else torch.full((n,), float("nan"), dtype=dtype)
-    comm.call(ALL_REDUCE, out, inp, (op,))
+    comm.call(ALL_REDUCE, out, inp, (op,), algorithm=algorithm)
     expected = ALL_REDUCE.reference(inputs, r, [(op,)] * w)
     naive = inputs[0] + inputs[1] if w == 2 and op is None else None
     return (torch.equal(_bits(out), _bits(expected)),
-            None if naive is None else torch.equal(_bits(out), _bits(naive)))
+            None if naive is None else torch.equal(_bits(out), _bits(naive)), ran)
 
 
 @pytest.mark.parametrize("world", [2, 3, 5])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_all_reduce_equals_the_reference(world, dtype):
-    # counts that divide by nothing convenient, one smaller than the world, and none
+@pytest.mark.parametrize("algorithm", [None, Algorithm.PUSH, Algorithm.STAGED_PUSH])
+def test_all_reduce_equals_the_reference(world, dtype, algorithm):
+    # counts that divide by nothing convenient, one smaller than the world, and none; in place
+    # on a branch per peer (one pass: the reduction must not overwrite what a push still reads)
     for n, op, mode, in_place in ((1001, None, StreamMode.PER_PEER, True), (3, ReduceOp.AVG, StreamMode.BATCH, False),
                                   (257, _make_nccl_premul_sum(0.3), StreamMode.SINGLE, True),
                                   (0, ReduceOp.SUM, StreamMode.BATCH, True)):
-        for exact, naive in spawn(world, _ar, n, dtype, op, mode, in_place, 7 + n):
+        for exact, naive, ran in spawn(world, _ar, n, dtype, op, mode, in_place, 7 + n, algorithm):
             assert exact, (world, dtype, n, op, mode, in_place)
             # two ranks: one addition, the same bits as a plain a + b (and as NCCL's)
             assert naive in (None, True), (world, dtype, n)
+            # small calls run in one pass unless two are asked for
+            assert ran == [algorithm or Algorithm.STAGED_PUSH], (ran, algorithm)
+
+
+def test_the_automatic_choice_runs_one_pass_up_to_the_bound_it_sends():
+    assert one_pass(ONE_PASS_MAX_SEND_BYTES, 2) and not one_pass(ONE_PASS_MAX_SEND_BYTES + 2, 2)
+    assert one_pass(ONE_PASS_MAX_SEND_BYTES // 7, 8) and not one_pass(ONE_PASS_MAX_SEND_BYTES // 7 + 16, 8)
+    assert not one_pass(16, 1)
+    call = ALL_REDUCE.local(torch.empty(1 << 20), torch.empty(1 << 20), (None,), 4, 0, "cpu")
+    assert ALL_REDUCE.algorithm(None, False, call, 4) is (Algorithm.STAGED_PUSH if one_pass(4 << 20, 4)
+                                                         else Algorithm.PUSH)
+    assert ALL_REDUCE.algorithm(Algorithm.PUSH, False, call, 2) is Algorithm.PUSH  # asked: kept
+
+
+def test_one_pass_pushes_the_whole_input_and_reduces_every_slot_once():
+    world, numel, esize = 3, 1000, 2
+    for rank in range(world):
+        for mode in StreamMode:
+            for in_place in (False, True):
+                s = plan_all_reduce(world, rank, numel, esize, "bfloat16", stream_mode=mode,
+                                    algorithm=Algorithm.STAGED_PUSH, in_place=in_place)
+                pushes = [t for t in s.transfers if t.phase is Phase.PEER]
+                assert sorted((t.dst_rank, t.src_offset, t.nbytes, t.dst, t.dst_offset) for t in pushes) == [
+                    (p, 0, 2000, Buf.WORKSPACE, rank * 2048) for p in range(world) if p != rank]
+                reduces = [op for ops in s.slots for op in ops if isinstance(op, Reduce)]
+                assert len(reduces) == 1 and reduces[0].nbytes == 2000 and reduces[0].dst == (Buf.OUTPUT, 0)
+                assert reduces[0].srcs == tuple((Buf.INPUT, 0) if q == rank else (Buf.WORKSPACE, q * 2048)
+                                                for q in range(world))
+                # one signal kind on the critical path (DONE of this call), the pushes gated by FREE
+                waits = {(w.kind, w.seq_delta) for ops in s.slots for w in ops if isinstance(w, WaitSignal)}
+                assert (Signal.DONE, 0) in waits and (Signal.PUSHED, 0) not in waits and (Signal.REDUCED, 0) not in waits
+                assert s.workspace_bytes == world * 2048 and s.double_buffered
+                if in_place:  # every push before the reduction on one stream
+                    assert s.num_slots == 1
 
 
 def _mixed_back_to_back(comm):

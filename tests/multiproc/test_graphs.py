@@ -182,13 +182,15 @@ def _slow_reducer(comm, replays):
     # one call per graph: nothing else between two replays of a call holds a fast rank back
     with ex.capture() as rs_graph:
         comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,))
-    with ex.capture() as ar_graph:
+    with ex.capture() as ar_graph:  # one pass (the automatic choice at this size)
         comm.call(ALL_REDUCE, ar, ar, (ReduceOp.SUM,))
+    with ex.capture() as ar2_graph:
+        comm.call(ALL_REDUCE, ar, ar, (ReduceOp.SUM,), algorithm=Algorithm.PUSH)  # two passes
     with ex.capture() as ag_graph:
         comm.call(ALL_GATHER, ag_out, ag_in, (), algorithm=Algorithm.STAGED_PUSH)
     ok = []
     for graph, t, coll, args in ((rs_graph, rs_in, REDUCE_SCATTER, None), (ar_graph, ar, ALL_REDUCE, [(ReduceOp.SUM,)] * w),
-                                 (ag_graph, ag_in, ALL_GATHER, None)):
+                                 (ar2_graph, ar, ALL_REDUCE, [(ReduceOp.SUM,)] * w), (ag_graph, ag_in, ALL_GATHER, None)):
         for step in range(replays):  # replays of one graph back to back
             ins = []
             for p in range(w):
@@ -205,7 +207,7 @@ def _slow_reducer(comm, replays):
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_fast_rank_never_pushes_into_a_slow_ranks_workspace_before_it_was_read(world):
     for ok in spawn(world, _slow_reducer, 12):
-        assert ok == [True] * 36, ok
+        assert ok == [True] * 48, ok
 
 
 def test_a_captured_push_into_the_peers_workspace_waits_for_the_previous_replays_free():
@@ -238,24 +240,26 @@ def _mixed_modes(comm, replays):
     modes = (StreamMode.BATCH, StreamMode.PER_PEER, StreamMode.SINGLE)
     comm.options.stream_mode = modes[r % len(modes)]
     rs_in, rs_out = torch.empty(3 * w), torch.empty(3)
-    one, ar = torch.empty(1), torch.empty(5 * w + 1)
+    one, ar, ar2 = torch.empty(1), torch.empty(5 * w + 1), torch.empty(5 * w + 1)
     with comm.executor.capture() as graph:
         comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,))
         comm.call(ALL_REDUCE, one, one, (ReduceOp.SUM,))
-        comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,))
+        comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,))  # one pass
+        comm.call(ALL_REDUCE, ar2, ar2, (ReduceOp.AVG,), algorithm=Algorithm.PUSH)  # two passes
     ok = []
     for step in range(replays):
-        ins = {name: [] for name in ("rs", "one", "ar")}
+        ins = {name: [] for name in ("rs", "one", "ar", "ar2")}
         for q in range(w):
-            for name, t in (("rs", rs_in), ("one", one), ("ar", ar)):
+            for name, t in (("rs", rs_in), ("one", one), ("ar", ar), ("ar2", ar2)):
                 x = torch.empty_like(t)
                 _fill(x, q, step, len(name))
                 ins[name].append(x)
-        rs_in.copy_(ins["rs"][r]), one.copy_(ins["one"][r]), ar.copy_(ins["ar"][r])
+        rs_in.copy_(ins["rs"][r]), one.copy_(ins["one"][r]), ar.copy_(ins["ar"][r]), ar2.copy_(ins["ar2"][r])
         comm.executor.replay(graph)
         ok.append(torch.equal(rs_out, REDUCE_SCATTER.reference(ins["rs"], r))
                   and torch.equal(one, ALL_REDUCE.reference(ins["one"], r, [(ReduceOp.SUM,)] * w))
-                  and torch.equal(ar, ALL_REDUCE.reference(ins["ar"], r, [(ReduceOp.AVG,)] * w)))
+                  and torch.equal(ar, ALL_REDUCE.reference(ins["ar"], r, [(ReduceOp.AVG,)] * w))
+                  and torch.equal(ar2, ALL_REDUCE.reference(ins["ar2"], r, [(ReduceOp.AVG,)] * w)))
     return ok
 
 

@@ -54,17 +54,20 @@ def eager(rank, world, cases, report):
                 want = REGISTRY["reduce_scatter"].reference(every, rank, [(op,)] * world)
                 cases.append((f"reduce_scatter {dtype} n={n} {opname}", bits_equal(out, want)))
 
-                for mode in (conccl.StreamMode.BATCH, conccl.StreamMode.PER_PEER):
+                # one pass or two by size (n is small here: one), and two asked for
+                for mode, algo in ((conccl.StreamMode.BATCH, None), (conccl.StreamMode.PER_PEER, None),
+                                   (conccl.StreamMode.PER_PEER, conccl.Algorithm.PUSH)):
                     x = every[rank].clone()
                     if mode is conccl.StreamMode.BATCH:
                         conccl.all_reduce(x, op=op)
                         got = x
                     else:
                         got = torch.full_like(x, float("nan"))
-                        group.all_reduce(got, x, op, stream_mode=mode)
+                        group.all_reduce(got, x, op, stream_mode=mode, algorithm=algo)
                     torch.cuda.synchronize()
                     want = REGISTRY["all_reduce"].reference(every, rank, [(op,)] * world)
-                    cases.append((f"all_reduce {dtype} n={world * n} {opname} {mode.value}", bits_equal(got, want)))
+                    cases.append((f"all_reduce {dtype} n={world * n} {opname} {mode.value} "
+                                  f"{algo.value if algo else 'auto'}", bits_equal(got, want)))
     _settled(rank, world, group, cases)
     _settled_graphs(rank, world, group, cases)
 
@@ -181,6 +184,7 @@ def graph(rank, world, cases, report):
     rs_in = torch.empty(world * n, dtype=torch.bfloat16, device="cuda")
     rs_out = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     ar = torch.empty(12345, dtype=torch.bfloat16, device="cuda")
+    ar2 = torch.empty(12345, dtype=torch.bfloat16, device="cuda")
     pers_out = torch.empty(world * n, device="cuda")
     pers = conccl.persistent_all_gather_into_tensor(pers_out, ag_in)
     staged_push = getattr(conccl.Algorithm, "STAGED_PUSH", None)  # None in an older checkout
@@ -194,14 +198,16 @@ def graph(rank, world, cases, report):
         conccl.all_gather_into_tensor(sym_out, ag_in)
         conccl.all_to_all_single(a2a_out, a2a_in)
         conccl.reduce_scatter_tensor(rs_out, rs_in)
-        conccl.all_reduce(ar)
+        conccl.all_reduce(ar)  # one pass at this size
+        conccl.get_group().all_reduce(ar2, ar2, algorithm=conccl.Algorithm.PUSH)  # two passes
 
     def fill(step):
         every = {"ag": [seeded(60, r, step, n, torch.float32) for r in range(world)],
                  "a2a": [seeded(61, r, step, world * n, torch.float32) for r in range(world)],
                  "rs": [seeded(62, r, step, world * n, torch.bfloat16) for r in range(world)],
-                 "ar": [seeded(63, r, step, ar.numel(), torch.bfloat16) for r in range(world)]}
-        for t, key in ((ag_in, "ag"), (a2a_in, "a2a"), (rs_in, "rs"), (ar, "ar")):
+                 "ar": [seeded(63, r, step, ar.numel(), torch.bfloat16) for r in range(world)],
+                 "ar2": [seeded(64, r, step, ar2.numel(), torch.bfloat16) for r in range(world)]}
+        for t, key in ((ag_in, "ag"), (a2a_in, "a2a"), (rs_in, "rs"), (ar, "ar"), (ar2, "ar2")):
             t.copy_(every[key][rank])
         return every
 
@@ -226,7 +232,9 @@ def graph(rank, world, cases, report):
                   (f"graph replay {step} all_gather staged push", staged_push is None or bits_equal(sp_out, ag_want)),
                   (f"graph replay {step} all_to_all", bits_equal(a2a_out, REGISTRY["all_to_all"].reference(every["a2a"], rank))),
                   (f"graph replay {step} reduce_scatter", bits_equal(rs_out, REGISTRY["reduce_scatter"].reference(every["rs"], rank))),
-                  (f"graph replay {step} all_reduce", bits_equal(ar, REGISTRY["all_reduce"].reference(every["ar"], rank)))]
+                  (f"graph replay {step} all_reduce", bits_equal(ar, REGISTRY["all_reduce"].reference(every["ar"], rank))),
+                  (f"graph replay {step} all_reduce in two passes",
+                   bits_equal(ar2, REGISTRY["all_reduce"].reference(every["ar2"], rank)))]
     dist.barrier()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()

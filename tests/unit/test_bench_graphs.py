@@ -286,10 +286,24 @@ def test_a_staged_push_reserves_its_output_only_where_it_runs():
     ag = COLLECTIVES["all_gather"]
     plain = graphs.graph_workspace_per_call(ag, 1 << 20, 4)
     staged = graphs.graph_workspace_per_call(ag, 1 << 20, 4, staged_push=True)
-    assert plain == (1 << 18) + 4 * graphs.WORKSPACE_ALIGN and staged == (1 << 20) + 4 * graphs.WORKSPACE_ALIGN
+    pad = 4 * 256 + graphs.CAPTURE_ALIGN  # each peer's slot rounded up, and the capture's region
+    assert plain == (1 << 18) + pad and staged == (1 << 20) + pad
     rs = COLLECTIVES["reduce_scatter"]
     assert graphs.graph_workspace_per_call(rs, 1 << 20, 4, True) == graphs.graph_workspace_per_call(rs, 1 << 20, 4)
     assert set(graphs.STAGED_PUSH_IMPLS) <= set(graphs.VARIANTS)
+
+
+def test_an_all_reduces_bound_covers_its_plan_in_one_pass_or_two():
+    from conccl.collectives.all_reduce import one_pass, plan_all_reduce
+    from conccl.schedule import Algorithm
+
+    ar = COLLECTIVES["all_reduce"]
+    for world in (2, 3, 8):
+        for size in (4096, 1 << 20, 12 << 20, 64 << 20):
+            auto = Algorithm.STAGED_PUSH if one_pass(size, world) else Algorithm.PUSH
+            for algorithm, staged in ((auto, False), (Algorithm.STAGED_PUSH, True)):
+                plan = plan_all_reduce(world, 0, size // 2, 2, "bfloat16", algorithm=algorithm)
+                assert graphs.graph_workspace_per_call(ar, size, world, staged) >= plan.workspace_bytes, (world, size)
 
 
 def test_variants_are_conccl_implementations_of_the_registry_and_accepted():

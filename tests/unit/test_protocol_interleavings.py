@@ -55,6 +55,9 @@ def _plans(world, rank, kind, mode):
         return plan_reduce_scatter(world, rank, 1024, "float32", stream_mode=mode)
     if kind == "ar_big":
         return plan_all_reduce(world, rank, 1024, 4, "float32", stream_mode=mode)
+    if kind in ("ar_1p", "ar_1p_big"):  # one pass: the whole input pushed into every peer's workspace
+        return plan_all_reduce(world, rank, 16 if kind == "ar_1p" else 256, 4, "float32", stream_mode=mode,
+                               algorithm=Algorithm.STAGED_PUSH)
     return plan_all_reduce(world, rank, 64, 4, "float32", stream_mode=mode)
 
 
@@ -133,7 +136,7 @@ def _run(world, calls, mode, seed, half=workspace_half):
     return "did not finish"
 
 
-KINDS = ("ag", "rs", "ar", "a2a", "ag_sym", "ag_sp", "os_ag", "os_a2a", "os_rs", "os_ar")
+KINDS = ("ag", "rs", "ar", "ar_1p", "a2a", "ag_sym", "ag_sp", "os_ag", "os_a2a", "os_rs", "os_ar")
 
 
 @pytest.mark.parametrize("mode", list(StreamMode))
@@ -148,7 +151,7 @@ def test_no_read_sees_another_calls_workspace_bytes(world, mode):
 def test_the_model_sees_an_overwrite_with_one_half():
     """The counter-test: both halves one (every call at offset 0). Some run must go wrong,
     for the all-gather's staging and for the reduce-scatter's pushes alike."""
-    for calls in (["ag"] * 6, ["rs"] * 6, ["ag_sp"] * 6):
+    for calls in (["ag"] * 6, ["rs"] * 6, ["ag_sp"] * 6, ["ar_1p"] * 6):
         found = [_run(2, calls, StreamMode.PER_PEER, seed, half=lambda seq, capacity: 0) for seed in range(40)]
         assert any(f and "holding call" in f for f in found), calls
 
@@ -174,7 +177,7 @@ def small_double_buffer(monkeypatch):
         plan.cache_clear()
 
 
-WHOLE_KINDS = KINDS + ("rs_big", "ar_big", "ag_sp_big")
+WHOLE_KINDS = KINDS + ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big")
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -185,11 +188,13 @@ def test_whole_and_double_buffered_calls_mix(world, small_double_buffer):
     assert _plans(world, 0, "ar", StreamMode.BATCH).double_buffered
     assert not _plans(world, 0, "ag_sp_big", StreamMode.BATCH).double_buffered
     assert _plans(world, 0, "ag_sp", StreamMode.BATCH).double_buffered
+    assert not _plans(world, 0, "ar_1p_big", StreamMode.BATCH).double_buffered
+    assert _plans(world, 0, "ar_1p", StreamMode.BATCH).double_buffered
     for mode in StreamMode:
         # a whole call first, then pushes into the halves it used (found in review: call 2's
         # pushes once waited for a FREE the zeroed pad already satisfied)
-        for first in ("rs_big", "ar_big", "ag_sp_big"):
-            for then in ("rs", "ar", "os_ar", "ag_sp"):
+        for first in ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big"):
+            for then in ("rs", "ar", "os_ar", "ag_sp", "ar_1p"):
                 for seed in range(30):
                     assert _run(world, [first, then, then, first, then], mode, seed) is None, (world, mode, seed, first,
                                                                                                then)

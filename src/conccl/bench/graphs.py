@@ -50,7 +50,7 @@ BASELINE = "nccl"
 USES_CONCCL_GROUP = {"nccl": False, **{name: True for name in KNOWN_IMPLS if name.startswith("conccl")}}
 DEFAULT_SIZES = tuple(4096 << (2 * i) for i in range(9))  # 4K, 16K, ... 256M
 MAX_SIZE = 32 << 30  # more per rank than any GPU of a node holds with its input beside it
-WORKSPACE_ALIGN = 512  # per peer: the chunks' workspace slots round up to 256, the capture to 256 more
+CAPTURE_ALIGN = 256  # a captured call's workspace region rounds up to this (CudaCopyEngineExecutor.capture_call)
 BYTES_MEANING = "output bytes per rank (nccl-tests' size)"
 # Issue 22's goals, checked in the table: (mode, implementation, collectives (None: every one),
 # size (None: every size), largest ratio to NCCL allowed).
@@ -195,10 +195,8 @@ STAGED_PUSH_IMPLS = ("conccl_staged_push", "conccl_symm_staged_push")
 
 def graph_workspace_per_call(coll, size: int, world: int, staged_push: bool = False) -> int:
     """Graph workspace one captured conccl call of ``coll`` may take at ``size`` output bytes
-    per rank (an upper bound: its input's bytes, or for a ``staged_push`` its output's, each
-    peer's slot and the capture rounded up)."""
-    return (max(coll.input_bytes(size, world), size) if staged_push else coll.input_bytes(size, world)) \
-        + world * WORKSPACE_ALIGN
+    per rank, by default or as a ``staged_push`` (:meth:`Collective.graph_workspace_bytes`)."""
+    return coll.graph_workspace_bytes(size, world, staged_push) + CAPTURE_ALIGN
 
 
 def calls_per_graph(calls: int, per_call_bytes: int, budget_bytes: int) -> int:

@@ -204,10 +204,12 @@ REGISTRY: dict[str, Impl] = {
                      algorithm="push", stream_mode="per_peer", symmetric=True),
         _conccl_impl("conccl_symm_push_batch", "conccl push from conccl.empty, one stream, peer copies batched "
                      "(captured: one memcpy node after another)", algorithm="push", stream_mode="batch", symmetric=True),
-        _conccl_impl("conccl_staged_push", "conccl all-gather pushed into the peers' workspace and copied out there "
-                     "(Algorithm.STAGED_PUSH), ordinary tensors", only=("all_gather",), algorithm="staged_push"),
-        _conccl_impl("conccl_symm_staged_push", "conccl all-gather pushed into the peers' workspace and copied out "
-                     "there, conccl.empty tensors", only=("all_gather",), algorithm="staged_push", symmetric=True),
+        _conccl_impl("conccl_staged_push", "conccl all-gather or all-reduce pushed whole into the peers' workspace, "
+                     "copied out or reduced there (Algorithm.STAGED_PUSH), ordinary tensors",
+                     only=("all_gather", "all_reduce"), algorithm="staged_push"),
+        _conccl_impl("conccl_symm_staged_push", "conccl all-gather or all-reduce pushed whole into the peers' "
+                     "workspace, copied out or reduced there, conccl.empty tensors", only=("all_gather", "all_reduce"),
+                     algorithm="staged_push", symmetric=True),
         _conccl_impl("conccl_per_peer", "conccl pull, staged, one stream per peer", algorithm="pull", stream_mode="per_peer"),
         _conccl_impl("conccl_batch", "conccl pull, staged, one stream, peer copies batched (captured: one memcpy node "
                      "after another)", algorithm="pull", stream_mode="batch"),

@@ -28,6 +28,16 @@ Chunks: rank r reduces elements ``[r*c, (r+1)*c)`` with ``c = ceil(n / world)`` 
 last chunks may be short or empty. Order of summation: rank 0, 1, ..., world-1 in fp32,
 rounded to the dtype once; two ranks give NCCL's result bit for bit for SUM (and AVG where
 the products are exact: docs/api.md).
+
+One pass (``Algorithm.STAGED_PUSH``, chosen where :func:`one_pass` says so, or asked): each
+rank pushes its *whole* input into slot ``rank`` of every peer's workspace and, once every
+peer's DONE says its slots are written, reduces them with its own input straight into its
+output: the reduce-scatter's protocol (one one-way signal on the critical path, where the
+two-pass form above has two and a second copy) with the whole tensor as every rank's chunk.
+It moves ``world - 1`` tensors out of each GPU where the two passes move ``2 (world-1) /
+world``: the same bytes at two ranks, ``world / 2`` times more beyond, so it is for small
+calls past two ranks. Workspace ``world`` slots of the whole tensor. The sum is the same
+(every element over ranks 0..world-1 in fp32, rounded once), so are the bits.
 """
 from __future__ import annotations
 
@@ -37,12 +47,22 @@ from ..schedule import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSi
                         WaitSignal, double_buffer, release_ops, FREE_WAIT_DELTA)
 from ..validate import InvalidArgument, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
-from .direct import number_slots, peer_order
+from .direct import build_direct_schedule, number_slots, peer_order
 from .reduce_scatter import DTYPES, WORKSPACE_ALIGN, op_code, reduce_chunks, reduce_op
 
 NAME = "all_reduce"
 
 VECTOR_BYTES = 16  # what the reduction kernel reads per thread on its fast path
+# The automatic choice runs a call in one pass where it sends at most this much out of each GPU
+# ((world - 1) x its bytes): at two ranks the passes move the same bytes, beyond it the one
+# pass moves more (module doc). Set from bench graphs on 2 x H100 (benchmarks/, session 9).
+ONE_PASS_MAX_SEND_BYTES = 16 << 20
+
+
+def one_pass(nbytes: int, world: int) -> bool:
+    """Whether the automatic choice runs an all-reduce of ``nbytes`` in one pass (module doc):
+    a pure function of what every rank's call agrees on."""
+    return world > 1 and (world - 1) * nbytes <= ONE_PASS_MAX_SEND_BYTES
 
 
 def chunk_ranges(numel: int, world: int, esize: int) -> tuple[tuple[int, int], ...]:
@@ -56,12 +76,18 @@ def chunk_ranges(numel: int, world: int, esize: int) -> tuple[tuple[int, int], .
 
 @lru_cache(maxsize=1024)
 def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, scale: float = 1.0, *,
-                    stream_mode: StreamMode = StreamMode.BATCH) -> Schedule:
-    """Schedule of one rank's all-reduce of ``numel`` elements of ``esize`` bytes (pure, cached)."""
+                    stream_mode: StreamMode = StreamMode.BATCH, algorithm: Algorithm = Algorithm.PUSH,
+                    in_place: bool = False) -> Schedule:
+    """Schedule of one rank's all-reduce of ``numel`` elements of ``esize`` bytes (pure, cached):
+    ``Algorithm.PUSH`` the two passes, ``Algorithm.STAGED_PUSH`` one (module doc). ``in_place``
+    (the output is the input) matters to one pass only: its pushes read the whole input, which
+    its reduction overwrites, so they share one stream."""
     if not 0 <= rank < world:
         raise InvalidArgument(f"rank {rank} outside a world of {world}")
     if dtype not in DTYPES:
         raise InvalidArgument(f"all_reduce supports {', '.join(DTYPES)}, got {dtype}")
+    if algorithm is Algorithm.STAGED_PUSH:
+        return _plan_one_pass(world, rank, numel * esize, dtype, scale, stream_mode, in_place)
     chunks = chunk_ranges(numel, world, esize)
     slot = -(-chunks[0][1] // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
     peers = peer_order(world, rank)
@@ -116,6 +142,29 @@ def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, s
                     stream_mode=stream_mode, staged=True, workspace_bytes=world * slot, double_buffered=double)
 
 
+def _plan_one_pass(world: int, rank: int, nbytes: int, dtype: str, scale: float, stream_mode: StreamMode,
+                   in_place: bool) -> Schedule:
+    """One pass (module doc): pushes of the whole input into slot ``rank`` of every peer's
+    workspace, gated by the peer's FREE of an earlier call; DONE to each; the reduction of
+    every slot and the own input into the output once every peer's DONE came."""
+    slot = -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    peers: dict[int, Transfer | None] = {
+        p: Transfer(rank, Buf.INPUT, 0, p, Buf.WORKSPACE, rank * slot, nbytes, 0, Phase.PEER)
+        for p in range(world) if p != rank and nbytes}
+    finish = ()
+    if nbytes:
+        srcs = tuple((Buf.INPUT, 0) if s == rank else (Buf.WORKSPACE, s * slot) for s in range(world))
+        finish = (Reduce((Buf.OUTPUT, 0), srcs, nbytes, dtype, scale),)
+    if in_place and stream_mode is StreamMode.PER_PEER:
+        # A branch per peer would let the reduction (slot 0) overwrite the input while a push
+        # still reads it; the mode is this rank's own, the signals the same in every mode.
+        stream_mode = StreamMode.BATCH
+    return build_direct_schedule(
+        NAME, world, rank, algorithm=Algorithm.STAGED_PUSH, stream_mode=stream_mode, peer_transfers=peers,
+        stage=None, local=None, staged=True, workspace_bytes=world * slot if nbytes and world > 1 else 0,
+        wait_done=True, finish=finish, into_workspace=True)
+
+
 def check_all_reduce(output, input, device_type: str) -> bool:
     """Validate arguments; return True when the output is the input itself (in place)."""
     check_pair(output, input, device_type)
@@ -139,6 +188,7 @@ class AllReduce(Collective):
     api_name = "all_reduce"
     arg_names = ("op",)
     single_tensor = True
+    staged_push = True  # its one pass (module doc)
     studied = False  # the study's strategies and the profile's sweeps do not cover it yet
 
     def layout(self, world: int, rank: int) -> Layout:
@@ -146,6 +196,11 @@ class AllReduce(Collective):
 
     def bus_factor(self, world: int) -> float:
         return 2 * (world - 1) / world  # nccl-tests' all-reduce factor
+
+    def graph_workspace_bytes(self, size: int, world: int, staged_push: bool = False) -> int:
+        if staged_push or one_pass(size, world):  # a slot of the whole tensor per rank
+            return world * (size + WORKSPACE_ALIGN)
+        return size + world * WORKSPACE_ALIGN
 
     def local(self, output, input, args, world, rank, device_type) -> LocalCall:
         name, scale = reduce_op("SUM" if not args or args[0] is None else args[0], world)
@@ -156,15 +211,20 @@ class AllReduce(Collective):
         return LocalCall(tuple(n for _, n in chunks), (chunks[rank][1],) * world, in_place,
                          (input.numel(), esize, dtype, scale), agreed=op_code(name, scale))
 
-    def algorithm(self, requested, output_symmetric):
+    def algorithm(self, requested, output_symmetric, call: LocalCall | None = None, world: int = 0):
         if requested is Algorithm.PULL:
-            raise InvalidArgument("all_reduce runs one way only (push into the workspace, pull the result)")
-        return Algorithm.PUSH
+            raise InvalidArgument("all_reduce runs push only: two passes (Algorithm.PUSH: into the workspace, the "
+                                  "result pulled) or one (Algorithm.STAGED_PUSH)")
+        if requested is None and call is not None:
+            numel, esize = call.extra[:2]
+            return Algorithm.STAGED_PUSH if one_pass(numel * esize, world) else Algorithm.PUSH
+        return requested or Algorithm.PUSH
 
     def plan(self, world, rank, local, peers: PeerCalls, *, algorithm, stream_mode, input_symmetric,
              output_symmetric, peers_in_place) -> Schedule:
         numel, esize, dtype, scale = local.extra
-        return plan_all_reduce(world, rank, numel, esize, dtype, scale, stream_mode=stream_mode)
+        return plan_all_reduce(world, rank, numel, esize, dtype, scale, stream_mode=stream_mode, algorithm=algorithm,
+                               in_place=local.in_place)
 
     def reference(self, inputs, rank, args=None):
         op = args[rank][0] if args and args[rank] and args[rank][0] is not None else "SUM"

@@ -122,6 +122,13 @@ class Collective(abc.ABC):
         lay = self.layout(world, 0)
         return lay.chunk_bytes(size) * lay.input_chunks
 
+    def graph_workspace_bytes(self, size: int, world: int, staged_push: bool = False) -> int:
+        """An upper bound of the graph workspace (:func:`conccl.reserve_graph_workspace`) one
+        captured call of ``size`` output bytes per rank takes, run as it runs by default or,
+        ``staged_push``, with ``Algorithm.STAGED_PUSH``: its input's bytes, each peer's slot
+        rounded up to 256 bytes."""
+        return self.input_bytes(size, world) + world * 256
+
     def in_place(self, world: int) -> bool:
         """Whether the benchmark and the study run it in place (as FSDP gathers parameters)."""
         return self.layout(world, 0).in_place_chunk is not None
@@ -160,8 +167,10 @@ class Collective(abc.ABC):
                         f"to rank {dst}, but rank {dst} expects {peers.recv[dst][src]} bytes from rank {src}; "
                         "nothing was moved")
 
-    def algorithm(self, requested: Algorithm | None, output_symmetric: bool) -> Algorithm:
-        """The algorithm a call runs (``requested``: the caller's or the group's; None: choose).
+    def algorithm(self, requested: Algorithm | None, output_symmetric: bool, call: LocalCall | None = None,
+                  world: int = 0) -> Algorithm:
+        """The algorithm a call runs (``requested``: the caller's or the group's; None: choose,
+        from what every rank agrees on: ``call``, this rank's validated call, and ``world``).
         Raise :class:`~conccl.errors.InvalidArgument` for one it cannot run. By default push
         where every rank's output is peer-reachable (measured fastest on H200), else pull."""
         if requested is None:

@@ -148,7 +148,7 @@ class ReduceScatter(Collective):
         return LocalCall((chunk,) * world, (chunk,) * world, in_place, (chunk, dtype, scale, in_place, None),
                          agreed=op_code(name, scale))
 
-    def algorithm(self, requested, output_symmetric):
+    def algorithm(self, requested, output_symmetric, call=None, world=0):
         if requested is Algorithm.PULL:
             raise InvalidArgument("reduce_scatter_tensor runs push only (into the peers' workspace)")
         return Algorithm.PUSH

@@ -452,7 +452,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
                     "conccl.reserve_graph_workspace(nbytes) with what every captured call needs before capturing "
                     "(tensors from conccl.empty need none for all-gather and all-to-all, unless CONCCL_ONE_SHOT_BELOW "
                     "makes the call one-shot: it stages its input, or an all-gather asks for Algorithm.STAGED_PUSH: "
-                    "its output's bytes)")
+                    "its output's bytes; an all-reduce in one pass takes world x its bytes)")
             ws_base = [p + self._graph_ws_used for p in self._graph_ws_handle.buffer_ptrs]
             self._graph_ws_used += need
         address = _addresses(self.rank, input, output, views, ws_base)

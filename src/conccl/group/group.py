@@ -629,7 +629,7 @@ class Group(CollectiveMethods):
         all_flags = _all_flags(rows)
         schedule = local.coll.plan(
             w, self.rank, local.call, peers,
-            algorithm=local.coll.algorithm(local.algorithm, bool(all_flags & _SYM_OUT)),
+            algorithm=local.coll.algorithm(local.algorithm, bool(all_flags & _SYM_OUT), local.call, w),
             stream_mode=local.stream_mode, input_symmetric=bool(all_flags & _SYM_IN),
             output_symmetric=bool(all_flags & _SYM_OUT), peers_in_place=bool(all_flags & _IN_PLACE))
         if all_flags & _ONE_SHOT:  # every rank would: a pure function of the rows, alike everywhere
