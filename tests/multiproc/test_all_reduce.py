@@ -10,7 +10,7 @@ from torch.distributed import ReduceOp, _make_nccl_premul_sum  # noqa: E402
 
 from conccl import Algorithm, StreamMode  # noqa: E402
 from conccl.collectives.all_gather import ALL_GATHER  # noqa: E402
-from conccl.collectives.all_reduce import (ALL_REDUCE, ONE_PASS_MAX_SEND_BYTES, chunk_ranges, one_pass,  # noqa: E402
+from conccl.collectives.all_reduce import (ALL_REDUCE, ONE_PASS_EXTRA_BYTES, chunk_ranges, one_pass,  # noqa: E402
                                            plan_all_reduce)
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
 from conccl.errors import CollectiveError, InvalidArgument  # noqa: E402
@@ -72,13 +72,19 @@ def test_all_reduce_equals_the_reference(world, dtype, algorithm):
             assert ran == [algorithm or Algorithm.STAGED_PUSH], (ran, algorithm)
 
 
-def test_the_automatic_choice_runs_one_pass_up_to_the_bound_it_sends():
-    assert one_pass(ONE_PASS_MAX_SEND_BYTES, 2) and not one_pass(ONE_PASS_MAX_SEND_BYTES + 2, 2)
-    assert one_pass(ONE_PASS_MAX_SEND_BYTES // 7, 8) and not one_pass(ONE_PASS_MAX_SEND_BYTES // 7 + 16, 8)
+def test_the_automatic_choice_runs_one_pass_while_it_sends_little_more_and_stays_double_buffered():
+    from conccl.schedule import DOUBLE_BUFFER_MAX_BYTES
+
+    # two ranks: the passes send the same bytes; one pass up to a double-buffered workspace
+    assert one_pass(DOUBLE_BUFFER_MAX_BYTES // 2, 2) and not one_pass(DOUBLE_BUFFER_MAX_BYTES // 2 + 2, 2)
+    # more: up to ONE_PASS_EXTRA_BYTES sent more than two passes, (w-1)(w-2)/w x the tensor
+    for world in (3, 4, 8):
+        most = world * ONE_PASS_EXTRA_BYTES // ((world - 1) * (world - 2))
+        assert one_pass(most, world) and not one_pass(most + 2, world), world
     assert not one_pass(16, 1)
-    call = ALL_REDUCE.local(torch.empty(1 << 20), torch.empty(1 << 20), (None,), 4, 0, "cpu")
-    assert ALL_REDUCE.algorithm(None, False, call, 4) is (Algorithm.STAGED_PUSH if one_pass(4 << 20, 4)
-                                                         else Algorithm.PUSH)
+    call = ALL_REDUCE.local(torch.empty(1 << 20), torch.empty(1 << 20), (None,), 8, 0, "cpu")  # 4 MiB
+    assert ALL_REDUCE.algorithm(None, False, call, 8) is Algorithm.PUSH
+    assert ALL_REDUCE.algorithm(None, False, call, 2) is Algorithm.STAGED_PUSH
     assert ALL_REDUCE.algorithm(Algorithm.PUSH, False, call, 2) is Algorithm.PUSH  # asked: kept
 
 

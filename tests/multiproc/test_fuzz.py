@@ -68,6 +68,7 @@ import torch.distributed as dist  # noqa: E402
 
 from conccl import Algorithm, StreamMode  # noqa: E402
 from conccl.collectives import REGISTRY  # noqa: E402
+from conccl.collectives.all_reduce import one_pass  # noqa: E402
 from conccl.collectives.reduce_scatter import DTYPES as REDUCED_DTYPES  # noqa: E402
 from conccl.errors import InvalidArgument  # noqa: E402
 from conccl.launch import spawn  # noqa: E402
@@ -249,7 +250,9 @@ class _Fuzz:
 
     def _algorithm(self, coll: str, out_src):
         r = self.rng.random()
-        if coll in ("reduce_scatter", "all_reduce"):
+        if coll == "all_reduce":
+            return None if r < 0.6 else Algorithm.PUSH if r < 0.8 else Algorithm.STAGED_PUSH if r < 0.97 else Algorithm.PULL
+        if coll == "reduce_scatter":
             return None if r < 0.7 else Algorithm.PUSH if r < 0.97 else Algorithm.PULL
         push = 0.25 if out_src is not None and self.slots[out_src].kind == "sym" else 0.04
         return None if r < 0.5 else Algorithm.PULL if r < 1 - push else Algorithm.PUSH
@@ -426,7 +429,15 @@ class _Fuzz:
         requested = spec.algorithm or self.comm.options.algorithm
         mode = spec.stream_mode or self.comm.options.stream_mode
         out_sym = self._sym(spec.out_src)
-        if spec.coll in ("reduce_scatter", "all_reduce"):
+        if spec.coll == "all_reduce":  # one pass or two, by size (conccl.collectives.all_reduce)
+            if requested is Algorithm.PULL:
+                return None
+            nbytes = math.prod(spec.out_shapes[self.rank]) * spec.dtype.itemsize
+            algorithm = requested or (Algorithm.STAGED_PUSH if one_pass(nbytes, self.world) else Algorithm.PUSH)
+            if algorithm is Algorithm.STAGED_PUSH and spec.in_place and nbytes and mode is StreamMode.PER_PEER:
+                mode = StreamMode.BATCH  # its pushes read what its reduction overwrites: one stream
+            return algorithm, mode, True
+        if spec.coll == "reduce_scatter":
             return None if requested is Algorithm.PULL else (Algorithm.PUSH, mode, True)
         if requested is Algorithm.PUSH and not out_sym:
             return None

@@ -36,7 +36,7 @@ output: the reduce-scatter's protocol (one one-way signal on the critical path, 
 two-pass form above has two and a second copy) with the whole tensor as every rank's chunk.
 It moves ``world - 1`` tensors out of each GPU where the two passes move ``2 (world-1) /
 world``: the same bytes at two ranks, ``world / 2`` times more beyond, so it is for small
-calls past two ranks. Workspace ``world`` slots of the whole tensor. The sum is the same
+calls past two ranks (:func:`one_pass`). Workspace ``world`` slots of the whole tensor. The sum is the same
 (every element over ranks 0..world-1 in fp32, rounded once), so are the bits.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..schedule import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
-                        WaitSignal, double_buffer, release_ops, FREE_WAIT_DELTA)
+                        WaitSignal, double_buffer, release_ops, DOUBLE_BUFFER_MAX_BYTES, FREE_WAIT_DELTA)
 from ..validate import InvalidArgument, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule, number_slots, peer_order
@@ -53,16 +53,20 @@ from .reduce_scatter import DTYPES, WORKSPACE_ALIGN, op_code, reduce_chunks, red
 NAME = "all_reduce"
 
 VECTOR_BYTES = 16  # what the reduction kernel reads per thread on its fast path
-# The automatic choice runs a call in one pass where it sends at most this much out of each GPU
-# ((world - 1) x its bytes): at two ranks the passes move the same bytes, beyond it the one
-# pass moves more (module doc). Set from bench graphs on 2 x H100 (benchmarks/, session 9).
-ONE_PASS_MAX_SEND_BYTES = 16 << 20
+# The automatic choice (:func:`one_pass`) takes one pass while it sends at most this many bytes
+# more than two passes would: ((world-1) - 2 (world-1) / world) x the tensor, none at two ranks.
+# One pass saves a one-way signal and a copy (~20 us in a graph on 2 x H100/H200, session 9's
+# bench); 8 MiB take about that long over one GPU's NVLink. Not measured beyond two ranks.
+ONE_PASS_EXTRA_BYTES = 8 << 20
 
 
 def one_pass(nbytes: int, world: int) -> bool:
-    """Whether the automatic choice runs an all-reduce of ``nbytes`` in one pass (module doc):
-    a pure function of what every rank's call agrees on."""
-    return world > 1 and (world - 1) * nbytes <= ONE_PASS_MAX_SEND_BYTES
+    """Whether the automatic choice runs an all-reduce of ``nbytes`` in one pass (module doc): a
+    pure function of what every rank's call agrees on. Where its workspace (``world`` slots of
+    the tensor) stays double-buffered and it sends at most :data:`ONE_PASS_EXTRA_BYTES` more
+    than two passes: every size to 32 MiB at two ranks, 5 MiB at four, 1.5 MiB at eight."""
+    return (world > 1 and world * nbytes <= DOUBLE_BUFFER_MAX_BYTES
+            and (world - 1) * (world - 2) * nbytes <= world * ONE_PASS_EXTRA_BYTES)
 
 
 def chunk_ranges(numel: int, world: int, esize: int) -> tuple[tuple[int, int], ...]:
