@@ -68,7 +68,7 @@ def _captured_against_nccl(rank, world):
         graph.replay()
         torch.cuda.synchronize()
     kernels = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
-    return {"ok": ok, "kernels": kernels}
+    return {"ok": ok, "kernels": kernels, "spin": conccl.get_group().executor.spin_waits}
 
 
 def test_captured_collectives_replay_equal_to_nccl_with_new_inputs():
@@ -78,3 +78,5 @@ def test_captured_collectives_replay_equal_to_nccl_with_new_inputs():
         print(r)
         assert all(all(step) for step in r["ok"]), r["ok"]
         assert not any("nccl" in k.lower() for k in r["kernels"]), r["kernels"]
+        # the reductions' signals awaited by the spin-wait kernel unless CONCCL_SPIN_WAITS=never
+        assert ("conccl_spin_wait" in r["kernels"]) == (r["spin"] != "never"), r

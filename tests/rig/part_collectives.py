@@ -252,5 +252,10 @@ def graph(rank, world, cases, report):
     # With a one-shot limit (CONCCL_ONE_SHOT_BELOW), small calls are one-shot kernels
     # (conccl.collectives.one_shot).
     one_shot = ("conccl_one_shot",) if conccl.get_group().options.one_shot_below else ()
-    cases.append(("captured graph launches no kernel but the reduction and the driver's copy kernels",
-                  all(k.startswith(("reduce_", "memcpy", *one_shot)) for k in report["graph_kernels"])))
+    # The reductions' signals awaited by the spin-wait kernel (CONCCL_SPIN_WAITS, default "graphs")
+    spin = getattr(conccl.get_group().executor, "spin_waits", "never") != "never"
+    spins = ("conccl_spin_wait",) if spin else ()
+    cases.append(("captured graph launches no kernel but the reduction, the spin waits and the driver's copy kernels",
+                  all(k.startswith(("reduce_", "memcpy", *one_shot, *spins)) for k in report["graph_kernels"])))
+    if spin and not one_shot:
+        cases.append(("captured reductions wait by the spin-wait kernel", "conccl_spin_wait" in report["graph_kernels"]))

@@ -397,3 +397,87 @@ def test_each_reduction_kernel_launches_with_the_cta_size_of_its_launch_bounds(m
     assert seen == set(bounds)  # every kernel was chosen somewhere
     with pytest.raises(ValueError, match="float32"):  # narrowing is no reduction's
         cuda_reduce.ReduceLaunch(0, 1 << 20, (4096,), 1 << 20, "float32", 1.0, "bfloat16")
+
+
+def _signals(steps):
+    """Every signal step of ``steps`` as (wait?, address, delta), batches opened, in order."""
+    out = []
+    for step in steps:
+        if isinstance(step, SignalBatch):
+            out += list(step.signals)
+        elif isinstance(step, SignalStep):
+            out.append(step)
+    return out
+
+
+@pytest.mark.parametrize("captured", [False, True])
+@pytest.mark.parametrize("mode", list(StreamMode))
+def test_spin_waits_replace_exactly_the_waits_before_a_reduction(captured, mode):
+    """A reduce-scatter and both all-reduces, eager and captured: with ``spin`` the waits right
+    before each reduction (every one but the eager two-pass all-reduce's) become one spin-wait step on the same words with the same values,
+    nothing else changes but the resets that follow it (captured), which move behind the
+    reduction; without it the lowering has no spin step."""
+    from conccl.collectives.all_reduce import plan_all_reduce
+    from conccl.collectives.reduce_scatter import plan_reduce_scatter
+    from conccl.executors.cuda_program import SpinWaitStep
+    from conccl.graphs import graph_schedule
+    from conccl.schedule import Reduce, ResetSignal
+
+    world, rank, spin_words = 4, 2, PAD + 12345 * 4
+    plans = (plan_reduce_scatter(world, rank, 4096, "bfloat16", stream_mode=mode),
+             plan_all_reduce(world, rank, 6000, 2, "bfloat16", stream_mode=mode),
+             plan_all_reduce(world, rank, 6000, 2, "bfloat16", stream_mode=mode, algorithm=Algorithm.STAGED_PUSH))
+    for eager in plans:
+        s = graph_schedule(eager) if captured else eager
+        plain = lower(s, _address, _pads(world), spin_words=spin_words)
+        spun = lower(s, _address, _pads(world), spin_words=spin_words, spin=True)
+        assert not any(isinstance(x, SpinWaitStep) for steps in plain for x in steps)
+        if eager.collective == "reduce_scatter" or eager.algorithm is Algorithm.STAGED_PUSH or captured:
+            assert sum(isinstance(x, SpinWaitStep) for steps in spun for x in steps) == 1
+        for ops, before, after in zip(s.slots, plain, spun):
+            # reductions right behind a wait (the two-pass all-reduce's eager one sends its release first)
+            reduce_at = [i for i, op in enumerate(ops) if isinstance(op, Reduce) and i
+                         and isinstance(ops[i - 1], (WaitSignal, ResetSignal))]
+            spins = [x for x in after if isinstance(x, SpinWaitStep)]
+            assert len(spins) == len(reduce_at)
+            for i, step in zip(reduce_at, spins):
+                run = []
+                j = i - 1
+                while j >= 0 and isinstance(ops[j], (WaitSignal, ResetSignal)):
+                    run.insert(0, ops[j])
+                    j -= 1
+                waits = [op for op in run if isinstance(op, WaitSignal)]
+                assert step.abort_word == spin_words and step.words == tuple(
+                    (_pads(world)[rank] + 4 * signal_word(w.kind, w.peer, world), w.seq_delta) for w in waits)
+                k = after.index(step)
+                assert isinstance(after[k + 1], ReduceStep)  # the kernel right before the reduction
+            # the same waits and writes but the spun ones, the resets behind the reduction
+            spun_waits = {(a, d) for x in spins for a, d in x.words}
+            kept = [x for x in _signals(before) if not (x.is_wait and (x.address, x.seq_delta) in spun_waits)]
+            assert sorted(_signals(after)) == sorted(kept)
+            assert [type(x) for x in after if not isinstance(x, (SignalBatch, SignalStep, SpinWaitStep))] == \
+                [type(x) for x in before if not isinstance(x, (SignalBatch, SignalStep))]
+
+
+def test_no_spin_without_a_reduction_after_the_waits_and_none_without_spin_words():
+    from conccl.executors.cuda_program import SpinWaitStep
+
+    for s in (plan_all_gather(2, 0, 4096), plan_all_to_all(3, 1, equal_split_matrix(3, 64))):
+        assert not any(isinstance(x, SpinWaitStep) for steps in lower(s, _address, _pads(s.world), spin_words=PAD,
+                                                                       spin=True) for x in steps)
+    from conccl.collectives.reduce_scatter import plan_reduce_scatter
+    with pytest.raises(TypeError, match="spin words"):
+        lower(plan_reduce_scatter(2, 0, 4096, "bfloat16"), _address, _pads(2), spin=True)
+
+
+def test_the_spin_mode_is_read_from_the_environment_and_checked(monkeypatch):
+    from conccl.executors import cuda_spin
+
+    monkeypatch.delenv("CONCCL_SPIN_WAITS", raising=False)
+    assert cuda_spin.spin_mode() == "graphs"
+    for mode in cuda_spin.SPIN_MODES:
+        monkeypatch.setenv("CONCCL_SPIN_WAITS", mode)
+        assert cuda_spin.spin_mode() == mode
+    monkeypatch.setenv("CONCCL_SPIN_WAITS", "sometimes")
+    with pytest.raises(ValueError, match="CONCCL_SPIN_WAITS"):
+        cuda_spin.spin_mode()

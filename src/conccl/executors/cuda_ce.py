@@ -42,6 +42,7 @@ from ..schedule import (Buf, Schedule, Signal, StreamMode, awaited_peers, mark_i
                         signal_pad_words, signal_word, workspace_half)
 from ..work import NCCL, Work
 from . import cuda_graph_launch as settled_graphs
+from . import cuda_spin
 from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape
 
@@ -144,11 +145,14 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
     one_shot = True  # runs one-shot schedules as one kernel (conccl.collectives.one_shot)
 
     def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
+        # Where a reduction's signals are awaited by the spin-wait kernel (cuda_spin.spin_mode);
+        # each rank's own: the words and values are the stream waits'.
+        self.spin_waits = cuda_spin.spin_mode()
         self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
         self.symmetric = SymmetricRegistry()  # this group's conccl.empty tensors
         # The eager words, then one block per graph slot (conccl.graphs), then the pipelines' marks
-        # (the eager calls' block, a block per graph slot), then the spin words of one-shot
-        # kernels (the watchdog's abort, the kernel's timeout flag).
+        # (the eager calls' block, a block per graph slot), then the spin words of one-shot and
+        # spin-wait kernels (the watchdog's abort, the kernel's timeout flag).
         spin = pad_words(world, GRAPH_SLOTS)
         pad = symm_mem.empty(spin + SPIN_WORDS, dtype=torch.int32, device=device)
         pad.zero_()  # set-up only: a copy-engine collective launches no kernel
@@ -246,7 +250,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             return hit
         t0 = time.perf_counter()
         address = _addresses(self.rank, input, output, views, ws)
-        lowered = lower(schedule, address, self._pads, self.batching, marks=self._marks, spin_words=self._spin_words)
+        lowered = lower(schedule, address, self._pads, self.batching, marks=self._marks, spin_words=self._spin_words,
+                        spin=self.spin_waits == "always")
         form = shape(lowered)
         template = self._by_shape.get(form)
         if template is not None:
@@ -463,7 +468,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         program = CompiledProgram(lower(schedule, address, pads, self.batching, batch_copies=False,
                                         marks=self._pads[self.rank] + 4 * mark_index(0, self.world, GRAPH_SLOTS,
                                                                                       slot),
-                                        spin_words=self._spin_words), driver(),
+                                        spin_words=self._spin_words, spin=self.spin_waits != "never"), driver(),
                                   self._device_index)
         caller = torch.cuda.current_stream(self.device)
         events = [torch.cuda.Event() for _ in range(len(program.slots))]

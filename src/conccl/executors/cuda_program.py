@@ -25,7 +25,10 @@ becomes (named tuples of plain values: what the tests compare):
 * :class:`ReduceStep`: one launch of the bounded reduction kernel
   (:mod:`conccl.executors.cuda_reduce`), the only SM work of any collective's schedule;
 * :class:`ComputeStep`: the caller's computation (a pipeline's GEMM step,
-  :mod:`conccl.pipeline`), handed back to the caller's ``compute`` on the slot's stream.
+  :mod:`conccl.pipeline`), handed back to the caller's ``compute`` on the slot's stream;
+* :class:`SpinWaitStep`: one launch of the one-warp spin-wait kernel
+  (:mod:`conccl.executors.cuda_spin`) in place of the stream memory waits right before a
+  reduction, where ``spin`` asks for it (:func:`spin_before_reductions`).
 
 A pipeline's marks (:class:`~conccl.schedule.Mark`, :class:`~conccl.schedule.AwaitMark`) are
 signal steps on the own pad's mark words (``marks``: their base address).
@@ -82,6 +85,15 @@ class ReduceStep(NamedTuple):
     dtype: str
     scale: float
     out_dtype: str | None = None  # fp32 over 16-bit operands (Reduce.out_dtype)
+
+
+class SpinWaitStep(NamedTuple):
+    """The waits before a reduction as one launch of the spin-wait kernel: each word of the own
+    pad ``>= seq + delta``; ``abort_word``: the own pad's spin words (the watchdog's abort, then
+    the kernel's timeout flag)."""
+
+    words: tuple[tuple[int, int], ...]  # (address, seq_delta)
+    abort_word: int
 
 
 class OneShotStep(NamedTuple):
@@ -184,19 +196,59 @@ def hoist_small_local(ops) -> list:
     return out
 
 
+class _Spin(NamedTuple):
+    waits: tuple  # WaitSignal ops, waited for by one spin-wait kernel
+
+
+def spin_before_reductions(ops, max_waits: int = 8) -> list:
+    """``ops`` with each run of signal waits (and a captured call's resets of the words waited
+    on) right before a reduction made one spin wait (:class:`_Spin`), and the resets moved
+    behind the reduction.
+
+    Why there only: a kernel polling the word wakes ~4 us sooner than a stream memory wait
+    (2 x H100, benchmarks/2026-11-26-h100x2-latency: 5.6 against 9.9 us one way in a graph),
+    and that gain survives where SM work follows the wait (a copy queued behind a kernel starts
+    ~1.5 us later than behind a memop, which ate it); the reduction takes an SM anyway. The
+    same words and values as the waits: the protocol is unchanged, and ranks may differ. A
+    reset (write 0 into the own word just waited on) may move behind the reduction: the peer
+    writes that word again only after a signal this rank sends after both (conccl.graphs)."""
+    out: list = []
+    k = 0
+    while k < len(ops):
+        j = k
+        while j < len(ops) and isinstance(ops[j], (WaitSignal, ResetSignal)):
+            j += 1
+        run = ops[k:j]
+        waits = tuple(op for op in run if isinstance(op, WaitSignal))
+        resets = [op for op in run if isinstance(op, ResetSignal)]
+        if (j < len(ops) and isinstance(ops[j], Reduce) and 1 <= len(waits) <= max_waits
+                and {(r.peer, r.kind) for r in resets} <= {(w.peer, w.kind) for w in waits}):
+            out += [_Spin(waits), ops[j], *resets]
+            k = j + 1
+        else:
+            out += run if run else [ops[k]]
+            k = j if run else k + 1
+    return out
+
+
 def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank: int, world: int,
-               batch_copies: bool, batching: str = "all", marks: int | None = None) -> tuple:
+               batch_copies: bool, batching: str = "all", marks: int | None = None,
+               spin_words: int | None = None) -> tuple:
     """Lower one slot's ops to driver steps. ``address(rank, buf)`` is a buffer's base
     address as this rank reaches it; ``pads[r]`` the address of rank r's signal pad;
     ``marks`` the address of the own pad's first mark word (a pipeline's only).
     ``batching``: which signal ops may share a ``cuStreamBatchMemOp`` ("all", "waits" or
-    "none"; what the driver accepts is probed once per group, see :func:`probe_batching`)."""
+    "none"; what the driver accepts is probed once per group, see :func:`probe_batching`).
+    ``spin_words``: the own pad's spin words; given, the waits right before a reduction are
+    one spin-wait kernel (:func:`spin_before_reductions`), else stream memory waits."""
     steps: list = []
     signals: list = []
     copies: list = []
     with_peers = False  # the copy batch under way holds peer copies
     if batch_copies:
         ops = hoist_small_local(ops)
+    if spin_words is not None:
+        ops = spin_before_reductions(ops)
 
     def flush_signals():
         for i in range(0, len(signals), MAX_SIGNALS_PER_BATCH):
@@ -234,6 +286,11 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             flush_signals()
             steps.append(ComputeStep(op))
             continue
+        if isinstance(op, _Spin):
+            flush_signals()
+            steps.append(SpinWaitStep(tuple((pads[rank] + 4 * signal_word(w.kind, w.peer, world), w.seq_delta)
+                                            for w in op.waits), spin_words))
+            continue
         if isinstance(op, Reduce):
             if op.src_ranks is not None:
                 raise TypeError(f"{op!r}: peers' operands are a one-shot schedule's, lowered as one kernel")
@@ -266,16 +323,21 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
 
 
 def lower(schedule: Schedule, address: Callable[[int, object], int], pads: list[int], batching: str = "all",
-          batch_copies: bool | None = None, marks: int | None = None, spin_words: int | None = None) -> tuple:
+          batch_copies: bool | None = None, marks: int | None = None, spin_words: int | None = None,
+          spin: bool = False) -> tuple:
     """Every slot of ``schedule`` lowered (see :func:`lower_slot`); ``batch_copies`` None: as
     its stream mode says (a captured call passes False: cuMemcpyBatchAsync cannot be captured).
-    A one-shot schedule is one kernel launch (:func:`lower_one_shot`)."""
+    A one-shot schedule is one kernel launch (:func:`lower_one_shot`). ``spin``: the waits
+    right before a reduction are a spin-wait kernel (needs ``spin_words``)."""
+    if spin and spin_words is None:
+        raise TypeError("spin waits lowered without the pad's spin words")
     if schedule.one_shot:
         if spin_words is None:
             raise TypeError("a one-shot schedule lowered without the pad's spin words")
         return (lower_one_shot(schedule, address, pads, spin_words),)
     batch = schedule.stream_mode is StreamMode.BATCH if batch_copies is None else batch_copies
-    return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch, batching, marks)
+    return tuple(lower_slot(ops, address, pads, schedule.rank, schedule.world, batch, batching, marks,
+                            spin_words if spin else None)
                  for ops in schedule.slots)
 
 
@@ -428,9 +490,28 @@ class _OneShotCall:
         return "the one-shot kernel's launch"
 
 
-# A one-shot kernel waits as a stream memory operation does: until the peer signals or the
-# group's watchdog, which reads the pad and names the missing peers, breaks the group and
-# releases it (the abort word). A bound of its own would let a call whose peer is merely late
+class _SpinWaitCall:
+    __slots__ = ("cu", "kernel", "count")
+
+    def __init__(self, step: SpinWaitStep, cu, flags: tuple, device_index):
+        from . import cuda_spin
+
+        addresses, deltas = zip(*step.words)
+        self.cu, self.count = cu, len(step.words)
+        self.kernel = cuda_spin.SpinWaitLaunch(
+            device_index, addresses, deltas, step.abort_word, step.abort_word + 4,
+            cuda_spin.timeout_ns() if os.environ.get("CONCCL_SPIN_TIMEOUT_S") else UNBOUNDED_NS)
+
+    def launch(self, stream, seq: int):
+        return self.kernel.launch(self.cu, stream, seq)
+
+    def what(self) -> str:
+        return f"the spin-wait kernel's launch ({self.count} words)"
+
+
+# A one-shot kernel, or a spin wait, waits as a stream memory operation does: until the peer
+# signals or the group's watchdog, which reads the pad and names the missing peers, breaks the
+# group and releases it (the abort word). A bound of its own would let a call whose peer is merely late
 # end with garbage and no error; CONCCL_SPIN_TIMEOUT_S sets one all the same (experiments).
 UNBOUNDED_NS = 1 << 62
 
@@ -446,7 +527,8 @@ class _ComputeCall:
 
 
 _COMPILERS = {SignalBatch: _SignalBatchCall, SignalStep: _SignalCall, CopyStep: _CopyCall, CopyBatch: _CopyBatchCall,
-              ReduceStep: _ReduceCall, ComputeStep: _ComputeCall, OneShotStep: _OneShotCall}
+              ReduceStep: _ReduceCall, ComputeStep: _ComputeCall, OneShotStep: _OneShotCall,
+              SpinWaitStep: _SpinWaitCall}
 # The steps a program re-addresses (CompiledProgram.readdressed): their calls are cheap to make
 # (pointer lists, a kernel's parameters) and hold the buffers' addresses; the others (signals
 # into the pads, the one-shot kernel's words) are compared whole by shape().

@@ -52,6 +52,23 @@ POLL_SLEEP_NS = 20
 END_FENCE = False
 
 
+# Where the executor waits for a reduction's signals with this kernel instead of a stream
+# memory wait (conccl.executors.cuda_program.spin_before_reductions): "graphs" (the default,
+# captured calls), "always" (eager calls too: a kernel launch per call costs more host time
+# than a memop batch, and a settled call then keeps its driver calls), "never" (stream memory
+# waits only: a call's one SM step is its reduction). CONCCL_SPIN_WAITS sets it.
+SPIN_MODES = ("graphs", "always", "never")
+
+
+def spin_mode() -> str:
+    """``CONCCL_SPIN_WAITS`` (:data:`SPIN_MODES`), else "graphs"; read where a group's executor is
+    made: a bad value is refused there."""
+    raw = os.environ.get("CONCCL_SPIN_WAITS", "") or "graphs"
+    if raw not in SPIN_MODES:
+        raise ValueError(f"CONCCL_SPIN_WAITS must be one of {', '.join(SPIN_MODES)}, got {raw!r}")
+    return raw
+
+
 def timeout_ns() -> int:
     """The wait's bound in nanoseconds: ``CONCCL_SPIN_TIMEOUT_S`` (seconds, may be fractional),
     else :data:`DEFAULT_TIMEOUT_S`. Read where a wait is built, not at import: a bad value must
