@@ -62,7 +62,7 @@ def _graph_against_eager(rank, world):
             graph.replay()
             torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return results, [n for n in names if "nccl" in n.lower()], sum("memcpy" in n.lower() for n in names)
+    return results, [n for n in names if ("nccl" in n.lower() and "conccl" not in n.lower())], sum("memcpy" in n.lower() for n in names)
 
 
 def test_fixed_sizes_in_a_cuda_graph_equal_the_normal_mode_eagerly():

@@ -69,7 +69,7 @@ def _overlap_equals_serial(rank, world):
             res_copy = res.clone()
             torch.cuda.synchronize()
         kernels = _kernels(prof)
-        nccl_kernels = [x for x in kernels if "nccl" in x.lower()]
+        nccl_kernels = [x for x in kernels if ("nccl" in x.lower() and "conccl" not in x.lower())]
         resolved = conccl.get_plan((m, n, k), name, size, world, plan, device_name=torch.cuda.get_device_name())
         out.append({"plan": plan, "applied": c3.plan.strategy, "impl": c3.plan.impl,
                     "is_resolved_plan": c3.plan is resolved,
