@@ -12,7 +12,8 @@ returns a :class:`Work`):
 - ``all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, ...)``: chunk i to rank i.
 - ``reduce_scatter_tensor(output, input, op=None, ...)``: copies on the copy engines, the sum one small kernel.
 - ``persistent_all_gather_into_tensor(output, input)``: agree with the peers once; ``.start()`` only queues copies.
-- ``all_reduce(tensor, op=None, ...)``: in place; a reduce-scatter into the workspace, then every chunk pulled back.
+- ``all_reduce(tensor, op=None, ...)``: in place; small: every rank's tensor pushed to every peer and summed there
+  (one pass); large: a reduce-scatter into the workspace, then every chunk pulled back.
 - ``persistent_all_to_all_single(output, input, ...)``: the same for all-to-all.
 - ``persistent_reduce_scatter_tensor(output, input, op=None)``: a reduce-scatter agreed once, started many times.
 - ``persistent_all_reduce(tensor, op=None)``: an all-reduce agreed once, started many times.

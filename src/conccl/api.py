@@ -189,9 +189,11 @@ def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
         group, async_op, timeout: as in :func:`all_gather_into_tensor`.
 
     Two ways, chosen by size alike on every rank (the group's call takes ``algorithm=`` to
-    ask for one): up to ``(world - 1) x bytes <= 16 MiB`` (every size to 16 MiB at two
-    ranks), **one pass** (``Algorithm.STAGED_PUSH``): every rank pushes its whole tensor into
-    every peer's workspace and reduces what landed, one signal on the critical path; above,
+    ask for one; a group default from ``set_options`` does not choose here): **one pass**
+    (``Algorithm.STAGED_PUSH``) while it sends at most 8 MiB more than two passes and its
+    workspace stays double-buffered (every size to 32 MiB at two ranks, 5 MiB at four, 1.5 MiB
+    at eight): every rank pushes its whole tensor into every peer's workspace and reduces
+    what landed, one signal on the critical path; above,
     **two passes** (``Algorithm.PUSH``): a reduce-scatter into the workspace, rank r
     reducing elements ``r*c .. (r+1)*c`` (``c``: the count divided by the world size,
     rounded up to 16 bytes), then an all-gather of the chunks out of it. Either way every
@@ -257,7 +259,7 @@ def reserve_graph_workspace(nbytes: int, group=None) -> None:
     A captured call runs at every replay with a workspace region of its own (nothing it
     touches is shared with another call: :mod:`conccl.graphs`): a reduce-scatter, or an
     all-reduce in two passes, needs its input's bytes (each chunk's slot rounded up to 256);
-    an all-reduce in one pass (:func:`all_reduce`: the default up to 16 MiB sent per rank)
+    an all-reduce in one pass (:func:`all_reduce`: by default to 32 MiB at two ranks)
     ``world`` x its bytes; an all-gather or all-to-all from ordinary tensors its input's, from
     :func:`empty` tensors none (an all-gather's ``Algorithm.STAGED_PUSH``: its output's).
     :meth:`~conccl.collectives.base.Collective.graph_workspace_bytes` gives the bound. Capturing a call that

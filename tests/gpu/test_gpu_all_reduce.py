@@ -27,9 +27,12 @@ def _all_reduce_against_nccl(rank, world):
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for n in (1, 1000, 12345, (64 << 20) // 2 + 3):
             for op in (ReduceOp.SUM, ReduceOp.AVG):
-                for mode, algorithm in ((conccl.StreamMode.BATCH, None), (conccl.StreamMode.PER_PEER, None),
-                                        (conccl.StreamMode.BATCH, conccl.Algorithm.PUSH),
-                                        (conccl.StreamMode.PER_PEER, conccl.Algorithm.STAGED_PUSH)):
+                for mode, algorithm, in_place in (
+                        (conccl.StreamMode.BATCH, None, True), (conccl.StreamMode.PER_PEER, None, False),
+                        (conccl.StreamMode.BATCH, conccl.Algorithm.PUSH, True),
+                        (conccl.StreamMode.PER_PEER, conccl.Algorithm.STAGED_PUSH, False),
+                        # one pass in place: its pushes and its reduction on one stream whatever the mode
+                        (conccl.StreamMode.PER_PEER, conccl.Algorithm.STAGED_PUSH, True)):
                     x = torch.randn(n, dtype=torch.float32, device="cuda", generator=g).to(dtype)
                     ref = x.clone()
                     dist.all_reduce(ref, op=op)
@@ -39,7 +42,7 @@ def _all_reduce_against_nccl(rank, world):
                     if mode is conccl.StreamMode.BATCH and algorithm is None:
                         conccl.all_reduce(x, op=op)  # the public, in-place call (one pass or two by size)
                         out = x
-                    elif algorithm is conccl.Algorithm.PUSH:  # two passes asked, in place
+                    elif in_place:  # a form asked for, in place
                         group.all_reduce(x, x, op, stream_mode=mode, algorithm=algorithm)
                         out = x
                     else:  # the group's out-of-place call, one stream per peer (one pass asked, or by size)
@@ -51,7 +54,7 @@ def _all_reduce_against_nccl(rank, world):
                     # once: each rounding moves a partial sum by at most half an ulp, so the two differ
                     # by at most world ulps of the sum of magnitudes (elementwise).
                     bound = world * torch.finfo(dtype).eps * every.view(world, -1).float().abs().sum(0)
-                    how = f"{mode.value}/{algorithm.value if algorithm else 'auto'}"
+                    how = f"{mode.value}/{algorithm.value if algorithm else 'auto'}{'/in place' if in_place else ''}"
                     report["cases"].append((str(dtype), n, str(op), how, torch.equal(bits(out), bits(ref)),
                                             bool(((out.float() - ref.float()).abs() <= bound).all()),
                                             torch.equal(bits(out), bits(stated))))

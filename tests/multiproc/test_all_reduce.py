@@ -72,6 +72,25 @@ def test_all_reduce_equals_the_reference(world, dtype, algorithm):
             assert ran == [algorithm or Algorithm.STAGED_PUSH], (ran, algorithm)
 
 
+def _group_default_ignored(comm):
+    ran = _ran(comm)
+    out = []
+    for default in (Algorithm.PUSH, Algorithm.STAGED_PUSH, Algorithm.PULL):
+        comm.options.algorithm = default  # meant for the gathers: the all-reduce keeps its choice by size
+        inputs = _inputs(comm.world, 40, torch.float32, 3)
+        buf = inputs[comm.rank].clone()
+        comm.call(ALL_REDUCE, buf, buf, (None,))
+        out.append(torch.equal(buf, ALL_REDUCE.reference(inputs, comm.rank)))
+    comm.call(ALL_REDUCE, buf, buf, (None,), algorithm=Algorithm.PUSH)  # asked per call: kept
+    return out, [a.value for a in ran]
+
+
+def test_a_group_default_algorithm_does_not_choose_the_all_reduces_form():
+    for ok, ran in spawn(2, _group_default_ignored):
+        assert ok == [True] * 3
+        assert ran == ["staged_push"] * 3 + ["push"], ran
+
+
 def test_the_automatic_choice_runs_one_pass_while_it_sends_little_more_and_stays_double_buffered():
     from conccl.schedule import DOUBLE_BUFFER_MAX_BYTES
 

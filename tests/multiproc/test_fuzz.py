@@ -430,6 +430,7 @@ class _Fuzz:
         mode = spec.stream_mode or self.comm.options.stream_mode
         out_sym = self._sym(spec.out_src)
         if spec.coll == "all_reduce":  # one pass or two, by size (conccl.collectives.all_reduce)
+            requested = spec.algorithm  # a group default does not choose its form
             if requested is Algorithm.PULL:
                 return None
             nbytes = math.prod(spec.out_shapes[self.rank]) * spec.dtype.itemsize

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -177,7 +178,7 @@ def _slow_reducer(comm, replays):
             return real_bytes(rank, buf, *a)
         ex._reduce, ex._bytes = slow, slow_own_workspace
     rs_in, rs_out = torch.empty(5 * w), torch.empty(5)
-    ar = torch.empty(7 * w)
+    ar, ar_out = torch.empty(7 * w), torch.empty(7 * w)
     ag_in, ag_out = torch.empty(6), torch.empty(6 * w)
     # one call per graph: nothing else between two replays of a call holds a fast rank back
     with ex.capture() as rs_graph:
@@ -186,11 +187,16 @@ def _slow_reducer(comm, replays):
         comm.call(ALL_REDUCE, ar, ar, (ReduceOp.SUM,))
     with ex.capture() as ar2_graph:
         comm.call(ALL_REDUCE, ar, ar, (ReduceOp.SUM,), algorithm=Algorithm.PUSH)  # two passes
+    with ex.capture() as ar3_graph:  # one pass out of place: its pushes on a stream per peer where asked
+        comm.call(ALL_REDUCE, ar_out, ar, (ReduceOp.SUM,), stream_mode=StreamMode.PER_PEER)
     with ex.capture() as ag_graph:
         comm.call(ALL_GATHER, ag_out, ag_in, (), algorithm=Algorithm.STAGED_PUSH)
     ok = []
     for graph, t, coll, args in ((rs_graph, rs_in, REDUCE_SCATTER, None), (ar_graph, ar, ALL_REDUCE, [(ReduceOp.SUM,)] * w),
-                                 (ar2_graph, ar, ALL_REDUCE, [(ReduceOp.SUM,)] * w), (ag_graph, ag_in, ALL_GATHER, None)):
+                                 (ar2_graph, ar, ALL_REDUCE, [(ReduceOp.SUM,)] * w),
+                                 (ar3_graph, ar, "ar_out", [(ReduceOp.SUM,)] * w), (ag_graph, ag_in, ALL_GATHER, None)):
+        result = ar_out if coll == "ar_out" else {REDUCE_SCATTER: rs_out, ALL_REDUCE: ar, ALL_GATHER: ag_out}[coll]
+        coll = ALL_REDUCE if coll == "ar_out" else coll
         for step in range(replays):  # replays of one graph back to back
             ins = []
             for p in range(w):
@@ -199,7 +205,6 @@ def _slow_reducer(comm, replays):
                 ins.append(x)
             t.copy_(ins[r])
             ex.replay(graph)
-            result = {REDUCE_SCATTER: rs_out, ALL_REDUCE: ar, ALL_GATHER: ag_out}[coll]
             ok.append(torch.equal(result, coll.reference(ins, r, args)))
     return ok
 
@@ -207,7 +212,7 @@ def _slow_reducer(comm, replays):
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_fast_rank_never_pushes_into_a_slow_ranks_workspace_before_it_was_read(world):
     for ok in spawn(world, _slow_reducer, 12):
-        assert ok == [True] * 48, ok
+        assert ok == [True] * 60, ok
 
 
 def test_a_captured_push_into_the_peers_workspace_waits_for_the_previous_replays_free():
@@ -241,25 +246,29 @@ def _mixed_modes(comm, replays):
     comm.options.stream_mode = modes[r % len(modes)]
     rs_in, rs_out = torch.empty(3 * w), torch.empty(3)
     one, ar, ar2 = torch.empty(1), torch.empty(5 * w + 1), torch.empty(5 * w + 1)
+    ar3, ar_out = torch.empty(3 * w + 2), torch.empty(3 * w + 2)
     with comm.executor.capture() as graph:
         comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,))
         comm.call(ALL_REDUCE, one, one, (ReduceOp.SUM,))
         comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,))  # one pass
         comm.call(ALL_REDUCE, ar2, ar2, (ReduceOp.AVG,), algorithm=Algorithm.PUSH)  # two passes
+        comm.call(ALL_REDUCE, ar_out, ar3, (ReduceOp.SUM,))  # one pass out of place: in this rank's mode
     ok = []
     for step in range(replays):
-        ins = {name: [] for name in ("rs", "one", "ar", "ar2")}
+        ins = {name: [] for name in ("rs", "one", "ar", "ar2", "ar3")}
         for q in range(w):
-            for name, t in (("rs", rs_in), ("one", one), ("ar", ar), ("ar2", ar2)):
+            for name, t in (("rs", rs_in), ("one", one), ("ar", ar), ("ar2", ar2), ("ar3", ar3)):
                 x = torch.empty_like(t)
                 _fill(x, q, step, len(name))
                 ins[name].append(x)
         rs_in.copy_(ins["rs"][r]), one.copy_(ins["one"][r]), ar.copy_(ins["ar"][r]), ar2.copy_(ins["ar2"][r])
+        ar3.copy_(ins["ar3"][r])
         comm.executor.replay(graph)
         ok.append(torch.equal(rs_out, REDUCE_SCATTER.reference(ins["rs"], r))
                   and torch.equal(one, ALL_REDUCE.reference(ins["one"], r, [(ReduceOp.SUM,)] * w))
                   and torch.equal(ar, ALL_REDUCE.reference(ins["ar"], r, [(ReduceOp.AVG,)] * w))
-                  and torch.equal(ar2, ALL_REDUCE.reference(ins["ar2"], r, [(ReduceOp.AVG,)] * w)))
+                  and torch.equal(ar2, ALL_REDUCE.reference(ins["ar2"], r, [(ReduceOp.AVG,)] * w))
+                  and torch.equal(ar_out, ALL_REDUCE.reference(ins["ar3"], r, [(ReduceOp.SUM,)] * w)))
     return ok
 
 
@@ -267,3 +276,46 @@ def _mixed_modes(comm, replays):
 def test_ranks_that_capture_in_different_stream_modes_replay_right(world):
     for ok in spawn(world, _mixed_modes, 4):
         assert ok == [True] * 4, ok
+
+
+def _reordered(comm, how, replays):
+    """``_slow_reducer`` and ``_mixed_modes`` with every captured schedule's ops in the order the
+    CUDA lowering runs them with spin waits (``spin``: the waits before a reduction, then the
+    reduction, then the resets of those words; cuda_program.spin_before_reductions), or with
+    every reset moved to the end of its stream (``late``: the counter-test, which must fail)."""
+    import dataclasses
+
+    from conccl.executors.cuda_program import _Spin, spin_before_reductions
+
+    def spun(ops):
+        return [x for op in spin_before_reductions(ops) for x in (op.waits if isinstance(op, _Spin) else (op,))]
+
+    def late(ops):
+        return [op for op in ops if not isinstance(op, ResetSignal)] + [op for op in ops if isinstance(op, ResetSignal)]
+
+    ex = comm.executor
+    capture = ex.capture_call
+
+    def reorder(schedule, *a, **k):
+        slots = tuple(tuple({"spin": spun, "late": late}[how](list(ops))) for ops in schedule.slots)
+        return capture(dataclasses.replace(schedule, slots=slots), *a, **k)
+
+    ex.capture_call = reorder
+    return _slow_reducer(comm, replays) + _mixed_modes(comm, replays)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_spin_waits_order_replays_right_and_late_resets_would_not(world):
+    """The resets the spin-wait lowering moves behind the reduction stay before every signal
+    the peers wait on to write those words again: the captured calls replay right with a slow
+    reducer and mixed stream modes. Moving the resets to the end of their streams lets a peer's
+    next signal be erased, which the same replays see (a hang or a wrong result)."""
+    replays = 6
+    for ok in spawn(world, _reordered, "spin", replays):
+        assert ok == [True] * (6 * replays), ok
+    try:
+        results = spawn(world, _reordered, "late", replays, timeout=timedelta(seconds=10), join_timeout_s=30)
+    except RuntimeError as e:  # a rank's replay stuck on a signal a reset erased
+        assert "timed out" in str(e), e
+    else:
+        assert any(not all(ok) for ok in results), results

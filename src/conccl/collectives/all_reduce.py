@@ -193,6 +193,9 @@ class AllReduce(Collective):
     arg_names = ("op",)
     single_tensor = True
     staged_push = True  # its one pass (module doc)
+    # One pass or two is chosen by size: a group default (push for the gathers, say) would
+    # force one form at every size (one pass of a 1 GiB tensor at 8 ranks: 8 GiB of workspace)
+    follows_group_default = False
     studied = False  # the study's strategies and the profile's sweeps do not cover it yet
 
     def layout(self, world: int, rank: int) -> Layout:

@@ -94,6 +94,9 @@ class Collective(abc.ABC):
     single_tensor: ClassVar[bool] = False
     # Whether it plans Algorithm.STAGED_PUSH (pushes into the peers' workspace, copied out there)
     staged_push: ClassVar[bool] = False
+    # Whether a group's default algorithm (set_options) applies to it; False where its algorithm
+    # is a choice by size that a default meant for the gathers would fix at every size.
+    follows_group_default: ClassVar[bool] = True
 
     def plan_fixed_by_own_row(self, world: int) -> bool:
         """Whether this rank's board row and the check that the peers' agree with it fix every

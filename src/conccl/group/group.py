@@ -444,8 +444,9 @@ class Group(CollectiveMethods):
         the other's copies: a silently wrong output)."""
         _check_algorithm(algorithm)
         asked = algorithm or self.options.algorithm
-        if algorithm is None and asked is Algorithm.STAGED_PUSH and not coll.staged_push:
-            asked = None  # a default for the collectives that have it (the all-gather's), not a request
+        if algorithm is None and (not coll.follows_group_default
+                                  or (asked is Algorithm.STAGED_PUSH and not coll.staged_push)):
+            asked = None  # a default for the collectives that take it (the gathers), not a request
         # An in-place input is reached through the output, at another offset on every rank.
         flags = (_SYM_IN * (views[0] is not None and not call.in_place) | _SYM_OUT * (views[1] is not None)
                  | _IN_PLACE * call.in_place)
