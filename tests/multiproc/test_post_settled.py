@@ -139,3 +139,41 @@ def _uneven_all_to_all(comm):
 def test_an_all_to_all_never_posts_its_plan_reads_what_peers_send_each_other(world):
     for right, posts in spawn(world, _uneven_all_to_all, join_timeout_s=60):
         assert all(right) and posts == 0, (right, posts)
+
+
+def _all_reduces(comm, kinds_move: bool):
+    """In-place all-reduces of one tensor (one pass at this size) and of one large enough for
+    two passes; with ``kinds_move``, rank 1 alternates its tensor between a plain one and
+    peer-reachable memory (other flags in its row) from call 4 on: the plans read no tensor
+    kind, so every call stays right and the posts go on."""
+    from conccl.collectives.all_reduce import ALL_REDUCE
+    from conccl.schedule import Algorithm
+
+    w, r = comm.world, comm.rank
+    plain = torch.empty(40)
+    sym = comm.executor.empty((40,), torch.float32)
+    two = torch.empty(4 * w + 3)
+    right = []
+    for i in range(CALLS):
+        buf = sym if kinds_move and r == 1 and i >= 4 and i % 2 == 0 else plain
+        buf.copy_(torch.arange(40, dtype=torch.float32) * (r + 1) + i)
+        comm.call(ALL_REDUCE, buf, buf, (None,))
+        want = sum(torch.arange(40, dtype=torch.float32) * (q + 1) + i for q in range(w))
+        two.fill_(float(r + i))
+        comm.call(ALL_REDUCE, two, two, (None,), algorithm=Algorithm.PUSH)
+        right.append(torch.equal(buf, want) and torch.equal(two, torch.full_like(two, float(sum(range(w)) + w * i))))
+    comm.exchange_values([0], "end")
+    return right, comm.board.posts, comm.board.pending_posts
+
+
+@pytest.mark.parametrize("kinds_move", [False, True])
+def test_settled_in_place_all_reduces_post_and_stay_right_when_a_peer_changes_tensor_kinds(kinds_move):
+    """The public all-reduce is in place (a flag that keeps other collectives from posting): its
+    plan reads no tensor kind, so once settled it posts, in one pass and in two."""
+    for right, posts, pending in spawn(2, _all_reduces, kinds_move, join_timeout_s=60):
+        assert all(right), right  # and no rank broke the group: rows that differ ask for the plan it ran
+        if kinds_move:  # rank 1's new row is exchanged, and its peer's post on the old one re-checked
+            assert CALLS - POST_AFTER <= posts < 2 * (CALLS - POST_AFTER), posts
+        else:
+            assert posts == 2 * (CALLS - POST_AFTER), posts
+        assert pending == 0

@@ -196,6 +196,8 @@ class AllReduce(Collective):
     # One pass or two is chosen by size: a group default (push for the gathers, say) would
     # force one form at every size (one pass of a 1 GiB tensor at 8 ranks: 8 GiB of workspace)
     follows_group_default = False
+    # Pushes into the peers' workspace, pulls out of it, never a peer's tensor (either form)
+    plan_ignores_tensor_kinds = True
     studied = False  # the study's strategies and the profile's sweeps do not cover it yet
 
     def layout(self, world: int, rank: int) -> Layout:
