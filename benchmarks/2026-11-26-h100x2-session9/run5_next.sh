@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # NOT RUN this session (its device time was spent): the GPU check of the review's fixes after
 # run4 (330a333: a group default no longer chooses the all-reduce's form; the GPU test's
-# in-place one pass on a stream per peer) and a new baseline of every collective in a graph
+# in-place one pass on a stream per peer; 8c90d7f: settled in-place all-reduces post their row,
+# which the all-reduce test's repeated calls and the rig's eager part do) and a new baseline of every collective in a graph
 # with one pass and spin waits, 4K-16M, twice; the rig's eager and graph parts at worlds 2-3.
 #   OUT=<folder> CONCCL_COMMIT=<sha> bash benchmarks/2026-11-26-h100x2-session9/run5_next.sh
 set -u

@@ -141,21 +141,24 @@ def test_an_all_to_all_never_posts_its_plan_reads_what_peers_send_each_other(wor
         assert all(right) and posts == 0, (right, posts)
 
 
-def _all_reduces(comm, kinds_move: bool):
-    """In-place all-reduces of one tensor (one pass at this size) and of one large enough for
-    two passes; with ``kinds_move``, rank 1 alternates its tensor between a plain one and
-    peer-reachable memory (other flags in its row) from call 4 on: the plans read no tensor
-    kind, so every call stays right and the posts go on."""
+def _all_reduces(comm, moves: str):
+    """In-place all-reduces of one tensor (one pass at this size) and of one in two passes.
+    ``moves``: "none"; "kinds": every rank's tensor plain, rank 1's peer-reachable on even
+    calls from call 4 on (other flags in its row); "views": every rank's tensor peer-reachable,
+    rank 1's elsewhere in its mapped memory on even calls from call 4 on (other peer views in
+    the rows than its posting peer assumed). The plans read no tensor kind: every call stays
+    right and no rank breaks the group."""
     from conccl.collectives.all_reduce import ALL_REDUCE
     from conccl.schedule import Algorithm
 
     w, r = comm.world, comm.rank
-    plain = torch.empty(40)
-    sym = comm.executor.empty((40,), torch.float32)
+    sym = comm.executor.empty((80,), torch.float32)  # a collective call: on every rank
+    plain = torch.empty(40) if moves != "views" else sym[:40]
+    other = sym[40:] if moves == "views" else sym[:40]
     two = torch.empty(4 * w + 3)
     right = []
     for i in range(CALLS):
-        buf = sym if kinds_move and r == 1 and i >= 4 and i % 2 == 0 else plain
+        buf = other if moves != "none" and r == 1 and i >= 4 and i % 2 == 0 else plain
         buf.copy_(torch.arange(40, dtype=torch.float32) * (r + 1) + i)
         comm.call(ALL_REDUCE, buf, buf, (None,))
         want = sum(torch.arange(40, dtype=torch.float32) * (q + 1) + i for q in range(w))
@@ -166,13 +169,14 @@ def _all_reduces(comm, kinds_move: bool):
     return right, comm.board.posts, comm.board.pending_posts
 
 
-@pytest.mark.parametrize("kinds_move", [False, True])
-def test_settled_in_place_all_reduces_post_and_stay_right_when_a_peer_changes_tensor_kinds(kinds_move):
+@pytest.mark.parametrize("moves", ["none", "kinds", "views"])
+def test_settled_in_place_all_reduces_post_and_stay_right_when_a_peer_changes_tensor_kinds(moves):
     """The public all-reduce is in place (a flag that keeps other collectives from posting): its
-    plan reads no tensor kind, so once settled it posts, in one pass and in two."""
-    for right, posts, pending in spawn(2, _all_reduces, kinds_move, join_timeout_s=60):
+    plan reads no tensor kind, so once settled it posts, in one pass and in two; a posted call
+    whose peer's row then differs in its tensor's kind or place is accepted (same schedule)."""
+    for right, posts, pending in spawn(2, _all_reduces, moves, join_timeout_s=60):
         assert all(right), right  # and no rank broke the group: rows that differ ask for the plan it ran
-        if kinds_move:  # rank 1's new row is exchanged, and its peer's post on the old one re-checked
+        if moves != "none":  # rank 1's new row is exchanged, and its peer's post on the old one re-checked
             assert CALLS - POST_AFTER <= posts < 2 * (CALLS - POST_AFTER), posts
         else:
             assert posts == 2 * (CALLS - POST_AFTER), posts
