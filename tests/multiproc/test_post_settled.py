@@ -181,3 +181,32 @@ def test_settled_in_place_all_reduces_post_and_stay_right_when_a_peer_changes_te
         else:
             assert posts == 2 * (CALLS - POST_AFTER), posts
         assert pending == 0
+
+
+def _staged_pushes(comm):
+    """All-gathers from peer-reachable tensors: pushed straight into the peers' outputs (the
+    plan reads where they are: never posted), and staged pushes (into the peers' workspace:
+    no tensor kind read, so they post once settled)."""
+    from conccl.schedule import Algorithm
+
+    n, w, r = 8, comm.world, comm.rank
+    inp = comm.executor.empty((n,), torch.float32)
+    out = comm.executor.empty((w * n,), torch.float32)
+    posts, right = {}, []
+    for algorithm in (Algorithm.PUSH, Algorithm.STAGED_PUSH):
+        before = comm.board.posts
+        for i in range(CALLS):
+            inp.fill_(100.0 * r + i)
+            out.fill_(-1.0)
+            comm.all_gather_into_tensor(out, inp, algorithm=algorithm)
+            right.append(torch.equal(out, torch.tensor([100.0 * q + i for q in range(w)]).repeat_interleave(n)))
+        posts[algorithm.value] = comm.board.posts - before
+    comm.exchange_values([0], "end")
+    return right, posts
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_staged_push_from_peer_reachable_tensors_posts_and_a_push_into_them_does_not(world):
+    for right, posts in spawn(world, _staged_pushes, join_timeout_s=60):
+        assert all(right), right
+        assert posts == {"push": 0, "staged_push": CALLS - POST_AFTER}, posts

@@ -124,6 +124,9 @@ class AllGather(Collective):
     def layout(self, world: int, rank: int) -> Layout:
         return Layout(1, world, tuple(((src, 0),) for src in range(world)), in_place_chunk=rank)
 
+    def plan_ignores_tensor_kinds(self, algorithm) -> bool:
+        return algorithm is Algorithm.STAGED_PUSH  # into the peers' workspace, copied out there
+
     def graph_workspace_bytes(self, size: int, world: int, staged_push: bool = False) -> int:
         # a staged push lands every peer's input in a slot of the workspace: the output's bytes
         return (size if staged_push else self.input_bytes(size, world)) + world * WORKSPACE_ALIGN

@@ -196,8 +196,6 @@ class AllReduce(Collective):
     # One pass or two is chosen by size: a group default (push for the gathers, say) would
     # force one form at every size (one pass of a 1 GiB tensor at 8 ranks: 8 GiB of workspace)
     follows_group_default = False
-    # Pushes into the peers' workspace, pulls out of it, never a peer's tensor (either form)
-    plan_ignores_tensor_kinds = True
     studied = False  # the study's strategies and the profile's sweeps do not cover it yet
 
     def layout(self, world: int, rank: int) -> Layout:
@@ -205,6 +203,9 @@ class AllReduce(Collective):
 
     def bus_factor(self, world: int) -> float:
         return 2 * (world - 1) / world  # nccl-tests' all-reduce factor
+
+    def plan_ignores_tensor_kinds(self, algorithm) -> bool:
+        return True  # pushes into the peers' workspace, pulls out of it, never a peer's tensor (either form)
 
     def graph_workspace_bytes(self, size: int, world: int, staged_push: bool = False) -> int:
         if staged_push or one_pass(size, world):  # a slot of the whole tensor per rank

@@ -98,10 +98,12 @@ class Collective(abc.ABC):
     # is a choice by size that a default meant for the gathers would fix at every size.
     follows_group_default: ClassVar[bool] = True
 
-    # Whether its plan reads no rank's tensor kinds (peer-reachable, in place): its copies cross
-    # GPUs only into and out of the group workspace, so what the peers pass cannot change it
-    # (a settled call may then post its row whatever its tensors are: Options.post_settled).
-    plan_ignores_tensor_kinds: ClassVar[bool] = False
+    def plan_ignores_tensor_kinds(self, algorithm: Algorithm | None) -> bool:
+        """Whether a call asking for ``algorithm`` (None: the automatic choice) plans from no
+        rank's tensor kinds (peer-reachable, in place): its copies cross GPUs only into and out
+        of the group workspace, so what the peers pass cannot change its plan, and a settled
+        call may post its row whatever its tensors are (``Options.post_settled``)."""
+        return False
 
     def plan_fixed_by_own_row(self, world: int) -> bool:
         """Whether this rank's board row and the check that the peers' agree with it fix every

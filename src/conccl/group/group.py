@@ -98,15 +98,16 @@ class _Local:
     posted: tuple | None = None
 
 
-def _plan_own(row, coll: Collective | None = None) -> bool:
+def _plan_own(row, local: "_Local | None" = None) -> bool:
     """Whether no peer's row can change the plan of a call with this rank's ``row`` unless
     they disagree (a mismatch, caught): the flags peers may set differently from call to call
     (a tensor peer-reachable or not, in place or not, one-shot or not) count only where every
     rank sets them (an AND), so with this rank setting none, neither do the peers' offsets
     in their mapped memory. A peer whose tensor moves there may then make the same call.
-    A collective whose plan reads no tensor kind (``coll.plan_ignores_tensor_kinds``: the
-    all-reduce's) minds the one-shot flag only."""
-    kinds = 0 if coll is not None and coll.plan_ignores_tensor_kinds else _SYM_IN | _SYM_OUT | _IN_PLACE
+    A call whose plan reads no tensor kind (``Collective.plan_ignores_tensor_kinds``: an
+    all-reduce, an all-gather's staged push) minds the one-shot flag only."""
+    ignores = local is not None and local.coll.plan_ignores_tensor_kinds(local.algorithm)
+    kinds = 0 if ignores else _SYM_IN | _SYM_OUT | _IN_PLACE
     return not row[_F_FLAGS] & (kinds | _ONE_SHOT)
 
 
@@ -489,7 +490,7 @@ class Group(CollectiveMethods):
         local.alike = local.alike + 1 if key == local.last_rows else 1
         local.last_rows = key
         local.posted = None
-        if (local.alike >= POST_AFTER and self.options.post_settled and (peers_fixed or _plan_own(local.row, local.coll))
+        if (local.alike >= POST_AFTER and self.options.post_settled and (peers_fixed or _plan_own(local.row, local))
                 and local.coll.plan_fixed_by_own_row(self.world) and writes_peers_only_in_workspace(settled[0])):
             local.posted = (rows, settled)
         return settled
@@ -526,7 +527,7 @@ class Group(CollectiveMethods):
         local.posted, local.alike = None, 0
         try:
             settled = self._settle(local, rows, seq, breaks=False)
-            if local.coll.plan_ignores_tensor_kinds:  # the peers' views are not read: the schedule decides
+            if local.coll.plan_ignores_tensor_kinds(local.algorithm):  # peers' views unread: the schedule decides
                 return settled[0] == ran[0]
             return settled == ran
         except Exception:  # noqa: BLE001 - rows no plan comes from: a mismatch, which breaks the group
