@@ -2,8 +2,8 @@
 # NOT RUN this session (its device time was spent): the GPU check of the review's fixes after
 # run4 (330a333: a group default no longer chooses the all-reduce's form; the GPU test's
 # in-place one pass on a stream per peer; 8c90d7f: settled in-place all-reduces post their row,
-# which the all-reduce test's repeated calls and the rig's eager part do) and a new baseline of every collective in a graph
-# with one pass and spin waits, 4K-16M, twice; the rig's eager and graph parts at worlds 2-3.
+# which the all-reduce test's repeated calls and the rig's eager part do; 6a577f5: a staged push
+# posts too) and a new baseline of every collective in a graph with one pass and spin waits, 4K-16M, twice; the rig's eager and graph parts at worlds 2-3.
 #   OUT=<folder> CONCCL_COMMIT=<sha> bash benchmarks/2026-11-26-h100x2-session9/run5_next.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
