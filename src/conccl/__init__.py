@@ -50,7 +50,7 @@ Computation beside communication:
 Types and errors:
 
 - ``Work``: handle of an ``async_op=True`` call (``wait``, ``is_completed``).
-- ``Algorithm``: ``PULL`` or ``PUSH``, the direction of peer copies (the all-gather also ``STAGED_PUSH``).
+- ``Algorithm``: ``PULL`` or ``PUSH``, the direction of peer copies (the all-gather and the all-reduce also ``STAGED_PUSH``).
 - ``StreamMode``: how copies map to CUDA streams (and so to copy engines).
 - ``CollectiveError``: a collective could not complete; the base of the three below.
 - ``CollectiveTimeout``: peers did not arrive within the timeout (names them).

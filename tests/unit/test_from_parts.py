@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conccl.collectives.reduce_scatter import WORKSPACE_ALIGN, from_parts, plan_reduce_scatter
+from conccl.collectives.direct import WORKSPACE_ALIGN
+from conccl.collectives.reduce_scatter import from_parts, plan_reduce_scatter
 from conccl.errors import InvalidArgument
 from conccl.schedule import Buf, Copy, Phase, Reduce, SetSignal, Signal, StreamMode, WaitSignal
 

@@ -8,8 +8,7 @@ from ..errors import CollectiveError
 from ..schedule import Algorithm, Buf, Copy, Phase, Schedule, StreamMode, Transfer
 from ..validate import InvalidArgument, byte_range, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
-from .direct import build_direct_schedule
-from .reduce_scatter import WORKSPACE_ALIGN
+from .direct import WORKSPACE_ALIGN, build_direct_schedule, build_staged_push_schedule
 
 NAME = "all_gather"
 
@@ -70,29 +69,18 @@ def plan_all_gather(
 
 
 def _plan_staged_push(world: int, rank: int, nbytes: int, stream_mode: StreamMode, in_place: bool) -> Schedule:
-    """Algorithm.STAGED_PUSH: each rank pushes its input into slot ``rank`` of every peer's
-    workspace and, once every peer's DONE says its own slots are written, copies them into its
-    output. The reduce-scatter's protocol (:func:`~conccl.collectives.direct.build_direct_schedule`,
-    ``into_workspace``) with copies where it sums: the pushes wait for the peers' FREE of an
-    earlier call (off the critical path in steady state), the only signal on it is DONE, and
-    neither tensor need be peer-reachable. Costs a workspace of ``world`` aligned slots and a
-    same-GPU copy of what lands."""
-    slot = -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-    peers: dict[int, Transfer | None] = {}
-    finish: list = []
-    for p in range(world):
-        if p == rank or not nbytes:
-            continue
-        peers[p] = Transfer(rank, Buf.INPUT, 0, p, Buf.WORKSPACE, rank * slot, nbytes, 0, Phase.PEER)
-        finish.append(Copy(Transfer(rank, Buf.WORKSPACE, p * slot, rank, Buf.OUTPUT, p * nbytes, nbytes, 0,
-                                    Phase.LOCAL)))
+    """Algorithm.STAGED_PUSH (:func:`~conccl.collectives.direct.build_staged_push_schedule`):
+    the slots the peers filled copied into the output once their DONE came; a same-GPU copy of
+    what lands, for a protocol with one signal on the critical path and no tensor that need be
+    peer-reachable."""
+    def copy_out(slot):
+        return [Copy(Transfer(rank, Buf.WORKSPACE, p * slot, rank, Buf.OUTPUT, p * nbytes, nbytes, 0, Phase.LOCAL))
+                for p in range(world) if p != rank]
+
     local = None
     if not in_place and nbytes:
         local = Transfer(rank, Buf.INPUT, 0, rank, Buf.OUTPUT, rank * nbytes, nbytes, 0, Phase.LOCAL)
-    return build_direct_schedule(
-        NAME, world, rank, algorithm=Algorithm.STAGED_PUSH, stream_mode=stream_mode, peer_transfers=peers,
-        stage=None, local=local, staged=True, workspace_bytes=world * slot if nbytes and world > 1 else 0, wait_done=True,
-        finish=tuple(finish), into_workspace=True)
+    return build_staged_push_schedule(NAME, world, rank, nbytes, stream_mode, copy_out, local)
 
 
 def check_all_gather(output, input, world: int, rank: int, device_type: str) -> bool:

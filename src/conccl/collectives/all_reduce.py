@@ -47,8 +47,8 @@ from ..schedule import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSi
                         WaitSignal, double_buffer, release_ops, DOUBLE_BUFFER_MAX_BYTES, FREE_WAIT_DELTA)
 from ..validate import InvalidArgument, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
-from .direct import build_direct_schedule, number_slots, peer_order
-from .reduce_scatter import DTYPES, WORKSPACE_ALIGN, op_code, reduce_chunks, reduce_op
+from .direct import WORKSPACE_ALIGN, build_staged_push_schedule, number_slots, peer_order, workspace_slot
+from .reduce_scatter import DTYPES, op_code, reduce_chunks, reduce_op
 
 NAME = "all_reduce"
 
@@ -93,7 +93,7 @@ def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, s
     if algorithm is Algorithm.STAGED_PUSH:
         return _plan_one_pass(world, rank, numel * esize, dtype, scale, stream_mode, in_place)
     chunks = chunk_ranges(numel, world, esize)
-    slot = -(-chunks[0][1] // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    slot = workspace_slot(chunks[0][1])
     peers = peer_order(world, rank)
     own_off, own_bytes = chunks[rank]
 
@@ -148,25 +148,17 @@ def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, s
 
 def _plan_one_pass(world: int, rank: int, nbytes: int, dtype: str, scale: float, stream_mode: StreamMode,
                    in_place: bool) -> Schedule:
-    """One pass (module doc): pushes of the whole input into slot ``rank`` of every peer's
-    workspace, gated by the peer's FREE of an earlier call; DONE to each; the reduction of
-    every slot and the own input into the output once every peer's DONE came."""
-    slot = -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-    peers: dict[int, Transfer | None] = {
-        p: Transfer(rank, Buf.INPUT, 0, p, Buf.WORKSPACE, rank * slot, nbytes, 0, Phase.PEER)
-        for p in range(world) if p != rank and nbytes}
-    finish = ()
-    if nbytes:
+    """One pass (module doc; :func:`~conccl.collectives.direct.build_staged_push_schedule`): the
+    reduction of every slot and the own input into the output once every peer's DONE came."""
+    def reduce(slot):
         srcs = tuple((Buf.INPUT, 0) if s == rank else (Buf.WORKSPACE, s * slot) for s in range(world))
-        finish = (Reduce((Buf.OUTPUT, 0), srcs, nbytes, dtype, scale),)
+        return [Reduce((Buf.OUTPUT, 0), srcs, nbytes, dtype, scale)]
+
     if in_place and stream_mode is StreamMode.PER_PEER:
         # A branch per peer would let the reduction (slot 0) overwrite the input while a push
         # still reads it; the mode is this rank's own, the signals the same in every mode.
         stream_mode = StreamMode.BATCH
-    return build_direct_schedule(
-        NAME, world, rank, algorithm=Algorithm.STAGED_PUSH, stream_mode=stream_mode, peer_transfers=peers,
-        stage=None, local=None, staged=True, workspace_bytes=world * slot if nbytes and world > 1 else 0,
-        wait_done=True, finish=finish, into_workspace=True)
+    return build_staged_push_schedule(NAME, world, rank, nbytes, stream_mode, reduce)
 
 
 def check_all_reduce(output, input, device_type: str) -> bool:
@@ -210,7 +202,7 @@ class AllReduce(Collective):
     def graph_workspace_bytes(self, size: int, world: int, staged_push: bool = False) -> int:
         if staged_push or one_pass(size, world):  # a slot of the whole tensor per rank
             return world * (size + WORKSPACE_ALIGN)
-        return size + world * WORKSPACE_ALIGN
+        return super().graph_workspace_bytes(size, world)
 
     def local(self, output, input, args, world, rank, device_type) -> LocalCall:
         name, scale = reduce_op("SUM" if not args or args[0] is None else args[0], world)

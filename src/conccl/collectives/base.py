@@ -27,6 +27,7 @@ from typing import ClassVar, Sequence
 
 from ..errors import CollectiveError, InvalidArgument
 from ..schedule import Algorithm, Schedule, StreamMode
+from .direct import WORKSPACE_ALIGN
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class Collective(abc.ABC):
         captured call of ``size`` output bytes per rank takes, run as it runs by default or,
         ``staged_push``, with ``Algorithm.STAGED_PUSH``: its input's bytes, each peer's slot
         rounded up to 256 bytes."""
-        return self.input_bytes(size, world) + world * 256
+        return self.input_bytes(size, world) + world * WORKSPACE_ALIGN
 
     def in_place(self, world: int) -> bool:
         """Whether the benchmark and the study run it in place (as FSDP gathers parameters)."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from ..schedule import (
     Algorithm,
+    Buf,
     Copy,
     Op,
+    Phase,
     Schedule,
     SetSignal,
     Signal,
@@ -21,6 +23,15 @@ from ..schedule import (
     release_ops,
     FREE_WAIT_DELTA,
 )
+
+
+WORKSPACE_ALIGN = 256  # bytes: where each peer's slot starts in the workspace
+
+
+def workspace_slot(nbytes: int) -> int:
+    """Bytes of a workspace slot holding ``nbytes``: rounded up to :data:`WORKSPACE_ALIGN`, so
+    that every slot starts aligned and a reduction reads whole 16-byte vectors."""
+    return -(-nbytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
 
 def peer_order(world: int, rank: int) -> list[int]:
@@ -136,3 +147,22 @@ def build_direct_schedule(
         workspace_bytes=workspace_bytes,
         double_buffered=double,
     )
+
+
+def build_staged_push_schedule(collective: str, world: int, rank: int, nbytes: int, stream_mode: StreamMode,
+                               finish, local: Transfer | None = None) -> Schedule:
+    """A staged push (``Algorithm.STAGED_PUSH``: an all-gather's, an all-reduce's one pass):
+    each rank pushes its whole ``nbytes`` input into slot ``rank`` of every peer's workspace
+    (slots of :func:`workspace_slot`), each push gated by that peer's FREE of an earlier call,
+    sends DONE, and runs ``finish(slot)`` (ops reading the slots its peers filled) on slot 0
+    once every peer's DONE came: the reduce-scatter's protocol (``into_workspace``), one
+    signal on the critical path, no tensor need be peer-reachable. ``local``: an own-shard
+    copy. Workspace: ``world`` slots."""
+    slot = workspace_slot(nbytes)
+    peers: dict[int, Transfer | None] = {
+        p: Transfer(rank, Buf.INPUT, 0, p, Buf.WORKSPACE, rank * slot, nbytes, 0, Phase.PEER)
+        for p in range(world) if p != rank and nbytes}
+    return build_direct_schedule(
+        collective, world, rank, algorithm=Algorithm.STAGED_PUSH, stream_mode=stream_mode, peer_transfers=peers,
+        stage=None, local=local, staged=True, workspace_bytes=world * slot if nbytes and world > 1 else 0,
+        wait_done=True, finish=tuple(finish(slot)) if nbytes else (), into_workspace=True)

@@ -26,11 +26,9 @@ from functools import lru_cache
 from ..schedule import Algorithm, Buf, Copy, Phase, Reduce, Schedule, Signal, StreamMode, Transfer, WaitSignal
 from ..validate import InvalidArgument, byte_range, check_pair, check_tensor, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
-from .direct import build_direct_schedule
+from .direct import build_direct_schedule, workspace_slot
 
 NAME = "reduce_scatter"
-
-WORKSPACE_ALIGN = 256  # bytes: where each peer's chunk starts in the workspace
 
 # dtypes the reduction kernel handles (torch's names)
 DTYPES = ("bfloat16", "float16", "float32")
@@ -71,7 +69,7 @@ def plan_reduce_scatter(world: int, rank: int, chunk_bytes: int, dtype: str, sca
     """Schedule of one rank's reduce-scatter of ``chunk_bytes`` of input per rank (pure, cached).
 
     Every rank receives rank ``src``'s chunk in slot ``src`` of its own workspace; slots are
-    :data:`WORKSPACE_ALIGN`-byte aligned so that the reduction reads 16-byte vectors whatever
+    :func:`~conccl.collectives.direct.workspace_slot` s so that the reduction reads 16-byte vectors whatever
     the chunk's size. ``in_place`` (the output is the input's own chunk) changes nothing in the plan:
     the reduction reads each element before writing it; it is part of the key for clarity.
     ``out_dtype``: float32 over a 16-bit input (:data:`WIDENING`): the chunks move in the
@@ -86,7 +84,7 @@ def plan_reduce_scatter(world: int, rank: int, chunk_bytes: int, dtype: str, sca
         out_dtype = None
     if out_dtype is not None and (dtype, out_dtype) not in WIDENING:
         raise InvalidArgument(f"a reduce-scatter sums {dtype} into {dtype} or into float32 from 16 bits, not {out_dtype}")
-    slot = -(-chunk_bytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    slot = workspace_slot(chunk_bytes)
     peers: dict[int, Transfer | None] = {}
     for p in range(world):
         if p != rank and chunk_bytes:
@@ -212,7 +210,7 @@ def from_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int,
     if schedule.algorithm is not Algorithm.PUSH:
         raise InvalidArgument("from_parts retargets a push reduce-scatter")
     rank = schedule.rank
-    slot = -(-chunk // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    slot = workspace_slot(chunk)
 
     def pieces(t: Transfer, row: int, within: int):
         for off, n, src, valid in parts:

@@ -471,7 +471,7 @@ class _OneShotCall:
     __slots__ = ("cu", "kernel", "step")
 
     def __init__(self, step: OneShotStep, cu, flags: tuple, device_index):
-        from . import cuda_oneshot, cuda_spin
+        from . import cuda_oneshot
 
         args = cuda_oneshot.make_args(
             world=step.world, rank=step.rank, kind=step.kind, dtype=step.dtype, graph=step.graph,
@@ -480,7 +480,7 @@ class _OneShotCall:
             dst_off=step.dst_off, nbytes=step.nbytes, input=step.input, output=step.output,
             stage_bytes=step.stage_bytes, scale=step.scale, abort_word=step.abort_word,
             timed_out_word=step.timed_out_word,
-            timeout_ns=cuda_spin.timeout_ns() if os.environ.get("CONCCL_SPIN_TIMEOUT_S") else UNBOUNDED_NS)
+            timeout_ns=_spin_timeout_ns())
         self.cu, self.kernel, self.step = cu, cuda_oneshot.OneShotLaunch(device_index, args), step
 
     def launch(self, stream, seq: int):
@@ -500,7 +500,7 @@ class _SpinWaitCall:
         self.cu, self.count = cu, len(step.words)
         self.kernel = cuda_spin.SpinWaitLaunch(
             device_index, addresses, deltas, step.abort_word, step.abort_word + 4,
-            cuda_spin.timeout_ns() if os.environ.get("CONCCL_SPIN_TIMEOUT_S") else UNBOUNDED_NS)
+            _spin_timeout_ns())
 
     def launch(self, stream, seq: int):
         return self.kernel.launch(self.cu, stream, seq)
@@ -514,6 +514,13 @@ class _SpinWaitCall:
 # group and releases it (the abort word). A bound of its own would let a call whose peer is merely late
 # end with garbage and no error; CONCCL_SPIN_TIMEOUT_S sets one all the same (experiments).
 UNBOUNDED_NS = 1 << 62
+
+
+def _spin_timeout_ns() -> int:
+    """A spinning kernel's bound: ``CONCCL_SPIN_TIMEOUT_S`` where set, else none (above)."""
+    from . import cuda_spin
+
+    return cuda_spin.timeout_ns() if os.environ.get("CONCCL_SPIN_TIMEOUT_S") else UNBOUNDED_NS
 
 
 class _ComputeCall:
