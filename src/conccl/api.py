@@ -272,8 +272,16 @@ def reserve_graph_workspace(nbytes: int, group=None) -> None:
 
 def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: StreamMode | None = None,
                 timeout: timedelta | None = None, checks: bool | None = None, nccl_below: dict | None = None,
-                post_settled: bool | None = None) -> None:
+                post_settled: bool | None = None, own_chunk_via_peer: bool | None = None) -> None:
     """Change a group's defaults (algorithm, stream mode, timeout) on this rank.
+
+    ``own_chunk_via_peer=True``: a push all-gather (every output from :func:`conccl.empty`,
+    not in place) reads its own chunk back from a peer's output on a copy engine instead of
+    copying it on this GPU. A same-GPU copy is an SM kernel, which waits behind a GEMM that
+    holds every SM (cuBLAS's do, to their end); the read-back does not, so the call completes
+    beside a running GEMM in about its own time. It costs the link the chunk once more each
+    way (docs/api.md has the figures). Per rank; ranks may differ; the other collectives
+    are unchanged. ``CONCCL_OWN_CHUNK_VIA_PEER=1`` sets it for new groups.
 
     ``post_settled=False``: every call waits on the host board for every peer's row, so a
     mismatch always raises before anything moves (default True: a call that repeats a
@@ -303,6 +311,8 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
         opts.checks = bool(checks)
     if post_settled is not None:
         opts.post_settled = bool(post_settled)
+    if own_chunk_via_peer is not None:
+        opts.own_chunk_via_peer = bool(own_chunk_via_peer)
 
 
 def check_nccl_below(table) -> dict:

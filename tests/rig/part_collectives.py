@@ -38,6 +38,15 @@ def eager(rank, world, cases, report):
                 torch.cuda.synchronize()
                 cases.append((f"all_gather staged push {dtype} n={n}",
                               bits_equal(out, REGISTRY["all_gather"].reference(every, rank))))
+            if hasattr(group.options, "own_chunk_via_peer"):  # a push, the own chunk read back from a peer
+                out = conccl.empty(world * n, dtype=dtype)
+                group.options.own_chunk_via_peer = rank % 2 == 0  # each rank's own choice: mixed here
+                conccl.all_gather_into_tensor(out, every[rank])
+                group.options.own_chunk_via_peer = False
+                torch.cuda.synchronize()
+                cases.append((f"all_gather push own chunk via peer {dtype} n={n}",
+                              bits_equal(out, REGISTRY["all_gather"].reference(every, rank))))
+                conccl.release(out)
 
             tag += 1
             every = [seeded(tag, r, 0, world * n, dtype) for r in range(world)]

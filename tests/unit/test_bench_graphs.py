@@ -364,3 +364,18 @@ def test_the_command_writes_both_files_and_exits_1_on_a_wrong_case(tmp_path, cap
     assert doc["machine_kind"] == "nvidia-h200-x2" and doc["world"] == 2 and doc["eager_path"]["nccl_below"]
     assert graphs.records_of(doc) == recs and (out / "graphs.md").read_text() == graphs.markdown(doc)
     assert "## Goals (issue 22)" in capsys.readouterr().out
+
+
+def test_the_beside_mode_is_asked_for_and_its_table_says_alone_beside_and_the_gemms():
+    assert "beside" in graphs.MODES and "beside" not in GraphsConfig().modes  # a GEMM run: asked for
+    assert GraphsConfig(modes=("beside",)).modes == ("beside",)
+    recs = [_rec("all_gather", 65536, "nccl", "beside", 1300.0, alone_us=30.0, gemm_slowdown=1.002),
+            _rec("all_gather", 65536, "conccl_symm_push_via_peer", "beside", 40.0, alone_us=25.0, gemm_slowdown=1.01)]
+    doc = graphs.document(META, GraphsConfig(modes=("beside",)), recs)
+    assert graphs.records_of(json.loads(json.dumps(doc))) == recs
+    md = graphs.markdown(doc)
+    assert "beside running bf16 8192^3 GEMMs" in md
+    assert "| 64K | 30.0 | 1300.0 | +1270.0 | 1.002 | 25.0 | 40.0 | +15.0 | 1.010 | 0 |" in md, md
+    for bad in ({"alone_us": 0.0}, {"gemm_slowdown": float("nan")}, {"alone_us": "fast"}):
+        with pytest.raises(ValueError):
+            GraphsRecord.from_dict({**recs[0].to_dict(), **bad})

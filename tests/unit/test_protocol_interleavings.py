@@ -14,6 +14,11 @@ every read of a workspace byte in call ``s`` sees what call ``s`` wrote there (b
 copy or a peer's push or a reduction), never an earlier or a later call's bytes; and every
 run finishes (no deadlock). With the two halves made one, the same check must fail in some
 run: it sees the overwrite it guards against.
+
+And for outputs (one tensor per rank, reused by every call, as a loop's): every read of a
+peer's output byte (a push all-gather's own chunk read back, ``own_chunk_via_peer``) sees
+this call's bytes, and once a rank's call ends its caller takes the output (marked so: a peer
+reading it later fails); a push all-gather's output is whole when its call ends.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import random
 
 import pytest
 
-from conccl.collectives.all_gather import plan_all_gather
+from conccl.collectives.all_gather import own_chunk_via_peer, plan_all_gather
 from conccl.collectives.all_reduce import plan_all_reduce
 from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
 from conccl.collectives.one_shot import (plan_one_shot_all_gather, plan_one_shot_all_reduce,
@@ -41,6 +46,9 @@ def _plans(world, rank, kind, mode):
                 "os_ar": lambda: plan_one_shot_all_reduce(world, rank, 256, "float32", 1.0)}[kind]()
     if kind == "ag":
         return plan_all_gather(world, rank, 64, stream_mode=mode)  # plain tensors: staged
+    if kind in ("ag_push", "ag_push_via"):  # into the peers' outputs; the own chunk read back from one
+        plan = plan_all_gather(world, rank, 64, stream_mode=mode, algorithm=Algorithm.PUSH, output_symmetric=True)
+        return own_chunk_via_peer(plan) if kind == "ag_push_via" else plan
     if kind == "ag_sym":
         return plan_all_gather(world, rank, 64, stream_mode=mode, input_symmetric=True)
     if kind == "ag_sp":  # pushes into the peers' workspace, copied out there
@@ -61,12 +69,17 @@ def _plans(world, rank, kind, mode):
     return plan_all_reduce(world, rank, 64, 4, "float32", stream_mode=mode)
 
 
-def _run(world, calls, mode, seed, half=workspace_half):
+OUTPUT_BYTES = {"ag_push": 64, "ag_push_via": 64}  # per rank: outputs checked whole at the call's end
+
+
+def _run(world, calls, mode, seed, half=workspace_half, plans=None):
     """Run every rank's schedules of ``calls`` in a random interleaving; return the first
-    stale or early workspace read as a string, or None."""
+    stale or early workspace or output read, or incomplete output, as a string, or None.
+    ``plans``: every rank's schedules (default: from ``calls``)."""
     rng = random.Random(seed)
     slow = rng.randrange(world) if seed % 2 else None
-    plans = [[_plans(world, r, kind, mode) for kind in calls] for r in range(world)]
+    plans = plans or [[_plans(world, r, kind, mode) for kind in calls] for r in range(world)]
+    outs: dict = {}  # (rank, output byte) -> the call that wrote it, or -s: the caller took it after call s
     pads = [[0] * signal_pad_words(world) for _ in range(world)]
     tags: dict = {}  # (rank, workspace byte) -> the call that wrote it
     call = [0] * world  # each rank's call under way (index into calls)
@@ -96,12 +109,20 @@ def _run(world, calls, mode, seed, half=workspace_half):
                 reads = [(who, buf, off, op.nbytes) for who, (buf, off) in zip(ranks, op.srcs)]
                 writes = [(r, op.dst[0], op.dst[1], op.nbytes)]
             for who, buf, off, n in reads:
+                if buf is Buf.OUTPUT and who != r:
+                    for i in range(off, off + n, 8):
+                        if outs.get((who, i)) != s:
+                            return f"rank {r} call {s} ({calls[call[r]]}) read rank {who}'s output byte {i} " \
+                                   f"holding {outs.get((who, i))}"
                 if buf is Buf.WORKSPACE:
                     for g in ws_bytes(who, s, off, n, schedule):
                         if tags.get(g) != s:
                             return f"rank {r} call {s} ({calls[call[r]]}) read rank {who}'s workspace byte {g[1]} " \
                                    f"holding call {tags.get(g)}'s bytes"
             for who, buf, off, n in writes:
+                if buf is Buf.OUTPUT:
+                    for i in range(off, off + n, 8):
+                        outs[(who, i)] = s
                 if buf is Buf.WORKSPACE:
                     for g in ws_bytes(who, s, off, n, schedule):
                         tags[g] = s
@@ -115,6 +136,13 @@ def _run(world, calls, mode, seed, half=workspace_half):
                 continue
             if pcs[r] is None or all(pc == len(ops) for pc, ops in zip(pcs[r], plans[r][call[r]].slots)):
                 if pcs[r] is not None:  # the call ended on every stream: the next one starts
+                    s, kind = call[r] + 1, calls[call[r]]
+                    if kind in OUTPUT_BYTES:
+                        missing = [i for i in range(0, world * OUTPUT_BYTES[kind], 8) if outs.get((r, i)) != s]
+                        if missing:
+                            return f"rank {r} call {s} ({kind}) ended with output byte {missing[0]} not written"
+                    for key in [key for key in outs if key[0] == r]:
+                        outs[key] = -s  # the caller reads and reuses its output
                     call[r] += 1
                     if call[r] == len(calls):
                         continue
@@ -136,7 +164,8 @@ def _run(world, calls, mode, seed, half=workspace_half):
     return "did not finish"
 
 
-KINDS = ("ag", "rs", "ar", "ar_1p", "a2a", "ag_sym", "ag_sp", "os_ag", "os_a2a", "os_rs", "os_ar")
+KINDS = ("ag", "rs", "ar", "ar_1p", "a2a", "ag_sym", "ag_sp", "ag_push", "ag_push_via", "os_ag", "os_a2a", "os_rs",
+         "os_ar")
 
 
 @pytest.mark.parametrize("mode", list(StreamMode))
@@ -154,6 +183,35 @@ def test_the_model_sees_an_overwrite_with_one_half():
     for calls in (["ag"] * 6, ["rs"] * 6, ["ag_sp"] * 6, ["ar_1p"] * 6):
         found = [_run(2, calls, StreamMode.PER_PEER, seed, half=lambda seq, capacity: 0) for seed in range(40)]
         assert any(f and "holding call" in f for f in found), calls
+
+
+def _read_back_after_done(plan):
+    """``plan`` (own_chunk_via_peer's) with its read-back moved behind the DONE it precedes."""
+    import dataclasses
+
+    slots = []
+    for ops in plan.slots:
+        ops = list(ops)
+        back = [i for i, op in enumerate(ops) if isinstance(op, Copy) and op.transfer.src_rank != plan.rank]
+        if back:
+            op = ops.pop(back[0])
+            done = max(i for i, x in enumerate(ops) if isinstance(x, SetSignal))
+            ops.insert(done + 1, op)
+        slots.append(tuple(ops))
+    return dataclasses.replace(plan, slots=tuple(slots))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_model_sees_a_read_back_after_the_done_that_frees_the_peer(world):
+    """The counter-test for own_chunk_via_peer: with the read-back after the DONE to the peer
+    it reads, some run reads the peer's output after the peer's caller took it back (or the
+    peer's next call wrote it); in place, none does."""
+    for mode in StreamMode:
+        calls = ["ag_push_via"] * 5
+        plans = [[_read_back_after_done(_plans(world, r, "ag_push_via", mode)) for _ in calls] for r in range(world)]
+        found = [_run(world, calls, mode, seed, plans=plans) for seed in range(40)]
+        assert any(f and "output byte" in f for f in found), mode
+        assert all(_run(world, calls, mode, seed) is None for seed in range(40)), mode
 
 
 def test_the_model_workspace_fits_the_plans():

@@ -8,7 +8,13 @@ For each collective, size (output bytes per rank, bf16) and implementation (``nc
 
 - ``graph``: ``calls`` calls of the collective captured into one CUDA graph, ``warmup``
   replays, then ``runs`` timed runs of ``replays`` replays each between two CUDA events;
-- ``eager``: the same ``calls`` calls queued back to back, ``replays`` times per timed run.
+- ``eager``: the same ``calls`` calls queued back to back, ``replays`` times per timed run;
+- ``beside`` (asked for with ``--modes``): one eager call queued while a bf16 8192^3 GEMM
+  holds the SMs (four queued on another stream of normal priority; the call is queued once
+  the first runs), ``runs`` times: ``us_per_call`` is the time from the call's queueing (an
+  event on its idle stream) to its completion, ``alone_us`` the same without the GEMMs, and
+  ``gemm_slowdown`` the four GEMMs' time beside the call over their time alone (issue 38
+  item 6: a call that needs an SM waits for the running GEMM to end; copy engines do not).
 
 ``us_per_call`` is a run's time over ``calls * replays``: the median over runs of the slowest
 rank (each run's time is the largest of any rank's), with the fastest and slowest run beside
@@ -36,13 +42,16 @@ from ..jsonfile import write_text
 from ..units import format_size
 
 FORMAT = "conccl-bench-graphs/1"
-MODES = ("graph", "eager")
+MODES = ("graph", "eager", "beside")
+DEFAULT_MODES = ("graph", "eager")
+BESIDE_GEMMS = 4  # bf16 8192^3 GEMMs queued on another stream in the beside mode
+BESIDE_GEMM_N = 8192
 IMPLS = ("nccl", "conccl", "conccl_auto")  # what this benchmark runs; NCCL first: every ratio is to it
 # conccl's variants that --impls may add (conccl.bench.impls): tensors from conccl.empty, in
 # place, other stream modes; what a schedule change does in a graph, beside the default's figures.
 VARIANTS = ("conccl_symm_pull", "conccl_symm_push", "conccl_symm_push_in_place", "conccl_symm_push_single",
             "conccl_symm_push_per_peer", "conccl_symm_push_batch", "conccl_per_peer", "conccl_single", "conccl_batch",
-            "conccl_staged_push", "conccl_symm_staged_push")
+            "conccl_staged_push", "conccl_symm_staged_push", "conccl_symm_push_via_peer")
 KNOWN_IMPLS = IMPLS + VARIANTS
 BASELINE = "nccl"
 # Whether an implementation's calls are conccl's: those reserve graph workspace before a capture
@@ -68,7 +77,7 @@ class GraphsConfig:
     sizes: tuple[int, ...] = DEFAULT_SIZES
     collectives: tuple[str, ...] = tuple(COLLECTIVES)
     impls: tuple[str, ...] = IMPLS
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
     calls: int = 20
     replays: int = 10
     runs: int = 5
@@ -103,7 +112,9 @@ class GraphsRecord:
     groups) per run. ``wrong``: elements that differ from NCCL's result. ``path``: where a
     ``conccl_auto`` call went (``Work.path``: ``copy_engines`` or ``nccl``); ``nccl_below``: the
     output size below which ``set_eager_path("auto")`` sends this collective to NCCL.
-    ``error``: why the case has no figures."""
+    ``error``: why the case has no figures. The ``beside`` mode's: ``alone_us`` (median of one
+    call's time with no GEMM) and ``gemm_slowdown`` (the GEMMs' median time beside the call
+    over their median alone)."""
 
     collective: str
     bytes: int
@@ -119,6 +130,8 @@ class GraphsRecord:
     path: str | None = None
     nccl_below: int | None = None
     error: str | None = None
+    alone_us: float | None = None
+    gemm_slowdown: float | None = None
 
     def __post_init__(self):
         for name in ("collective", "impl"):
@@ -138,6 +151,10 @@ class GraphsRecord:
                 raise ValueError(f"record {name}: expected text or null, got {getattr(self, name)!r}")
         if not isinstance(self.us_runs, tuple) or not all(_time(t) for t in self.us_runs):
             raise ValueError(f"record us_runs: expected times > 0 in us, got {self.us_runs!r}")
+        for name in ("alone_us", "gemm_slowdown"):
+            v = getattr(self, name)
+            if v is not None and not _time(v):
+                raise ValueError(f"record {name}: expected a number > 0 or null, got {v!r}")
         times = (self.us_per_call, self.us_min, self.us_max)
         if self.error is None:
             if not all(_time(t) for t in times) or not self.us_min <= self.us_per_call <= self.us_max:
@@ -325,6 +342,9 @@ def markdown(doc: dict) -> str:
             rows = [s for s in sizes if any((coll, s, i, mode) in by for i in impls)]
             if not rows:
                 continue
+            if mode == "beside":
+                lines += _beside_table(coll, rows, impls, by)
+                continue
             pathed = [i for i in others if any(by.get((coll, s, i, mode)) and by[(coll, s, i, mode)].path for s in rows)]
             head = ["size"] + ([f"{BASELINE} (us)"] if BASELINE in impls else [])
             for i in others:
@@ -350,6 +370,28 @@ def markdown(doc: dict) -> str:
         lines += ["", "## Failed cases", ""]
         lines += [f"- {r.collective} {format_size(r.bytes)} {r.impl} {r.mode}: {r.error}" for r in failed]
     return "\n".join(lines) + "\n"
+
+
+def _beside_table(coll: str, sizes, impls, by: dict) -> list[str]:
+    """The beside mode's table: per implementation, one call's time alone, its completion
+    beside the running GEMMs, what the GEMMs added, and the GEMMs' slowdown."""
+    head = ["size"]
+    for i in impls:
+        head += [f"{i} alone (us)", "beside (us)", "+us", "GEMMs x"]
+    lines = ["", f"## {coll}, beside running bf16 {BESIDE_GEMM_N}^3 GEMMs (one call, queued while the first runs)",
+             "", "| " + " | ".join(head + ["#wrong"]) + " |", "| " + " | ".join("---:" for _ in head + [0]) + " |"]
+    for s in sizes:
+        cells, wrong = [format_size(s)], 0
+        for i in impls:
+            r = by.get((coll, s, i, "beside"))
+            if r is None or r.error is not None or r.alone_us is None:
+                cells += ["err" if r is not None and r.error else ""] + [""] * 3
+                continue
+            wrong += r.wrong or 0
+            cells += [f"{r.alone_us:.1f}", f"{r.us_per_call:.1f}", f"{r.us_per_call - r.alone_us:+.1f}",
+                      "" if r.gemm_slowdown is None else f"{r.gemm_slowdown:.3f}"]
+        lines.append("| " + " | ".join(cells + [str(wrong)]) + " |")
+    return lines
 
 
 def _calls_text(calls: list[int]) -> str:

@@ -7,11 +7,14 @@ and mode: a correctness check against NCCL, warm-ups, timed runs. Order inside a
     setup ──> eager: check (calls calls) ─> warm-up ─> runs x [barrier, event, replays x calls, event]
           └─> graph: calls eagerly (warm-up) ─> reserve graph workspace ─> capture calls calls
                      ─> check (one replay) ─> warm-up ─> runs x [barrier, event, replays x replay, event]
+          └─> beside: check (calls calls) ─> warm-up ─> runs x [GEMMs alone], runs x [one call alone],
+                      runs x [GEMMs queued, the first seen running, one call]
           ──> teardown (conccl_auto: the eager path back to copy engines) ─> conccl groups destroyed
 """
 from __future__ import annotations
 
 import gc
+import statistics
 import sys
 import time
 
@@ -22,8 +25,8 @@ import conccl
 
 from ..collectives import Collective, get as get_collective
 from ..units import format_size
-from .graphs import (STAGED_PUSH_IMPLS, USES_CONCCL_GROUP, GraphsConfig, GraphsRecord, calls_per_graph,
-                     graph_workspace_per_call, per_call_us, summarize)
+from .graphs import (BESIDE_GEMM_N, BESIDE_GEMMS, STAGED_PUSH_IMPLS, USES_CONCCL_GROUP, GraphsConfig, GraphsRecord,
+                     calls_per_graph, graph_workspace_per_call, per_call_us, summarize)
 from .impls import REGISTRY
 from .run import _wrong_elements, make_case, max_bytes, round_size
 
@@ -129,6 +132,66 @@ def _measure(mode: str, impl, unit, result, case: _Case, cfg: GraphsConfig, ctx:
     return {**us, "wrong": wrong, "path": path}
 
 
+def _slowest(values: list[float]) -> list[float]:
+    """Each run's value, the largest of any rank's (run by run)."""
+    t = torch.tensor(values, dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _beside_one(run, gemms, gemm_stream, with_call: bool) -> tuple[float | None, float | None]:
+    """(us from queueing one ``run()`` to its completion, ms of the GEMMs) of one try: with
+    ``gemms`` None the call alone; else the GEMMs queued on ``gemm_stream``, the call queued
+    once the first of them runs (``with_call`` False: the GEMMs alone)."""
+    dist.barrier()
+    torch.cuda.synchronize()
+    g0 = g1 = None
+    if gemms is not None:
+        a, b, c = gemms
+        g0, g1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(gemm_stream):
+            g0.record()
+            for _ in range(BESIDE_GEMMS):
+                torch.mm(a, b, out=c)
+            g1.record()
+        while not g0.query():  # the first GEMM starts right behind this event
+            pass
+        time.sleep(100e-6)
+    us = None
+    if with_call:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()  # on the call's idle stream: the moment the call is queued
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        us = start.elapsed_time(end) * 1e3
+    torch.cuda.synchronize()
+    return us, (g0.elapsed_time(g1) if g0 is not None else None)
+
+
+def _measure_beside(run, unit, result, case: _Case, cfg: GraphsConfig, ctx: dict) -> dict:
+    """The beside mode (:mod:`conccl.bench.graphs`): one call's completion while GEMMs hold
+    the SMs, against the same call alone, and the GEMMs' slowdown; checked as eager."""
+    if "gemms" not in ctx:
+        n = BESIDE_GEMM_N
+        g = torch.Generator(device="cuda").manual_seed(1)
+        ctx["gemms"] = tuple(torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        ctx["gemm_stream"] = torch.cuda.Stream()
+    gemms, stream = ctx["gemms"], ctx["gemm_stream"]
+    ctx.pop("path", None)
+    wrong = case.wrong(unit, result)
+    path = ctx.pop("path", None)
+    for _ in range(cfg.warmup):
+        _beside_one(run, gemms, stream, True)
+    gemm_alone = [_beside_one(run, gemms, stream, False)[1] for _ in range(cfg.runs)]
+    alone = [_beside_one(run, None, stream, True)[0] for _ in range(cfg.runs)]
+    beside, gemm_beside = zip(*(_beside_one(run, gemms, stream, True) for _ in range(cfg.runs)))
+    alone, beside = _slowest(alone), _slowest(list(beside))
+    gemm_alone, gemm_beside = _slowest(gemm_alone), _slowest(list(gemm_beside))
+    return {**summarize(beside), "wrong": wrong, "path": path, "alone_us": statistics.median(alone),
+            "gemm_slowdown": statistics.median(gemm_beside) / statistics.median(gemm_alone)}
+
+
 def _nccl_below(info, coll: Collective) -> int | None:
     """The size below which ``set_eager_path('auto')`` (its returned ``info``) sends ``coll`` to NCCL."""
     try:
@@ -169,7 +232,8 @@ def _impl_records(impl, case: _Case, cfg: GraphsConfig, ctx: dict) -> tuple[list
         unit = _repeat(run, case.calls)
         for mode in cfg.modes:
             try:
-                fields[mode] = _measure(mode, impl, unit, result, case, cfg, ctx)
+                fields[mode] = (_measure_beside(run, unit, result, case, cfg, ctx) if mode == "beside"
+                                else _measure(mode, impl, unit, result, case, cfg, ctx))
             except Exception as e:  # noqa: BLE001 - one failing case must not lose the sweep
                 fields[mode] = {"error": _error_text(e)}
                 _settle()
@@ -199,7 +263,8 @@ def _progress(i: int, total: int, rec: GraphsRecord, t0: float) -> None:
         line = f"{what} error: {rec.error}"
     else:
         line = (f"{what} {rec.us_per_call:.1f} us/call ({rec.us_min:.1f}..{rec.us_max:.1f}), #wrong {rec.wrong}"
-                + (f", path {rec.path}" if rec.path else ""))
+                + (f", path {rec.path}" if rec.path else "")
+                + (f", alone {rec.alone_us:.1f} us, GEMMs x{rec.gemm_slowdown:.3f}" if rec.alone_us else ""))
     print(f"{line}  [{time.monotonic() - t0:.0f} s]", file=sys.stderr, flush=True)
 
 

@@ -48,7 +48,7 @@ class Impl:
         return self.can_run is None or self.can_run(coll, world)
 
 
-def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, persistent=False):
+def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, persistent=False, via_peer=False):
     algo = Algorithm(algorithm) if algorithm else None
     mode = StreamMode(stream_mode) if stream_mode else None
 
@@ -58,6 +58,9 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, pers
         elif symmetric:
             inp, out = _to_symmetric(inp, ctx, "in"), _to_symmetric(out, ctx, "out")
         comm = conccl.get_communicator()
+        if via_peer:  # this group's calls from now on (the bench destroys its groups between cases)
+            comm.options.own_chunk_via_peer = True
+            ctx["via_peer"] = comm
         if persistent:  # agreed once here; each run only starts it
             op = getattr(comm, "persistent_" + coll.api_name)(out, inp, algorithm=algo, stream_mode=mode)
             return (lambda: op.start()), lambda: out  # looked up per call: --phases wraps start
@@ -174,6 +177,15 @@ def _conccl_auto_teardown(ctx):
     ctx.pop("path", None)
 
 
+_VIA_PEER = _conccl(algorithm="push", symmetric=True, via_peer=True)  # (setup, can_run)
+
+
+def _via_peer_teardown(ctx):
+    comm = ctx.pop("via_peer", None)
+    if comm is not None:
+        comm.options.own_chunk_via_peer = False
+
+
 def _conccl_impl(name, description, only=None, **kw):
     setup, can_run = _conccl(**kw)
     return Impl(name, "cuda_symm", description, setup, only=only, can_run=can_run)
@@ -193,6 +205,9 @@ REGISTRY: dict[str, Impl] = {
              can_run=_has_in_place_chunk),
         _conccl_impl("conccl_persistent", "conccl default on ordinary tensors as a persistent op (conccl.persistent_*): "
                      "agreed with the peers once, each run only queues the copies", persistent=True),
+        Impl("conccl_symm_push_via_peer", "cuda_symm", "conccl push from conccl.empty, the own chunk read back from a "
+             "peer's output on a copy engine (set_options(own_chunk_via_peer=True)): no same-GPU copy",
+             _VIA_PEER[0], only=("all_gather",), can_run=_VIA_PEER[1], teardown=_via_peer_teardown),
         _conccl_impl("conccl_symm_push_persistent", "conccl push from conccl.empty as a persistent op: agreed once, "
                      "each run only queues the copies", algorithm="push", symmetric=True, persistent=True),
         _conccl_impl("conccl_symm_push_unchecked", "conccl push from conccl.empty without the mismatch checks and the "

@@ -32,7 +32,9 @@ def add_parser(sub) -> None:
     b.add_argument("--impls", default=",".join(graphs.IMPLS),
                    help=f"comma-separated, of {', '.join(graphs.IMPLS)} (default all three); conccl's variants "
                    f"(conccl.empty tensors, in place, other stream modes) too: {', '.join(graphs.VARIANTS)}")
-    b.add_argument("--modes", default=",".join(graphs.MODES), help="graph, eager or both (default graph,eager)")
+    b.add_argument("--modes", default=",".join(graphs.DEFAULT_MODES),
+                   help="of graph, eager, beside (one eager call queued while bf16 8192^3 GEMMs hold the SMs: its "
+                        "completion against alone); default graph,eager")
     b.add_argument("--calls", type=int_range(1, MAX_COUNT), default=20,
                    help="calls captured into one graph; eager: queued back to back (default 20)")
     b.add_argument("--replays", type=int_range(1, MAX_COUNT), default=10,

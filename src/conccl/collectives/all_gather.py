@@ -8,7 +8,7 @@ from ..errors import CollectiveError
 from ..schedule import Algorithm, Buf, Copy, Phase, Schedule, StreamMode, Transfer
 from ..validate import InvalidArgument, byte_range, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
-from .direct import WORKSPACE_ALIGN, build_direct_schedule, build_staged_push_schedule
+from .direct import WORKSPACE_ALIGN, build_direct_schedule, build_staged_push_schedule, number_slots, peer_order
 
 NAME = "all_gather"
 
@@ -119,6 +119,9 @@ class AllGather(Collective):
         # a staged push lands every peer's input in a slot of the workspace: the output's bytes
         return (size if staged_push else self.input_bytes(size, world)) + world * WORKSPACE_ALIGN
 
+    def own_chunk_via_peer(self, schedule: Schedule) -> Schedule:
+        return own_chunk_via_peer(schedule)
+
     def local(self, output, input, args, world, rank, device_type) -> LocalCall:
         in_place = check_all_gather(output, input, world, rank, device_type)
         nbytes = input.numel() * input.element_size()
@@ -146,6 +149,46 @@ class AllGather(Collective):
 
 
 ALL_GATHER = AllGather()
+
+
+def own_chunk_via_peer(schedule: Schedule) -> Schedule:
+    """``schedule``, a push all-gather's, with its own chunk read back by a copy engine from
+    the first peer's output instead of copied on this GPU (``Options.own_chunk_via_peer``).
+
+    Why: a same-GPU copy is an SM kernel by every route (benchmarks/2026-11-26-h100x2-session4),
+    so beside a GEMM that holds every SM it waits until the GEMM ends (~1 ms beside an 8192^3
+    bf16 GEMM), and with it the call. A push has just written this rank's input into chunk
+    ``rank`` of every peer's output; reading it back from one of them is a peer copy, which
+    a copy engine runs whatever the SMs do. It costs that peer's link the chunk once more in
+    each direction, and one copy after the push on the way to that peer's DONE.
+
+    Safe because the read-back sits between the push (same stream, before it) and the DONE
+    that tells the peer this rank no longer touches its memory: the peer's call, and any reuse
+    of its output, waits for that DONE. So it is this rank's choice alone, agreed with nobody:
+    the peers' schedules are unchanged. Unchanged here: not a push, in place (no own copy), a
+    world of one or an empty chunk."""
+    rank, world = schedule.rank, schedule.world
+    if schedule.algorithm is not Algorithm.PUSH or world < 2 or schedule.parts:
+        return schedule
+    own = [op for ops in schedule.slots for op in ops
+           if isinstance(op, Copy) and op.transfer.phase is Phase.LOCAL and op.transfer.src is Buf.INPUT]
+    if len(own) != 1:
+        return schedule
+    t = own[0].transfer
+    via = peer_order(world, rank)[0]
+    slots = []
+    for ops in schedule.slots:
+        out = [op for op in ops if op is not own[0]]
+        pushes = [i for i, op in enumerate(out) if isinstance(op, Copy) and op.transfer.dst_rank == via
+                  and op.transfer.src_rank == rank]
+        if pushes:
+            # after every copy of the slot (one stream: the pushes to every peer go first) and
+            # before any signal that follows them (the DONE to ``via`` among them)
+            at = max(i for i, op in enumerate(out) if isinstance(op, Copy)) + 1
+            out.insert(at, Copy(Transfer(via, Buf.OUTPUT, t.dst_offset, rank, Buf.OUTPUT, t.dst_offset, t.nbytes, 0,
+                                         Phase.PEER)))
+        slots.append(out)
+    return dataclasses.replace(schedule, slots=number_slots(slots))
 
 
 def into_parts(schedule: Schedule, chunk: int, parts: tuple[tuple[int, int, int], ...]) -> Schedule:

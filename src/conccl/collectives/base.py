@@ -106,6 +106,13 @@ class Collective(abc.ABC):
         call may post its row whatever its tensors are (``Options.post_settled``)."""
         return False
 
+    def own_chunk_via_peer(self, schedule: Schedule) -> Schedule:
+        """``schedule`` with its same-GPU own-chunk copy (an SM kernel, which waits behind a
+        running GEMM) replaced by copy-engine copies through a peer, where this collective
+        can (``Options.own_chunk_via_peer``: a push all-gather); else ``schedule`` as it is.
+        A rank's own choice: the peers' schedules do not change."""
+        return schedule
+
     def plan_fixed_by_own_row(self, world: int) -> bool:
         """Whether this rank's board row and the check that the peers' agree with it fix every
         size this rank's plan reads: then a peer's row cannot change the plan without a

@@ -196,6 +196,11 @@ def hoist_small_local(ops) -> list:
     return out
 
 
+def _reads_written(copy: "CopyStep", earlier: "CopyStep") -> bool:
+    """Whether ``copy`` reads bytes that ``earlier`` writes."""
+    return copy.src < earlier.dst + earlier.nbytes and earlier.dst < copy.src + copy.nbytes
+
+
 class _Spin(NamedTuple):
     waits: tuple  # WaitSignal ops, waited for by one spin-wait kernel
 
@@ -277,6 +282,10 @@ def lower_slot(ops, address: Callable[[int, object], int], pads: list[int], rank
             # peer copies' batch (it would hold back what waits for that batch); a run of own
             # copies (a reduce-scatter from parts: one per parameter) is one batch of its own.
             if copies and (with_peers != peer) and (peer or not _is_small_local(op)):
+                flush_copies()
+            elif any(_reads_written(copy, c) for c in copies):
+                # a batch's copies may run in any order: one that reads what another writes
+                # (an own chunk read back from where this rank's push put it) starts a new one
                 flush_copies()
             with_peers |= peer
             copies.append(copy)

@@ -199,6 +199,13 @@ class Options:
     # workspace, and grow no workspace. False: every call waits for every peer's row (a
     # mismatch is refused before anything moves, always). CONCCL_POST_SETTLED=0 sets False.
     post_settled: bool = _field(default_factory=lambda: os.environ.get("CONCCL_POST_SETTLED", "1").strip() != "0")
+    # True: a call's own chunk crosses to a peer and back on copy engines instead of a
+    # same-GPU copy, which is an SM kernel and so waits behind a running GEMM (~1 ms beside an
+    # 8192^3 bf16 GEMM): a push all-gather reads it back from the first peer's output
+    # (Collective.own_chunk_via_peer). Costs that link the chunk once more each way; each
+    # rank's own choice. CONCCL_OWN_CHUNK_VIA_PEER=1 sets it for new groups.
+    own_chunk_via_peer: bool = _field(
+        default_factory=lambda: os.environ.get("CONCCL_OWN_CHUNK_VIA_PEER", "0").strip() not in ("", "0"))
 
 
 def _one_shot_env() -> int:
@@ -420,7 +427,8 @@ class Group(CollectiveMethods):
             key = (coll, output.data_ptr(), input.data_ptr(), output.shape, input.shape, output.stride(),
                    input.stride(), output.dtype, input.dtype, output.device, input.device,
                    self.executor.views_generation, self.options.algorithm, self.options.stream_mode,
-                   self.options.checks, self.options.one_shot_below, *map(_plain, args))
+                   self.options.checks, self.options.one_shot_below, self.options.own_chunk_via_peer,
+                   *map(_plain, args))
             return key, self._locals.get(key)  # hashes the key once; raises if it cannot
         except (AttributeError, TypeError, RuntimeError):  # not tensors, odd splits: not remembered
             return None, None
@@ -640,6 +648,8 @@ class Group(CollectiveMethods):
             algorithm=local.coll.algorithm(local.algorithm, bool(all_flags & _SYM_OUT), local.call, w),
             stream_mode=local.stream_mode, input_symmetric=bool(all_flags & _SYM_IN),
             output_symmetric=bool(all_flags & _SYM_OUT), peers_in_place=bool(all_flags & _IN_PLACE))
+        if self.options.own_chunk_via_peer:  # this rank's own choice (Options): no peer's plan changes
+            schedule = local.coll.own_chunk_via_peer(schedule)
         if all_flags & _ONE_SHOT:  # every rank would: a pure function of the rows, alike everywhere
             shot = one_shot_plan(local.coll.name, w, self.rank, local.call, peers)
             if shot is not None and shot.workspace_need <= DOUBLE_BUFFER_MAX_BYTES:
