@@ -117,9 +117,13 @@ def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout
     on every rank before anything moves; where this rank had repeated a settled call without
     waiting, at its next call instead, and the group breaks.
 
-    SMs used: none (copy engines and stream memory operations only); with
-    ``CONCCL_ONE_SHOT_BELOW`` set, a call whose output is smaller runs as one kernel of one CTA
-    instead (conccl.collectives.one_shot; docs/api.md), where every rank's would.
+    SMs used: the peers' chunks move on copy engines; the own chunk's same-GPU copy (and a
+    plain input's staging copy) the driver runs as a copy kernel, so beside a GEMM holding
+    every SM the call ends when that GEMM does. None in place, or with
+    ``set_options(own_chunk_via_peer=True)`` and a :func:`conccl.empty` output (the own chunk
+    read back from a peer on a copy engine). With ``CONCCL_ONE_SHOT_BELOW`` set, a call whose
+    output is smaller runs as one kernel of one CTA instead (conccl.collectives.one_shot;
+    docs/api.md), where every rank's would.
     Workspace: ``input`` bytes of symmetric memory per rank unless every rank's input was
     allocated with :func:`conccl.empty` (or is in place in such an output); none with push.
     """

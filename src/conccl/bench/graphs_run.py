@@ -139,10 +139,12 @@ def _slowest(values: list[float]) -> list[float]:
     return t.tolist()
 
 
-def _beside_one(run, gemms, gemm_stream, with_call: bool) -> tuple[float | None, float | None]:
+def _beside_one(run, gemms, gemm_stream, with_call: bool, host_group) -> tuple[float | None, float | None]:
     """(us from queueing one ``run()`` to its completion, ms of the GEMMs) of one try: with
     ``gemms`` None the call alone; else the GEMMs queued on ``gemm_stream``, the call queued
-    once the first of them runs (``with_call`` False: the GEMMs alone)."""
+    once the first of them runs (``with_call`` False: the GEMMs alone). Right before the call
+    the ranks' hosts meet on ``host_group`` (gloo: an NCCL barrier would wait for the GEMM),
+    so that a rank's time does not include waiting for a peer's host."""
     dist.barrier()
     torch.cuda.synchronize()
     g0 = g1 = None
@@ -159,6 +161,7 @@ def _beside_one(run, gemms, gemm_stream, with_call: bool) -> tuple[float | None,
         time.sleep(100e-6)
     us = None
     if with_call:
+        dist.barrier(group=host_group)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()  # on the call's idle stream: the moment the call is queued
         run()
@@ -177,15 +180,16 @@ def _measure_beside(run, unit, result, case: _Case, cfg: GraphsConfig, ctx: dict
         g = torch.Generator(device="cuda").manual_seed(1)
         ctx["gemms"] = tuple(torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
         ctx["gemm_stream"] = torch.cuda.Stream()
-    gemms, stream = ctx["gemms"], ctx["gemm_stream"]
+        ctx["host_group"] = dist.new_group(backend="gloo")  # every rank reaches the first beside case at once
+    gemms, stream, host = ctx["gemms"], ctx["gemm_stream"], ctx["host_group"]
     ctx.pop("path", None)
     wrong = case.wrong(unit, result)
     path = ctx.pop("path", None)
     for _ in range(cfg.warmup):
-        _beside_one(run, gemms, stream, True)
-    gemm_alone = [_beside_one(run, gemms, stream, False)[1] for _ in range(cfg.runs)]
-    alone = [_beside_one(run, None, stream, True)[0] for _ in range(cfg.runs)]
-    beside, gemm_beside = zip(*(_beside_one(run, gemms, stream, True) for _ in range(cfg.runs)))
+        _beside_one(run, gemms, stream, True, host)
+    gemm_alone = [_beside_one(run, gemms, stream, False, host)[1] for _ in range(cfg.runs)]
+    alone = [_beside_one(run, None, stream, True, host)[0] for _ in range(cfg.runs)]
+    beside, gemm_beside = zip(*(_beside_one(run, gemms, stream, True, host) for _ in range(cfg.runs)))
     alone, beside = _slowest(alone), _slowest(list(beside))
     gemm_alone, gemm_beside = _slowest(gemm_alone), _slowest(list(gemm_beside))
     return {**summarize(beside), "wrong": wrong, "path": path, "alone_us": statistics.median(alone),
