@@ -272,7 +272,7 @@ def test_bench_buffers_hold_the_largest_input_and_output():
 def test_which_implementations_run_a_collective():
     served = {n: [c for c in COLLECTIVES if i.serves(COLLECTIVES[c], 4)] for n, i in IMPLS.items()}
     staged_push = {"conccl_staged_push", "conccl_symm_staged_push"}  # the collectives that have it
-    gather_only = {"torch_lc", "conccl_symm_push_in_place"} | staged_push
+    gather_only = {"torch_lc", "conccl_symm_push_in_place", "conccl_symm_push_via_peer"} | staged_push
     assert all(served[n] == ["all_gather"] for n in gather_only - staged_push)
     assert all(sorted(served[n]) == ["all_gather", "all_reduce"] for n in staged_push)
     every = [n for n, cs in served.items() if {"all_gather", "all_to_all"} <= set(cs)]
