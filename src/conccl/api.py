@@ -117,11 +117,12 @@ def all_gather_into_tensor(output, input, group=None, async_op=False, *, timeout
     on every rank before anything moves; where this rank had repeated a settled call without
     waiting, at its next call instead, and the group breaks.
 
-    SMs used: the peers' chunks move on copy engines; the own chunk's same-GPU copy (and a
-    plain input's staging copy) the driver runs as a copy kernel, so beside a GEMM holding
-    every SM the call ends when that GEMM does. None in place, or with
-    ``set_options(own_chunk_via_peer=True)`` and a :func:`conccl.empty` output (the own chunk
-    read back from a peer on a copy engine). With ``CONCCL_ONE_SHOT_BELOW`` set, a call whose
+    SMs used: the peers' chunks move on copy engines; the own chunk's same-GPU copy and a
+    plain input's staging copy the driver runs as copy kernels, so beside a GEMM holding every
+    SM the call ends when that GEMM does. None where every rank's output is from
+    :func:`conccl.empty` and the call pushes (the default there) and is in place, or is not
+    in place with ``set_options(own_chunk_via_peer=True)`` (the own chunk read back from a
+    peer on a copy engine). With ``CONCCL_ONE_SHOT_BELOW`` set, a call whose
     output is smaller runs as one kernel of one CTA instead (conccl.collectives.one_shot;
     docs/api.md), where every rank's would.
     Workspace: ``input`` bytes of symmetric memory per rank unless every rank's input was
@@ -283,9 +284,9 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
     not in place) reads its own chunk back from a peer's output on a copy engine instead of
     copying it on this GPU. A same-GPU copy is an SM kernel, which waits behind a GEMM that
     holds every SM (cuBLAS's do, to their end); the read-back does not, so the call completes
-    beside a running GEMM in about its own time. It costs the link the chunk once more each
-    way (docs/api.md has the figures). Per rank; ranks may differ; the other collectives
-    are unchanged. ``CONCCL_OWN_CHUNK_VIA_PEER=1`` sets it for new groups.
+    beside a running GEMM in about its own time. It costs the chunk once more over the link
+    from that peer (docs/api.md has the figures). Per rank; ranks may differ; the other
+    collectives are unchanged. ``CONCCL_OWN_CHUNK_VIA_PEER=1`` sets it for new groups.
 
     ``post_settled=False``: every call waits on the host board for every peer's row, so a
     mismatch always raises before anything moves (default True: a call that repeats a

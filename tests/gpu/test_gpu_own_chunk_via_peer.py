@@ -66,18 +66,31 @@ def _via_peer(rank, world):
             torch.cuda.synchronize()
         return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
 
+    # settled calls on conccl.empty tensors (the same buffers from the third call on) run as
+    # one CUDA graph launch each (docs/design.md): the read-back rides in that graph too
+    sym_in = conccl.empty(n, dtype=torch.bfloat16)
+    launches = g.executor.graph_launches
+    for step in range(5):
+        sym_in.copy_(torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16))
+        out.view(torch.uint8).fill_(0xAB)
+        conccl.all_gather_into_tensor(out, sym_in)
+        check(out, sym_in, ("settled", step))
+    settled = g.executor.graph_launches - launches
+    settled_names = names(lambda: conccl.all_gather_into_tensor(out, sym_in))
     with_it = names(lambda: (conccl.all_gather_into_tensor(out, inp), graph.replay()))
     conccl.set_options(own_chunk_via_peer=False)
     without = names(lambda: conccl.all_gather_into_tensor(out, inp))
     check(out, inp, "without")
-    return bad, with_it, without
+    return bad, with_it, without, settled, settled_names
 
 
 def test_own_chunk_read_back_from_a_peer_equals_nccl_and_runs_no_same_gpu_copy():
     from conccl.launch import run_per_gpu
 
-    for bad, with_it, without in run_per_gpu(_via_peer):
+    for bad, with_it, without, settled, settled_names in run_per_gpu(_via_peer):
         assert bad == [], bad
         assert with_it and all(k.startswith("Memcpy PtoP") for k in with_it), with_it
+        assert settled >= 2, settled  # the settled calls did run as graph launches
+        assert settled_names and all(k.startswith("Memcpy PtoP") for k in settled_names), settled_names
         # the counter-check: the same call with its own copy on this GPU shows it
         assert any(not k.startswith("Memcpy PtoP") for k in without), without

@@ -95,3 +95,27 @@ def test_captured_and_persistent_push_all_gathers_read_their_own_chunk_back(worl
     for ok, own_copies in spawn(world, _captured_and_persistent, mode, 4):
         assert ok == [True] * 8, ok
         assert own_copies == [0], own_copies
+
+
+def _toggled(comm, calls):
+    """The option changed between calls on the same buffers: each call runs the schedule the
+    option asks for at that call (the remembered local step is keyed on it)."""
+    w, r = comm.world, comm.rank
+    ran = _record_runs(comm.executor)
+    n = 9
+    out, inp = comm.executor.empty((w * n,), torch.float32), torch.empty(n)
+    ok, own = [], []
+    for step in range(calls):
+        comm.options.own_chunk_via_peer = step % 3 == 1  # off, on, off, off, on, ...
+        inp.copy_(torch.arange(n, dtype=torch.float32) + 1000 * r + 7 * step)
+        comm.all_gather_into_tensor(out, inp)
+        ok.append(bool(torch.equal(out, _expected(w, n, step))))
+        own.append(_same_gpu_copies(ran[-1]))
+    return ok, own
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_option_changed_between_calls_on_the_same_buffers_takes_effect_at_once(world):
+    for ok, own in spawn(world, _toggled, 9):
+        assert ok == [True] * 9, ok
+        assert own == [0 if step % 3 == 1 else 1 for step in range(9)], own

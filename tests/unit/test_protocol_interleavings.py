@@ -205,7 +205,7 @@ def _read_back_after_done(plan):
 def test_the_model_sees_a_read_back_after_the_done_that_frees_the_peer(world):
     """The counter-test for own_chunk_via_peer: with the read-back after the DONE to the peer
     it reads, some run reads the peer's output after the peer's caller took it back (or the
-    peer's next call wrote it); in place, none does."""
+    peer's next call wrote it); where the plan has it (before that DONE), none does."""
     for mode in StreamMode:
         calls = ["ag_push_via"] * 5
         plans = [[_read_back_after_done(_plans(world, r, "ag_push_via", mode)) for _ in calls] for r in range(world)]

@@ -4,7 +4,8 @@ What it measures and its output (``graphs.json``, ``graphs.md``); the run on the
 :mod:`conccl.bench.graphs_run`. Nothing here needs a GPU.
 
 For each collective, size (output bytes per rank, bf16) and implementation (``nccl``,
-``conccl``, ``conccl_auto``: :mod:`conccl.bench.impls`), in one process per GPU, two modes:
+``conccl``, ``conccl_auto``: :mod:`conccl.bench.impls`), in one process per GPU, in the modes asked for
+(``graph`` and ``eager`` by default):
 
 - ``graph``: ``calls`` calls of the collective captured into one CUDA graph, ``warmup``
   replays, then ``runs`` timed runs of ``replays`` replays each between two CUDA events;
@@ -15,6 +16,9 @@ For each collective, size (output bytes per rank, bf16) and implementation (``nc
   event on its idle stream) to its completion, ``alone_us`` the same without the GEMMs, and
   ``gemm_slowdown`` the four GEMMs' time beside the call over their time alone (issue 38
   item 6: a call that needs an SM waits for the running GEMM to end; copy engines do not).
+  The three kinds of try take turns, run by run. Both times include the eager call's host
+  time and what skew is left after the ranks' hosts meet right before it: tens of
+  microseconds of noise, against the milliseconds a call that needs an SM loses.
 
 ``us_per_call`` is a run's time over ``calls * replays``: the median over runs of the slowest
 rank (each run's time is the largest of any rank's), with the fastest and slowest run beside

@@ -144,7 +144,7 @@ def _beside_one(run, gemms, gemm_stream, with_call: bool, host_group) -> tuple[f
     ``gemms`` None the call alone; else the GEMMs queued on ``gemm_stream``, the call queued
     once the first of them runs (``with_call`` False: the GEMMs alone). Right before the call
     the ranks' hosts meet on ``host_group`` (gloo: an NCCL barrier would wait for the GEMM),
-    so that a rank's time does not include waiting for a peer's host."""
+    so that a rank's time holds little of a peer host's lag (what skew the meeting leaves)."""
     dist.barrier()
     torch.cuda.synchronize()
     g0 = g1 = None
@@ -172,26 +172,33 @@ def _beside_one(run, gemms, gemm_stream, with_call: bool, host_group) -> tuple[f
     return us, (g0.elapsed_time(g1) if g0 is not None else None)
 
 
+def _beside_setup() -> tuple:
+    """The beside mode's GEMM operands, their stream and a gloo group for the hosts' meeting:
+    made by every rank before the first case (``dist.new_group`` is collective), all or none."""
+    n = BESIDE_GEMM_N
+    g = torch.Generator(device="cuda").manual_seed(1)
+    gemms = tuple(torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    return gemms, torch.cuda.Stream(), dist.new_group(backend="gloo")
+
+
 def _measure_beside(run, unit, result, case: _Case, cfg: GraphsConfig, ctx: dict) -> dict:
     """The beside mode (:mod:`conccl.bench.graphs`): one call's completion while GEMMs hold
     the SMs, against the same call alone, and the GEMMs' slowdown; checked as eager."""
-    if "gemms" not in ctx:
-        n = BESIDE_GEMM_N
-        g = torch.Generator(device="cuda").manual_seed(1)
-        ctx["gemms"] = tuple(torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-        ctx["gemm_stream"] = torch.cuda.Stream()
-        ctx["host_group"] = dist.new_group(backend="gloo")  # every rank reaches the first beside case at once
-    gemms, stream, host = ctx["gemms"], ctx["gemm_stream"], ctx["host_group"]
+    gemms, stream, host = ctx["beside"]  # made by run_all before any case (_beside_setup)
     ctx.pop("path", None)
     wrong = case.wrong(unit, result)
     path = ctx.pop("path", None)
     for _ in range(cfg.warmup):
         _beside_one(run, gemms, stream, True, host)
-    gemm_alone = [_beside_one(run, gemms, stream, False, host)[1] for _ in range(cfg.runs)]
-    alone = [_beside_one(run, None, stream, True, host)[0] for _ in range(cfg.runs)]
-    beside, gemm_beside = zip(*(_beside_one(run, gemms, stream, True, host) for _ in range(cfg.runs)))
-    alone, beside = _slowest(alone), _slowest(list(beside))
-    gemm_alone, gemm_beside = _slowest(gemm_alone), _slowest(list(gemm_beside))
+    gemm_alone, alone, beside, gemm_beside = [], [], [], []
+    for _ in range(cfg.runs):  # in turns, so that a drift of the machine reaches each kind alike
+        gemm_alone.append(_beside_one(run, gemms, stream, False, host)[1])
+        alone.append(_beside_one(run, None, stream, True, host)[0])
+        us, ms = _beside_one(run, gemms, stream, True, host)
+        beside.append(us)
+        gemm_beside.append(ms)
+    alone, beside = _slowest(alone), _slowest(beside)
+    gemm_alone, gemm_beside = _slowest(gemm_alone), _slowest(gemm_beside)
     return {**summarize(beside), "wrong": wrong, "path": path, "alone_us": statistics.median(alone),
             "gemm_slowdown": statistics.median(gemm_beside) / statistics.median(gemm_alone)}
 
@@ -278,6 +285,8 @@ def run_all(rank: int, world: int, cfg: GraphsConfig) -> dict:
     colls = [get_collective(n) for n in cfg.collectives]
     sizes = list(dict.fromkeys(round_size(s, world, ESIZE) for s in cfg.sizes))
     ctx: dict = {"max_bytes": max_bytes(colls, sizes, world, ESIZE)}
+    if "beside" in cfg.modes:
+        ctx["beside"] = _beside_setup()
     impls = [REGISTRY[n] for n in cfg.impls]
     total = sum(len(cfg.modes) for c in colls for _ in sizes for i in impls if i.serves(c, world))
     records, eager_path, t0 = [], None, time.monotonic()
@@ -297,4 +306,5 @@ def run_all(rank: int, world: int, cfg: GraphsConfig) -> dict:
             case = None
             gc.collect()
             torch.cuda.empty_cache()
+    ctx.pop("beside", None)  # the GEMMs' 384 MiB back before the caller goes on
     return {"results": records, "eager_path": eager_path}

@@ -58,7 +58,7 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, pers
         elif symmetric:
             inp, out = _to_symmetric(inp, ctx, "in"), _to_symmetric(out, ctx, "out")
         comm = conccl.get_communicator()
-        if via_peer:  # this group's calls from now on (the bench destroys its groups between cases)
+        if via_peer:  # this group's calls from now on, until the teardown turns it off
             comm.options.own_chunk_via_peer = True
             ctx["via_peer"] = comm
         if persistent:  # agreed once here; each run only starts it

@@ -159,8 +159,9 @@ def own_chunk_via_peer(schedule: Schedule) -> Schedule:
     so beside a GEMM that holds every SM it waits until the GEMM ends (~1 ms beside an 8192^3
     bf16 GEMM), and with it the call. A push has just written this rank's input into chunk
     ``rank`` of every peer's output; reading it back from one of them is a peer copy, which
-    a copy engine runs whatever the SMs do. It costs that peer's link the chunk once more in
-    each direction, and one copy after the push on the way to that peer's DONE.
+    a copy engine runs whatever the SMs do. It costs the chunk once more over the link from
+    that peer, and one copy before the DONE that peer waits for (on one stream, after every
+    push and before every DONE).
 
     Safe because the read-back sits between the push (same stream, before it) and the DONE
     that tells the peer this rank no longer touches its memory: the peer's call, and any reuse

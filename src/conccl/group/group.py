@@ -90,6 +90,7 @@ class _Local:
     algorithm: Algorithm | None  # as asked for, by the call or the group's default (the row's; None: automatic)
     stream_mode: StreamMode
     call: LocalCall  # what the collective's validation decided
+    via_peer: bool = False  # Options.own_chunk_via_peer when it was made (part of its key)
     settled: dict = _field(default_factory=dict)  # rows (sequence numbers zeroed) -> (schedule, views)
     # The rows of its last exchanged calls and how many in a row were alike; once POST_AFTER
     # were, the next calls post their row instead (``posted``: rows, schedule and views).
@@ -199,13 +200,17 @@ class Options:
     # workspace, and grow no workspace. False: every call waits for every peer's row (a
     # mismatch is refused before anything moves, always). CONCCL_POST_SETTLED=0 sets False.
     post_settled: bool = _field(default_factory=lambda: os.environ.get("CONCCL_POST_SETTLED", "1").strip() != "0")
-    # True: a call's own chunk crosses to a peer and back on copy engines instead of a
-    # same-GPU copy, which is an SM kernel and so waits behind a running GEMM (~1 ms beside an
-    # 8192^3 bf16 GEMM): a push all-gather reads it back from the first peer's output
-    # (Collective.own_chunk_via_peer). Costs that link the chunk once more each way; each
-    # rank's own choice. CONCCL_OWN_CHUNK_VIA_PEER=1 sets it for new groups.
-    own_chunk_via_peer: bool = _field(
-        default_factory=lambda: os.environ.get("CONCCL_OWN_CHUNK_VIA_PEER", "0").strip() not in ("", "0"))
+    # True: a push all-gather's own chunk is read back from the first peer's output on a copy
+    # engine instead of copied on this GPU, where the copy is an SM kernel and so waits behind
+    # a running GEMM (~1 ms beside an 8192^3 bf16 GEMM) (Collective.own_chunk_via_peer). Costs
+    # the chunk once more over the link from that peer; each rank's own choice.
+    # CONCCL_OWN_CHUNK_VIA_PEER=1 sets it for new groups.
+    own_chunk_via_peer: bool = _field(default_factory=lambda: _env_on("CONCCL_OWN_CHUNK_VIA_PEER"))
+
+
+def _env_on(name: str) -> bool:
+    """Whether environment variable ``name`` says on (unset, empty, 0, false, off, no: off)."""
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "off", "no")
 
 
 def _one_shot_env() -> int:
@@ -467,7 +472,8 @@ class Group(CollectiveMethods):
                -1 if views[0] is None else views[0][1], -1 if views[1] is None else views[1][1],
                call.agreed, -1 if views[0] is None else views[0][2], -1 if views[1] is None else views[1][2],
                *call.send, *call.recv]
-        return _Local(coll, dtype, row, views, asked, stream_mode or self.options.stream_mode, call)
+        return _Local(coll, dtype, row, views, asked, stream_mode or self.options.stream_mode, call,
+                      self.options.own_chunk_via_peer)
 
     def _agree(self, local: "_Local", timeout_s: float, one_shot: bool = False, may_post: bool = True,
                peers_fixed: bool = False) -> tuple:
@@ -568,7 +574,8 @@ class Group(CollectiveMethods):
         self._check_graph_slot()
         row = list(local.row)
         row[_F_FLAGS] |= _GRAPH
-        captured = _Local(local.coll, local.dtype, row, local.views, local.algorithm, local.stream_mode, local.call)
+        captured = _Local(local.coll, local.dtype, row, local.views, local.algorithm, local.stream_mode, local.call,
+                          local.via_peer)
         return self._agree(captured, timeout_s, one_shot)
 
     def _check_graph_slot(self) -> None:
@@ -648,7 +655,7 @@ class Group(CollectiveMethods):
             algorithm=local.coll.algorithm(local.algorithm, bool(all_flags & _SYM_OUT), local.call, w),
             stream_mode=local.stream_mode, input_symmetric=bool(all_flags & _SYM_IN),
             output_symmetric=bool(all_flags & _SYM_OUT), peers_in_place=bool(all_flags & _IN_PLACE))
-        if self.options.own_chunk_via_peer:  # this rank's own choice (Options): no peer's plan changes
+        if local.via_peer:  # this rank's own choice (Options): no peer's plan changes
             schedule = local.coll.own_chunk_via_peer(schedule)
         if all_flags & _ONE_SHOT:  # every rank would: a pure function of the rows, alike everywhere
             shot = one_shot_plan(local.coll.name, w, self.rank, local.call, peers)
