@@ -262,9 +262,10 @@ def _impl_records(impl, case: _Case, cfg: GraphsConfig, ctx: dict) -> tuple[list
                 # them for plain tensors
                 for key in [k for k in ctx if k.startswith("arena_")]:
                     del ctx[key]
+    # the beside mode times one call per try: no graph, no replays
     recs = [GraphsRecord(collective=case.coll.name, bytes=case.size, impl=impl.name, mode=m,
-                         calls_per_graph=case.calls, replays=cfg.replays, nccl_below=_nccl_below(info, case.coll),
-                         **fields[m]) for m in cfg.modes]
+                         calls_per_graph=1 if m == "beside" else case.calls, replays=1 if m == "beside" else cfg.replays,
+                         nccl_below=_nccl_below(info, case.coll), **fields[m]) for m in cfg.modes]
     return recs, info
 
 
