@@ -88,3 +88,15 @@ def test_a_batch_never_holds_a_copy_that_reads_what_another_of_it_writes(world):
             lowered = lower(own_chunk_via_peer(_push(world, rank, mode=mode)), _address, pads, batch_copies=False)
             assert all(not isinstance(s, CopyBatch) for steps in lowered for s in steps)
             assert sum(isinstance(s, CopyStep) for steps in lowered for s in steps) == world
+
+
+@pytest.mark.parametrize("value, on", [(None, False), ("", False), ("0", False), ("false", False), ("Off", False),
+                                       ("no", False), ("1", True), ("yes", True), ("true", True)])
+def test_the_environment_turns_it_on_for_new_groups_and_false_means_off(monkeypatch, value, on):
+    from conccl.group.group import Options
+
+    if value is None:
+        monkeypatch.delenv("CONCCL_OWN_CHUNK_VIA_PEER", raising=False)
+    else:
+        monkeypatch.setenv("CONCCL_OWN_CHUNK_VIA_PEER", value)
+    assert Options().own_chunk_via_peer is on
