@@ -80,6 +80,13 @@ def _repeat(run, calls: int):
     return unit
 
 
+def _slowest(values: list[float]) -> list[float]:
+    """Each run's value, the largest of any rank's (run by run)."""
+    t = torch.tensor(values, dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def _timed_runs(once, replays: int, runs: int, warmup: int) -> list[float]:
     """Each run's ms for ``replays`` calls of ``once``, the slowest rank's (run by run)."""
     for _ in range(warmup):
@@ -96,9 +103,7 @@ def _timed_runs(once, replays: int, runs: int, warmup: int) -> list[float]:
         end.record()
         torch.cuda.synchronize()
         ms.append(start.elapsed_time(end))
-    t = torch.tensor(ms, dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
+    return _slowest(ms)
 
 
 def _measure(mode: str, impl, unit, result, case: _Case, cfg: GraphsConfig, ctx: dict) -> dict:
@@ -130,13 +135,6 @@ def _measure(mode: str, impl, unit, result, case: _Case, cfg: GraphsConfig, ctx:
     ms = _timed_runs(once, cfg.replays, cfg.runs, cfg.warmup)
     us = summarize(per_call_us(t, case.calls, cfg.replays) for t in ms)
     return {**us, "wrong": wrong, "path": path}
-
-
-def _slowest(values: list[float]) -> list[float]:
-    """Each run's value, the largest of any rank's (run by run)."""
-    t = torch.tensor(values, dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
 
 
 def _beside_one(run, gemms, gemm_stream, with_call: bool, host_group) -> tuple[float | None, float | None]:

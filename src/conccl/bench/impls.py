@@ -177,18 +177,15 @@ def _conccl_auto_teardown(ctx):
     ctx.pop("path", None)
 
 
-_VIA_PEER = _conccl(algorithm="push", symmetric=True, via_peer=True)  # (setup, can_run)
-
-
 def _via_peer_teardown(ctx):
     comm = ctx.pop("via_peer", None)
     if comm is not None:
         comm.options.own_chunk_via_peer = False
 
 
-def _conccl_impl(name, description, only=None, **kw):
+def _conccl_impl(name, description, only=None, teardown=None, **kw):
     setup, can_run = _conccl(**kw)
-    return Impl(name, "cuda_symm", description, setup, only=only, can_run=can_run)
+    return Impl(name, "cuda_symm", description, setup, only=only, can_run=can_run, teardown=teardown)
 
 
 REGISTRY: dict[str, Impl] = {
@@ -205,9 +202,10 @@ REGISTRY: dict[str, Impl] = {
              can_run=_has_in_place_chunk),
         _conccl_impl("conccl_persistent", "conccl default on ordinary tensors as a persistent op (conccl.persistent_*): "
                      "agreed with the peers once, each run only queues the copies", persistent=True),
-        Impl("conccl_symm_push_via_peer", "cuda_symm", "conccl push from conccl.empty, the own chunk read back from a "
-             "peer's output on a copy engine (set_options(own_chunk_via_peer=True)): no same-GPU copy",
-             _VIA_PEER[0], only=("all_gather",), can_run=_VIA_PEER[1], teardown=_via_peer_teardown),
+        _conccl_impl("conccl_symm_push_via_peer", "conccl push from conccl.empty, the own chunk read back from a "
+                     "peer's output on a copy engine (set_options(own_chunk_via_peer=True)): no same-GPU copy",
+                     only=("all_gather",), teardown=_via_peer_teardown, algorithm="push", symmetric=True,
+                     via_peer=True),
         _conccl_impl("conccl_symm_push_persistent", "conccl push from conccl.empty as a persistent op: agreed once, "
                      "each run only queues the copies", algorithm="push", symmetric=True, persistent=True),
         _conccl_impl("conccl_symm_push_unchecked", "conccl push from conccl.empty without the mismatch checks and the "

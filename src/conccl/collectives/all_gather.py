@@ -180,9 +180,7 @@ def own_chunk_via_peer(schedule: Schedule) -> Schedule:
     slots = []
     for ops in schedule.slots:
         out = [op for op in ops if op is not own[0]]
-        pushes = [i for i, op in enumerate(out) if isinstance(op, Copy) and op.transfer.dst_rank == via
-                  and op.transfer.src_rank == rank]
-        if pushes:
+        if any(isinstance(op, Copy) and op.transfer.src_rank == rank and op.transfer.dst_rank == via for op in out):
             # after every copy of the slot (one stream: the pushes to every peer go first) and
             # before any signal that follows them (the DONE to ``via`` among them)
             at = max(i for i, op in enumerate(out) if isinstance(op, Copy)) + 1
