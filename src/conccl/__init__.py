@@ -84,7 +84,10 @@ def __getattr__(name):
                 "get_group"}:
         from . import api
 
-        return getattr(api, name)
+        # Kept as this module's attribute: the next lookup skips this hook (~1 us on every
+        # eager call made as conccl.all_gather_into_tensor(...)).
+        value = globals()[name] = getattr(api, name)
+        return value
     if name in {"tp", "fsdp", "ep"}:  # the submodule loads (and becomes this attribute) on first use
         return importlib.import_module(f"{__name__}.{name}")
     if name in {"overlap", "run_concurrently", "get_plan", "plan_cache_info", "set_eager_path"}:

@@ -45,6 +45,26 @@ def test_threshold_is_the_smallest_size_from_which_conccl_never_loses():
     assert eager.nccl_below(only_ce, "all_gather") is None
 
 
+def test_the_eager_sweep_decides_up_to_its_largest_size_and_the_size_sweep_above():
+    sizes = [MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
+    # persistent ops: conccl wins from 1 MiB; eagerly its host time loses it everything to 256 MiB
+    p = _profile(dict(zip(sizes, [1.0] * 4)), dict(zip(sizes, [2.0] * 4)))
+    assert eager.nccl_below(p, "all_gather") == MiB
+    ce = [[MiB, 3.0], [16 * MiB, 3.0], [256 * MiB, 1.0]]
+    sm = [[MiB, 1.0], [16 * MiB, 1.0], [256 * MiB, 2.0]]
+    timed = dataclasses.replace(p, eager_sweep={"conccl": {"all_gather": ce}, "nccl": {"all_gather": sm}})
+    assert eager.nccl_below(timed, "all_gather") == 256 * MiB
+    # above the eager sweep's largest size the size sweep counts: a loss there sends every call to NCCL
+    lost_big = dataclasses.replace(timed, comm_sweep={"conccl": {"all_gather": [[1024 * MiB, 3.0]]},
+                                                      "nccl": {"all_gather": [[1024 * MiB, 1.0]]}})
+    assert eager.nccl_below(lost_big, "all_gather") == eager.ALWAYS
+    # the eager sweep of one implementation only: the size sweep decides, as without one
+    half = dataclasses.replace(p, eager_sweep={"conccl": {"all_gather": ce}})
+    assert not eager.has_eager_sweep(half, "all_gather") and eager.nccl_below(half, "all_gather") == MiB
+    assert eager.eager_table(timed, ("all_gather",), p.world) == {"nccl_below": {"all_gather": 256 * MiB},
+                                                                  "note": None}
+
+
 def test_the_shipped_profile_table_and_its_world_note():
     p = load_profile()
     t = eager.eager_table(p, ("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), p.world)
@@ -59,7 +79,11 @@ def test_the_shipped_profile_table_and_its_world_note():
         assert all(ce[s] <= tol * sm[s] for s in ce if s >= limit), name  # conccl within tolerance above
         below = [s for s in ce if s < limit]
         assert not below or ce[max(below)] > tol * sm[max(below)], name  # and lost just below
-    assert eager.eager_table(p, ("all_gather", "all_to_all"), p.world)["note"] is None
+    # the H200 profile has no eager sweep: its table comes from persistent ops, and says so
+    assert "from the size sweep of persistent ops" in eager.eager_table(p, ("all_gather", "all_to_all"), p.world)["note"]
+    with_eager = dataclasses.replace(p, eager_sweep={impl: {c: p.comm_sweep[impl][c] for c in ("all_gather", "all_to_all")}
+                                                     for impl in ("conccl", "nccl")})
+    assert eager.eager_table(with_eager, ("all_gather", "all_to_all"), p.world)["note"] is None
     other = eager.eager_table(p, ("all_gather",), p.world + 1)
     assert "measured on 4 GPUs" in other["note"] and other["nccl_below"] == {"all_gather": t["nccl_below"]["all_gather"]}
     empty = dataclasses.replace(p, comm_sweep={})

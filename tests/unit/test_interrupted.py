@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from conccl.cli import EXIT_INTERRUPTED, main  # noqa: E402
 from conccl.study import model, run as study_run  # noqa: E402
 from conccl.study.measure import steps_done  # noqa: E402
-from conccl.study.results import from_dict, load_results, save_results  # noqa: E402
+from conccl.study.results import CollSize, Timing, from_dict, load_results, save_results  # noqa: E402
 from conccl.study.scenarios import load_suite, select  # noqa: E402
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "study-v1" / "results.json"
@@ -136,5 +136,8 @@ def test_the_steps_a_partial_measured_run_holds():
     assert {("scenario", s.id) for s in res.scenarios} <= done
     assert {("gemm", r.gemm) for r in res.gemm_sm_loss} <= done
     assert ("scenario", "cb1_896M/all_to_all") not in done  # the fourth scenario was cut off
+    assert not any(step[0] == "eager" for step in done if isinstance(step, tuple))  # before the eager sweep
     res.peaks.hbm_bytes_per_s = None
     assert "hbm" not in steps_done(res)
+    res.eager_sizes = [CollSize(collective="all_gather", size=1 << 20, impl="nccl", time_ms=Timing.of([0.04]))]
+    assert ("eager", "all_gather") in steps_done(res) and ("eager", "all_to_all") not in steps_done(res)

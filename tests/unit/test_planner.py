@@ -191,12 +191,16 @@ def test_profile_round_trips_through_the_writer_and_reader(h200, tmp_path):
 
 def test_profile_reader_names_the_format_found_and_expected(tmp_path):
     data = json.loads(EMBEDDED.read_text())
-    for fmt in ("conccl-profile/3", None):  # a newer one, or none
+    for fmt in ("conccl-profile/4", None):  # a newer one, or none
         bad = dict(data, format=fmt) if fmt else {k: v for k, v in data.items() if k != "format"}
         with pytest.raises(ProfileError, match=f"format {fmt!r} found, {FORMAT!r} expected"):
             HardwareProfile.from_dict(bad)
     old = HardwareProfile.from_dict(dict(data, format="conccl-profile/1"))  # an older one is read
     assert old.format == FORMAT and old.nvlinks == 0
+    two = {k: v for k, v in data.items() if k != "eager_sweep"}
+    assert HardwareProfile.from_dict(dict(two, format="conccl-profile/2")).eager_sweep == {}  # before the eager sweep
+    with pytest.raises(ProfileError, match=r"eager_sweep\.nccl\.all_gather\[0\] must be a \[bytes, seconds\] pair"):
+        HardwareProfile.from_dict(dict(data, eager_sweep={"nccl": {"all_gather": [[1]]}}))
     with pytest.raises(ProfileError, match="missing field.*memory_bytes"):
         HardwareProfile.from_dict({k: v for k, v in data.items() if k != "memory_bytes"})
     with pytest.raises(ProfileError, match="unknown field.*colour"):

@@ -308,7 +308,7 @@ def test_profile_from_another_format_is_refused(tmp_path, capsys):
     p = tmp_path / "old.json"
     p.write_text(json.dumps({"format": "conccl-profile/0", "device": "x"}))
     assert main(["study", "--predict", "--profile", str(p), "--out", str(tmp_path / "o")]) == 2
-    assert "not a conccl-profile/2" in capsys.readouterr().err
+    assert "not a conccl-profile/3" in capsys.readouterr().err
 
 
 def test_existing_report_is_not_overwritten(tmp_path, capsys):
@@ -380,12 +380,12 @@ def test_results_of_an_unknown_schema_name_the_version_found_and_expected(tmp_pa
     data = json.loads((RUN / "results.json").read_text())
     data.pop("format")
     data["schema"] = "conccl-study-results/9"
-    with pytest.raises(ResultsError, match=r"'conccl-study-results/9' found.*'conccl-study-results/4'"):
+    with pytest.raises(ResultsError, match=r"'conccl-study-results/9' found.*'conccl-study-results/5'"):
         from_dict(data)
-    for older in ("conccl-study-results/2", "conccl-study-results/3"):  # fields added since: still read
+    for older in ("conccl-study-results/2", "conccl-study-results/3", "conccl-study-results/4"):  # still read
         res = from_dict(dict(data, schema=older))
-        assert res.schema == SCHEMA and res.skipped == [] and res.parts == {}
-    with pytest.raises(ResultsError, match=r"format 'conccl-suite/1' found.*conccl-study-results/4"):
+        assert res.schema == SCHEMA and res.skipped == [] and res.parts == {} and res.eager_sizes == []
+    with pytest.raises(ResultsError, match=r"format 'conccl-suite/1' found.*conccl-study-results/5"):
         from_dict({"format": "conccl-suite/1"})
     (tmp_path / "results.json").write_text("{ nope")
     with pytest.raises(ResultsError, match="not valid JSON"):
@@ -420,6 +420,30 @@ def test_a_profile_condensed_from_the_study(run):
         [s.strategies["conccl"].pct_ideal for s in run.scenarios if s.collective == "all_gather"]))
     with pytest.raises(ValueError, match="measured study"):
         profile_from_study(dataclasses.replace(run, kind="prediction"))
+    assert prof.eager_sweep == {}  # the fixture predates the eager sweep
+
+
+def test_the_eager_sweep_reaches_the_profile_and_the_eager_table(run):
+    from conccl.planner.eager import eager_table
+    from conccl.study.results import CollSize
+
+    def row(impl, size, us):
+        return CollSize(collective="all_gather", size=size, impl=impl, time_ms=Timing.of([us / 1e3] * 3), correct=True)
+    # conccl's host time loses it the small sizes eagerly; the size sweep alone would give 1 MiB
+    rows = [row("nccl", 1 << 20, 40), row("conccl", 1 << 20, 90), row("nccl", 16 << 20, 60), row("conccl", 16 << 20, 100),
+            row("nccl", 256 << 20, 800), row("conccl", 256 << 20, 600)]
+    prof = profile_from_study(dataclasses.replace(run, eager_sizes=rows[::-1]))
+    points = prof.eager_sweep["conccl"]["all_gather"]
+    assert [p[0] for p in points] == [1 << 20, 16 << 20, 256 << 20]
+    assert [p[1] for p in points] == pytest.approx([90e-6, 100e-6, 600e-6])
+    assert eager_table(prof, ("all_gather",), prof.world)["nccl_below"]["all_gather"] == 256 << 20
+    assert eager_table(profile_from_study(run), ("all_gather",), prof.world)["nccl_below"]["all_gather"] < 256 << 20
+    # the report's table, and a wrong eager output counted with the wrong results
+    bad = dataclasses.replace(rows[3], correct=False)
+    res = analysis.derive(copy.deepcopy(dataclasses.replace(run, eager_sizes=rows[:3] + [bad] + rows[4:])))
+    text = report.markdown(res, [], None)
+    assert "| all_gather | 1M | 40.0 | 90.0 | 2.25 | yes |" in text and "| all_gather | 16M | 60.0 | 100.0 | 1.67 | **no** |" in text
+    assert res.summary.wrong == [f"eager:all_gather:{16 << 20}"]
 
 
 # ------------------------------------------------------------------ buffers from the layout

@@ -1,7 +1,13 @@
 """Which engine an eager call with nothing beside it should run on: NCCL or the copy engines.
 
-Where no computation competes, the faster collective alone wins: a pure function of the
-profile's measured size sweep (``comm_sweep``: seconds per size for each implementation).
+Where no computation competes, the faster call alone wins: a pure function of the profile's
+measured sweeps. The best evidence is the eager sweep (``eager_sweep``: the public functions
+called eagerly on ordinary tensors, back to back, seconds per call with the host's part in
+it: what an eager call costs); above its largest size, and where a profile has none, the size
+sweep of persistent ops on peer-mapped buffers (``comm_sweep``), which leaves conccl's host
+time and staging copy out and so flatters it where host time counts (its crossovers came out
+4-16x too small on 2 x H100: issue 38, benchmarks/2026-11-26-h100x2-session11).
+
 :func:`nccl_below` gives, per collective, the output bytes per rank below which NCCL alone was
 faster: the smallest measured size from which conccl was within :data:`TOLERANCE` of NCCL at
 that size and at every larger one (within it the copy engines keep the SMs free for whatever
@@ -16,10 +22,7 @@ erring towards NCCL at small sizes, where every copy-engine collective measured 
 gives an empty table: every call stays on the copy engines.
 
 Beside a computation the answer differs (NCCL's kernels take SMs from it): that is the
-planner's job (:func:`conccl.overlap`), not this table's. The study's sweep times conccl as a
-persistent op on peer-mapped buffers; an eager call on ordinary tensors adds its host handshake
-and a staging copy, so the table flatters conccl at the sizes where host time counts (the
-small ones, where it goes to NCCL anyway).
+planner's job (:func:`conccl.overlap`), not this table's.
 """
 from __future__ import annotations
 
@@ -31,12 +34,26 @@ ALWAYS = sys.maxsize  # conccl lost at every measured size: every call goes to N
 TOLERANCE = 1.05  # conccl's time within 5% of NCCL's counts as a win (issue 22's bound for eager auto)
 
 
+def has_eager_sweep(p: HardwareProfile, collective: str) -> bool:
+    """Whether ``p``'s eager sweep timed ``collective`` with both implementations."""
+    return all(p.eager_sweep.get(impl, {}).get(collective) for impl in ("conccl", "nccl"))
+
+
+def _points(p: HardwareProfile, impl: str, collective: str, eager: bool) -> dict:
+    """{size: seconds per call} of ``impl``: with ``eager``, the eager sweep's sizes and the
+    size sweep's above them; else the size sweep's."""
+    points = dict(map(tuple, p.eager_sweep.get(impl, {}).get(collective, ()))) if eager else {}
+    top = max(points, default=-1)
+    return {**points, **{size: t for size, t in map(tuple, p.comm_sweep.get(impl, {}).get(collective, ()))
+                         if size > top}}
+
+
 def nccl_below(p: HardwareProfile, collective: str) -> int | None:
-    """Output bytes per rank below which NCCL alone beat conccl alone in ``p``'s sweep
-    (:data:`ALWAYS` where conccl lost even at the largest size); None where the sweep lacks
-    either implementation for ``collective``."""
-    ce = dict(map(tuple, p.comm_sweep.get("conccl", {}).get(collective, ())))
-    sm = dict(map(tuple, p.comm_sweep.get("nccl", {}).get(collective, ())))
+    """Output bytes per rank below which NCCL beat conccl in ``p``'s sweeps (:data:`ALWAYS`
+    where conccl lost even at the largest size); None where they lack either implementation
+    for ``collective``. The eager sweep counts where it has both implementations."""
+    eager = has_eager_sweep(p, collective)
+    ce, sm = _points(p, "conccl", collective, eager), _points(p, "nccl", collective, eager)
     sizes = sorted(set(ce) & set(sm))
     if not sizes:
         return None
@@ -60,6 +77,11 @@ def eager_table(p: HardwareProfile, collectives, world: int) -> dict:
         table.update({name: limit for name in borrowed})
         notes.append(f"{', '.join(borrowed)} not in the profile's size sweep: the largest measured crossover "
                      f"({limit} bytes) borrowed")
+    alone = [name for name in table if name not in borrowed and not has_eager_sweep(p, name)]
+    if alone:
+        notes.append(f"{', '.join(alone)} from the size sweep of persistent ops (no eager sweep in the profile): "
+                     "an eager call's host time is left out, which favours the copy engines at small sizes; "
+                     "a measured `conccl study` adds the eager sweep")
     if world != p.world:
         notes.append(f"crossover sizes measured on {p.world} GPUs, applied to {world}: per-rank sizes at which copy "
                      "engines overtake NCCL move with the world size; measure this machine (`conccl study`) for its own")

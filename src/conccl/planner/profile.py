@@ -12,7 +12,10 @@ writer (:meth:`HardwareProfile.to_json`). Formats (the ``format`` field); a read
 own and every older one (fields added since take their defaults) and refuses a newer one,
 naming both, so a later conccl that adds fields (latency, TP) bumps the number:
 
-- ``conccl-profile/2`` (:data:`FORMAT`): adds ``nvlinks``, the active NVLinks of the measured
+- ``conccl-profile/3`` (:data:`FORMAT`): adds ``eager_sweep``, the public functions' eager
+  calls on ordinary tensors over sizes (empty: not measured; ``set_eager_path("auto")`` then
+  plans from ``comm_sweep``).
+- ``conccl-profile/2``: adds ``nvlinks``, the active NVLinks of the measured
   GPU (0: not recorded), one of the keys the shipped profiles are chosen by.
 - ``conccl-profile/1``: the fields before; profiles from before ``comm_sweep`` and
   ``interference`` existed load with those tables empty.
@@ -26,8 +29,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from ..jsonfile import read_json
 from . import profile_check
 
-FORMAT = "conccl-profile/2"
-OLDER_FORMATS = ("conccl-profile/1",)
+FORMAT = "conccl-profile/3"
+OLDER_FORMATS = ("conccl-profile/2", "conccl-profile/1")
 EMBEDDED = pathlib.Path(__file__).parents[1] / "data" / "h200x4_profile.json"
 
 
@@ -57,6 +60,10 @@ class HardwareProfile:
     overlap: dict = field(default_factory=dict)
     # impl -> collective -> [[size, seconds], ...]: the measured size sweep (world = ``world``)
     comm_sweep: dict = field(default_factory=dict)
+    # impl ("conccl", "nccl") -> collective -> [[size, seconds per call], ...]: the public
+    # functions called eagerly on ordinary tensors, back to back (host time included; the
+    # study's eager sweep): what conccl.planner.eager chooses between, up to its largest size
+    eager_sweep: dict = field(default_factory=dict)
     # pairing ("ce", "sm", "base", "rp") -> GEMM class -> {"gemm", "comm"}: slowdowns while both
     # run beyond lost SMs and shared HBM, fitted on the reference GEMMs' scenarios (planner.fit)
     interference: dict = field(default_factory=dict)

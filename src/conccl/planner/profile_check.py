@@ -78,7 +78,7 @@ def check(p) -> None:
                 lo, hi = ranges.get(k, ranges.get(None, (0, math.inf)))
                 _number(v, f"{where}.{k}", lo, hi, open_low=lo > 0 or name == "overlap")
     check_tp(p.tp)
-    for where, sweep in _objects(p.comm_sweep, "comm_sweep", 1):
+    for where, sweep in (*_objects(p.comm_sweep, "comm_sweep", 1), *_objects(p.eager_sweep, "eager_sweep", 1)):
         for c, points in sweep.items():
             if not isinstance(points, list) or not points:
                 raise Refused(f"field {where}.{c} must be a non-empty list of [bytes, seconds] pairs")

@@ -71,6 +71,8 @@ def derive(res: StudyResults) -> StudyResults:
     for s in res.scenarios:
         _derive_scenario(res, s)
     res.summary = summarize(res.scenarios)
+    # an eager call whose output differed from NCCL's (the eager sweep) is a wrong result too
+    res.summary.wrong += sorted({f"eager:{r.collective}:{r.size}" for r in res.eager_sizes if r.correct is False})
     res.claims = claims(res)
     return res
 

@@ -129,6 +129,49 @@ class CollectiveCase:
         return self.coll.hbm_bytes(self.size, self.rig.world)
 
 
+class EagerCase:
+    """One collective called eagerly through the public functions on ordinary tensors (what
+    ``set_eager_path("auto")`` chooses between): ``calls`` calls back to back per execution,
+    conccl's (copy engines; its input staged, as any plain tensor's) into one output and
+    torch.distributed's into another, from the same input. :meth:`check` compares the two
+    outputs after one call each (the pattern or its sums, so NCCL's is right)."""
+
+    def __init__(self, rig: Rig, collective: str, size: int, calls: int):
+        self.rig, self.calls = rig, calls
+        self.coll = collectives.get(collective)
+        w, r = rig.world, rig.rank
+        lay = self.coll.layout(w, r)
+        reducing = any(len(srcs) > 1 for srcs in lay.sources)
+        self.inp = torch.empty(self.coll.input_bytes(size, w) // 2, dtype=torch.bfloat16, device=rig.device)
+        ins = self.inp.view(torch.int16).view(lay.input_chunks, -1)
+        for k in range(lay.input_chunks):
+            (fill_values if reducing else fill_pattern)(ins[k], r, k)
+        # A single-tensor collective (all-reduce) copies the input into its output first
+        # (Collective.call_with), so every call reduces the same values.
+        self.outs = {impl: torch.empty(size // 2, dtype=torch.bfloat16, device=rig.device) for impl in EAGER_IMPLS}
+
+    def fn(self, impl: str):
+        lib = {"conccl": conccl, "nccl": dist}[impl]
+        coll, out, inp, calls = self.coll, self.outs[impl], self.inp, self.calls
+
+        def run():
+            for _ in range(calls):
+                coll.call_with(lib, out, inp)
+        return run
+
+    def check(self) -> bool:
+        """One call of each, then the outputs equal bit for bit on every rank."""
+        for impl in EAGER_IMPLS:
+            self.outs[impl].fill_(-1)
+            self.coll.call_with({"conccl": conccl, "nccl": dist}[impl], self.outs[impl], self.inp)
+        torch.cuda.synchronize()
+        a, b = (self.outs[impl].view(torch.int16) for impl in EAGER_IMPLS)
+        return self.rig.all_true(bool(torch.equal(a, b)))
+
+
+EAGER_IMPLS = ("conccl", "nccl")
+
+
 class GemmCase:
     def __init__(self, rig: Rig, gemm: Gemm):
         g = torch.Generator(device=rig.device).manual_seed(1234 + rig.rank)

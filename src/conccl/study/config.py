@@ -15,6 +15,11 @@ CTA_SWEEP = (1, 2, 4, 8, 16, 32)
 CTA_SWEEP_QUICK = (1, 4, 16)
 CTA_SIZES = (1 << 20, 1 << 30)  # a latency-bound and a bandwidth-bound size
 CTA_SIZES_QUICK = (1 << 20, 1 << 28)
+# The eager sweep (study.measure._eager_sweep): calls back to back per timed execution, and the
+# largest size it times; above it a call's host time is a small part of it, and the size
+# sweep's persistent times decide (conccl.planner.eager).
+EAGER_CALLS = 20
+EAGER_MAX = 256 << 20
 SM_LOSS = (0, 8, 16, 32, 64)
 SM_LOSS_QUICK = (0, 16, 64)
 # NCCL's communicators (one per CTA cap and priority the strategies use), verification
@@ -63,6 +68,11 @@ def sweep_sizes(quick: bool, memory_bytes: int | None = None) -> tuple[int, ...]
     headroom in ``memory_bytes`` (None: all)."""
     sizes = SIZE_SWEEP_QUICK if quick else SIZE_SWEEP
     return tuple(s for s in sizes if memory_bytes is None or 2 * s + HEADROOM <= memory_bytes)
+
+
+def eager_sizes(sweep: tuple[int, ...]) -> tuple[int, ...]:
+    """The sizes of the size sweep ``sweep`` that the eager sweep times too."""
+    return tuple(s for s in sweep if s <= EAGER_MAX)
 
 
 def scenario_arenas(s: Scenario, world: int) -> tuple[int, int]:

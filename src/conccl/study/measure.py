@@ -21,9 +21,9 @@ from .. import api, runtime
 from ..planner import shipped
 from ..strategy import STRATEGIES, strategies_for
 from . import analysis
-from .cases import CollectiveCase, GemmCase
-from .config import (CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, SM_LOSS, SM_LOSS_QUICK, StudyConfig,
-                     StudyError, arena_plan, scenario_bytes, sweep_sizes)
+from .cases import EAGER_IMPLS, CollectiveCase, EagerCase, GemmCase
+from .config import (CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, EAGER_CALLS, SM_LOSS, SM_LOSS_QUICK,
+                     StudyConfig, StudyError, arena_plan, eager_sizes, scenario_bytes, sweep_sizes)
 from .progress import Progress
 from .results import (AutoInTurns, CollCtas, CopyBesideGemm, CollSize, GemmSmLoss, HbmBytes, Machine, Run, RunConfig, ScenarioResult,
                       StudyResults, Timing, save_results)
@@ -73,7 +73,7 @@ class _MeasuredStudy:
         self.done = steps_done(res)
         self.gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
         self.colls = sorted({s.collective for s in cfg.scenarios})
-        self.progress = Progress(steps or 2 + len(self.gemms) + len(self.colls) * 2 + len(cfg.scenarios), rig.rank == 0)
+        self.progress = Progress(steps or 2 + len(self.gemms) + len(self.colls) * 3 + len(cfg.scenarios), rig.rank == 0)
         memory = cfg.memory_bytes or rig.memory
         self.sweep_sizes = sweep_sizes(cfg.quick, memory)
         self.sweep_arenas, self.arena_sizes = arena_plan(cfg.scenarios, world, cfg.quick, memory)
@@ -169,22 +169,30 @@ class _MeasuredStudy:
             self.progress.step(f"GEMM {g.tag} beside copies")
 
     def collective_sweeps(self) -> None:
-        """Collectives alone: over sizes (NCCL and conccl), and over the CTAs NCCL may use."""
+        """Collectives alone: over sizes (NCCL and conccl), over the CTAs NCCL may use, and
+        called eagerly over sizes (:meth:`_eager_sweep`)."""
         res, progress = self.res, self.progress
         self._hold_arenas(self.sweep_arenas)
         for c in self.colls:
             if ("sizes", c) in self.done and ("ctas", c) in self.done:
                 progress.step(f"{c} size sweep (done before)")
                 progress.step(f"{c} CTA sweep (done before)")
+            else:
+                res.coll_sizes = [r for r in res.coll_sizes if r.collective != c]  # redo a half-done collective whole
+                res.coll_ctas = [r for r in res.coll_ctas if r.collective != c]
+                self._size_sweep(c)
+                self.save()
+                progress.step(f"{c} size sweep")
+                self._cta_sweep(c)
+                self.save()
+                progress.step(f"{c} CTA sweep")
+            if ("eager", c) in self.done:
+                progress.step(f"{c} eager sweep (done before)")
                 continue
-            res.coll_sizes = [r for r in res.coll_sizes if r.collective != c]  # redo a half-done collective whole
-            res.coll_ctas = [r for r in res.coll_ctas if r.collective != c]
-            self._size_sweep(c)
+            res.eager_sizes = [r for r in res.eager_sizes if r.collective != c]
+            self._eager_sweep(c)
             self.save()
-            progress.step(f"{c} size sweep")
-            self._cta_sweep(c)
-            self.save()
-            progress.step(f"{c} CTA sweep")
+            progress.step(f"{c} eager sweep")
 
     def _size_sweep(self, c: str) -> None:
         rig = self.rig
@@ -195,6 +203,23 @@ class _MeasuredStudy:
                 self.res.coll_sizes.append(CollSize(collective=c, size=size, impl=impl, time_ms=Timing.of(t),
                                                     correct=case.check(), hbm_bytes=case.hbm_bytes()))
             case.close()
+
+    def _eager_sweep(self, c: str) -> None:
+        """The public functions called eagerly on ordinary tensors, conccl's and
+        torch.distributed's in turns, ``EAGER_CALLS`` back to back per execution: each call's
+        time with its host part in it, which the persistent ops of the size sweep leave out
+        (conccl's eager host time is several times NCCL's: issue 38). What
+        ``set_eager_path("auto")`` plans from (conccl.planner.eager)."""
+        rig = self.rig
+        for size in eager_sizes(self.sweep_sizes):
+            case = EagerCase(rig, c, size, EAGER_CALLS)
+            correct = case.check()
+            timed = rig.timed_side_by_side([([(rig.comm_stream, case.fn(impl))], None, None) for impl in EAGER_IMPLS])
+            for impl, (ms, _) in zip(EAGER_IMPLS, timed):
+                self.res.eager_sizes.append(CollSize(collective=c, size=size, impl=impl, correct=correct,
+                                                     time_ms=Timing.of([t / EAGER_CALLS for t in ms])))
+            del case
+            torch.cuda.empty_cache()
 
     def _cta_sweep(self, c: str) -> None:
         rig, res = self.rig, self.res
@@ -234,9 +259,10 @@ class _MeasuredStudy:
 
 def steps_done(res: StudyResults) -> set:
     """The steps an interrupted run's results hold whole (each is saved once it is whole):
-    "hbm", ("gemm", tag), ("sizes" | "ctas", collective), ("scenario", id)."""
+    "hbm", ("gemm", tag), ("sizes" | "ctas" | "eager", collective), ("scenario", id)."""
     done = {("gemm", r.gemm) for r in res.gemm_sm_loss}
     done |= {("sizes", r.collective) for r in res.coll_sizes} | {("ctas", r.collective) for r in res.coll_ctas}
+    done |= {("eager", r.collective) for r in res.eager_sizes}
     done |= {("scenario", s.id) for s in res.scenarios}
     return done | ({"hbm"} if res.peaks.hbm_bytes_per_s else set())
 

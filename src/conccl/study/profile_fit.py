@@ -59,6 +59,9 @@ def profile_from_study(res: StudyResults) -> HardwareProfile:
     sweep: dict = {}
     for r in sorted(res.coll_sizes, key=lambda r: r.size):
         sweep.setdefault(r.impl, {}).setdefault(r.collective, []).append([r.size, r.time_ms.median / 1e3])
+    eager: dict = {}
+    for r in sorted(res.eager_sizes, key=lambda r: r.size):
+        eager.setdefault(r.impl, {}).setdefault(r.collective, []).append([r.size, r.time_ms.median / 1e3])
     gemm_cls = {s.gemm.tag: s.gemm_class for s in ref_scenarios}
     loss: dict = {}
     for r in res.gemm_sm_loss:
@@ -86,7 +89,7 @@ def profile_from_study(res: StudyResults) -> HardwareProfile:
         coll_cta_loss=cta,
         overlap={n: {c: {t: statistics.fmean(v) for t, v in per.items()} for c, per in cs.items()}
                  for n, cs in overlap.items()},
-        comm_sweep=sweep,
+        comm_sweep=sweep, eager_sweep=eager,
         source={"date": m.get("date"), "commit": m.get("commit"), "machine_kind": m.get("machine_kind"),
                 "torch": m.get("torch"), "nccl": m.get("nccl"), "scenarios": len(res.scenarios),
                 "reference_gemms": refs, "fit_scenarios": [s.id for s in ref_scenarios]},

@@ -139,6 +139,7 @@ def markdown(res: StudyResults, figure_names: list[str], figure_note: str | None
             f"{_f(peaks.nvlink_bytes_per_s and peaks.nvlink_bytes_per_s / 1e9, '{:.0f}')} GB/s ({src})",
             f"- machine op-to-byte: {_f(peaks.op_to_byte)} flop/B", ""]
     out += _copy_beside_gemm(res)
+    out += _eager_calls(res)
     out += _scenario_table(res, P, p)
     out += _gemm_notes(res)
     out += ["", _h(P, "by collective and taxonomy"), "",
@@ -173,6 +174,27 @@ def _copy_beside_gemm(res: StudyResults) -> list[str]:
     for r in res.copy_beside_gemm:
         out.append(f"| {r.gemm} ({r.mnk}) | {r.kind} {r.copy_bytes >> 20} MiB | {r.gemm_ms.median:.3f} | "
                    f"{r.copy_ms.median:.3f} | {r.together_ms.median:.3f} | {_f(r.efficiency)}% |")
+    return out + [""]
+
+
+def _eager_calls(res: StudyResults) -> list[str]:
+    """The eager sweep: the public functions on ordinary tensors, conccl's against NCCL's."""
+    rows = {(r.collective, r.size, r.impl): r for r in res.eager_sizes}
+    keys = sorted({(c, size) for c, size, _ in rows})
+    if not keys:
+        return []
+    out = ["## Measured: eager calls on ordinary tensors", "",
+           "The public functions called back to back on ordinary tensors (host time included; conccl stages the "
+           "input), us per call, the two in turns. `set_eager_path(\"auto\")` plans from these: NCCL below the "
+           "size from which conccl stays within 5% (the profile's `eager_sweep`).", "",
+           "| collective | size | NCCL (us) | conccl (us) | x NCCL | right |", "| --- | --- | --- | --- | --- | --- |"]
+    for c, size in keys:
+        n, ce = rows.get((c, size, "nccl")), rows.get((c, size, "conccl"))
+        if n is None or ce is None:
+            continue
+        ok = {True: "yes", False: "**no**", None: "-"}[ce.correct]
+        out.append(f"| {c} | {size >> 20}M | {n.time_ms.median * 1e3:.1f} | {ce.time_ms.median * 1e3:.1f} | "
+                   f"{ce.time_ms.median / n.time_ms.median:.2f} | {ok} |")
     return out + [""]
 
 

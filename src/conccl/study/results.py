@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from ..jsonfile import read_json
 from . import results_check
 
-SCHEMA = "conccl-study-results/4"
-# Read too: /3 lacks ``skipped``, ``parts``, ``copy_beside_gemm`` and ``machine.nvlinks`` (they
+SCHEMA = "conccl-study-results/5"
+# Read too: /4 lacks ``eager_sizes`` (it takes its default, empty); /3 lacks ``skipped``, ``parts``, ``copy_beside_gemm`` and ``machine.nvlinks`` (they
 # take their defaults), /2 also the efficiency fields.
-OLDER_SCHEMAS = ("conccl-study-results/3", "conccl-study-results/2")
+OLDER_SCHEMAS = ("conccl-study-results/4", "conccl-study-results/3", "conccl-study-results/2")
 V1_FORMAT = "conccl-study/1"
 RESULTS = "results.json"
 KINDS = ("measured", "prediction")
@@ -337,6 +337,11 @@ class StudyResults:
     parts: dict[str, str] = field(default_factory=dict)
     gemm_sm_loss: list[GemmSmLoss] = field(default_factory=list)
     coll_sizes: list[CollSize] = field(default_factory=list)
+    # The public functions called eagerly on ordinary tensors, ``EAGER_CALLS`` back to back per
+    # timed execution, ``time_ms`` per call: what ``set_eager_path("auto")`` chooses between
+    # (impl "conccl": copy engines, staged; "nccl": torch.distributed's). A call's host time
+    # counts here, where the persistent ops of ``coll_sizes`` leave it out.
+    eager_sizes: list[CollSize] = field(default_factory=list)
     coll_ctas: list[CollCtas] = field(default_factory=list)
     copy_beside_gemm: list[CopyBesideGemm] = field(default_factory=list)  # a one-GPU study's
     scenarios: list[ScenarioResult] = field(default_factory=list)

@@ -65,7 +65,7 @@ def check(res) -> None:
                 raise Refused(f"ncu.{tag}.{k}: expected a positive number, got {v!r}")
             _number(v, f"ncu.{tag}.{k}")
 
-    for table in ("gemm_sm_loss", "coll_sizes", "coll_ctas"):
+    for table in ("gemm_sm_loss", "coll_sizes", "eager_sizes", "coll_ctas"):
         for i, r in enumerate(getattr(res, table)):
             _timing(r.time_ms, f"{table}[{i}].time_ms")
     for i, r in enumerate(res.copy_beside_gemm):
