@@ -53,11 +53,39 @@ def _routed_against_nccl(rank, world):
         report[f"overlap_{plan}"] = (c3.plan.impl, bool((gathered == 1).all()),
                                      sorted({e.name for e in prof.events()
                                              if e.device_type == torch.autograd.DeviceType.CUDA}))
+    report["ordered"] = _routed_then_other_stream(rank, world)
     conccl.set_eager_path("copy_engines")
     out = torch.empty(world * 8, device="cuda")
     report["after_reset"] = conccl.all_gather_into_tensor(out, torch.ones(8, device="cuda"), async_op=True).path
     report["cases"] = cases
     return report
+
+
+def _routed_then_other_stream(rank, world):
+    """A blocking call routed to NCCL on stream A, queued behind a GPU sleep, then a call of
+    ours on stream B that reads its output: the group orders the second after the first
+    (run_fallback marks A's end only now, when B needs it). Returns, per try, whether B's
+    output held the routed call's result."""
+    import conccl
+    # the first call's output (world x 4 KiB) below the limit, the second's (world x that) above
+    conccl.set_options(nccl_below={"all_gather": world * 4096 + 1})
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    shard = torch.full((1024,), float(rank + 1), device="cuda")
+    right = []
+    for _ in range(3):
+        gathered = torch.zeros(world * 1024, device="cuda")
+        again = torch.zeros(world * world * 1024, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(a):
+            torch.cuda._sleep(50_000_000)  # ~25 ms: the routed call lands long after B could start
+            assert conccl.all_gather_into_tensor(gathered, shard).path == "nccl"  # routed (small)
+        with torch.cuda.stream(b):  # copy engines, reading what the routed call wrote
+            assert conccl.all_gather_into_tensor(again, gathered, async_op=False).path == "copy_engines"
+        torch.cuda.synchronize()
+        expect = torch.arange(1, world + 1, device="cuda").float().repeat_interleave(1024).repeat(world)
+        right.append(bool(torch.equal(again, expect)))
+    conccl.set_options(nccl_below={})
+    return right
 
 
 def test_small_eager_calls_run_nccl_and_large_ones_copy_engines():
@@ -77,6 +105,7 @@ def test_small_eager_calls_run_nccl_and_large_ones_copy_engines():
             if not routed:  # copy engines, and at most the all-reduce's reduction kernel
                 assert all(k.startswith("reduce_") for k in kernels), kernels
         assert r["after_reset"] == "copy_engines"
+        assert r["ordered"] == [True] * 3, r["ordered"]
         impl, right, kernels = r["overlap_conccl"]
         assert impl == "conccl" and right and not any(("nccl" in k.lower() and "conccl" not in k.lower()) for k in kernels), r
         impl, right, kernels = r["overlap_auto"]  # auto may plan NCCL beside the GEMM, never the eager route
