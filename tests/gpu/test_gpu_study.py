@@ -33,10 +33,12 @@ def test_quick_study_measures_every_strategy_correctly(tmp_path):
         # the partitioned strategies really ran the GEMM on fewer SMs (a green context)
         assert all(r.gemm_sms is None or r.gemm_sms < sm for r in s.runs["c3_rp"])
         assert set(s.strategies) >= {"c3_base", "c3_sp", "c3_rp", "c3_sp_rp", "conccl", "conccl_rp"}
-    # the eager sweep: both public functions at every quick size up to 256 MiB, outputs equal,
+    # the eager sweep: both public functions of every collective at every quick size up to
+    # 256 MiB, outputs equal,
     # and the profile's eager table planned from it (no note that it fell back to persistent ops)
     eager = {(r.collective, r.size, r.impl): r for r in doc.eager_sizes}
-    assert set(eager) == {(c, size, impl) for c in ("all_gather", "all_to_all") for size in (1 << 20, 16 << 20, 256 << 20)
+    assert set(eager) == {(c, size, impl) for c in ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
+                          for size in (1 << 20, 16 << 20, 256 << 20)
                           for impl in ("conccl", "nccl")}
     assert all(r.correct is True and r.time_ms.n >= 9 and r.time_ms.median > 0 for r in eager.values())
     report = (out / "report.md").read_text()
@@ -44,5 +46,5 @@ def test_quick_study_measures_every_strategy_correctly(tmp_path):
     prof = load_profile(out / "profile.json")
     assert prof.world == doc.machine.world and set(prof.eager_sweep) == {"conccl", "nccl"}
     from conccl.planner.eager import eager_table
-    assert eager_table(prof, ("all_gather", "all_to_all"), prof.world)["note"] is None
+    assert eager_table(prof, ("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), prof.world)["note"] is None
     assert len(list((out / "figures").glob("*.png"))) >= 5

@@ -170,6 +170,8 @@ class EagerCase:
 
 
 EAGER_IMPLS = ("conccl", "nccl")
+# Every public collective: set_eager_path("auto") routes each (the scenarios study two).
+EAGER_COLLECTIVES = tuple(collectives.REGISTRY)
 
 
 class GemmCase:

@@ -21,7 +21,7 @@ from .. import api, runtime
 from ..planner import shipped
 from ..strategy import STRATEGIES, strategies_for
 from . import analysis
-from .cases import EAGER_IMPLS, CollectiveCase, EagerCase, GemmCase
+from .cases import EAGER_COLLECTIVES, EAGER_IMPLS, CollectiveCase, EagerCase, GemmCase
 from .config import (CTA_SIZES, CTA_SIZES_QUICK, CTA_SWEEP, CTA_SWEEP_QUICK, EAGER_CALLS, SM_LOSS, SM_LOSS_QUICK,
                      StudyConfig, StudyError, arena_plan, eager_sizes, scenario_bytes, sweep_sizes)
 from .progress import Progress
@@ -73,7 +73,8 @@ class _MeasuredStudy:
         self.done = steps_done(res)
         self.gemms = list({s.gemm.tag: s.gemm for s in cfg.scenarios}.values())
         self.colls = sorted({s.collective for s in cfg.scenarios})
-        self.progress = Progress(steps or 2 + len(self.gemms) + len(self.colls) * 3 + len(cfg.scenarios), rig.rank == 0)
+        self.progress = Progress(steps or 2 + len(self.gemms) + len(self.colls) * 2 + len(EAGER_COLLECTIVES)
+                                 + len(cfg.scenarios), rig.rank == 0)
         memory = cfg.memory_bytes or rig.memory
         self.sweep_sizes = sweep_sizes(cfg.quick, memory)
         self.sweep_arenas, self.arena_sizes = arena_plan(cfg.scenarios, world, cfg.quick, memory)
@@ -169,23 +170,24 @@ class _MeasuredStudy:
             self.progress.step(f"GEMM {g.tag} beside copies")
 
     def collective_sweeps(self) -> None:
-        """Collectives alone: over sizes (NCCL and conccl), over the CTAs NCCL may use, and
-        called eagerly over sizes (:meth:`_eager_sweep`)."""
+        """Collectives alone: over sizes (NCCL and conccl) and over the CTAs NCCL may use; then
+        every public collective called eagerly over sizes (:meth:`_eager_sweep`)."""
         res, progress = self.res, self.progress
         self._hold_arenas(self.sweep_arenas)
         for c in self.colls:
             if ("sizes", c) in self.done and ("ctas", c) in self.done:
                 progress.step(f"{c} size sweep (done before)")
                 progress.step(f"{c} CTA sweep (done before)")
-            else:
-                res.coll_sizes = [r for r in res.coll_sizes if r.collective != c]  # redo a half-done collective whole
-                res.coll_ctas = [r for r in res.coll_ctas if r.collective != c]
-                self._size_sweep(c)
-                self.save()
-                progress.step(f"{c} size sweep")
-                self._cta_sweep(c)
-                self.save()
-                progress.step(f"{c} CTA sweep")
+                continue
+            res.coll_sizes = [r for r in res.coll_sizes if r.collective != c]  # redo a half-done collective whole
+            res.coll_ctas = [r for r in res.coll_ctas if r.collective != c]
+            self._size_sweep(c)
+            self.save()
+            progress.step(f"{c} size sweep")
+            self._cta_sweep(c)
+            self.save()
+            progress.step(f"{c} CTA sweep")
+        for c in EAGER_COLLECTIVES:
             if ("eager", c) in self.done:
                 progress.step(f"{c} eager sweep (done before)")
                 continue
@@ -209,7 +211,8 @@ class _MeasuredStudy:
         torch.distributed's in turns, ``EAGER_CALLS`` back to back per execution: each call's
         time with its host part in it, which the persistent ops of the size sweep leave out
         (conccl's eager host time is several times NCCL's: issue 38). What
-        ``set_eager_path("auto")`` plans from (conccl.planner.eager)."""
+        ``set_eager_path("auto")`` plans from (conccl.planner.eager), for every public
+        collective: the reductions too, which the scenarios and the size sweep leave out."""
         rig = self.rig
         for size in eager_sizes(self.sweep_sizes):
             case = EagerCase(rig, c, size, EAGER_CALLS)
