@@ -2,6 +2,8 @@
 the JSON it writes and the table it renders (from synthetic records)."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 
@@ -186,6 +188,15 @@ def test_document_and_files(tmp_path):
     assert graphs.records_of(back) == _records()
     assert (tmp_path / "graphs.md").read_text() == graphs.markdown(back)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["graphs.json", "graphs.md"]  # no temporary left
+
+
+def test_a_collective_routed_at_every_size_is_said_so():
+    from conccl.planner.eager import ALWAYS
+    recs = [dataclasses.replace(r, nccl_below=ALWAYS) if r.collective == "all_to_all" and r.nccl_below else r
+            for r in _records()]
+    text = graphs.markdown(graphs.document(META, GraphsConfig(sizes=(65536, 1 << 20)), recs))
+    assert "sends an eager call to NCCL below: all_gather 4M, all_to_all every size." in text
+    assert "8388608T" not in text
 
 
 def test_records_of_names_the_bad_result():

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..collectives import REGISTRY as COLLECTIVES
 from ..jsonfile import write_text
+from ..planner.eager import ALWAYS
 from ..units import format_size
 
 FORMAT = "conccl-bench-graphs/1"
@@ -240,6 +241,12 @@ def summarize(us_runs) -> dict:
 
 
 # ---------------------------------------------------------------------- the output
+def _below_text(nbytes: int) -> str:
+    """A ``nccl_below`` size in words: conccl.planner.eager.ALWAYS (conccl lost at every
+    measured size) is "every size", not a number of terabytes."""
+    return "every size" if nbytes >= ALWAYS else format_size(nbytes)
+
+
 def document(meta: dict, cfg: GraphsConfig, records, eager_path=None) -> dict:
     """``graphs.json``: where it ran (machine_kind, commit, versions, world), what it ran, results."""
     return {"format": FORMAT, **meta, "bytes": BYTES_MEANING, "dtype": "bfloat16",
@@ -335,7 +342,7 @@ def markdown(doc: dict) -> str:
         "result, summed over the row's implementations (each case is checked once). path: where conccl_auto's call "
         "went (Work.path). The JSON has every run and the fastest and slowest.",
         *(["", "conccl_auto (`set_eager_path('auto')`) sends an eager call to NCCL below: "
-           + ", ".join(f"{c} {format_size(b)}" for c, b in below.items()) + "."] if below else []),
+           + ", ".join(f"{c} {_below_text(b)}" for c, b in below.items()) + "."] if below else []),
         *(["", f"conccl_auto planned with the hardware profile {_profile_text(doc['eager_path']['profile'])}."]
           if (doc.get("eager_path") or {}).get("profile") else []),
         "", "## Goals (issue 22)", "", "| goal | collective | measured | met |", "| --- | --- | --- | --- |",
