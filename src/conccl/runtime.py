@@ -133,8 +133,10 @@ def set_eager_path(mode: str = "auto", group=None, profile: str | None = None) -
     """Choose the engine of this rank's eager conccl calls on ``group`` (default: the world).
 
     ``"auto"``: a call whose output bytes per rank are below its collective's crossover goes
-    to the process group's own backend (NCCL), where NCCL alone was faster in the hardware
-    profile's size sweep (``profile``: a path, refused if measured on another GPU model; None:
+    to the process group's own backend (NCCL), where NCCL was faster in the hardware
+    profile's eager sweep (the public functions called eagerly on ordinary tensors, host time
+    included; above its sizes, or in a profile without one, the size sweep of persistent ops:
+    :mod:`conccl.planner.eager`) (``profile``: a path, refused if measured on another GPU model; None:
     the shipped profile of this GPU, else a fallback with one warning: see
     :func:`profile_choice`); larger calls, calls captured into a CUDA graph, persistent ops, calls
     with explicit split sizes, algorithm or stream mode, and the calls ``overlap`` and the
