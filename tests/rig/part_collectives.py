@@ -79,6 +79,38 @@ def eager(rank, world, cases, report):
                                   f"{algo.value if algo else 'auto'}", bits_equal(got, want)))
     _settled(rank, world, group, cases)
     _settled_graphs(rank, world, group, cases)
+    _routed_then_other_stream(rank, world, group, cases)
+
+
+def _routed_then_other_stream(rank, world, group, cases):
+    """A blocking all-reduce routed to the fallback backend (gloo here) on stream A behind a GPU
+    sleep, then an all-gather of ours (copy engines) on stream B reading its result: the group
+    orders the second after the first (the executor marks A's end only when B's call needs it)."""
+    import conccl
+
+    if not hasattr(group.executor, "_unmarked"):
+        return  # an older checkout: every routed call recorded its end
+    n = 4096
+    saved = dict(group.options.nccl_below)
+    group.options.nccl_below = {"all_reduce": 1 << 30}  # only the all-reduce routes
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    try:
+        for step in range(3):
+            x = torch.full((n,), float(rank + step + 1), device="cuda")
+            out = torch.zeros(world * n, device="cuda")
+            torch.cuda.synchronize()
+            with torch.cuda.stream(a):
+                torch.cuda._sleep(20_000_000)  # the routed call lands well after B could start
+                routed = conccl.all_reduce(x)  # in place: the sum of rank + step + 1 over the ranks
+            with torch.cuda.stream(b):
+                ours = conccl.all_gather_into_tensor(out, x)  # reads what the routed call wrote
+            torch.cuda.synchronize()
+            want = float(sum(r + step + 1 for r in range(world)))
+            paths = (getattr(routed, "path", None), getattr(ours, "path", None))
+            cases.append((f"routed all_reduce then our all_gather on another stream, step {step} {paths}",
+                          bool((out == want).all()) and paths == ("nccl", "copy_engines")))
+    finally:
+        group.options.nccl_below = saved
 
 
 def _settled(rank, world, group, cases):
