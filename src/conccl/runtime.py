@@ -124,7 +124,8 @@ def eager_paths(mode: str, world: int, profile: str | None = None, device_name: 
     choice = profile_choice(profile, device_name, world)
     prof = choice.profile
     table = planner_eager.eager_table(prof, REGISTRY, world)
-    source = {k: prof.source[k] for k in ("machine_kind", "commit", "date", "borrowed_from") if k in prof.source}
+    source = {k: prof.source[k] for k in ("machine_kind", "commit", "date", "borrowed_from", "eager_sweep")
+              if k in prof.source}  # eager_sweep: where the sweep the table comes from was measured
     return {"mode": mode, **table, "profile": {"device": prof.device, "world": prof.world, "chosen": choice.how,
                                                "file": choice.path, **source}}
 

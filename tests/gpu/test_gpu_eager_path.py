@@ -64,8 +64,8 @@ def _routed_against_nccl(rank, world):
 def _routed_then_other_stream(rank, world):
     """A blocking call routed to NCCL on stream A, queued behind a GPU sleep, then a call of
     ours on stream B that reads its output: the group orders the second after the first
-    (run_fallback marks A's end only now, when B needs it). Returns, per try, whether B's
-    output held the routed call's result."""
+    (run_fallback records the routed call's end; B's call waits for it). Returns, per try,
+    whether B's output held the routed call's result."""
     import conccl
     # the first call's output (world x 4 KiB) below the limit, the second's (world x that) above
     conccl.set_options(nccl_below={"all_gather": world * 4096 + 1})

@@ -34,8 +34,8 @@ def test_quick_study_measures_every_strategy_correctly(tmp_path):
         assert all(r.gemm_sms is None or r.gemm_sms < sm for r in s.runs["c3_rp"])
         assert set(s.strategies) >= {"c3_base", "c3_sp", "c3_rp", "c3_sp_rp", "conccl", "conccl_rp"}
     # the eager sweep: both public functions of every collective at every quick size up to
-    # 256 MiB, outputs equal,
-    # and the profile's eager table planned from it (no note that it fell back to persistent ops)
+    # 256 MiB, outputs equal, and the profile's eager table planned from it (no note that it
+    # fell back to persistent ops)
     eager = {(r.collective, r.size, r.impl): r for r in doc.eager_sizes}
     assert set(eager) == {(c, size, impl) for c in ("all_gather", "all_to_all", "reduce_scatter", "all_reduce")
                           for size in (1 << 20, 16 << 20, 256 << 20)

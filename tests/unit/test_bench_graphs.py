@@ -197,6 +197,9 @@ def test_a_collective_routed_at_every_size_is_said_so():
     text = graphs.markdown(graphs.document(META, GraphsConfig(sizes=(65536, 1 << 20)), recs))
     assert "sends an eager call to NCCL below: all_gather 4M, all_to_all every size." in text
     assert "8388608T" not in text
+    p = {"file": "h100x2_profile.json", "chosen": "shipped", "device": "NVIDIA H100 80GB HBM3", "world": 2,
+         "machine_kind": "nvidia-h100-x2", "date": "d0", "eager_sweep": {"machine_kind": "nvidia-h100-x2", "date": "d1"}}
+    assert graphs._profile_text(p).endswith("measured on nvidia-h100-x2 d0; its eager sweep on nvidia-h100-x2 d1)")
 
 
 def test_records_of_names_the_bad_result():

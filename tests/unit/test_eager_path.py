@@ -10,6 +10,8 @@ from conccl.api import check_nccl_below
 from conccl.errors import InvalidArgument
 from conccl.planner import eager
 from conccl.planner.profile import EMBEDDED, ProfileError, load_profile
+
+shipped_path = EMBEDDED.with_name
 from conccl.runtime import eager_paths
 
 MiB = 1 << 20
@@ -45,7 +47,7 @@ def test_threshold_is_the_smallest_size_from_which_conccl_never_loses():
     assert eager.nccl_below(only_ce, "all_gather") is None
 
 
-def test_the_eager_sweep_decides_up_to_its_largest_size_and_the_size_sweep_above():
+def test_the_eager_sweep_decides_where_the_profile_has_one():
     sizes = [MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
     # persistent ops: conccl wins from 1 MiB; eagerly its host time loses it everything to 256 MiB
     p = _profile(dict(zip(sizes, [1.0] * 4)), dict(zip(sizes, [2.0] * 4)))
@@ -54,22 +56,36 @@ def test_the_eager_sweep_decides_up_to_its_largest_size_and_the_size_sweep_above
     sm = [[MiB, 1.0], [16 * MiB, 1.0], [256 * MiB, 2.0]]
     timed = dataclasses.replace(p, eager_sweep={"conccl": {"all_gather": ce}, "nccl": {"all_gather": sm}})
     assert eager.nccl_below(timed, "all_gather") == 256 * MiB
-    # above the eager sweep's largest size the size sweep counts: a loss there sends every call to NCCL
-    lost_big = dataclasses.replace(timed, comm_sweep={"conccl": {"all_gather": [[1024 * MiB, 3.0]]},
-                                                      "nccl": {"all_gather": [[1024 * MiB, 1.0]]}})
-    assert eager.nccl_below(lost_big, "all_gather") == eager.ALWAYS
+    # above its largest size the eager sweep's verdict there holds: a conccl loss at 256 MiB is
+    # not undone by the size sweep's win at 1 GiB (which leaves the staging copy out)
+    lost_top = dataclasses.replace(timed, eager_sweep={"conccl": {"all_gather": ce[:2] + [[256 * MiB, 3.0]]},
+                                                       "nccl": {"all_gather": sm}})
+    assert eager.nccl_below(lost_top, "all_gather") == eager.ALWAYS
     # the eager sweep of one implementation only: the size sweep decides, as without one
     half = dataclasses.replace(p, eager_sweep={"conccl": {"all_gather": ce}})
     assert not eager.has_eager_sweep(half, "all_gather") and eager.nccl_below(half, "all_gather") == MiB
     assert eager.eager_table(timed, ("all_gather",), p.world) == {"nccl_below": {"all_gather": 256 * MiB},
                                                                   "note": None}
+    # a borrowed crossover of "every size" is said in words
+    note = eager.eager_table(lost_top, ("all_gather", "all_reduce"), p.world)["note"]
+    assert "all_reduce in neither of the profile's sweeps: the largest measured crossover (NCCL at every size)" in note
+
+
+def test_the_shipped_h100_table_comes_from_its_eager_sweep():
+    # benchmarks/2026-11-26-h100x2-session11: the README's main job's eager sweep, shipped
+    p = load_profile(shipped_path("h100x2_profile.json"))
+    t = eager.eager_table(p, ("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), p.world)
+    assert t["note"] is None
+    assert t["nccl_below"] == {"all_gather": 64 * MiB, "all_to_all": eager.ALWAYS, "reduce_scatter": 16 * MiB,
+                               "all_reduce": eager.ALWAYS}
+    assert p.source["eager_sweep"]["machine_kind"] == "nvidia-h100-x2"
 
 
 def test_the_shipped_profile_table_and_its_world_note():
     p = load_profile()
     t = eager.eager_table(p, ("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), p.world)
     # the sweep has no reducing collective: they borrow the largest measured crossover, and say so
-    assert "reduce_scatter, all_reduce not in the profile's size sweep" in t["note"]
+    assert "reduce_scatter, all_reduce in neither of the profile's sweeps" in t["note"]
     measured = {c: t["nccl_below"][c] for c in ("all_gather", "all_to_all")}
     assert t["nccl_below"]["reduce_scatter"] == t["nccl_below"]["all_reduce"] == max(measured.values())
     for name, limit in measured.items():
@@ -98,6 +114,8 @@ def test_runtime_table_modes_and_profile_checks():
         eager_paths("fastest", 2)
     h100 = eager_paths("auto", 2, device_name="NVIDIA H100 80GB HBM3")  # the shipped H100 profile, no study
     assert (h100["profile"]["device"], h100["profile"]["chosen"]) == ("NVIDIA H100 80GB HBM3", "shipped")
+    assert h100["profile"]["eager_sweep"]["machine_kind"] == "nvidia-h100-x2"  # where its table was measured
+    assert "eager_sweep" not in auto["profile"]  # the H200's has none
     with pytest.raises(ProfileError, match="measured on 'NVIDIA H200'"):  # a path of another GPU: refused
         eager_paths("auto", 2, profile=str(EMBEDDED), device_name="NVIDIA H100 80GB HBM3")
 

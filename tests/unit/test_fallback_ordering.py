@@ -1,7 +1,9 @@
 """CPU tier: the order the CUDA executor keeps between a group's calls when some are routed to
 the fallback backend (CudaCopyEngineExecutor.run_fallback, _control_stream), with stand-in
-streams and events: a blocking routed call records no event, and a later call on another
-stream waits for an event recorded then on the routed call's stream."""
+streams and events: a routed call follows the group's earlier calls and marks its own end at
+once, so a later call on another stream waits for it and for nothing queued after it.
+(Marking lazily, when a later call needed it, was tried in session 11 and dropped: it made that
+call wait for whatever the caller queued meanwhile, and a failing routed call lost the mark.)"""
 from __future__ import annotations
 
 from conccl.executors.cuda_ce import CudaCopyEngineExecutor
@@ -27,51 +29,48 @@ def _executor(log, current):
     ex = object.__new__(CudaCopyEngineExecutor)  # the ordering state only: no device
     ex._streams = [_Stream(99, log)]
     ex._caller_mark, ex._end_mark = _Event("caller_mark", log), _Event("end_mark", log)
-    ex._last_end = ex._last_stream = ex._unmarked = None
+    ex._last_end = ex._last_stream = None
     ex._current_stream = lambda: current[0]
     return ex
 
 
-def test_a_routed_call_is_marked_only_when_a_later_call_runs_on_another_stream():
-    log = []
-    a, b = _Stream(1, log), _Stream(2, log)
-    current = [a]
-    ex = _executor(log, current)
-    calls = []
-    for _ in range(3):  # blocking routed calls back to back on one stream: no event, no wait
-        ex.run_fallback(lambda: calls.append("nccl"), False, ())
-    assert calls == ["nccl"] * 3 and log == [] and ex._unmarked is a
-    assert ex._control_stream(a, False) is a and log == []  # our next call on that stream: stream order
-    ex.run_fallback(lambda: None, False, ())
-    # our next call on another stream: the routed call's stream is marked now, and waited for
-    assert ex._control_stream(b, False) is b
-    assert log == [("record", "end_mark", 1), ("wait", 2, "end_mark")] and ex._unmarked is None
-    assert (ex._last_end.name, ex._last_stream) == ("end_mark", 1)
-
-
-def test_a_routed_call_waits_for_our_earlier_call_and_keeps_it_for_close():
+def test_a_blocking_routed_call_marks_its_end_on_its_stream_at_once():
     log = []
     a, b = _Stream(1, log), _Stream(2, log)
     ex = _executor(log, [a])
-    earlier = _Event("earlier_end", log)
-    ex._last_end, ex._last_stream = earlier, b.cuda_stream  # a call of ours ended on stream 2
-    ex.run_fallback(lambda: None, False, ())
-    assert log == [("wait", 1, "earlier_end")]  # the routed call follows it
-    assert ex._last_end is earlier  # close() still sees our own last call's end
+    ran = []
+    ex.run_fallback(lambda: ran.append(log[:]), False, ())
+    assert ran == [[]]  # nothing to wait for before it
+    assert log == [("record", "end_mark", 1)] and (ex._last_end.name, ex._last_stream) == ("end_mark", 1)
     log.clear()
-    # an async call of ours after it: the group stream waits for the caller's mark, recorded
-    # after the routed call on that very stream (which followed the earlier call): nothing more
-    assert ex._control_stream(a, True).cuda_stream == 99
-    assert log == [("record", "caller_mark", 1), ("wait", 99, "caller_mark")]
+    assert ex._control_stream(a, False) is a and log == []  # the next call on that stream: stream order
+    assert ex._control_stream(b, False) is b and log == [("wait", 2, "end_mark")]  # on another: waits
 
 
-def test_without_the_lazy_mark_the_later_call_would_not_wait():
-    # the counter-case: a later call on another stream with the routed call forgotten waits for
-    # nothing (which is what the mark prevents)
+def test_a_routed_call_follows_our_earlier_call_on_another_stream():
     log = []
     a, b = _Stream(1, log), _Stream(2, log)
     ex = _executor(log, [a])
-    ex.run_fallback(lambda: None, False, ())
-    ex._unmarked = None
+    ex._last_end, ex._last_stream = _Event("earlier_end", log), b.cuda_stream  # a call of ours ended on 2
+    seen = []
+    ex.run_fallback(lambda: seen.extend(log), False, ())
+    assert seen == [("wait", 1, "earlier_end")]  # waited for before the backend's call was queued
+    assert log[-1] == ("record", "end_mark", 1)
+
+
+def test_a_failing_routed_call_leaves_the_group_order_as_it_was():
+    log = []
+    a, b = _Stream(1, log), _Stream(2, log)
+    ex = _executor(log, [a])
+    ex.run_fallback(lambda: None, False, ())  # a routed call on stream 1
+    log.clear()
+
+    def fails():
+        raise RuntimeError("the backend refused the arguments")
+    try:
+        ex.run_fallback(fails, False, ())
+    except RuntimeError:
+        pass
+    assert (ex._last_end.name, ex._last_stream) == ("end_mark", 1)  # the first call's mark still stands
     ex._control_stream(b, False)
-    assert log == []
+    assert log[-1] == ("wait", 2, "end_mark")

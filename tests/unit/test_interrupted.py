@@ -4,6 +4,7 @@ paths: the prediction (interrupted for real, mid-run) and the measured run's boo
 GPU workers replaced by a stand-in that saves part of a run, then stops)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
@@ -141,3 +142,18 @@ def test_the_steps_a_partial_measured_run_holds():
     assert "hbm" not in steps_done(res)
     res.eager_sizes = [CollSize(collective="all_gather", size=1 << 20, impl="nccl", time_ms=Timing.of([0.04]))]
     assert ("eager", "all_gather") in steps_done(res) and ("eager", "all_to_all") not in steps_done(res)
+
+
+def test_a_finished_study_from_before_the_eager_sweep_may_be_resumed_to_add_it():
+    from conccl.study.run import check_resumable
+    from conccl.study.config import StudyError
+
+    res = from_dict(json.loads(FIXTURE.read_text()))  # complete, measured, no eager sweep
+    assert res.complete and res.kind == "measured" and not res.eager_sizes
+    check_resumable(res, "measured", res.world, res.config.quick)  # allowed: the eager sweep is missing
+    res.eager_sizes = [CollSize(collective="all_gather", size=1 << 20, impl="nccl", time_ms=Timing.of([0.04]))]
+    with pytest.raises(StudyError, match="that study is complete"):
+        check_resumable(res, "measured", res.world, res.config.quick)
+    res.eager_sizes = []
+    with pytest.raises(StudyError, match="that study is complete"):  # a finished prediction: nothing to add
+        check_resumable(dataclasses.replace(res, kind="prediction"), "prediction", res.world, res.config.quick)

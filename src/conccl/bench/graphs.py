@@ -314,8 +314,10 @@ def _profile_text(p: dict) -> str:
     """Which profile ``set_eager_path('auto')`` chose (conccl.planner.shipped), in words."""
     how = {"shipped": "shipped for this GPU", "fallback": "BORROWED (no shipped profile matches this GPU)",
            "given": "given"}.get(p.get("chosen"), p.get("chosen", "?"))
+    eager = p.get("eager_sweep") if isinstance(p.get("eager_sweep"), dict) else None
     return (f"{p.get('file', '?')} ({how}; {p.get('device')} x{p.get('world')}, measured on "
-            f"{p.get('machine_kind', '?')} {p.get('date', '?')})")
+            f"{p.get('machine_kind', '?')} {p.get('date', '?')}"
+            + (f"; its eager sweep on {eager.get('machine_kind', '?')} {eager.get('date', '?')}" if eager else "") + ")")
 
 
 def markdown(doc: dict) -> str:

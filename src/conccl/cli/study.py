@@ -48,7 +48,8 @@ def add_parser(sub) -> None:
     s.add_argument("--report", metavar="DIR", help="only re-draw the report of an earlier run from its results.json")
     s.add_argument("--force", action="store_true", help="write into --out even if it holds a report (starts over)")
     s.add_argument("--resume", action="store_true",
-                   help="continue the interrupted study in --out (give the options it was started with)")
+                   help="continue the interrupted study in --out (give the options it was started with); "
+                        "a finished one from before the eager sweep gets only that")
     s.add_argument("--no-ncu", action="store_true", help="skip reading GEMM DRAM/L2 bytes with ncu (when installed)")
     s.add_argument("--side-by-side", action="store_true",
                    help="time a scenario's configurations in turns (round robin) instead of one after another")

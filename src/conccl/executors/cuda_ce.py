@@ -174,11 +174,6 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._end_mark = torch.cuda.Event()
         self._last_end: torch.cuda.Event | None = None
         self._last_stream = None
-        # The stream a blocking call routed to the fallback backend ran on, when it was the
-        # group's last call: no event marks its end until a later call on another stream needs
-        # one (_control_stream). An event record costs ~4 us of host time on 2 x H100, a
-        # third of what routing added to a 25 us NCCL call (benchmarks/2026-11-26-h100x2-session11).
-        self._unmarked = None
         self._ws = None
         self._ws_handle = None
         self._ws_keys = (None, None)
@@ -405,12 +400,6 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             ctrl.wait_event(self._caller_mark)
         else:
             ctrl = caller
-        unmarked, self._unmarked = self._unmarked, None
-        if unmarked is not None:  # the group's last call was routed (run_fallback), after every earlier one
-            if unmarked.cuda_stream == ctrl.cuda_stream or (on_group_stream and unmarked.cuda_stream == caller.cuda_stream):
-                return ctrl  # stream order (or the caller's mark just waited for) covers it
-            self._end_mark.record(unmarked)  # now: what was queued there since orders this call too
-            self._last_end, self._last_stream = self._end_mark, unmarked.cuda_stream
         if self._last_end is not None and self._last_stream != ctrl.cuda_stream:
             ctrl.wait_event(self._last_end)
         return ctrl
@@ -427,13 +416,11 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
                     work.wait()
         else:  # the caller's stream is current, and a blocking torch.distributed call orders it
             fn()
-            # Its end is marked only where a later call of the group runs on another stream
-            # (_control_stream); ``_last_end`` still covers every call of ours before it (close()).
-            self._unmarked = ctrl
-            return Work(None, path=NCCL)
-        end = torch.cuda.Event()
+        end = torch.cuda.Event() if async_op else self._end_mark
         end.record(ctrl)
         self._last_end, self._last_stream = end, ctrl.cuda_stream
+        if not async_op:
+            return Work(None, path=NCCL)
         for t in tensors:  # in use on ctrl until the caller waits
             t.record_stream(ctrl)
         return Work(end, self.device, path=NCCL)

@@ -1,12 +1,15 @@
 """Which engine an eager call with nothing beside it should run on: NCCL or the copy engines.
 
 Where no computation competes, the faster call alone wins: a pure function of the profile's
-measured sweeps. The best evidence is the eager sweep (``eager_sweep``: the public functions
-called eagerly on ordinary tensors, back to back, seconds per call with the host's part in
-it: what an eager call costs); above its largest size, and where a profile has none, the size
+measured sweeps. The evidence is the eager sweep where the profile has one (``eager_sweep``:
+the public functions called eagerly on ordinary tensors, back to back, seconds per call with
+the host's part and conccl's staging copy in it: what an eager call costs), else the size
 sweep of persistent ops on peer-mapped buffers (``comm_sweep``), which leaves conccl's host
-time and staging copy out and so flatters it where host time counts (its crossovers came out
-4-16x too small on 2 x H100: issue 38, benchmarks/2026-11-26-h100x2-session11).
+time and staging copy out and so flatters it: its crossovers came out 4-16x too small on
+2 x H100 (issue 38, benchmarks/2026-11-26-h100x2-session11). Above the eager sweep's largest
+size (256 MiB) its verdict there holds: the size sweep's larger sizes still leave the staging
+copy out, which grows with the size (an all-to-all on plain tensors lost by 1.3x at 256 MiB
+eagerly and tied as a persistent op at 1 GiB).
 
 :func:`nccl_below` gives, per collective, the output bytes per rank below which NCCL alone was
 faster: the smallest measured size from which conccl was within :data:`TOLERANCE` of NCCL at
@@ -40,12 +43,9 @@ def has_eager_sweep(p: HardwareProfile, collective: str) -> bool:
 
 
 def _points(p: HardwareProfile, impl: str, collective: str, eager: bool) -> dict:
-    """{size: seconds per call} of ``impl``: with ``eager``, the eager sweep's sizes and the
-    size sweep's above them; else the size sweep's."""
-    points = dict(map(tuple, p.eager_sweep.get(impl, {}).get(collective, ()))) if eager else {}
-    top = max(points, default=-1)
-    return {**points, **{size: t for size, t in map(tuple, p.comm_sweep.get(impl, {}).get(collective, ()))
-                         if size > top}}
+    """{size: seconds per call} of ``impl``: the eager sweep's (``eager``) or the size sweep's."""
+    sweep = p.eager_sweep if eager else p.comm_sweep
+    return dict(map(tuple, sweep.get(impl, {}).get(collective, ())))
 
 
 def nccl_below(p: HardwareProfile, collective: str) -> int | None:
@@ -75,13 +75,14 @@ def eager_table(p: HardwareProfile, collectives, world: int) -> dict:
     if table and borrowed:
         limit = max(table.values())
         table.update({name: limit for name in borrowed})
-        notes.append(f"{', '.join(borrowed)} not in the profile's size sweep: the largest measured crossover "
-                     f"({limit} bytes) borrowed")
+        said = "NCCL at every size" if limit == ALWAYS else f"{limit} bytes"
+        notes.append(f"{', '.join(borrowed)} in neither of the profile's sweeps: the largest measured crossover "
+                     f"({said}) borrowed")
     alone = [name for name in table if name not in borrowed and not has_eager_sweep(p, name)]
     if alone:
         notes.append(f"{', '.join(alone)} from the size sweep of persistent ops (no eager sweep in the profile): "
-                     "an eager call's host time is left out, which favours the copy engines at small sizes; "
-                     "a measured `conccl study` adds the eager sweep")
+                     "an eager call's host time and staging copy are left out, which favours the copy engines; "
+                     "a measured `conccl study` adds the eager sweep (`--resume` adds it to a finished one)")
     if world != p.world:
         notes.append(f"crossover sizes measured on {p.world} GPUs, applied to {world}: per-rank sizes at which copy "
                      "engines overtake NCCL move with the world size; measure this machine (`conccl study`) for its own")

@@ -1,7 +1,8 @@
-"""What the measured study runs: a collective's buffers and callables (:class:`CollectiveCase`)
-and a GEMM's (:class:`GemmCase`). Before the last execution of every configuration the output
-is poisoned, and after it every rank checks its output against the pattern
-(:mod:`conccl.study.patterns`)."""
+"""What the measured study runs: a collective's buffers and callables (:class:`CollectiveCase`),
+a GEMM's (:class:`GemmCase`) and an eager call's on ordinary tensors (:class:`EagerCase`).
+Before the last execution of every collective configuration the output is poisoned, and after
+it every rank checks its output against the pattern (:mod:`conccl.study.patterns`); an eager
+case compares conccl's output with NCCL's before it is timed."""
 from __future__ import annotations
 
 import torch
@@ -133,8 +134,11 @@ class EagerCase:
     """One collective called eagerly through the public functions on ordinary tensors (what
     ``set_eager_path("auto")`` chooses between): ``calls`` calls back to back per execution,
     conccl's (copy engines; its input staged, as any plain tensor's) into one output and
-    torch.distributed's into another, from the same input. :meth:`check` compares the two
-    outputs after one call each (the pattern or its sums, so NCCL's is right)."""
+    torch.distributed's into another, from the same input; a single-tensor collective (the
+    all-reduce) in place on its output, as it is called (no copy of the input first: the values
+    grow from call to call, which costs neither implementation anything). :meth:`check`
+    compares the two outputs of one call each from the same input, bit for bit (the inputs
+    are the study's patterns, or whole numbers where the collective sums: exact in any order)."""
 
     def __init__(self, rig: Rig, collective: str, size: int, calls: int):
         self.rig, self.calls = rig, calls
@@ -146,30 +150,32 @@ class EagerCase:
         ins = self.inp.view(torch.int16).view(lay.input_chunks, -1)
         for k in range(lay.input_chunks):
             (fill_values if reducing else fill_pattern)(ins[k], r, k)
-        # A single-tensor collective (all-reduce) copies the input into its output first
-        # (Collective.call_with), so every call reduces the same values.
         self.outs = {impl: torch.empty(size // 2, dtype=torch.bfloat16, device=rig.device) for impl in EAGER_IMPLS}
 
     def fn(self, impl: str):
-        lib = {"conccl": conccl, "nccl": dist}[impl]
-        coll, out, inp, calls = self.coll, self.outs[impl], self.inp, self.calls
-
-        def run():
-            for _ in range(calls):
-                coll.call_with(lib, out, inp)
+        call, out, inp, calls = getattr(_EAGER_LIBS[impl], self.coll.api_name), self.outs[impl], self.inp, self.calls
+        if self.coll.single_tensor:
+            def run():
+                for _ in range(calls):
+                    call(out)
+        else:
+            def run():
+                for _ in range(calls):
+                    call(out, inp)
         return run
 
     def check(self) -> bool:
-        """One call of each, then the outputs equal bit for bit on every rank."""
+        """One call of each from the same input, then the outputs equal bit for bit on every rank."""
         for impl in EAGER_IMPLS:
             self.outs[impl].fill_(-1)
-            self.coll.call_with({"conccl": conccl, "nccl": dist}[impl], self.outs[impl], self.inp)
+            self.coll.call_with(_EAGER_LIBS[impl], self.outs[impl], self.inp)  # a single tensor: the input copied in
         torch.cuda.synchronize()
         a, b = (self.outs[impl].view(torch.int16) for impl in EAGER_IMPLS)
         return self.rig.all_true(bool(torch.equal(a, b)))
 
 
 EAGER_IMPLS = ("conccl", "nccl")
+_EAGER_LIBS = {"conccl": conccl, "nccl": dist}  # whose public functions each implementation calls
 # Every public collective: set_eager_path("auto") routes each (the scenarios study two).
 EAGER_COLLECTIVES = tuple(collectives.REGISTRY)
 

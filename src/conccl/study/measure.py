@@ -2,7 +2,8 @@
 (:mod:`conccl.study.rig` times, :mod:`conccl.study.cases` runs and checks).
 
 :func:`study_worker` runs the steps in order: peak HBM bandwidth, each GEMM losing SMs, each
-collective alone over sizes and over NCCL's CTAs, then every scenario with every strategy.
+collective alone over sizes and over NCCL's CTAs, every scenario with every strategy, then
+every public collective called eagerly on ordinary tensors over sizes (the eager sweep).
 Rank 0 records the numbers as :class:`~conccl.study.results.StudyResults` and saves them after
 every step, so an interrupted run keeps what it measured, and a resumed one skips the steps
 it holds (:func:`steps_done`).
@@ -44,6 +45,7 @@ def study_worker(rank: int, world: int, cfg: StudyConfig) -> StudyResults | None
     study.collective_sweeps()
     analysis.set_comm_peaks(study.res)
     study.scenarios()
+    study.eager_sweeps()
     study.finish()
     return study.res if rank == 0 else None
 
@@ -88,11 +90,11 @@ class _MeasuredStudy:
         res.machine = Machine(device=torch.cuda.get_device_name(rig.device), sm_count=rig.sm_count,
                               memory_bytes=rig.memory, world=world, nvlinks=shipped.local_nvlinks(rig.device.index) or 0)
 
-    def _hold_arenas(self, sizes: tuple[int, int]) -> None:
-        """Hold symmetric arenas of ``sizes`` (output, input) bytes: the ones held if they are
-        those sizes, else released first (every rank at the same point: the plan is a pure
-        function of the inputs), then allocated."""
-        if self.arenas is not None and tuple(a.numel() for a in self.arenas) == tuple(sizes):
+    def _hold_arenas(self, sizes: tuple[int, int] | None) -> None:
+        """Hold symmetric arenas of ``sizes`` (output, input) bytes (None: none): the ones held
+        if they are those sizes, else released first (every rank at the same point: the plan is
+        a pure function of the inputs), then allocated."""
+        if self.arenas is not None and sizes is not None and tuple(a.numel() for a in self.arenas) == tuple(sizes):
             return
         if self.arenas is not None:
             torch.cuda.synchronize()
@@ -103,6 +105,8 @@ class _MeasuredStudy:
             torch.cuda.empty_cache()
             torch.cuda.synchronize()
             self.rig.dist.barrier()  # every peer has unmapped them too: their memory is free
+        if sizes is None:
+            return
         self.arenas = tuple(conccl.empty(n, dtype=torch.uint8) for n in sizes)
         if self.rig.rank == 0:
             free, _ = torch.cuda.mem_get_info(self.rig.device)
@@ -170,8 +174,7 @@ class _MeasuredStudy:
             self.progress.step(f"GEMM {g.tag} beside copies")
 
     def collective_sweeps(self) -> None:
-        """Collectives alone: over sizes (NCCL and conccl) and over the CTAs NCCL may use; then
-        every public collective called eagerly over sizes (:meth:`_eager_sweep`)."""
+        """Collectives alone: over sizes (NCCL and conccl), and over the CTAs NCCL may use."""
         res, progress = self.res, self.progress
         self._hold_arenas(self.sweep_arenas)
         for c in self.colls:
@@ -187,6 +190,14 @@ class _MeasuredStudy:
             self._cta_sweep(c)
             self.save()
             progress.step(f"{c} CTA sweep")
+
+    def eager_sweeps(self) -> None:
+        """Every public collective called eagerly over sizes (:meth:`_eager_sweep`). Last, with
+        the arenas let go: its plain tensors and the staging workspace they grow (the
+        reductions': world x the size) then take nothing from a scenario."""
+        res, progress = self.res, self.progress
+        self._hold_arenas(None)
+        torch.cuda.empty_cache()
         for c in EAGER_COLLECTIVES:
             if ("eager", c) in self.done:
                 progress.step(f"{c} eager sweep (done before)")

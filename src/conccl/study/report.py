@@ -9,6 +9,7 @@ import pathlib
 import sys
 
 from ..jsonfile import write_text
+from ..planner.eager import TOLERANCE
 from ..strategy import PAPER_STRATEGIES, STRATEGIES
 from ..units import format_size
 from . import analysis, figures, metrics
@@ -186,7 +187,7 @@ def _eager_calls(res: StudyResults) -> list[str]:
     out = ["## Measured: eager calls on ordinary tensors", "",
            "The public functions called back to back on ordinary tensors (host time included; conccl stages the "
            "input), us per call, the two in turns. `set_eager_path(\"auto\")` plans from these: NCCL below the "
-           "size from which conccl stays within 5% (the profile's `eager_sweep`).", "",
+           f"size from which conccl stays within {round((TOLERANCE - 1) * 100)}% (the profile's `eager_sweep`).", "",
            "| collective | size | NCCL (us) | conccl (us) | x NCCL | right |", "| --- | --- | --- | --- | --- | --- |"]
     for c, size in keys:
         n, ce = rows.get((c, size, "nccl")), rows.get((c, size, "conccl"))

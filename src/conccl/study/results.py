@@ -31,8 +31,9 @@ from ..jsonfile import read_json
 from . import results_check
 
 SCHEMA = "conccl-study-results/5"
-# Read too: /4 lacks ``eager_sizes`` (it takes its default, empty); /3 lacks ``skipped``, ``parts``, ``copy_beside_gemm`` and ``machine.nvlinks`` (they
-# take their defaults), /2 also the efficiency fields.
+# Read too: /4 lacks ``eager_sizes`` (empty: `conccl study --resume` adds it to a finished
+# one); /3 also ``skipped``, ``parts``, ``copy_beside_gemm`` and ``machine.nvlinks`` (they take
+# their defaults), /2 also the efficiency fields.
 OLDER_SCHEMAS = ("conccl-study-results/4", "conccl-study-results/3", "conccl-study-results/2")
 V1_FORMAT = "conccl-study/1"
 RESULTS = "results.json"

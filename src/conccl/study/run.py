@@ -87,8 +87,10 @@ def predicted(scenarios, out_dir, world: int | None, quick: bool, profile_path, 
 
 
 def check_resumable(res: StudyResults, kind: str, world: int, quick: bool) -> None:
-    """Refuse to continue a study under other settings than it started with."""
-    if res.complete:
+    """Refuse to continue a study under other settings than it started with. A finished
+    measured study from before the eager sweep (no ``eager_sizes``) may be continued: the run
+    adds the sweep and a profile that plans ``set_eager_path("auto")`` from it."""
+    if res.complete and not (res.kind == kind == "measured" and not res.eager_sizes):
         raise StudyError("--resume: that study is complete; nothing to continue (`conccl study --report DIR` draws "
                          "its report again; --force starts it over)")
     if res.kind != kind:
