@@ -76,7 +76,7 @@ def test_the_shipped_h100_table_comes_from_its_eager_sweep():
     p = load_profile(shipped_path("h100x2_profile.json"))
     t = eager.eager_table(p, ("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), p.world)
     assert t["note"] is None
-    assert t["nccl_below"] == {"all_gather": 64 * MiB, "all_to_all": eager.ALWAYS, "reduce_scatter": 16 * MiB,
+    assert t["nccl_below"] == {"all_gather": 256 * MiB, "all_to_all": eager.ALWAYS, "reduce_scatter": 64 * MiB,
                                "all_reduce": eager.ALWAYS}
     assert p.source["eager_sweep"]["machine_kind"] == "nvidia-h100-x2"
 
