@@ -136,10 +136,10 @@ def set_eager_path(mode: str = "auto", group=None, profile: str | None = None) -
     ``"auto"``: a call whose output bytes per rank are below its collective's crossover goes
     to the process group's own backend (NCCL), where NCCL was faster in the hardware
     profile's eager sweep (the public functions called eagerly on ordinary tensors, host time
-    included; above its sizes, or in a profile without one, the size sweep of persistent ops:
-    :mod:`conccl.planner.eager`) (``profile``: a path, refused if measured on another GPU model; None:
-    the shipped profile of this GPU, else a fallback with one warning: see
-    :func:`profile_choice`); larger calls, calls captured into a CUDA graph, persistent ops, calls
+    included; its verdict at its largest size holds above it; a profile without one: the size
+    sweep of persistent ops, :mod:`conccl.planner.eager`). ``profile``: a path, refused if
+    measured on another GPU model; None: the shipped profile of this GPU, else a fallback with
+    one warning (:func:`profile_choice`). Larger calls, calls captured into a CUDA graph, persistent ops, calls
     with explicit split sizes, algorithm or stream mode, and the calls ``overlap`` and the
     FSDP hooks make stay on the copy engines. A routed call skips conccl's agreement (its
     arguments are NCCL's to check) and is ordered in the group as any other. A collective

@@ -62,7 +62,8 @@ class HardwareProfile:
     comm_sweep: dict = field(default_factory=dict)
     # impl ("conccl", "nccl") -> collective -> [[size, seconds per call], ...]: the public
     # functions called eagerly on ordinary tensors, back to back (host time included; the
-    # study's eager sweep): what conccl.planner.eager chooses between, up to its largest size
+    # study's eager sweep): what conccl.planner.eager chooses between (its verdict at the
+    # largest size holds above it)
     eager_sweep: dict = field(default_factory=dict)
     # pairing ("ce", "sm", "base", "rp") -> GEMM class -> {"gemm", "comm"}: slowdowns while both
     # run beyond lost SMs and shared HBM, fitted on the reference GEMMs' scenarios (planner.fit)
