@@ -16,8 +16,7 @@ CTA_SWEEP_QUICK = (1, 4, 16)
 CTA_SIZES = (1 << 20, 1 << 30)  # a latency-bound and a bandwidth-bound size
 CTA_SIZES_QUICK = (1 << 20, 1 << 28)
 # The eager sweep (study.measure._eager_sweep): calls back to back per timed execution, and the
-# largest size it times; above it a call's host time is a small part of it, and the size
-# sweep's persistent times decide (conccl.planner.eager).
+# largest size it times (its verdict there holds above it: conccl.planner.eager).
 EAGER_CALLS = 20
 EAGER_MAX = 256 << 20
 SM_LOSS = (0, 8, 16, 32, 64)

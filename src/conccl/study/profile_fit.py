@@ -33,6 +33,15 @@ def observation(s: ScenarioResult) -> Observation | None:
                              for name, runs in s.runs.items()})
 
 
+def _sweep(rows) -> dict:
+    """impl -> collective -> [[size, seconds], ...] in increasing size: a profile's sweep table
+    from the study's rows of one sweep (``coll_sizes``, ``eager_sizes``)."""
+    table: dict = {}
+    for r in sorted(rows, key=lambda r: r.size):
+        table.setdefault(r.impl, {}).setdefault(r.collective, []).append([r.size, r.time_ms.median / 1e3])
+    return table
+
+
 def profile_from_study(res: StudyResults) -> HardwareProfile:
     """Condense measured, derived study results into a profile."""
     if res.kind != "measured":
@@ -56,12 +65,6 @@ def profile_from_study(res: StudyResults) -> HardwareProfile:
         # one table entry per collective it ran (its Strategy's collectives)
         colls["torch_lc"] = {c: {"latency_s": 0.0, "bus_bytes_per_s": statistics.median(lc)}
                              for c in {s.collective for s in res.scenarios if "torch_lc" in s.t_comm}}
-    sweep: dict = {}
-    for r in sorted(res.coll_sizes, key=lambda r: r.size):
-        sweep.setdefault(r.impl, {}).setdefault(r.collective, []).append([r.size, r.time_ms.median / 1e3])
-    eager: dict = {}
-    for r in sorted(res.eager_sizes, key=lambda r: r.size):
-        eager.setdefault(r.impl, {}).setdefault(r.collective, []).append([r.size, r.time_ms.median / 1e3])
     gemm_cls = {s.gemm.tag: s.gemm_class for s in ref_scenarios}
     loss: dict = {}
     for r in res.gemm_sm_loss:
@@ -89,7 +92,7 @@ def profile_from_study(res: StudyResults) -> HardwareProfile:
         coll_cta_loss=cta,
         overlap={n: {c: {t: statistics.fmean(v) for t, v in per.items()} for c, per in cs.items()}
                  for n, cs in overlap.items()},
-        comm_sweep=sweep, eager_sweep=eager,
+        comm_sweep=_sweep(res.coll_sizes), eager_sweep=_sweep(res.eager_sizes),
         source={"date": m.get("date"), "commit": m.get("commit"), "machine_kind": m.get("machine_kind"),
                 "torch": m.get("torch"), "nccl": m.get("nccl"), "scenarios": len(res.scenarios),
                 "reference_gemms": refs, "fit_scenarios": [s.id for s in ref_scenarios]},
