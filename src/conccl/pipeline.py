@@ -45,10 +45,10 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
-from .collectives.direct import number_slots
+from .collectives.direct import number_slots, workspace_slot
 from .errors import InvalidArgument
-from .schedule import (MARK_WORDS, AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, Schedule, StreamMode,
-                       WaitSignal)
+from .schedule import (MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, Schedule, SetSignal,
+                       Signal, StreamMode, WaitSignal)
 
 
 class Order(enum.Enum):
@@ -69,6 +69,10 @@ class TPSchedule:
     ``gemm_streams``: the GEMM steps alternate over that many streams (1 or 2), so a step whose
     rows have landed starts on the SMs the previous step's last wave leaves idle, as PyTorch's
     async-TP runs its two GEMMs at world 2 (on one stream each step waits for the last one's tail).
+    ``push`` (all-gather+GEMM only): each rank pushes its shard from its own input into every
+    peer's workspace on the copy engines (the flat all-gather's ``Algorithm.STAGED_PUSH``), and
+    each peer's GEMM step reads it there: no staging copy (a same-GPU copy on SMs, which the
+    pull pipelines make of a plain input) and no wait for one; whole shards, every peer at once.
     """
 
     serial: bool = False
@@ -76,6 +80,7 @@ class TPSchedule:
     pieces: int = 1
     gemm_pieces: int = 1
     gemm_streams: int = 1
+    push: bool = False
 
     def __post_init__(self):
         if not isinstance(self.order, Order):
@@ -86,13 +91,16 @@ class TPSchedule:
             raise InvalidArgument(f"gemm_streams must be 1 or 2, got {self.gemm_streams}")
         if self.serial and (self.pieces, self.gemm_pieces, self.gemm_streams) != (1, 1, 1):
             raise InvalidArgument("a serial schedule moves whole shards and runs one GEMM")
+        if self.push and (self.serial or self.order is not Order.DIRECT or (self.pieces, self.gemm_pieces) != (1, 1)):
+            raise InvalidArgument("a push schedule moves whole shards to every peer at once (push, push-s2)")
 
     @property
     def name(self) -> str:
-        """How results and the CLI spell it: serial, ring, direct, direct-p4, direct-p4-g2, direct-s2."""
+        """How results and the CLI spell it: serial, ring, direct, direct-p4, direct-p4-g2, direct-s2,
+        push, push-s2."""
         if self.serial:
             return "serial"
-        s = self.order.value
+        s = "push" if self.push else self.order.value
         if self.pieces > 1:
             s += f"-p{self.pieces}"
         if self.gemm_pieces > 1:
@@ -108,20 +116,26 @@ class TPSchedule:
             return cls(serial=True)
         head, *rest = name.split("-")
         try:
-            order = Order(head)
+            push = head == "push"
+            order = Order.DIRECT if push else Order(head)
             kw = {"pieces": 1, "gemm_pieces": 1, "gemm_streams": 1}
             for part in rest:
                 key = {"p": "pieces", "g": "gemm_pieces", "s": "gemm_streams"}[part[0]]
                 kw[key] = int(part[1:])
         except (ValueError, KeyError, IndexError):
-            raise InvalidArgument(f"unknown tensor-parallel schedule {name!r}: serial, ring, direct, or ORDER-pK-gG-sS "
-                                  "(e.g. direct-p4-g2: each shard in 4 pieces, one GEMM per 2 pieces; -s2: the "
-                                  "GEMM steps alternate over 2 streams)") from None
-        return cls(order=order, **kw)
+            raise InvalidArgument(f"unknown tensor-parallel schedule {name!r}: serial, ring, direct, push, or "
+                                  "ORDER-pK-gG-sS (e.g. direct-p4-g2: each shard in 4 pieces, one GEMM per 2 pieces; "
+                                  "-s2: the GEMM steps alternate over 2 streams; push-s2)") from None
+        return cls(order=order, push=push, **kw)
 
     def stream_mode(self) -> StreamMode:
         """The flat collective's stream mode this schedule transforms."""
         return StreamMode.PER_PEER if self.order is Order.DIRECT else StreamMode.SINGLE
+
+    def flat_algorithm(self) -> Algorithm:
+        """The flat all-gather's algorithm this schedule transforms: a push pipeline's pushes
+        into the peers' workspace (``STAGED_PUSH``), every other's pull."""
+        return Algorithm.STAGED_PUSH if self.push else Algorithm.PULL
 
 
 SERIAL = TPSchedule(serial=True)
@@ -212,6 +226,11 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
     peers' FREE first (:mod:`conccl.graphs`) and branches have no launch order: the own step
     waits for the staging at any size."""
     _check(schedule, tp, rows, row_bytes)
+    if tp.push != (schedule.algorithm is Algorithm.STAGED_PUSH):
+        raise InvalidArgument(f"the {tp.name} pipeline transforms a {tp.flat_algorithm().name} all-gather, "
+                              f"not a {schedule.algorithm.name} one")
+    if tp.push:
+        return _push_then_gemm(schedule, tp, rows, row_bytes, keep_own)
     rank, world = schedule.rank, schedule.world
     chunk = rows * row_bytes
     order = _piece_order(world, rank, tp, rows)
@@ -271,6 +290,64 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
     return dataclasses.replace(schedule, slots=number_slots(slots + gemm))
 
 
+def _end_word(k: int) -> int:
+    """The mark a push pipeline's GEMM slot ``k`` writes after its last step (the top words:
+    the pieces' words are ``peer * pieces + j``, below ``world * pieces``)."""
+    return MARK_WORDS - 1 - k
+
+
+def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int, keep_own: bool) -> Schedule:
+    """An all-gather+GEMM pipeline from the agreed staged-push all-gather ``schedule``
+    (``tp.push``): every rank's copy engines push its input into slot ``rank`` of each peer's
+    workspace, gated by that peer's FREE (double-buffered) or READY (a whole workspace), and
+    send DONE; here the control slot writes mark ``p`` as soon as peer ``p``'s DONE came, and
+    the GEMM slot, which starts with the own rows from the input (nothing to wait for), runs
+    peer ``p``'s rows from slot ``p`` of the workspace once that mark is in. The flat call's
+    copies into the output (out of the workspace after the DONEs, and the own chunk's) are
+    dropped; ``keep_own`` keeps them where the flat call has them, for a caller who takes the
+    gathered rows (same-GPU copies: they take SMs beside the GEMM steps).
+
+    One thing moves beside them: where the call takes the whole workspace (above
+    :data:`~conccl.schedule.DOUBLE_BUFFER_MAX_BYTES`), its release (FREE to every peer, which
+    lets a double-buffered call after it write into either half) waits for every GEMM slot's
+    end mark, as the GEMM steps read the workspace after the control slot's last wait. A
+    double-buffered call's release frees the other half, which no step of this call reads."""
+    rank, world = schedule.rank, schedule.world
+    if world + tp.gemm_streams > MARK_WORDS:
+        raise InvalidArgument(f"{world} ranks exceed the {MARK_WORDS - tp.gemm_streams} marks a push pipeline can use")
+    slot_bytes = workspace_slot(rows * row_bytes)
+    steps_rows = gemm_steps(world, rank, tp, rows)
+    nslots = min(tp.gemm_streams, len(steps_rows))
+    # a release to wait for (none at world 1)
+    whole = not schedule.double_buffered and any(isinstance(op, SetSignal) and op.kind is Signal.FREE
+                                                 for op in schedule.slots[0])
+    slots = []
+    for k, ops in enumerate(schedule.slots):
+        out: list = []
+        for op in ops:
+            if isinstance(op, Copy) and op.transfer.phase is Phase.LOCAL and not keep_own:
+                continue
+            if whole and k == 0 and isinstance(op, SetSignal) and op.kind is Signal.FREE and not any(
+                    isinstance(o, AwaitMark) for o in out):
+                out += [AwaitMark(_end_word(g), rank) for g in range(nslots)]
+            out.append(op)
+            if k == 0 and isinstance(op, WaitSignal) and op.kind is Signal.DONE and op.seq_delta == 0:
+                out.append(Mark(_word(op.peer, 0, 1), op.peer))
+        slots.append(out)
+    steps: list = []
+    for i, (start, end, pieces) in enumerate(steps_rows):
+        if not pieces:
+            steps.append([Compute(i, start, end, own=True)])
+            continue
+        (p, _), = pieces
+        steps.append([AwaitMark(_word(p, 0, 1), p), Compute(i, start, end, ws_offset=p * slot_bytes)])
+    gemm = _gemm_slots(steps, nslots)
+    if whole:
+        for g in range(nslots):
+            gemm[g].append(Mark(_end_word(g), rank))
+    return dataclasses.replace(schedule, slots=number_slots(slots + gemm))
+
+
 def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int) -> Schedule:
     """A GEMM+reduce-scatter pipeline from the agreed push reduce-scatter ``schedule`` whose
     output holds ``rows`` rows of ``row_bytes`` bytes per rank: the GEMM slot computes the rows
@@ -278,6 +355,8 @@ def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: 
     each piece; each piece's copy waits for its mark; the reduction waits for the own rows'
     marks too. A pure function of plain data."""
     _check(schedule, tp, rows, row_bytes)
+    if tp.push:
+        raise InvalidArgument(f"{tp.name} is an all-gather+GEMM schedule; a GEMM+reduce-scatter already pushes")
     rank, world = schedule.rank, schedule.world
     chunk = rows * row_bytes
     order = _piece_order(world, rank, tp, rows)

@@ -288,16 +288,24 @@ class Compute:
     """Run the caller's computation on rows ``[row_start, row_end)`` on the slot's stream: the
     executor hands this op to the ``compute`` callable the call brought (a GEMM of those rows;
     ``own``: they are the rank's own shard, read from its input). The one op whose work is not
-    a schedule's own: its time, SMs and memory are the caller's GEMM's."""
+    a schedule's own: its time, SMs and memory are the caller's GEMM's.
+
+    ``ws_offset``: the rows are read from the call's workspace at this byte offset (a push
+    pipeline's: the peers pushed them there, :mod:`conccl.pipeline`), not from the output; the
+    executor calls ``compute(op, workspace)`` with the call's workspace region (its half, or
+    a captured call's own region) as a uint8 tensor on this rank."""
 
     index: int
     row_start: int
     row_end: int
     own: bool = False
+    ws_offset: int | None = None
 
     def __post_init__(self):
         if not 0 <= self.row_start < self.row_end:
             raise ValueError(f"bad compute rows [{self.row_start}, {self.row_end})")
+        if self.ws_offset is not None and (self.own or self.ws_offset < 0):
+            raise ValueError(f"bad compute workspace offset {self.ws_offset} (own rows: {self.own})")
 
 
 Op = Copy | SetSignal | WaitSignal | ResetSignal | Reduce | Mark | AwaitMark | ResetMark | Compute

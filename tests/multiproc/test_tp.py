@@ -18,7 +18,7 @@ from conccl.pipeline import SERIAL, Order, TPSchedule  # noqa: E402
 from conccl.planner import tp as tp_planner  # noqa: E402
 
 SCHEDULES = ["serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "direct-s2",
-             "ring-p2-g2-s2", "auto"]
+             "ring-p2-g2-s2", "push", "push-s2", "auto"]
 
 
 def _ints(shape, seed, dtype=torch.float32):
@@ -36,11 +36,18 @@ def _every_schedule(comm, rows, K, Ns, dtype):
     expect_rs = REDUCE_SCATTER.reference([(a @ weights[0]).reshape(-1) for a in a_rs], r).view(rows, Ns[0])
     bad = []
     for name in SCHEDULES:
-        for rep in range(2):  # the second call runs the cached pipeline
+        for rep in range(3):  # the later calls run the cached pipeline; the last keeps no gathered rows
             gathered, outs = ctp.all_gather_matmul(shards[r].clone(), weights, 0, comm, schedule=name,
-                                                   return_gathered=True)
-            if not torch.equal(gathered, full) or any(not torch.equal(o, e) for o, e in zip(outs, expect_ag)):
+                                                   return_gathered=rep < 2)
+            if (rep < 2 and not torch.equal(gathered, full)) or any(not torch.equal(o, e) for o, e in zip(outs, expect_ag)):
                 bad.append(("ag_gemm", name, rep))
+            if name.startswith("push"):  # all-gather+GEMM only: refused before anything moves
+                try:
+                    ctp.matmul_reduce_scatter(a_rs[r].clone(), weights[0], 0, None, comm, schedule=name)
+                    bad.append(("gemm_rs took", name))
+                except InvalidArgument:
+                    pass
+                continue
             out = ctp.matmul_reduce_scatter(a_rs[r].clone(), weights[0], 0, None, comm, schedule=name)
             if not torch.equal(out.view(torch.uint8), expect_rs.view(torch.uint8)):
                 bad.append(("gemm_rs", name, rep))
@@ -175,7 +182,7 @@ def _captured(comm, replays, jitter):
     rng = random.Random(r)
     rows, K, N = 4, 8, 6
     wt = _ints((K, N), 11)
-    names = ("direct", "direct-p2", "ring-p2-g2", "serial", "direct-s2")
+    names = ("direct", "direct-p2", "ring-p2-g2", "serial", "direct-s2", "push")
     shard = torch.empty(rows, K)  # the graph's buffers: filled before each replay
     a = torch.empty(w * rows, K)
     results = []
@@ -183,7 +190,8 @@ def _captured(comm, replays, jitter):
     with ex.capture() as graph:
         for name in names:
             results.append(ctp.all_gather_matmul(shard, wt, 0, comm, schedule=name, return_gathered=True))
-            results.append(ctp.matmul_reduce_scatter(a, wt, 0, None, comm, schedule=name))
+            # (a push all-gather's partner: the reduce-scatter's own push)
+            results.append(ctp.matmul_reduce_scatter(a, wt, 0, None, comm, schedule=name.replace("push", "direct")))
     assert comm.seq == 0 and comm.graph_slots == 2 * len(names)
     marks = [rec[-1] for rec in graph]  # each captured pipeline's block of mark words: its own
     assert all(not np.shares_memory(a, b) for i, a in enumerate(marks) for b in marks[i + 1:])
@@ -249,3 +257,34 @@ def test_a_capture_failing_on_one_rank_breaks_the_group():
     assert "no capture here" in results[0][0]
     assert [r[1] for r in results] == [1, 1]
     assert all(r[2] is not None for r in results), results
+
+
+def _push_whole_among_double_buffered(comm, rows):
+    """A push pipeline taking the whole workspace (a shard above 64 MiB / world), between
+    double-buffered calls that push into the same workspace (reduce-scatters, a small push
+    pipeline): each equals the serial result. The whole call's release waits for its GEMM steps,
+    which read the peers' slots after the control stream's last wait (conccl.pipeline)."""
+    w, r = comm.world, comm.rank
+    K, N = 1024, 3
+    wt = _ints((K, N), 5)
+    bad = []
+    for step in range(2):
+        shards = [_ints((rows, K), 40 + 10 * step + s) for s in range(w)]
+        _, (y,) = ctp.all_gather_matmul(shards[r].clone(), wt, 0, comm, schedule="push")
+        if not torch.equal(y, torch.cat(shards) @ wt):
+            bad.append(("whole", step))
+        x = [_ints((w * 4, 8), 70 + s) for s in range(w)]
+        out = torch.empty(4, 8)
+        comm.reduce_scatter_tensor(out, x[r])
+        if not torch.equal(out, sum(x)[r * 4:(r + 1) * 4]):
+            bad.append(("reduce-scatter", step))
+        small = [_ints((3, 8), 90 + s) for s in range(w)]
+        _, (z,) = ctp.all_gather_matmul(small[r].clone(), torch.ones(8, 2), 0, comm, schedule="push-s2")
+        if not torch.equal(z, torch.cat(small) @ torch.ones(8, 2)):
+            bad.append(("double", step))
+    return bad
+
+
+def test_a_push_pipeline_over_the_whole_workspace_among_double_buffered_calls():
+    rows = (64 << 20) // (2 * 1024 * 4) + 8  # 2 shards of fp32 rows of 1024: just above 64 MiB
+    assert spawn(2, _push_whole_among_double_buffered, rows) == [[]] * 2

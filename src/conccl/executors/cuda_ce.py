@@ -335,6 +335,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         caller = self._current_stream()
         entry = self._program(schedule, input, output, views, seq)
         program = entry.program
+        if compute is not None:
+            compute = self._with_workspace(compute, self._ws_region(schedule, seq))
         # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
         ctrl = self._control_stream(caller, async_op or (caller.cuda_stream == 0 and (
             schedule.stream_mode is StreamMode.BATCH or not self._default_stream_ok)))
@@ -381,6 +383,24 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         if ctrl is not caller:
             caller.wait_event(end)
         return Work(None, flight=flight)
+
+    def _ws_region(self, schedule: Schedule, seq: int):
+        """This rank's workspace as eager call ``seq`` of ``schedule`` uses it (uint8): its half
+        where double-buffered (:func:`~conccl.schedule.workspace_half`), else the whole."""
+        ws = getattr(self, "_ws", None)
+        if ws is None or not schedule.workspace_bytes:
+            return None
+        return ws[workspace_half(seq, ws.numel()):] if schedule.double_buffered else ws
+
+    @staticmethod
+    def _with_workspace(compute, workspace):
+        """``compute`` as the program calls it, ``compute(op)``: a step reading the workspace (a
+        push pipeline's peer rows, ``Compute.ws_offset``) gets the call's region too."""
+        def call(op):
+            if op.ws_offset is None:
+                return compute(op)
+            return compute(op, workspace)
+        return call
 
     @staticmethod
     def _on(stream, compute):
@@ -459,6 +479,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
                     "makes the call one-shot: it stages its input, or an all-gather asks for Algorithm.STAGED_PUSH: "
                     "its output's bytes; an all-reduce in one pass takes world x its bytes)")
             ws_base = [p + self._graph_ws_used for p in self._graph_ws_handle.buffer_ptrs]
+            if compute is not None:  # a push pipeline's GEMM steps read the call's own region
+                compute = self._with_workspace(compute, self._graph_ws[self._graph_ws_used:self._graph_ws_used + need])
             self._graph_ws_used += need
         address = _addresses(self.rank, input, output, views, ws_base)
         words = 4 * signal_pad_words(self.world) * (1 + slot)

@@ -305,7 +305,10 @@ class ReferenceExecutor(GrowingWorkspace):
                     elif isinstance(op, ResetMark):
                         marks[op.word] = 0
                     elif isinstance(op, Compute):
-                        compute(op)
+                        if op.ws_offset is None:
+                            compute(op)
+                        else:  # a push pipeline's peer rows, in the call's workspace (half or region)
+                            compute(op, torch.from_numpy(self._bytes(self.rank, Buf.WORKSPACE, input, output, views)))
                     pcs[k] += 1
                     progress = True
             if all(pc == len(ops) for pc, ops in zip(pcs, schedule.slots)):

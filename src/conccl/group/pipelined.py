@@ -3,7 +3,8 @@
 The peers agree on a flat all-gather or reduce-scatter (their rows are a flat call's: the same
 validation, mismatch checks, timeouts and watchdog), and each rank transforms its own schedule
 into a pipeline (:mod:`conccl.pipeline`, a pure function). The marks a pipeline adds are the
-rank's own words, so ranks running different pipeline schedules still interoperate. Made
+rank's own words, so ranks running different pipeline schedules still interoperate, except a
+push pipeline with a pull one (their flat calls' algorithms differ: the call raises). Made
 while the stream is captured, a pipeline is agreed as a captured flat call and captured with
 its GEMM steps on a graph slot of its own (:mod:`conccl.graphs`): a decode step's TP layers
 replay as one graph.
@@ -13,7 +14,6 @@ from __future__ import annotations
 from ..collectives.all_gather import ALL_GATHER
 from ..collectives.reduce_scatter import REDUCE_SCATTER
 from ..pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
-from ..schedule import Algorithm
 from .parts import _moved
 
 
@@ -41,10 +41,13 @@ def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row
     """All-gather ``input`` (``rows`` rows of ``row_bytes`` bytes) into ``output`` with
     ``compute(op)`` called for each :class:`~conccl.schedule.Compute` step of the pipeline
     ``tp``, each on a stream where the rows it names have landed (own rows: read them from
-    ``input``). Pull, on the copy engines; the GEMM steps on the pipeline's own stream.
-    ``keep_own`` False: a pipelined (not serial) schedule leaves the output's own chunk
-    unwritten (the caller does not read it, nor do the GEMM steps), saving a same-GPU copy on SMs."""
-    local = group._local_step(ALL_GATHER, output, input, (), Algorithm.PULL, tp.stream_mode())
+    ``input``). Pull, or ``tp.push``: pushed into the peers' workspace, where their GEMM steps
+    read it (``compute(op, workspace)``, :class:`~conccl.schedule.Compute`); on the copy
+    engines either way, the GEMM steps on the pipeline's own stream. ``keep_own`` False: a
+    pipelined (not serial) schedule leaves the output's own chunk unwritten (the caller does
+    not read it, nor do the GEMM steps), saving a same-GPU copy on SMs; a push pipeline then
+    writes nothing into the output."""
+    local = group._local_step(ALL_GATHER, output, input, (), tp.flat_algorithm(), tp.stream_mode())
     timeout_s = _prepare(group, timeout)
     captured = group.executor.capturing()
     schedule, views = _agreed(group, local, timeout_s, captured)

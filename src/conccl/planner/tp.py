@@ -276,8 +276,9 @@ def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, wor
     cont = 1.0 if world == 1 or tp.serial else model.contention
     row_bytes = (K if op == "ag_gemm" else N) * elem
     if op == "ag_gemm":
-        # The peers' shards are staged (read and written on their GPU) before they can move.
-        stage_s = 2 * rows * row_bytes / model.hbm_bytes_per_s if world > 1 else 0.0
+        # The peers' shards are staged (read and written on their GPU) before they can move;
+        # pushed from their inputs, they are not.
+        stage_s = 2 * rows * row_bytes / model.hbm_bytes_per_s if world > 1 and not tp.push else 0.0
         landed = {pc: stage_s + t for pc, t in _landing_times(model, world, rank, tp, rows, row_bytes).items()}
         # A step is slowed by the contention only while pieces are still landing beside it.
         busy_until = max(landed.values(), default=0.0)
@@ -344,12 +345,15 @@ def _sending_times(model: TPModel, world, rank, tp, rows, row_bytes, done: dict)
     return out
 
 
-def candidates(M: int, world: int) -> list[TPSchedule]:
-    """The schedules ``auto`` weighs: serial, ring and direct at shard level, and direct with
-    2 to 16 pieces per shard at every GEMM grain that divides them."""
+def candidates(M: int, world: int, scatter: bool = False) -> list[TPSchedule]:
+    """The schedules ``auto`` weighs: serial, ring and direct at shard level, push (all-gather
+    only: ``scatter`` False), and direct with 2 to 16 pieces per shard at every GEMM grain
+    that divides them."""
     rows = M // world
     # Ties go to the first: at world 2 ring and direct are one schedule (one peer).
     out = [SERIAL, TPSchedule(order=Order.DIRECT), TPSchedule(order=Order.RING)]
+    if not scatter:
+        out.insert(1, TPSchedule(push=True))
     for pieces in (2, 4, 8, 16):
         if pieces > rows or world * pieces > 256:
             continue
@@ -389,7 +393,7 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
         ranked = sorted(((TPSchedule.parse(n), r * gemm) for n, r in sorted(runs.items())), key=lambda x: x[1])
         serial = runs["serial"] * gemm if "serial" in runs else predict(m, op, SERIAL, M, K, N, world, elem)
     else:
-        ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem)) for tp in candidates(M, world)),
+        ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem)) for tp in candidates(M, world, op == "gemm_rs")),
                         key=lambda x: x[1])
         serial = predict(m, op, SERIAL, M, K, N, world, elem)
     return Choice(ranked[0][0], ranked[0][1], gemm, serial, m.measured(M, K, N),

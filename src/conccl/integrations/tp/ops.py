@@ -154,9 +154,13 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
 
     Stream semantics: ordered after the current stream's work; the current stream waits for
     the results (blocking) or ``work.wait()`` makes it. Every byte between GPUs moves on copy
-    engines (pull); each GEMM step waits for its rows with a stream memory operation.
-    SMs used: the GEMMs' alone. Workspace: none with ``a_shard`` from ``conccl.empty``, else
-    ``a_shard``'s bytes of symmetric memory (it is staged there for the peers to read).
+    engines (pull; ``push`` schedules: pushed from ``a_shard`` into the peers' workspace);
+    each GEMM step waits for its rows with a stream memory operation.
+    SMs used: the GEMMs' alone, and a pull schedule's staging of a plain ``a_shard`` (a
+    same-GPU copy); ``return_gathered`` adds same-GPU copies into ``A``. Workspace: pull:
+    none with ``a_shard`` from ``conccl.empty``, else ``a_shard``'s bytes of symmetric memory
+    (it is staged there for the peers to read); push: ``world x`` ``a_shard``'s bytes (each
+    peer's shard lands in a slot of its own), twice that up to 64 MiB (double-buffered).
     """
     single = isinstance(weights, torch.Tensor)
     weights = [weights] if single else list(weights)
@@ -181,15 +185,22 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
                   lambda: [torch.mm(a2 if own else gathered[s:e], w, out=o[s:e])  # as compute reads them
                            for s, e, own in steps for w, o in zip(weights, outs)], g.executor.capturing())
 
-    def compute(op):
+    row_bytes = K * a.element_size()
+
+    def compute(op, workspace=None):
         record()
-        src = a2 if op.own else gathered[op.row_start:op.row_end]
+        if op.own:
+            src = a2
+        elif workspace is not None:  # a push pipeline: the peer's rows where it pushed them
+            src = workspace[op.ws_offset:op.ws_offset + (op.row_end - op.row_start) * row_bytes].view(a.dtype).view(-1, K)
+        else:
+            src = gathered[op.row_start:op.row_end]
         for w, out in zip(weights, outs):
             torch.mm(src, w, out=out[op.row_start:op.row_end])
 
     # Not returned, the gathered rows' own chunk is never read (the own GEMM step reads a2):
     # no copy of it.
-    work = all_gather_then_compute(g, gathered, a2, tp, rows, K * a.element_size(), compute, async_op, timeout,
+    work = all_gather_then_compute(g, gathered, a2, tp, rows, row_bytes, compute, async_op, timeout,
                                    keep_own=return_gathered)
 
     def shaped(t):
@@ -243,6 +254,8 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
     full = torch.empty((M, N), dtype=a.dtype, device=a.device)
     out = torch.empty((M // world, N), dtype=a.dtype, device=a.device)
     tp = resolve_schedule(schedule, "gemm_rs", M, K, N, world, a.dtype, a.device)
+    if tp.push:
+        raise InvalidArgument(f"{tp.name} is an all-gather+GEMM schedule; a GEMM+reduce-scatter already pushes")
     record = _recorder(async_op, [x2, weight, full, out])
     steps = _first_of_each_size(world, g.rank, tp, M // world, scatter=True)
     _load_kernels(("rs", steps, K, N, a.dtype, a.device, weight.stride()),

@@ -1,0 +1,170 @@
+"""The push all-gather+GEMM pipeline (``TPSchedule(push=True)``) as plain data: every peer's
+shard pushed from its input into this rank's workspace, each GEMM step reading it there only
+after the peer's DONE, nothing staged, and the workspace never freed while a step reads it."""
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from conccl.collectives.all_gather import plan_all_gather
+from conccl.collectives.direct import workspace_slot
+from conccl.collectives.reduce_scatter import plan_reduce_scatter
+from conccl.errors import InvalidArgument
+from conccl.graphs import graph_schedule
+from conccl.pipeline import Order, TPSchedule, gather_then_gemm, gemm_steps, gemm_then_scatter
+from conccl.planner import tp as tp_planner
+from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Phase, ResetMark,
+                             SetSignal, Signal, StreamMode, WaitSignal, max_slots)
+
+PUSH = [TPSchedule(push=True), TPSchedule(push=True, gemm_streams=2)]
+SMALL = (6, 16)  # rows, row bytes: a double-buffered call
+WHOLE = (1 << 16, 1 << 10)  # 64 MiB a shard: the whole workspace at any world >= 2
+
+
+def _flat(world, rank, rows, row_bytes):
+    return plan_all_gather(world, rank, rows * row_bytes, algorithm=Algorithm.STAGED_PUSH,
+                           stream_mode=StreamMode.PER_PEER)
+
+
+def test_names_round_trip_and_push_takes_only_whole_shards_at_once():
+    for tp in PUSH:
+        assert TPSchedule.parse(tp.name) == tp
+    assert [tp.name for tp in PUSH] == ["push", "push-s2"]
+    for bad in ("push-p2", "push-g2", "push-s3"):
+        with pytest.raises(InvalidArgument):
+            TPSchedule.parse(bad)
+    for kw in ({"serial": True}, {"order": Order.RING}, {"pieces": 2}):
+        with pytest.raises(InvalidArgument):
+            TPSchedule(push=True, **kw)
+    assert TPSchedule(push=True).flat_algorithm() is Algorithm.STAGED_PUSH
+    assert TPSchedule().flat_algorithm() is Algorithm.PULL
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("size", [SMALL, WHOLE], ids=["double", "whole"])
+@pytest.mark.parametrize("tp", PUSH, ids=lambda t: t.name)
+def test_each_step_reads_its_peers_slot_after_that_peers_done_and_nothing_is_staged(world, size, tp):
+    rows, row_bytes = size
+    chunk = rows * row_bytes
+    slot = workspace_slot(chunk)
+    plans = [gather_then_gemm(_flat(world, r, rows, row_bytes), tp, rows, row_bytes, keep_own=False)
+             for r in range(world)]
+    for rank, s in enumerate(plans):
+        assert len(s.slots) <= max_slots(world)
+        assert s.double_buffered == (world > 1 and world * slot <= DOUBLE_BUFFER_MAX_BYTES)
+        # Only pushes: from this rank's input into slot `rank` of each peer's workspace, once.
+        assert sorted(t.dst_rank for t in s.transfers) == [p for p in range(world) if p != rank]
+        for t in s.transfers:
+            assert (t.src_rank, t.src, t.src_offset, t.dst, t.dst_offset, t.nbytes, t.phase) == (
+                rank, Buf.INPUT, 0, Buf.WORKSPACE, rank * slot, chunk, Phase.PEER)
+        # Mark p is written on the control slot right after the wait for p's DONE of this call.
+        marked_after_done = {}
+        for prev, op in zip(s.slots[0], s.slots[0][1:]):
+            if isinstance(op, Mark) and op.word < world:
+                assert prev == WaitSignal(op.peer, Signal.DONE)
+                marked_after_done[op.word] = op.peer
+        assert marked_after_done == {p: p for p in range(world) if p != rank}
+        computed = Counter()
+        gemm = [ops for ops in s.slots if any(isinstance(op, Compute) for op in ops)]
+        assert len(gemm) == min(tp.gemm_streams, len(gemm_steps(world, rank, tp, rows)))
+        for ops in gemm:
+            awaited = set()
+            for op in ops:
+                if isinstance(op, AwaitMark):
+                    awaited.add(op.word)
+                elif isinstance(op, Compute):
+                    computed.update(range(op.row_start, op.row_end))
+                    if op.own:
+                        assert (op.row_start, op.row_end, op.ws_offset) == (rank * rows, (rank + 1) * rows, None)
+                        assert ops.index(op) == 0  # nothing to wait for: the input is in place
+                    else:
+                        p = op.row_start // rows
+                        assert (op.row_end - op.row_start, op.ws_offset) == (rows, p * slot)
+                        assert p in awaited, "a step reads a peer's rows before its DONE"
+                        # ... and the peer's push is what lands there
+                        pushed = [t for t in plans[p].transfers if t.dst_rank == rank]
+                        assert [(t.dst_offset, t.nbytes) for t in pushed] == [(op.ws_offset, chunk)]
+        assert computed == Counter(range(world * rows))
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+@pytest.mark.parametrize("tp", PUSH, ids=lambda t: t.name)
+def test_a_whole_call_frees_its_workspace_only_after_every_gemm_step(world, tp):
+    """Above 64 MiB the release (FREE) would let a double-buffered call after it push into
+    either half while this call's GEMM steps still read the peers' slots: it waits for every
+    GEMM slot's end mark. A double-buffered call frees the other half: no such wait."""
+    for size in (WHOLE, SMALL):
+        rows, row_bytes = size
+        for rank in range(world):
+            s = gather_then_gemm(_flat(world, rank, rows, row_bytes), tp, rows, row_bytes, keep_own=False)
+            gemm = [ops for ops in s.slots if any(isinstance(op, Compute) for op in ops)]
+            ends = [ops[-1] for ops in gemm]
+            frees = [i for i, op in enumerate(s.slots[0]) if isinstance(op, SetSignal) and op.kind is Signal.FREE]
+            assert frees
+            if s.double_buffered:
+                assert not any(isinstance(op, AwaitMark) for op in s.slots[0])
+                assert not any(isinstance(e, Mark) for e in ends)
+                continue
+            assert all(isinstance(e, Mark) for e in ends) and len({e.word for e in ends}) == len(ends)
+            waited = {op.word for op in s.slots[0][:frees[0]] if isinstance(op, AwaitMark)}
+            assert waited == {e.word for e in ends}
+            assert not any(isinstance(op, Compute) and op.ws_offset is not None
+                           for ops in gemm for op in ops[ops.index(ops[-1]):])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("size", [SMALL, WHOLE], ids=["double", "whole"])
+@pytest.mark.parametrize("tp", PUSH, ids=lambda t: t.name)
+def test_every_mark_is_written_and_awaited_once_so_a_captured_call_resets_it(world, size, tp):
+    rows, row_bytes = size
+    for rank in range(world):
+        s = gather_then_gemm(_flat(world, rank, rows, row_bytes), tp, rows, row_bytes, keep_own=False)
+        written = Counter(op.word for ops in s.slots for op in ops if isinstance(op, Mark))
+        awaited = Counter(op.word for ops in s.slots for op in ops if isinstance(op, AwaitMark))
+        assert written == awaited and set(written.values()) <= {1}
+        g = graph_schedule(s)
+        for ops in g.slots:
+            for i, op in enumerate(ops):
+                if isinstance(op, AwaitMark):
+                    assert ops[i + 1] == ResetMark(op.word, op.peer)
+        # captured, each peer's DONE is awaited once (its reset after it): the mark follows it
+        done_waits = Counter(op.peer for ops in g.slots for op in ops
+                             if isinstance(op, WaitSignal) and op.kind is Signal.DONE)
+        assert set(done_waits.values()) <= {1} and len(done_waits) == world - 1
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_keep_own_writes_every_chunk_of_the_output_once(world):
+    rows, row_bytes = SMALL
+    for rank in range(world):
+        s = gather_then_gemm(_flat(world, rank, rows, row_bytes), PUSH[0], rows, row_bytes, keep_own=True)
+        covered = Counter()
+        for t in s.transfers:
+            if t.dst is Buf.OUTPUT and t.dst_rank == rank:
+                covered.update(range(t.dst_offset, t.dst_offset + t.nbytes))
+        assert covered == Counter(range(world * rows * row_bytes))
+        dropped = gather_then_gemm(_flat(world, rank, rows, row_bytes), PUSH[0], rows, row_bytes, keep_own=False)
+        assert not any(t.dst is Buf.OUTPUT for t in dropped.transfers)
+        assert not any(isinstance(op, Copy) and op.transfer.phase is Phase.STAGE for ops in s.slots for op in ops)
+
+
+def test_a_pipeline_refuses_the_other_kind_of_flat_call_and_scatter_refuses_push():
+    rows, row_bytes = SMALL
+    with pytest.raises(InvalidArgument):
+        gather_then_gemm(plan_all_gather(2, 0, rows * row_bytes), PUSH[0], rows, row_bytes)
+    with pytest.raises(InvalidArgument):
+        gather_then_gemm(_flat(2, 0, rows, row_bytes), TPSchedule(), rows, row_bytes)
+    with pytest.raises(InvalidArgument):
+        gemm_then_scatter(plan_reduce_scatter(2, 0, rows * row_bytes, "float32"), PUSH[0], rows, row_bytes)
+
+
+def test_the_model_weighs_push_for_all_gather_only_and_saves_it_the_staging():
+    m = tp_planner._default_model("NVIDIA H100 80GB HBM3", 2, None, None)
+    m = dataclasses.replace(m, pipelines={})  # the model, not the shipped runs
+    assert TPSchedule(push=True) in tp_planner.candidates(8192, 2)
+    assert TPSchedule(push=True) not in tp_planner.candidates(8192, 2, scatter=True)
+    args = (32768, 4096, 7168, 2)
+    push = tp_planner.predict(m, "ag_gemm", TPSchedule(push=True), *args)
+    direct = tp_planner.predict(m, "ag_gemm", TPSchedule(), *args)
+    assert push < direct
+    assert tp_planner.choose("gemm_rs", *args, model=m).schedule != TPSchedule(push=True)
