@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4", "direct-p4-g2", "ring-p2", "direct-s2",
-             "direct-p2-s2", "auto")
+             "direct-p2-s2", "push", "push-s2", "auto")
 
 
 def _kernels(prof) -> set:
@@ -52,10 +52,14 @@ def _against_serial(rank, world):
         dist.reduce_scatter_tensor(expect_rs, a_rs @ w_rs)
         for name in SCHEDULES:
             A, (y,) = ctp.all_gather_matmul(shard, [w], 0, schedule=name, return_gathered=True)
+            _, (y2,) = ctp.all_gather_matmul(shard, [w], 0, schedule=name)  # no gathered rows kept
+            torch.cuda.synchronize()
+            if not (torch.equal(A, full) and torch.equal(y, expect) and torch.equal(y2, expect)):
+                bad.append(("ag_gemm", str(dtype), name))
+            if name.startswith("push"):  # all-gather+GEMM only
+                continue
             z = ctp.matmul_reduce_scatter(a_rs, w_rs, 0, schedule=name)
             torch.cuda.synchronize()
-            if not (torch.equal(A, full) and torch.equal(y, expect)):
-                bad.append(("ag_gemm", str(dtype), name))
             if not torch.equal(z, expect_rs):
                 bad.append(("gemm_rs", str(dtype), name))
     tp = TPSchedule.parse("direct-p2")
@@ -78,6 +82,55 @@ def test_every_schedule_equals_the_serial_result_and_runs_only_gemms_and_the_red
     for bad, extra in run_per_gpu(_against_serial):
         assert bad == []
         assert all(k.startswith("reduce_") for k in extra) and len(extra) <= 1, extra
+
+
+def _push(rank, world):
+    """The push pipeline from a plain shard, double-buffered (8 MiB shards) and over the whole
+    workspace (128 MiB shards: world x that is above 64 MiB), three calls each, against NCCL's
+    all-gather then one GEMM; and what it runs: the GEMM steps' kernels and peer copies only,
+    no staging (a same-GPU copy: a kernel or a "Memcpy DtoD")."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from conccl.integrations import tp as ctp
+    from conccl.pipeline import TPSchedule, gemm_steps
+
+    bad, seen = [], []
+    dt = torch.bfloat16
+    w = torch.randint(-3, 4, (4096, 512), device="cuda", generator=torch.Generator(device="cuda").manual_seed(9)).to(dt)
+    for rows in (1024, 16384):
+        g = torch.Generator(device="cuda").manual_seed(rank)
+        shard = torch.randint(-3, 4, (rows, 4096), device="cuda", generator=g).to(dt)
+        full = torch.empty(world * rows, 4096, dtype=dt, device="cuda")
+        dist.all_gather_into_tensor(full, shard)
+        expect = full @ w  # whole numbers: exact in fp32, so any row blocking gives these bits
+        for name in ("push", "push-s2"):
+            for _ in range(3):
+                _, (y,) = ctp.all_gather_matmul(shard, [w], 0, schedule=name)
+                if not torch.equal(y, expect):
+                    bad.append((rows, name))
+        tp = TPSchedule.parse("push")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for s, e, _ in gemm_steps(world, rank, tp, rows):
+                torch.mm(full[s:e], w)
+            torch.cuda.synchronize()
+        allowed = _kernels(prof)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            ctp.all_gather_matmul(shard, [w], 0, schedule=tp)
+            torch.cuda.synchronize()
+        seen.append((sorted(_kernels(prof) - allowed),
+                     sorted({e.name for e in prof.events() if e.name.startswith("Memcpy ")})))
+    return bad, seen
+
+
+def test_the_push_pipeline_equals_nccl_and_stages_nothing():
+    from conccl.launch import run_per_gpu
+
+    for bad, seen in run_per_gpu(_push):
+        assert bad == []
+        for extra, copies in seen:
+            assert extra == [], extra  # no kernel but the GEMM steps'
+            assert copies and all("PtoP" in c for c in copies), copies  # peer copies only
 
 
 def _mlp(rank, world):
@@ -129,7 +182,7 @@ def _captured(rank, world):
     shard = torch.empty(rows, K, dtype=dt, device="cuda")
     a = torch.empty(world * rows, K, dtype=dt, device="cuda")
     w_rs = torch.empty(K, N, dtype=dt, device="cuda")
-    names = ("direct", "direct-p2", "serial")
+    names = ("direct", "direct-p2", "serial", "push")
 
     def fill():  # whole numbers: every blocking of a GEMM and every order of the sums exact, so NCCL's bits
         shard.copy_(torch.randint(-3, 4, shard.shape, device="cuda", generator=g).to(dt))
@@ -138,7 +191,7 @@ def _captured(rank, world):
 
     def calls():
         return [(ctp.all_gather_matmul(shard, w, 0, schedule=s, return_gathered=True),
-                 ctp.matmul_reduce_scatter(a, w_rs, 0, schedule=s)) for s in names]
+                 ctp.matmul_reduce_scatter(a, w_rs, 0, schedule=s.replace("push", "direct"))) for s in names]
 
     fill()
     calls()  # eager first: groups made, kernels loaded

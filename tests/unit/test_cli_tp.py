@@ -313,8 +313,11 @@ def test_the_graph_workspace_covers_every_captured_conccl_call():
 
     shapes = {"ag_gemm": ((1024, 8192, 7168),), "gemm_rs": ((1024, 3584, 8192),)}
     cfg = TPBenchConfig(shapes=shapes, schedules=("serial", "direct"), graph=True)
-    # conccl's two schedules, auto and serial_conccl: four captured calls per shape
-    need = 4 * (512 * 8192 * 2 + 1024 * 8192 * 2)
-    assert graph_workspace_bytes(cfg, 2) == need
+    # conccl's two schedules, auto (which may push: a shard per rank) and serial_conccl
+    shard, partials = 512 * 8192 * 2, 1024 * 8192 * 2
+    assert graph_workspace_bytes(cfg, 2) == 5 * shard + 4 * partials
     fewer = TPBenchConfig(shapes=shapes, schedules=("direct",), impls=("gemm_only", "conccl"), graph=True)
-    assert graph_workspace_bytes(fewer, 2) == need // 4
+    assert graph_workspace_bytes(fewer, 2) == shard + partials
+    # a push pipeline takes a shard per rank; the reduce-scatter has no push schedule to run
+    pushed = TPBenchConfig(shapes=shapes, schedules=("direct", "push"), impls=("gemm_only", "conccl"), graph=True)
+    assert graph_workspace_bytes(pushed, 4) == 5 * (256 * 8192 * 2) + partials

@@ -39,7 +39,12 @@ DEFAULT_SHAPES = {
                 (8192, 3584, 8192), (8192, 7168, 4096), (1024, 3584, 8192), (16384, 7168, 8192)),
 }
 HOST_AHEAD_CYCLES = 2_000_000  # ~1 ms at H100/H200 clocks: longer than queueing any run
-DEFAULT_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4", "direct-p4-g2", "ring-p2")
+DEFAULT_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4", "direct-p4-g2", "ring-p2", "push", "push-s2")
+
+
+def schedules_for(op: str, schedules) -> tuple:
+    """The schedules of ``schedules`` that serve ``op``: push pipelines are all-gather+GEMM only."""
+    return tuple(n for n in schedules if op == "ag_gemm" or not TPSchedule.parse(n).push)
 
 
 @dataclass(frozen=True)
@@ -153,12 +158,13 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                 torch.mm(full if op == "ag_gemm" else a_in, wt, out=prod)
 
             if world == 1:
+                names = schedules_for(op, cfg.schedules)
                 fns = [gemm_only] + [_decomposition(torch, cfg, op, M, name, full if op == "ag_gemm" else a_in, wt, prod)
-                                     for name in cfg.schedules]
+                                     for name in names]
                 times = timed_in_turn(torch, fns, cfg.warmup, cfg.runs)
                 base_ms, base_spread = slowest(dist, world, times[0])
                 records.append(Record(op, M, K, N, world, "gemm_only", None, None, base_ms, base_spread, 1.0))
-                for name, ms in zip(cfg.schedules, times[1:]):
+                for name, ms in zip(names, times[1:]):
                     med, spread = slowest(dist, world, ms)
                     records.append(Record(op, M, K, N, 1, "conccl", name, grain_of(TPSchedule.parse(name)), med, spread,
                                           med / base_ms, note=f"one GPU: the GEMM steps of a {cfg.model_world}-rank "
@@ -221,15 +227,19 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
 
 def graph_workspace_bytes(cfg: TPBenchConfig, world: int) -> int:
     """Graph workspace every captured conccl call of the run needs (reserved before the first
-    capture): a staged all-gather stages its shard, a reduce-scatter pushes ``world`` partials."""
+    capture): a staged all-gather stages its shard, a push all-gather takes ``world`` of them
+    (``auto`` counted as one), a reduce-scatter pushes ``world`` partials."""
     elem = 4 if cfg.dtype == "float32" else 2
-    calls = (len(cfg.schedules) * ("conccl" in cfg.impls) + ("conccl_auto" in cfg.impls)
-             + ("serial_conccl" in cfg.impls))  # its flat collective stages or pushes as much
     total = 0
     for op in cfg.ops:
+        names = schedules_for(op, cfg.schedules) if "conccl" in cfg.impls else ()
+        # a copy each: the serial flat collective stages or pushes as much as a pipeline
+        copies = sum(world if TPSchedule.parse(n).push else 1 for n in names)
+        auto = world if op == "ag_gemm" else 1  # auto may push
+        copies += auto * ("conccl_auto" in cfg.impls) + ("serial_conccl" in cfg.impls)
         for M, K, N in cfg.shapes[op]:
             per = (M // world) * K * elem if op == "ag_gemm" else M * N * elem
-            total += calls * (-(-per // 256) * 256)
+            total += copies * (-(-per // 256) * 256)
     return max(total, 1 << 20)
 
 
@@ -292,7 +302,7 @@ def _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, asyn
         out.append(("serial_conccl", None, serial(conccl)))
     if fused is not None:
         out.append(("torch_async_tp", None, lambda: fused(a_in, wt)))
-    for name in cfg.schedules if "conccl" in cfg.impls else ():
+    for name in schedules_for(op, cfg.schedules) if "conccl" in cfg.impls else ():
         out.append(("conccl", name, lambda name=name: pipelined(name)))
     if "conccl_auto" in cfg.impls:
         name = ctp.resolve_schedule("auto", op, M, wt.shape[0], wt.shape[1], world, a_in.dtype, a_in.device).name
