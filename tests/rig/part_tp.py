@@ -43,8 +43,6 @@ def tp(rank, world, cases, report):
                 torch.cuda.synchronize()
                 cases.append((f"tp ag_gemm {dtype} {rows}x{K} {name} (no A)",
                               all(bits_equal(o, e) for o, e in zip(outs, expect))))
-                if name.startswith("push"):  # all-gather+GEMM only
-                    continue
                 out = ctp.matmul_reduce_scatter(a_rs[rank], weights[0], 0, schedule=name)
                 torch.cuda.synchronize()
                 cases.append((f"tp gemm_rs {dtype} {rows}x{K} {name}", bits_equal(out, expect_rs)))
@@ -96,7 +94,7 @@ def _captured(rank, world, cases):
 
     def calls():
         return [(ctp.all_gather_matmul(shard, w, 0, schedule=s, return_gathered=True),
-                 ctp.matmul_reduce_scatter(a, w, 0, schedule=s.replace("push", "direct"))) for s in names]
+                 ctp.matmul_reduce_scatter(a, w, 0, schedule=s)) for s in names]
 
     shard.copy_(small_ints((rows, K), 500 + rank, torch.bfloat16))
     a.copy_(small_ints((world * rows, K), 600 + rank, torch.bfloat16))

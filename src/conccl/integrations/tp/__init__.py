@@ -18,7 +18,8 @@ that a GEMM feeds, pipelined with it.
 
 ``schedule``: ``"auto"`` (the planner's choice from the hardware profile:
 :mod:`conccl.planner.tp`), a name (``serial``, ``ring``, ``direct``, ``direct-p4-g2``, ...;
-``push``, ``push-s2`` for all-gather+GEMM: the shards pushed from the inputs, no staging;
+``push``, ``push-s2``: an all-gather's shards pushed from the inputs, no staging (a
+GEMM+reduce-scatter runs them as ``direct``, already pushes);
 :class:`conccl.pipeline.TPSchedule`) or a ``TPSchedule``.
 """
 from ...pipeline import Order, TPSchedule

@@ -225,7 +225,8 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
         weight: ``[K, N]``, same dtype and device.
         scatter_dim: the dimension of the result the ranks split (not the last).
         op: ``torch.distributed.ReduceOp.SUM`` (default), ``AVG`` or ``PREMUL_SUM(factor)``.
-        group, schedule, async_op, timeout: as :func:`all_gather_matmul`.
+        group, schedule, async_op, timeout: as :func:`all_gather_matmul` (``push`` runs here as
+            ``direct``: each piece always leaves by a push from where it was computed).
 
     Returns:
         ``[*, N]`` with ``scatter_dim`` divided by the world size: rank r's part of the sum over
@@ -254,8 +255,8 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
     full = torch.empty((M, N), dtype=a.dtype, device=a.device)
     out = torch.empty((M // world, N), dtype=a.dtype, device=a.device)
     tp = resolve_schedule(schedule, "gemm_rs", M, K, N, world, a.dtype, a.device)
-    if tp.push:
-        raise InvalidArgument(f"{tp.name} is an all-gather+GEMM schedule; a GEMM+reduce-scatter already pushes")
+    if tp.push:  # every piece already leaves by a push from where it was computed: the direct schedule
+        tp = TPSchedule(gemm_streams=tp.gemm_streams)
     record = _recorder(async_op, [x2, weight, full, out])
     steps = _first_of_each_size(world, g.rank, tp, M // world, scatter=True)
     _load_kernels(("rs", steps, K, N, a.dtype, a.device, weight.stride()),
