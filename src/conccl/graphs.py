@@ -56,8 +56,8 @@ never replays leaves the stream waiting; the watchdog sees only eager calls).
 """
 from __future__ import annotations
 
-from .schedule import (AwaitMark, Buf, Compute, Copy, Mark, Phase, ResetMark, ResetSignal, Schedule, SetSignal, Signal,
-                       WaitSignal, signal_pad_words, signal_word)
+from .schedule import (Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Phase, ResetMark, ResetSignal, Schedule,
+                       SetSignal, Signal, WaitSignal, signal_pad_words, signal_word)
 
 # Captured calls a group can hold (graph slots); each takes one block of signal words.
 GRAPH_SLOTS = 512
@@ -142,7 +142,8 @@ def graph_schedule(schedule: Schedule) -> Schedule:
             slots[0] += [WaitSignal(p, Signal.DONE), ResetSignal(p, Signal.DONE)]
     if free_gated:
         # Last on slot 0, which holds every DONE wait and every read of this rank's region (the
-        # other slots only push into the peers'): nothing touches the region any more. To every
+        # other slots only push into the peers'; a push pipeline's GEMM steps, which read it,
+        # end with marks slot 0 has waited for): nothing touches the region any more. To every
         # peer, as every rank waits for every peer's FREE (an empty chunk's gate included).
         slots[0] += [SetSignal(p, Signal.FREE) for p in range(world) if p != rank]
     return Schedule(collective=schedule.collective, world=world, rank=rank,
@@ -162,10 +163,18 @@ def _free_gated(schedule: Schedule) -> bool:
     """Whether a captured call's pushes into the peers' workspace wait for the peers' FREE of
     the call's previous replay instead of their READY of this one (see the module doc): any
     such call in any stream mode (the mode is each rank's own, not agreed: ranks of one call
-    may differ, so the protocol must not), but not a one-shot call (one kernel, its own
-    protocol) or a pipeline (its marks order its steps), which every rank runs alike."""
-    return _reshapeable(schedule) and any(isinstance(op, WaitSignal) and op.kind is Signal.FREE
-                                          for slot in schedule.slots for op in slot)
+    may differ, so the protocol must not), a push all-gather+GEMM pipeline too (a peer may run
+    the same agreed flat call as a plain ``STAGED_PUSH`` all-gather; the pipeline's control
+    slot waits for its GEMM steps before the FREE it ends with, :mod:`conccl.pipeline`), but
+    not a one-shot call (one kernel, its own protocol) or a pull pipeline or a GEMM+reduce-
+    scatter one (their marks order their copies), which every rank runs alike."""
+    return (_reshapeable(schedule) or _push_pipeline(schedule)) and any(
+        isinstance(op, WaitSignal) and op.kind is Signal.FREE for slot in schedule.slots for op in slot)
+
+
+def _push_pipeline(schedule: Schedule) -> bool:
+    """A push all-gather+GEMM pipeline's (:func:`conccl.pipeline.gather_then_gemm`, ``push``)."""
+    return schedule.algorithm is Algorithm.STAGED_PUSH and schedule.computes
 
 
 def _reshapeable(schedule: Schedule) -> bool:

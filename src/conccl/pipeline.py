@@ -230,7 +230,7 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
         raise InvalidArgument(f"the {tp.name} pipeline transforms a {tp.flat_algorithm().name} all-gather, "
                               f"not a {schedule.algorithm.name} one")
     if tp.push:
-        return _push_then_gemm(schedule, tp, rows, row_bytes, keep_own)
+        return _push_then_gemm(schedule, tp, rows, row_bytes, keep_own, captured)
     rank, world = schedule.rank, schedule.world
     chunk = rows * row_bytes
     order = _piece_order(world, rank, tp, rows)
@@ -296,7 +296,8 @@ def _end_word(k: int) -> int:
     return MARK_WORDS - 1 - k
 
 
-def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int, keep_own: bool) -> Schedule:
+def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int, keep_own: bool,
+                    captured: bool = False) -> Schedule:
     """An all-gather+GEMM pipeline from the agreed staged-push all-gather ``schedule``
     (``tp.push``): every rank's copy engines push its input into slot ``rank`` of each peer's
     workspace, gated by that peer's FREE (double-buffered) or READY (a whole workspace), and
@@ -311,16 +312,21 @@ def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: in
     :data:`~conccl.schedule.DOUBLE_BUFFER_MAX_BYTES`), its release (FREE to every peer, which
     lets a double-buffered call after it write into either half) waits for every GEMM slot's
     end mark, as the GEMM steps read the workspace after the control slot's last wait. A
-    double-buffered call's release frees the other half, which no step of this call reads."""
+    double-buffered call's release frees the other half, which no step of this call reads.
+    ``captured``: the control slot ends with the waits for those end marks, at any size: a
+    captured call's pushes wait for the FREE of the previous replay, which each rank sends
+    last on its control slot (:mod:`conccl.graphs`), so it must come after every read of its
+    region."""
     rank, world = schedule.rank, schedule.world
     if world + tp.gemm_streams > MARK_WORDS:
         raise InvalidArgument(f"{world} ranks exceed the {MARK_WORDS - tp.gemm_streams} marks a push pipeline can use")
     slot_bytes = workspace_slot(rows * row_bytes)
     steps_rows = gemm_steps(world, rank, tp, rows)
     nslots = min(tp.gemm_streams, len(steps_rows))
-    # a release to wait for (none at world 1)
-    whole = not schedule.double_buffered and any(isinstance(op, SetSignal) and op.kind is Signal.FREE
-                                                 for op in schedule.slots[0])
+    # a release to wait for (none at world 1): eagerly a whole call's, captured the last FREE
+    releases = any(isinstance(op, SetSignal) and op.kind is Signal.FREE for op in schedule.slots[0])
+    whole = releases and not schedule.double_buffered and not captured
+    at_end = releases and captured
     slots = []
     for k, ops in enumerate(schedule.slots):
         out: list = []
@@ -342,9 +348,11 @@ def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: in
         (p, _), = pieces
         steps.append([AwaitMark(_word(p, 0, 1), p), Compute(i, start, end, ws_offset=p * slot_bytes)])
     gemm = _gemm_slots(steps, nslots)
-    if whole:
+    if whole or at_end:
         for g in range(nslots):
             gemm[g].append(Mark(_end_word(g), rank))
+    if at_end:
+        slots[0] += [AwaitMark(_end_word(g), rank) for g in range(nslots)]
     return dataclasses.replace(schedule, slots=number_slots(slots + gemm))
 
 

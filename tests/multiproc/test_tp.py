@@ -280,3 +280,44 @@ def _push_whole_among_double_buffered(comm, rows):
 def test_a_push_pipeline_over_the_whole_workspace_among_double_buffered_calls():
     rows = (64 << 20) // (2 * 1024 * 4) + 8  # 2 shards of fp32 rows of 1024: just above 64 MiB
     assert spawn(2, _push_whole_among_double_buffered, rows) == [[]] * 2
+
+
+def _push_pipeline_beside_a_flat_staged_push(comm, captured):
+    """One rank runs the push pipeline, the other the same agreed flat call as a plain
+    all-gather with Algorithm.STAGED_PUSH (eagerly and captured, replayed with new inputs):
+    their protocols must be one, or the call hangs."""
+    from conccl.schedule import Algorithm
+
+    w, r = comm.world, comm.rank
+    rows, K, N = 4, 8, 3
+    wt = _ints((K, N), 21)
+    shard, out = torch.empty(rows, K), torch.empty(w * rows, K)
+
+    def call():
+        if r == 0:
+            comm.all_gather_into_tensor(out, shard, algorithm=Algorithm.STAGED_PUSH)
+            return out, None
+        A, (y,) = ctp.all_gather_matmul(shard, wt, 0, comm, schedule="push", return_gathered=True)
+        return A, y
+
+    bad = []
+    ex = comm.executor
+    if captured:
+        with ex.capture() as graph:
+            A, y = call()
+    for step in range(3):
+        shards = [_ints((rows, K), 60 + 10 * step + s) for s in range(w)]
+        shard.copy_(shards[r])
+        if captured:
+            ex.replay(graph)
+        else:
+            A, y = call()
+        full = torch.cat(shards)
+        if not torch.equal(A, full) or (y is not None and not torch.equal(y, full @ wt)):
+            bad.append(step)
+    return bad
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_a_push_pipeline_and_a_flat_staged_push_all_gather_run_one_protocol(captured):
+    assert spawn(2, _push_pipeline_beside_a_flat_staged_push, captured) == [[]] * 2

@@ -14,7 +14,7 @@ from conccl.graphs import graph_schedule
 from conccl.pipeline import Order, TPSchedule, gather_then_gemm, gemm_steps, gemm_then_scatter
 from conccl.planner import tp as tp_planner
 from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Phase, ResetMark,
-                             SetSignal, Signal, StreamMode, WaitSignal, max_slots)
+                             ResetSignal, SetSignal, Signal, StreamMode, WaitSignal, max_slots)
 
 PUSH = [TPSchedule(push=True), TPSchedule(push=True, gemm_streams=2)]
 SMALL = (6, 16)  # rows, row bytes: a double-buffered call
@@ -122,7 +122,11 @@ def test_every_mark_is_written_and_awaited_once_so_a_captured_call_resets_it(wor
         written = Counter(op.word for ops in s.slots for op in ops if isinstance(op, Mark))
         awaited = Counter(op.word for ops in s.slots for op in ops if isinstance(op, AwaitMark))
         assert written == awaited and set(written.values()) <= {1}
-        g = graph_schedule(s)
+        c = gather_then_gemm(_flat(world, rank, rows, row_bytes), tp, rows, row_bytes, keep_own=False, captured=True)
+        written = Counter(op.word for ops in c.slots for op in ops if isinstance(op, Mark))
+        awaited = Counter(op.word for ops in c.slots for op in ops if isinstance(op, AwaitMark))
+        assert written == awaited and set(written.values()) <= {1}
+        g = graph_schedule(c)
         for ops in g.slots:
             for i, op in enumerate(ops):
                 if isinstance(op, AwaitMark):
@@ -168,3 +172,32 @@ def test_the_model_weighs_push_for_all_gather_only_and_saves_it_the_staging():
     direct = tp_planner.predict(m, "ag_gemm", TPSchedule(), *args)
     assert push < direct
     assert tp_planner.choose("gemm_rs", *args, model=m).schedule != TPSchedule(push=True)
+
+
+def _signals(schedule):
+    return Counter(op for ops in schedule.slots for op in ops if isinstance(op, (SetSignal, WaitSignal, ResetSignal)))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("size", [SMALL, WHOLE], ids=["double", "whole"])
+@pytest.mark.parametrize("tp", PUSH, ids=lambda t: t.name)
+def test_captured_its_signals_are_the_flat_staged_push_alls_and_its_free_comes_after_every_step(world, size, tp):
+    """A peer may run the agreed flat call as a plain STAGED_PUSH all-gather: captured, both
+    must make the same signals (free-gated up to 64 MiB). The FREE a captured call ends with
+    lets the peers' next replay push into this rank's region: after every GEMM step's end."""
+    rows, row_bytes = size
+    for rank in range(world):
+        flat = _flat(world, rank, rows, row_bytes)
+        g = graph_schedule(gather_then_gemm(flat, tp, rows, row_bytes, keep_own=False, captured=True))
+        assert _signals(g) == _signals(graph_schedule(flat))
+        gemm = [ops for ops in g.slots if any(isinstance(op, Compute) for op in ops)]
+        ends = {ops[-1].word for ops in gemm}
+        assert all(isinstance(ops[-1], Mark) for ops in gemm)
+        head = g.slots[0]
+        frees = [i for i, op in enumerate(head) if isinstance(op, SetSignal) and op.kind is Signal.FREE]
+        if flat.double_buffered:
+            assert len(frees) == world - 1 and frees[-1] == len(head) - 1  # last: the free-gated protocol
+            assert any(isinstance(op, WaitSignal) and op.kind is Signal.FREE for ops in g.slots for op in ops)
+        else:
+            assert not frees  # READY-gated: each replay's region is its own
+        assert {op.word for op in head[:frees[0] if frees else len(head)] if isinstance(op, AwaitMark)} == ends

@@ -282,7 +282,11 @@ def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, wor
         landed = {pc: stage_s + t for pc, t in _landing_times(model, world, rank, tp, rows, row_bytes).items()}
         # A step is slowed by the contention only while pieces are still landing beside it.
         busy_until = max(landed.values(), default=0.0)
-        t = 0.0
+        # A pipelined pull's own step pays for the staging too: a same-GPU copy on SMs, which
+        # the step waits for (a shard above 64 MiB, or captured) or runs beside (measured on 2 x
+        # H200: push, which stages nothing, 1-3% faster than direct on every shape, the
+        # staging's time at HBM speed).
+        t = stage_s if not tp.serial else 0.0
         least = model.step_overhead_s if len(steps) > 1 and world > 1 else 0.0
         for start, end, pieces in steps:
             t = max(t, max((landed.get(pc, 0.0) for pc in pieces), default=0.0))  # own rows: in place
