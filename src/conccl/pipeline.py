@@ -305,8 +305,10 @@ def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: in
     the GEMM slot, which starts with the own rows from the input (nothing to wait for), runs
     peer ``p``'s rows from slot ``p`` of the workspace once that mark is in. The flat call's
     copies into the output (out of the workspace after the DONEs, and the own chunk's) are
-    dropped; ``keep_own`` keeps them where the flat call has them, for a caller who takes the
-    gathered rows (same-GPU copies: they take SMs beside the GEMM steps).
+    dropped; ``keep_own`` moves them behind the GEMM steps (same-GPU copies on SMs, which queued
+    beside the steps would race them, as the pull pipelines' own-chunk copy did): each peer's
+    copy-out after the last step of the GEMM slot that waited for that peer's mark, the own
+    chunk's after the last step.
 
     One thing moves beside them: where the call takes the whole workspace (above
     :data:`~conccl.schedule.DOUBLE_BUFFER_MAX_BYTES`), its release (FREE to every peer, which
@@ -327,12 +329,17 @@ def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: in
     releases = any(isinstance(op, SetSignal) and op.kind is Signal.FREE for op in schedule.slots[0])
     whole = releases and not schedule.double_buffered and not captured
     at_end = releases and captured
+    outputs: list = []  # the flat call's copies into the output (keep_own): after the GEMM steps
     slots = []
     for k, ops in enumerate(schedule.slots):
         out: list = []
         for op in ops:
-            if isinstance(op, Copy) and op.transfer.phase is Phase.LOCAL and not keep_own:
+            t = op.transfer if isinstance(op, Copy) else None
+            if t is not None and t.phase is Phase.LOCAL:
+                outputs += [op] if keep_own else []
                 continue
+            if t is not None and (t.src, t.src_offset, t.nbytes) != (Buf.INPUT, 0, rows * row_bytes):
+                raise InvalidArgument("a push pipeline cuts whole-shard pushes; this schedule has others")
             if whole and k == 0 and isinstance(op, SetSignal) and op.kind is Signal.FREE and not any(
                     isinstance(o, AwaitMark) for o in out):
                 out += [AwaitMark(_end_word(g), rank) for g in range(nslots)]
@@ -348,6 +355,11 @@ def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: in
         (p, _), = pieces
         steps.append([AwaitMark(_word(p, 0, 1), p), Compute(i, start, end, ws_offset=p * slot_bytes)])
     gemm = _gemm_slots(steps, nslots)
+    for op in outputs:  # behind the step that read the rows it copies (which waited for them)
+        t = op.transfer
+        i = len(steps) - 1 if t.src is Buf.INPUT else next(
+            i for i, (_, _, pieces) in enumerate(steps_rows) if pieces and pieces[0][0] * slot_bytes == t.src_offset)
+        gemm[i % nslots].append(op)
     if whole or at_end:
         for g in range(nslots):
             gemm[g].append(Mark(_end_word(g), rank))

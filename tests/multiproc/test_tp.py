@@ -254,8 +254,9 @@ def test_a_capture_failing_on_one_rank_breaks_the_group():
 def _push_whole_among_double_buffered(comm, rows):
     """A push pipeline taking the whole workspace (a shard above 64 MiB / world), between
     double-buffered calls that push into the same workspace (reduce-scatters, a small push
-    pipeline): each equals the serial result. The whole call's release waits for its GEMM steps,
-    which read the peers' slots after the control stream's last wait (conccl.pipeline)."""
+    pipeline): each equals the serial result across processes. (Whether the whole call's
+    release must wait for its GEMM steps, which this executor runs right after the control
+    stream, the interleaving model shows: tests/unit/test_protocol_interleavings.py.)"""
     w, r = comm.world, comm.rank
     K, N = 1024, 3
     wt = _ints((K, N), 5)

@@ -15,6 +15,11 @@ copy or a peer's push or a reduction), never an earlier or a later call's bytes;
 run finishes (no deadlock). With the two halves made one, the same check must fail in some
 run: it sees the overwrite it guards against.
 
+A push all-gather+GEMM pipeline (``tp_push``: :mod:`conccl.pipeline`) reads its peers' shards
+where they pushed them, in its own workspace, in its GEMM steps (``Compute.ws_offset``), which
+wait on marks (a rank's own words) the control stream writes: those reads are checked the same
+way, and the counter-tests drop the marks or the whole call's wait before its release.
+
 And for outputs (one tensor per rank, reused by every call, as a loop's): every read of a
 peer's output byte (a push all-gather's own chunk read back, ``own_chunk_via_peer``) sees
 this call's bytes, and once a rank's call ends its caller takes the output (marked so: a peer
@@ -32,13 +37,21 @@ from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
 from conccl.collectives.one_shot import (plan_one_shot_all_gather, plan_one_shot_all_reduce,
                                          plan_one_shot_all_to_all, plan_one_shot_reduce_scatter)
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
-from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, Algorithm, Buf, Copy, Reduce, SetSignal, StreamMode, WaitSignal,
-                             signal_pad_words, signal_word, workspace_half)
+from conccl.pipeline import TPSchedule, gather_then_gemm
+from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Reduce,
+                             SetSignal, StreamMode, WaitSignal, signal_pad_words, signal_word, workspace_half)
 
 CAPACITY = 1 << 13  # the model's workspace per rank: two halves of 4 KiB
+TP_ROW_BYTES = 16  # a push pipeline's rows: 4 a shard (64 bytes), 64 in tp_push_big (1 KiB)
 
 
 def _plans(world, rank, kind, mode):
+    if kind.startswith("tp_push"):  # the pipeline's own stream mode (per peer), whatever the others'
+        rows = 64 if kind == "tp_push_big" else 4
+        flat = plan_all_gather(world, rank, rows * TP_ROW_BYTES, stream_mode=StreamMode.PER_PEER,
+                               algorithm=Algorithm.STAGED_PUSH)
+        return gather_then_gemm(flat, TPSchedule(push=True, gemm_streams=2 if kind == "tp_push_s2" else 1), rows,
+                                TP_ROW_BYTES, keep_own=False)
     if kind.startswith("os_"):  # one-shot: one slot whatever the mode (conccl.collectives.one_shot)
         return {"os_ag": lambda: plan_one_shot_all_gather(world, rank, 64, False),
                 "os_a2a": lambda: plan_one_shot_all_to_all(world, rank, equal_split_matrix(world, 32)),
@@ -81,6 +94,7 @@ def _run(world, calls, mode, seed, half=workspace_half, plans=None):
     plans = plans or [[_plans(world, r, kind, mode) for kind in calls] for r in range(world)]
     outs: dict = {}  # (rank, output byte) -> the call that wrote it, or -s: the caller took it after call s
     pads = [[0] * signal_pad_words(world) for _ in range(world)]
+    marks = [[0] * MARK_WORDS for _ in range(world)]  # each rank's own mark words
     tags: dict = {}  # (rank, workspace byte) -> the call that wrote it
     call = [0] * world  # each rank's call under way (index into calls)
     pcs = [None] * world  # each rank's program counters of that call's slots
@@ -99,6 +113,17 @@ def _run(world, calls, mode, seed, half=workspace_half, plans=None):
         elif isinstance(op, SetSignal):
             word = signal_word(op.kind, r, world)
             pads[op.peer][word] = max(pads[op.peer][word], s + op.seq_delta)
+        elif isinstance(op, AwaitMark):
+            if marks[r][op.word] < s:
+                return "blocked"
+        elif isinstance(op, Mark):
+            marks[r][op.word] = s
+        elif isinstance(op, Compute):  # a GEMM step: reads its rows where the peer pushed them
+            if op.ws_offset is not None:
+                for g in ws_bytes(r, s, op.ws_offset, (op.row_end - op.row_start) * TP_ROW_BYTES, schedule):
+                    if tags.get(g) != s:
+                        return f"rank {r} call {s} ({calls[call[r]]}) GEMM step read workspace byte {g[1]} " \
+                               f"holding call {tags.get(g)}'s bytes"
         elif isinstance(op, (Copy, Reduce)):
             if isinstance(op, Copy):
                 t = op.transfer
@@ -165,7 +190,7 @@ def _run(world, calls, mode, seed, half=workspace_half, plans=None):
 
 
 KINDS = ("ag", "rs", "ar", "ar_1p", "a2a", "ag_sym", "ag_sp", "ag_push", "ag_push_via", "os_ag", "os_a2a", "os_rs",
-         "os_ar")
+         "os_ar", "tp_push", "tp_push_s2")
 
 
 @pytest.mark.parametrize("mode", list(StreamMode))
@@ -235,7 +260,7 @@ def small_double_buffer(monkeypatch):
         plan.cache_clear()
 
 
-WHOLE_KINDS = KINDS + ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big")
+WHOLE_KINDS = KINDS + ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big", "tp_push_big")
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -251,8 +276,8 @@ def test_whole_and_double_buffered_calls_mix(world, small_double_buffer):
     for mode in StreamMode:
         # a whole call first, then pushes into the halves it used (found in review: call 2's
         # pushes once waited for a FREE the zeroed pad already satisfied)
-        for first in ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big"):
-            for then in ("rs", "ar", "os_ar", "ag_sp", "ar_1p"):
+        for first in ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big", "tp_push_big"):
+            for then in ("rs", "ar", "os_ar", "ag_sp", "ar_1p", "tp_push"):
                 for seed in range(30):
                     assert _run(world, [first, then, then, first, then], mode, seed) is None, (world, mode, seed, first,
                                                                                                then)
@@ -260,3 +285,32 @@ def test_whole_and_double_buffered_calls_mix(world, small_double_buffer):
             rng = random.Random(seed)
             calls = [rng.choice(WHOLE_KINDS) for _ in range(8)]
             assert _run(world, calls, mode, seed) is None, (world, mode, seed, calls)
+
+
+def _without(plan, drop):
+    """``plan`` with the ops ``drop(slot, op)`` names taken out."""
+    import dataclasses
+
+    return dataclasses.replace(plan, slots=tuple(tuple(op for op in ops if not drop(k, op))
+                                                 for k, ops in enumerate(plan.slots)))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_model_sees_a_push_pipeline_without_its_waits(world, small_double_buffer):
+    """The counter-tests for the push pipeline: without the marks its GEMM steps wait on, a
+    step reads a peer's shard before it landed; without the whole call's wait for its GEMM
+    steps before its release, a double-buffered push after it overwrites what a step still
+    reads. With the plans as built, no run does either."""
+    assert not _plans(world, 0, "tp_push_big", StreamMode.PER_PEER).double_buffered
+    assert _plans(world, 0, "tp_push", StreamMode.PER_PEER).double_buffered
+    cases = (
+        (["tp_push"] * 5, lambda k, op: isinstance(op, AwaitMark)),
+        (["tp_push_big", "rs", "ag_sp", "tp_push_big", "rs", "tp_push"],
+         lambda k, op: k == 0 and isinstance(op, AwaitMark)),
+    )
+    for calls, drop in cases:
+        plans = [[_without(_plans(world, r, kind, StreamMode.PER_PEER), drop) if kind.startswith("tp_push") else
+                  _plans(world, r, kind, StreamMode.PER_PEER) for kind in calls] for r in range(world)]
+        found = [_run(world, calls, StreamMode.PER_PEER, seed, plans=plans) for seed in range(60)]
+        assert any(f and "GEMM step read" in f for f in found), calls
+        assert all(_run(world, calls, StreamMode.PER_PEER, seed) is None for seed in range(60)), calls

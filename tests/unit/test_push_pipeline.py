@@ -108,8 +108,6 @@ def test_a_whole_call_frees_its_workspace_only_after_every_gemm_step(world, tp):
             assert all(isinstance(e, Mark) for e in ends) and len({e.word for e in ends}) == len(ends)
             waited = {op.word for op in s.slots[0][:frees[0]] if isinstance(op, AwaitMark)}
             assert waited == {e.word for e in ends}
-            assert not any(isinstance(op, Compute) and op.ws_offset is not None
-                           for ops in gemm for op in ops[ops.index(ops[-1]):])
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -137,16 +135,29 @@ def test_every_mark_is_written_and_awaited_once_so_a_captured_call_resets_it(wor
         assert set(done_waits.values()) <= {1} and len(done_waits) == world - 1
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_keep_own_writes_every_chunk_of_the_output_once(world):
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("tp", PUSH, ids=lambda t: t.name)
+def test_keep_own_writes_every_chunk_once_behind_the_gemm_steps(world, tp):
+    """The gathered rows' copies (same-GPU copies: SMs) run on the GEMM slots behind their steps,
+    not beside them; each peer's copy-out behind the step that waited for that peer's rows."""
     rows, row_bytes = SMALL
+    slot = workspace_slot(rows * row_bytes)
     for rank in range(world):
-        s = gather_then_gemm(_flat(world, rank, rows, row_bytes), PUSH[0], rows, row_bytes, keep_own=True)
+        s = gather_then_gemm(_flat(world, rank, rows, row_bytes), tp, rows, row_bytes, keep_own=True)
         covered = Counter()
         for t in s.transfers:
             if t.dst is Buf.OUTPUT and t.dst_rank == rank:
                 covered.update(range(t.dst_offset, t.dst_offset + t.nbytes))
         assert covered == Counter(range(world * rows * row_bytes))
+        for ops in s.slots:
+            computes = [i for i, op in enumerate(ops) if isinstance(op, Compute)]
+            for i, op in enumerate(ops):
+                if not (isinstance(op, Copy) and op.transfer.dst is Buf.OUTPUT):
+                    continue
+                assert computes and i > computes[-1], "a copy into the output beside the GEMM steps"
+                t = op.transfer
+                if t.src is Buf.WORKSPACE:  # the slot waited for that peer's rows before
+                    assert AwaitMark(t.src_offset // slot, t.src_offset // slot) in ops[:i]
         dropped = gather_then_gemm(_flat(world, rank, rows, row_bytes), PUSH[0], rows, row_bytes, keep_own=False)
         assert not any(t.dst is Buf.OUTPUT for t in dropped.transfers)
         assert not any(isinstance(op, Copy) and op.transfer.phase is Phase.STAGE for ops in s.slots for op in ops)
@@ -172,6 +183,21 @@ def test_the_model_weighs_push_for_all_gather_only_and_saves_it_the_staging():
     direct = tp_planner.predict(m, "ag_gemm", TPSchedule(), *args)
     assert push < direct
     assert tp_planner.choose("gemm_rs", *args, model=m).schedule != TPSchedule(push=True)
+
+
+def test_auto_weighs_push_only_at_a_world_size_whose_runs_timed_it():
+    """Push takes world x the shard of workspace: a shape not timed gets it only where push
+    was timed on as many GPUs (the shipped tables: world 2)."""
+    shipped = tp_planner._default_model("NVIDIA H100 80GB HBM3", 2, None, None)
+    assert tp_planner.push_measured(shipped, 2) and not tp_planner.push_measured(shipped, 4)
+    untimed = (8192, 4096, 7168)  # the MLP block's column-parallel shape
+    assert not shipped.pipelines["ag_gemm"].get("x".join(map(str, untimed)))
+    assert tp_planner.choose("ag_gemm", *untimed, 2, model=shipped).schedule.push
+    for world in (4, 8):
+        for shape in (untimed, (32768, 8192, 14336)):
+            assert not tp_planner.choose("ag_gemm", *shape, world, model=shipped).schedule.push
+    bare = dataclasses.replace(shipped, pipelines={})
+    assert not tp_planner.choose("ag_gemm", *untimed, 2, model=bare).schedule.push
 
 
 def _signals(schedule):

@@ -283,9 +283,10 @@ def predict(model: TPModel, op: str, tp: TPSchedule, M: int, K: int, N: int, wor
         # A step is slowed by the contention only while pieces are still landing beside it.
         busy_until = max(landed.values(), default=0.0)
         # A pipelined pull's own step pays for the staging too: a same-GPU copy on SMs, which
-        # the step waits for (a shard above 64 MiB, or captured) or runs beside (measured on 2 x
-        # H200: push, which stages nothing, 1-3% faster than direct on every shape, the
-        # staging's time at HBM speed).
+        # the step waits for (a shard above 64 MiB, or captured) or runs beside. Measured
+        # (session 12): push, which stages nothing, faster than direct on 16 of 16 shape-runs
+        # on 2 x H100 and 30 of 32 on 2 x H200, by 0.4-4.7% in the shipped medians, about the
+        # staging's time at HBM speed.
         t = stage_s if not tp.serial else 0.0
         least = model.step_overhead_s if len(steps) > 1 and world > 1 else 0.0
         for start, end, pieces in steps:
@@ -349,14 +350,14 @@ def _sending_times(model: TPModel, world, rank, tp, rows, row_bytes, done: dict)
     return out
 
 
-def candidates(M: int, world: int, scatter: bool = False) -> list[TPSchedule]:
+def candidates(M: int, world: int, scatter: bool = False, push: bool = True) -> list[TPSchedule]:
     """The schedules ``auto`` weighs: serial, ring and direct at shard level, push (all-gather
-    only: ``scatter`` False), and direct with 2 to 16 pieces per shard at every GEMM grain
-    that divides them."""
+    only, ``scatter`` False, where ``push``), and direct with 2 to 16 pieces per shard at every
+    GEMM grain that divides them."""
     rows = M // world
     # Ties go to the first: at world 2 ring and direct are one schedule (one peer).
     out = [SERIAL, TPSchedule(order=Order.DIRECT), TPSchedule(order=Order.RING)]
-    if not scatter:
+    if push and not scatter:
         out.insert(1, TPSchedule(push=True))
     for pieces in (2, 4, 8, 16):
         if pieces > rows or world * pieces > 256:
@@ -366,6 +367,16 @@ def candidates(M: int, world: int, scatter: bool = False) -> list[TPSchedule]:
                 out.append(TPSchedule(order=Order.DIRECT, pieces=pieces, gemm_pieces=g))
         out.append(TPSchedule(order=Order.RING, pieces=pieces))
     return out
+
+
+def push_measured(model: TPModel, world: int) -> bool:
+    """Whether the model's pipelines timed a push schedule on ``world`` GPUs: only then does
+    ``auto`` weigh push for shapes not timed. Push takes ``world x`` the shard of workspace
+    (pull: one shard, none from ``conccl.empty``), so at a world size never timed the model's
+    small gain (no staging) is not worth the memory and the graph workspace a user reserved
+    for pull."""
+    return model.pipelines.get("world") == world and any(
+        TPSchedule.parse(name).push for by in model.pipelines.get("ag_gemm", {}).values() for name in by)
 
 
 @dataclass(frozen=True)
@@ -397,7 +408,8 @@ def choose(op: str, M: int, K: int, N: int, world: int, dtype: str = "bfloat16",
         ranked = sorted(((TPSchedule.parse(n), r * gemm) for n, r in sorted(runs.items())), key=lambda x: x[1])
         serial = runs["serial"] * gemm if "serial" in runs else predict(m, op, SERIAL, M, K, N, world, elem)
     else:
-        ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem)) for tp in candidates(M, world, op == "gemm_rs")),
+        ranked = sorted(((tp, predict(m, op, tp, M, K, N, world, elem))
+                         for tp in candidates(M, world, op == "gemm_rs", push_measured(m, world))),
                         key=lambda x: x[1])
         serial = predict(m, op, SERIAL, M, K, N, world, elem)
     return Choice(ranked[0][0], ranked[0][1], gemm, serial, m.measured(M, K, N),

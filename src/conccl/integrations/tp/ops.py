@@ -181,8 +181,11 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
                           a.device)
     record = _recorder(async_op, [a2, gathered, *weights, *outs])
     steps = _first_of_each_size(world, g.rank, tp, rows, scatter=False)
-    _load_kernels(("ag", steps, K, a.dtype, a.device, tuple((w.shape, w.stride()) for w in weights)),
-                  lambda: [torch.mm(a2 if own else gathered[s:e], w, out=o[s:e])  # as compute reads them
+    def warm_rows(s, e, own):  # as compute reads them: a push step from an aligned workspace slot
+        return a2 if own else torch.empty_like(gathered[s:e]) if tp.push else gathered[s:e]
+
+    _load_kernels(("ag", steps, K, a.dtype, a.device, tp.push, tuple((w.shape, w.stride()) for w in weights)),
+                  lambda: [torch.mm(warm_rows(s, e, own), w, out=o[s:e])
                            for s, e, own in steps for w, o in zip(weights, outs)], g.executor.capturing())
 
     row_bytes = K * a.element_size()
@@ -191,7 +194,9 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
         record()
         if op.own:
             src = a2
-        elif workspace is not None:  # a push pipeline: the peer's rows where it pushed them
+        elif op.ws_offset is not None:  # a push pipeline: the peer's rows where it pushed them
+            if workspace is None:
+                raise RuntimeError("a push pipeline's GEMM step was handed no workspace")
             src = workspace[op.ws_offset:op.ws_offset + (op.row_end - op.row_start) * row_bytes].view(a.dtype).view(-1, K)
         else:
             src = gathered[op.row_start:op.row_end]
