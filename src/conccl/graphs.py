@@ -142,10 +142,12 @@ def graph_schedule(schedule: Schedule) -> Schedule:
             slots[0] += [WaitSignal(p, Signal.DONE), ResetSignal(p, Signal.DONE)]
     if free_gated:
         # Last on slot 0, which holds every DONE wait and every read of this rank's region (the
-        # other slots only push into the peers'; a push pipeline's GEMM steps, which read it,
-        # end with marks slot 0 has waited for): nothing touches the region any more. To every
+        # other slots only push into the peers'): nothing touches the region any more. A push
+        # pipeline's region is read by its GEMM steps instead: last on the slot of its last
+        # step, which has waited for the other GEMM slot's end (conccl.pipeline). To every
         # peer, as every rank waits for every peer's FREE (an empty chunk's gate included).
-        slots[0] += [SetSignal(p, Signal.FREE) for p in range(world) if p != rank]
+        last = _last_step_slot(schedule) if _push_pipeline(schedule) else 0
+        slots[last] += [SetSignal(p, Signal.FREE) for p in range(world) if p != rank]
     return Schedule(collective=schedule.collective, world=world, rank=rank,
                     slots=_own_copy_forked(_marks_reset(slots), schedule), algorithm=schedule.algorithm,
                     stream_mode=schedule.stream_mode, staged=schedule.staged, workspace_bytes=schedule.workspace_bytes)
@@ -170,6 +172,11 @@ def _free_gated(schedule: Schedule) -> bool:
     scatter one (their marks order their copies), which every rank runs alike."""
     return (_reshapeable(schedule) or _push_pipeline(schedule)) and any(
         isinstance(op, WaitSignal) and op.kind is Signal.FREE for slot in schedule.slots for op in slot)
+
+
+def _last_step_slot(schedule: Schedule) -> int:
+    """The slot running a pipeline's last GEMM step (the highest ``Compute.index``)."""
+    return max(((op.index, k) for k, ops in enumerate(schedule.slots) for op in ops if isinstance(op, Compute)))[1]
 
 
 def _push_pipeline(schedule: Schedule) -> bool:

@@ -315,10 +315,13 @@ def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: in
     lets a double-buffered call after it write into either half) waits for every GEMM slot's
     end mark, as the GEMM steps read the workspace after the control slot's last wait. A
     double-buffered call's release frees the other half, which no step of this call reads.
-    ``captured``: the control slot ends with the waits for those end marks, at any size: a
-    captured call's pushes wait for the FREE of the previous replay, which each rank sends
-    last on its control slot (:mod:`conccl.graphs`), so it must come after every read of its
-    region."""
+    ``captured``: a captured call's pushes wait for the FREE of the previous replay, which
+    each rank sends last (:mod:`conccl.graphs`), so it must come after every read of its
+    region: it goes last on the GEMM slot of the last step (``graphs.graph_schedule`` puts it
+    there), which first waits for the other GEMM slot's end mark. Right behind the last GEMM
+    on its own stream, not behind a mark another stream waits for: each hop between streams
+    is a memory operation's latency on the call's critical path (the decode shape's whole
+    GEMM is ~0.18 ms)."""
     rank, world = schedule.rank, schedule.world
     if world + tp.gemm_streams > MARK_WORDS:
         raise InvalidArgument(f"{world} ranks exceed the {MARK_WORDS - tp.gemm_streams} marks a push pipeline can use")
@@ -360,11 +363,15 @@ def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: in
         i = len(steps) - 1 if t.src is Buf.INPUT else next(
             i for i, (_, _, pieces) in enumerate(steps_rows) if pieces and pieces[0][0] * slot_bytes == t.src_offset)
         gemm[i % nslots].append(op)
-    if whole or at_end:
+    if whole:
         for g in range(nslots):
             gemm[g].append(Mark(_end_word(g), rank))
-    if at_end:
-        slots[0] += [AwaitMark(_end_word(g), rank) for g in range(nslots)]
+    if at_end:  # the last step's slot waits for the other's end; the FREE then follows there
+        last = (len(steps) - 1) % nslots
+        for g in range(nslots):
+            if g != last:
+                gemm[g].append(Mark(_end_word(g), rank))
+                gemm[last].append(AwaitMark(_end_word(g), rank))
     return dataclasses.replace(schedule, slots=number_slots(slots + gemm))
 
 

@@ -210,20 +210,26 @@ def _signals(schedule):
 def test_captured_its_signals_are_the_flat_staged_push_alls_and_its_free_comes_after_every_step(world, size, tp):
     """A peer may run the agreed flat call as a plain STAGED_PUSH all-gather: captured, both
     must make the same signals (free-gated up to 64 MiB). The FREE a captured call ends with
-    lets the peers' next replay push into this rank's region: after every GEMM step's end."""
+    lets the peers' next replay push into this rank's region: it comes last on the GEMM slot
+    of the last step, behind every step (that slot waits for the other GEMM slot's end)."""
     rows, row_bytes = size
     for rank in range(world):
         flat = _flat(world, rank, rows, row_bytes)
         g = graph_schedule(gather_then_gemm(flat, tp, rows, row_bytes, keep_own=False, captured=True))
         assert _signals(g) == _signals(graph_schedule(flat))
-        gemm = [ops for ops in g.slots if any(isinstance(op, Compute) for op in ops)]
-        ends = {ops[-1].word for ops in gemm}
-        assert all(isinstance(ops[-1], Mark) for ops in gemm)
-        head = g.slots[0]
-        frees = [i for i, op in enumerate(head) if isinstance(op, SetSignal) and op.kind is Signal.FREE]
-        if flat.double_buffered:
-            assert len(frees) == world - 1 and frees[-1] == len(head) - 1  # last: the free-gated protocol
-            assert any(isinstance(op, WaitSignal) and op.kind is Signal.FREE for ops in g.slots for op in ops)
-        else:
-            assert not frees  # READY-gated: each replay's region is its own
-        assert {op.word for op in head[:frees[0] if frees else len(head)] if isinstance(op, AwaitMark)} == ends
+        gemm = [k for k, ops in enumerate(g.slots) if any(isinstance(op, Compute) for op in ops)]
+        last = max((op.index, k) for k in gemm for op in g.slots[k] if isinstance(op, Compute))[1]
+        others = [k for k in gemm if k != last]
+        assert all(isinstance(g.slots[k][-1], Mark) for k in others)  # each other GEMM slot ends with its mark
+        tail = g.slots[last]
+        frees = [i for i, op in enumerate(tail) if isinstance(op, SetSignal) and op.kind is Signal.FREE]
+        if not flat.double_buffered:
+            assert not any(isinstance(op, SetSignal) and op.kind is Signal.FREE for ops in g.slots for op in ops)
+            continue  # READY-gated: each replay's region is its own
+        assert len(frees) == world - 1 and frees == list(range(len(tail) - world + 1, len(tail)))  # last
+        assert not any(isinstance(op, SetSignal) and op.kind is Signal.FREE
+                       for k, ops in enumerate(g.slots) if k != last for op in ops)
+        before = tail[:frees[0]]
+        assert {op.word for op in before if isinstance(op, AwaitMark)} >= {g.slots[k][-1].word for k in others}
+        assert max(i for i, op in enumerate(tail) if isinstance(op, Compute)) < frees[0]
+        assert any(isinstance(op, WaitSignal) and op.kind is Signal.FREE for ops in g.slots for op in ops)
