@@ -146,7 +146,7 @@ def graph_schedule(schedule: Schedule) -> Schedule:
         # pipeline's region is read by its GEMM steps instead: last on the slot of its last
         # step, which has waited for the other GEMM slot's end (conccl.pipeline). To every
         # peer, as every rank waits for every peer's FREE (an empty chunk's gate included).
-        last = _last_step_slot(schedule) if _push_pipeline(schedule) else 0
+        last = _free_slot(schedule) if _push_pipeline(schedule) else 0
         slots[last] += [SetSignal(p, Signal.FREE) for p in range(world) if p != rank]
     return Schedule(collective=schedule.collective, world=world, rank=rank,
                     slots=_own_copy_forked(_marks_reset(slots), schedule), algorithm=schedule.algorithm,
@@ -166,17 +166,29 @@ def _free_gated(schedule: Schedule) -> bool:
     the call's previous replay instead of their READY of this one (see the module doc): any
     such call in any stream mode (the mode is each rank's own, not agreed: ranks of one call
     may differ, so the protocol must not), a push all-gather+GEMM pipeline too (a peer may run
-    the same agreed flat call as a plain ``STAGED_PUSH`` all-gather; the pipeline's control
-    slot waits for its GEMM steps before the FREE it ends with, :mod:`conccl.pipeline`), but
+    the same agreed flat call as a plain ``STAGED_PUSH`` all-gather; its FREE goes behind its
+    last GEMM step, whose slot has waited for the other GEMM slot's end: :mod:`conccl.pipeline`,
+    :func:`_free_slot`), but
     not a one-shot call (one kernel, its own protocol) or a pull pipeline or a GEMM+reduce-
     scatter one (their marks order their copies), which every rank runs alike."""
     return (_reshapeable(schedule) or _push_pipeline(schedule)) and any(
         isinstance(op, WaitSignal) and op.kind is Signal.FREE for slot in schedule.slots for op in slot)
 
 
-def _last_step_slot(schedule: Schedule) -> int:
-    """The slot running a pipeline's last GEMM step (the highest ``Compute.index``)."""
-    return max(((op.index, k) for k, ops in enumerate(schedule.slots) for op in ops if isinstance(op, Compute)))[1]
+def _free_slot(schedule: Schedule) -> int:
+    """The slot a captured push pipeline's FREE goes last on: the one running its last GEMM
+    step (the highest ``Compute.index``), which must already wait for every other GEMM slot's
+    final mark (the pipeline built with ``captured=True``); ValueError otherwise, as a FREE
+    there would let a peer's next replay push into rows a GEMM step still reads."""
+    gemm = [k for k, ops in enumerate(schedule.slots) if any(isinstance(op, Compute) for op in ops)]
+    last = max((op.index, k) for k in gemm for op in schedule.slots[k] if isinstance(op, Compute))[1]
+    awaited = {op.word for op in schedule.slots[last] if isinstance(op, AwaitMark)}
+    for k in gemm:
+        end = schedule.slots[k][-1]
+        if k != last and not (isinstance(end, Mark) and end.word in awaited):
+            raise ValueError("a captured push pipeline's last GEMM slot does not wait for the others' ends: build it "
+                             "with gather_then_gemm(..., captured=True)")
+    return last
 
 
 def _push_pipeline(schedule: Schedule) -> bool:

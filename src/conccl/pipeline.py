@@ -328,10 +328,11 @@ def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: in
     slot_bytes = workspace_slot(rows * row_bytes)
     steps_rows = gemm_steps(world, rank, tp, rows)
     nslots = min(tp.gemm_streams, len(steps_rows))
-    # a release to wait for (none at world 1): eagerly a whole call's, captured the last FREE
+    # a release to wait for (none at world 1): eagerly a whole call's; captured, the FREE a
+    # free-gated call ends with (up to 64 MiB: a whole call's pushes wait for READY instead)
     releases = any(isinstance(op, SetSignal) and op.kind is Signal.FREE for op in schedule.slots[0])
     whole = releases and not schedule.double_buffered and not captured
-    at_end = releases and captured
+    at_end = releases and captured and schedule.double_buffered
     outputs: list = []  # the flat call's copies into the output (keep_own): after the GEMM steps
     slots = []
     for k, ops in enumerate(schedule.slots):

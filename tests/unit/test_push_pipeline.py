@@ -207,29 +207,46 @@ def _signals(schedule):
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("size", [SMALL, WHOLE], ids=["double", "whole"])
 @pytest.mark.parametrize("tp", PUSH, ids=lambda t: t.name)
-def test_captured_its_signals_are_the_flat_staged_push_alls_and_its_free_comes_after_every_step(world, size, tp):
+@pytest.mark.parametrize("keep_own", [False, True])
+def test_captured_its_signals_are_the_flat_staged_push_alls_and_its_free_comes_after_every_step(world, size, tp,
+                                                                                                  keep_own):
     """A peer may run the agreed flat call as a plain STAGED_PUSH all-gather: captured, both
     must make the same signals (free-gated up to 64 MiB). The FREE a captured call ends with
     lets the peers' next replay push into this rank's region: it comes last on the GEMM slot
-    of the last step, behind every step (that slot waits for the other GEMM slot's end)."""
+    of the last step, behind every step and every copy out of the region (that slot waits
+    for the other GEMM slot's end)."""
     rows, row_bytes = size
     for rank in range(world):
         flat = _flat(world, rank, rows, row_bytes)
-        g = graph_schedule(gather_then_gemm(flat, tp, rows, row_bytes, keep_own=False, captured=True))
+        g = graph_schedule(gather_then_gemm(flat, tp, rows, row_bytes, keep_own=keep_own, captured=True))
         assert _signals(g) == _signals(graph_schedule(flat))
+        if not flat.double_buffered:  # READY-gated: each replay's region is its own, no FREE
+            assert not any(isinstance(op, SetSignal) and op.kind is Signal.FREE for ops in g.slots for op in ops)
+            assert not any(isinstance(op, (Mark, AwaitMark)) and op.word >= 200 for ops in g.slots for op in ops)
+            continue
         gemm = [k for k, ops in enumerate(g.slots) if any(isinstance(op, Compute) for op in ops)]
         last = max((op.index, k) for k in gemm for op in g.slots[k] if isinstance(op, Compute))[1]
         others = [k for k in gemm if k != last]
         assert all(isinstance(g.slots[k][-1], Mark) for k in others)  # each other GEMM slot ends with its mark
         tail = g.slots[last]
         frees = [i for i, op in enumerate(tail) if isinstance(op, SetSignal) and op.kind is Signal.FREE]
-        if not flat.double_buffered:
-            assert not any(isinstance(op, SetSignal) and op.kind is Signal.FREE for ops in g.slots for op in ops)
-            continue  # READY-gated: each replay's region is its own
         assert len(frees) == world - 1 and frees == list(range(len(tail) - world + 1, len(tail)))  # last
         assert not any(isinstance(op, SetSignal) and op.kind is Signal.FREE
                        for k, ops in enumerate(g.slots) if k != last for op in ops)
         before = tail[:frees[0]]
         assert {op.word for op in before if isinstance(op, AwaitMark)} >= {g.slots[k][-1].word for k in others}
-        assert max(i for i, op in enumerate(tail) if isinstance(op, Compute)) < frees[0]
+        reads = [i for i, op in enumerate(tail) if isinstance(op, Compute) or (
+            isinstance(op, Copy) and op.transfer.src is Buf.WORKSPACE)]
+        assert max(reads) < frees[0]
+        for k in others:  # the other slot's reads of the region come before its end mark
+            assert not any(isinstance(op, Copy) and op.transfer.src is Buf.WORKSPACE for op in g.slots[k][-1:])
         assert any(isinstance(op, WaitSignal) and op.kind is Signal.FREE for ops in g.slots for op in ops)
+
+
+def test_graph_schedule_refuses_a_push_pipeline_not_built_for_capture():
+    """Built eagerly (captured=False), push-s2's last GEMM slot does not wait for the other's
+    end: a FREE placed behind it would free rows the other slot may still read."""
+    rows, row_bytes = SMALL
+    eager = gather_then_gemm(_flat(3, 0, rows, row_bytes), PUSH[1], rows, row_bytes, keep_own=False)
+    with pytest.raises(ValueError):
+        graph_schedule(eager)
