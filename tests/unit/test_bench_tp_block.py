@@ -50,3 +50,23 @@ def test_the_unsharded_reference_takes_each_ranks_rows_and_shards():
         own, cols = slice(rank * rows, (rank + 1) * rows), slice(rank * ffn // 2, (rank + 1) * ffn // 2)
         assert torch.equal(part[0], whole[0][own]) and torch.equal(part[1], whole[1][own])
         assert torch.equal(part[2], whole[2][cols]) and torch.equal(part[4], whole[4][:, cols])
+
+
+def test_the_block_records_what_auto_ran():
+    """`auto` in the block resolves per shape; the record and the table name the picks (the
+    shipped H100 table: push for the all-gather+GEMM shape at world 2), a named schedule none."""
+    from conccl.integrations import tp as ctp
+    from conccl.planner import tp as tp_planner
+
+    class _Ctp:  # conccl.tp's resolver, planned for an H100 (no GPU here)
+        @staticmethod
+        def resolve_schedule(schedule, op, M, K, N, world, dtype, device):
+            return tp_planner.choose(op, M, K, N, world, "bfloat16", device_name="NVIDIA H100 80GB HBM3").schedule
+
+    picks = tp_block.auto_picks(_Ctp, "auto", 8192, 4096, 7168, 2, torch.bfloat16, None)
+    assert picks.startswith("ag_gemm push") and ", gemm_rs " in picks and "push" not in picks.split("gemm_rs")[1]
+    assert tp_block.auto_picks(ctp, "direct", 8192, 4096, 7168, 2, torch.bfloat16, None) is None
+    rec = tp_block.BlockRecord(8192, 4096, 14336, 2, "conccl", "auto", 1.0, 0.01, 1.1, 0.5, True, 0.0, 0.001,
+                               resolved=picks)
+    doc = tp_block.document({"machine_kind": "x", "world": 2}, [rec], 1, 2)
+    assert f"| conccl | auto ({picks}) |" in tp_block.markdown(doc)

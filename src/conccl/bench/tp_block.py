@@ -56,6 +56,19 @@ class BlockRecord:
     max_diff_vs_nccl: float | None = None
     rel_diff_vs_unsharded: float | None = None
     error: str | None = None
+    resolved: str | None = None  # what "auto" ran: "ag_gemm NAME, gemm_rs NAME" (the block's two shapes)
+
+
+def auto_picks(ctp, schedule, tokens: int, d: int, fs: int, world: int, dtype, device) -> str | None:
+    """What ``schedule`` "auto" runs in the block, whose layers make two shapes of op (forward
+    and backward alike): the all-gather+GEMM ``tokens x d x fs`` (column forward, row backward)
+    and the GEMM+reduce-scatter ``tokens x fs x d`` (row forward, column backward). None for a
+    named schedule."""
+    if schedule != "auto":
+        return None
+    ag = ctp.resolve_schedule("auto", "ag_gemm", tokens, d, fs, world, dtype, device).name
+    rs = ctp.resolve_schedule("auto", "gemm_rs", tokens, fs, d, world, dtype, device).name
+    return f"ag_gemm {ag}, gemm_rs {rs}"
 
 
 def _functions(torch):
@@ -308,9 +321,10 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
         rel = None if impl == "compute_only" else max(_every(dist, world, _relative(torch, got, reference)))
         bitwise = None if cmp is None else all(_every(dist, world, cmp[0]))
         diff = None if cmp is None else max(_every(dist, world, cmp[1]))
+        picks = auto_picks(ctp, schedule, tokens, d, fs, world, dt, dev) if impl.startswith("conccl") else None
         records.append(BlockRecord(tokens, d, ffn, world, impl, schedule, med, spread,
                                    med / base if base else None, slowest(dist, world, queued)[0],
-                                   bitwise, diff, rel))
+                                   bitwise, diff, rel, resolved=picks))
         if progress is not None and rank == 0:
             progress(records[-1])
     return records
@@ -379,7 +393,8 @@ def markdown(doc: dict) -> str:
 
         def f(v, spec):
             return "" if v is None else format(v, spec)
-        lines.append(f"| {shape} | {r['impl']} | {r['schedule'] or ''} | {r['ms']:.3f} | {100 * r['ms_spread']:.1f}% "
+        schedule = (r["schedule"] or "") + (f" ({r['resolved']})" if r.get("resolved") else "")
+        lines.append(f"| {shape} | {r['impl']} | {schedule} | {r['ms']:.3f} | {100 * r['ms_spread']:.1f}% "
                      f"| {f(r['ratio'], '.3f')} | {f(r['host_ms'], '.2f')} | "
                      f"{'' if r['bitwise_vs_nccl'] is None else ('yes' if r['bitwise_vs_nccl'] else 'no')} | "
                      f"{f(r['max_diff_vs_nccl'], '.3g')} | {f(r['rel_diff_vs_unsharded'], '.3g')} |")
