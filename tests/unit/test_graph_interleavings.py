@@ -23,6 +23,7 @@ from conccl.graphs import graph_schedule
 from conccl.pipeline import TPSchedule, gather_then_gemm
 from conccl.schedule import (MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetMark,
                              ResetSignal, SetSignal, Signal, StreamMode, WaitSignal, signal_pad_words, signal_word)
+from test_protocol_interleavings import op_bytes  # the eager model's: what a copy or a sum reads and writes
 
 ROW_BYTES = 16
 
@@ -108,14 +109,7 @@ def _run(world, calls, mode, seed, replays=4, plans=None):
             if stale:
                 return f"{where}: a GEMM step read {stale}"
         elif isinstance(op, (Copy, Reduce)):
-            if isinstance(op, Copy):
-                t = op.transfer
-                reads = [(t.src_rank, t.src, t.src_offset, t.nbytes)]
-                writes = [(t.dst_rank, t.dst, t.dst_offset, t.nbytes)]
-            else:
-                ranks = op.src_ranks or (r,) * len(op.srcs)
-                reads = [(who, buf, off, op.nbytes) for who, (buf, off) in zip(ranks, op.srcs)]
-                writes = [(r, op.dst[0], op.dst[1], op.nbytes)]
+            reads, writes = op_bytes(op, r)
             for who, buf, off, n in reads:
                 stale = buf is Buf.WORKSPACE and reads_stale(who, off, n, c, replay)
                 if stale:

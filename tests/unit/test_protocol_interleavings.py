@@ -82,6 +82,17 @@ def _plans(world, rank, kind, mode):
     return plan_all_reduce(world, rank, 64, 4, "float32", stream_mode=mode)
 
 
+def op_bytes(op, rank):
+    """(reads, writes) of a Copy or Reduce that ``rank`` runs, each [(rank, buf, offset, nbytes)]
+    (a one-shot reduction's operands are the peers': ``src_ranks``)."""
+    if isinstance(op, Copy):
+        t = op.transfer
+        return [(t.src_rank, t.src, t.src_offset, t.nbytes)], [(t.dst_rank, t.dst, t.dst_offset, t.nbytes)]
+    ranks = op.src_ranks or (rank,) * len(op.srcs)
+    return ([(who, buf, off, op.nbytes) for who, (buf, off) in zip(ranks, op.srcs)],
+            [(rank, op.dst[0], op.dst[1], op.nbytes)])
+
+
 OUTPUT_BYTES = {"ag_push": 64, "ag_push_via": 64}  # per rank: outputs checked whole at the call's end
 
 
@@ -125,14 +136,7 @@ def _run(world, calls, mode, seed, half=workspace_half, plans=None):
                         return f"rank {r} call {s} ({calls[call[r]]}) GEMM step read workspace byte {g[1]} " \
                                f"holding call {tags.get(g)}'s bytes"
         elif isinstance(op, (Copy, Reduce)):
-            if isinstance(op, Copy):
-                t = op.transfer
-                reads = [(t.src_rank, t.src, t.src_offset, t.nbytes)]
-                writes = [(t.dst_rank, t.dst, t.dst_offset, t.nbytes)]
-            else:
-                ranks = op.src_ranks or (r,) * len(op.srcs)
-                reads = [(who, buf, off, op.nbytes) for who, (buf, off) in zip(ranks, op.srcs)]
-                writes = [(r, op.dst[0], op.dst[1], op.nbytes)]
+            reads, writes = op_bytes(op, r)
             for who, buf, off, n in reads:
                 if buf is Buf.OUTPUT and who != r:
                     for i in range(off, off + n, 8):
