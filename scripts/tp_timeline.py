@@ -1,5 +1,6 @@
-"""Where the time of an all-gather+GEMM goes on two GPUs, per shape and implementation: the GPU
-timelines of profiled calls, timed as ``conccl bench tp`` times them (issue 39, item 1).
+"""Where the time of an all-gather+GEMM (``--op ag_gemm``) or a GEMM+reduce-scatter (``--op gemm_rs``)
+goes on two GPUs, per shape and implementation: the GPU timelines of profiled calls, timed as
+``conccl bench tp`` times them (issue 39, item 1).
 
 Every implementation runs once per round, in turn (clock and power drift fall on all alike),
 each call queued while the GPU sleeps (a ``torch.cuda._sleep`` kernel on the caller's stream),
@@ -15,7 +16,9 @@ call, from the end of its sleep kernel:
 - ``stage``: same-GPU copies (``Memcpy DtoD``: the shard staged into symmetric memory, the own
   chunk into the output where it is made), ``peer``: the copy engines' peer copies (``Memcpy PtoP``), their
   summed time and when the last one ends;
-- ``other``: every other kernel (async-TP's barrier, conccl's reduction).
+- ``other``: every other kernel (async-TP's barrier, conccl's reduction); ``gemm_end``,
+  ``other_start``, ``other_end``: when the last GEMM kernel ends and the other kernels start
+  and end (a GEMM+reduce-scatter's exposed tail: the wait for the last piece, then the sum).
 
 Medians over the profiled rounds, per rank; the printed table is rank 0's, the JSON has every
 rank's. Needs 2 or more GPUs::
@@ -100,7 +103,10 @@ def call_summary(t0: float, ops: list) -> dict:
             "stage": sum(e["end"] - e["start"] for e in stage),
             "peer": sum(e["end"] - e["start"] for e in peer),
             "peer_end": max((e["end"] for e in peer), default=t0) - t0,
-            "other": sum(e["end"] - e["start"] for e in other)}
+            "other": sum(e["end"] - e["start"] for e in other),
+            "gemm_end": last - t0,
+            "other_start": min((e["start"] for e in other), default=end) - t0,
+            "other_end": max((e["end"] for e in other), default=t0) - t0}
 
 
 def _medians(summaries: list) -> dict:
@@ -108,7 +114,7 @@ def _medians(summaries: list) -> dict:
     return {k: round(statistics.median(s[k] for s in summaries), 1) for k in keys}
 
 
-def _rank(rank, world, shapes, schedules, warmup, rounds):
+def _rank(rank, world, shapes, schedules, warmup, rounds, op="ag_gemm"):
     from torch.profiler import ProfilerActivity, profile
 
     import conccl
@@ -119,18 +125,21 @@ def _rank(rank, world, shapes, schedules, warmup, rounds):
     out = []
     for M, K, N in shapes:
         g = torch.Generator(device="cuda").manual_seed(rank)
-        a = torch.randn(M // world, K, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.25
+        rs = op == "gemm_rs"  # a: the whole M rows (reduce-scatter) or this rank's shard (all-gather)
+        a = torch.randn(M if rs else M // world, K, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.25
         w = torch.randn(K, N, device="cuda", dtype=torch.bfloat16,
                         generator=torch.Generator(device="cuda").manual_seed(9)) / K ** 0.25
         full = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
         prod = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        auto = ctp.resolve_schedule("auto", "ag_gemm", M, K, N, world, a.dtype, a.device).name
+        auto = ctp.resolve_schedule("auto", op, M, K, N, world, a.dtype, a.device).name
         impls = {"gemm_alone": lambda: torch.mm(full, w, out=prod)}
+        call = ((lambda s: ctp.matmul_reduce_scatter(a, w, schedule=s)) if rs
+                else (lambda s: ctp.all_gather_matmul(a, w, schedule=s)))
         for s in schedules:
-            impls[f"conccl {s}"] = lambda s=s: ctp.all_gather_matmul(a, w, schedule=s)
-        impls[f"conccl auto ({auto})"] = lambda: ctp.all_gather_matmul(a, w, schedule="auto")
+            impls[f"conccl {s}"] = lambda s=s: call(s)
+        impls[f"conccl auto ({auto})"] = lambda: call("auto")
         if async_tp is not None:
-            impls["torch async-TP"] = lambda: async_tp.ag(a, w)
+            impls["torch async-TP"] = (lambda: async_tp.rs(a, w)) if rs else (lambda: async_tp.ag(a, w))
         names, fns = list(impls), list(impls.values())
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         timed = {n: [] for n in names}
@@ -159,7 +168,7 @@ def _rank(rank, world, shapes, schedules, warmup, rounds):
         per = {n: [] for n in names}
         for i, (t0, ops) in enumerate(calls):
             per[names[i % len(names)]].append(call_summary(t0, ops))
-        rec = {"shape": f"{M}x{K}x{N}", "rank": rank, "auto": auto, "impls": {}}
+        rec = {"op": op, "shape": f"{M}x{K}x{N}", "rank": rank, "auto": auto, "impls": {}}
         for n in names:
             rec["impls"][n] = dict(_medians(per[n]), events_us=round(statistics.median(timed[n]), 1))
         alone = rec["impls"]["gemm_alone"]
@@ -171,11 +180,11 @@ def _rank(rank, world, shapes, schedules, warmup, rounds):
 
 
 COLUMNS = ("events_us", "over_alone", "wall", "gemm", "gemm_over_alone", "gemm_streams", "no_gemm", "head", "gaps",
-           "tail", "stage", "peer", "peer_end", "other")
+           "tail", "stage", "peer", "peer_end", "other", "gemm_end", "other_start", "other_end")
 
 
 def markdown(results, meta) -> str:
-    lines = [f"# Where an all-gather+GEMM's time goes ({meta.get('device')}, world {len(results)})", "",
+    lines = [f"# Where a tensor-parallel op's time goes ({meta.get('device')}, world {len(results)})", "",
              f"{meta.get('date')}, commit {meta.get('commit')}, torch {torch.__version__}. Microseconds, medians of "
              f"{meta.get('rounds')} profiled rounds in turn, rank 0 (`events_us`, `over_alone`: CUDA events of the "
              "same rounds; the slowest rank's in the JSON). See the script's doc for each column.", ""]
@@ -189,7 +198,9 @@ def markdown(results, meta) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="8192x8192x14336,4096x8192x8192", help="MxKxN,... (M: the gathered rows)")
+    ap.add_argument("--op", choices=("ag_gemm", "gemm_rs"), default="ag_gemm")
+    ap.add_argument("--shapes", default="8192x8192x14336,4096x8192x8192",
+                    help="MxKxN,... (M: the gathered rows, or the rows each rank multiplies before the reduce-scatter)")
     ap.add_argument("--schedules", default="direct,direct-p2,ring-p2,direct-s2,direct-p2-s2")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=7)
@@ -205,7 +216,7 @@ def main() -> int:
     from conccl.launch import run_per_gpu
 
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    results = run_per_gpu(_rank, shapes, a.schedules.split(","), a.warmup, a.rounds)
+    results = run_per_gpu(_rank, shapes, a.schedules.split(","), a.warmup, a.rounds, a.op)
     meta = dict(environment(a.machine_kind, len(results)), rounds=a.rounds)
     for per_rank in zip(*results):  # the slowest rank's events time beside rank 0's figures
         for n, r in per_rank[0]["impls"].items():
