@@ -53,7 +53,8 @@ def _gpu_events(prof) -> list:
 
 
 def _is_sleep(e) -> bool:
-    return e["cat"] == "kernel" and "spin_kernel" in e["name"]  # torch.cuda._sleep's (not conccl's spin waits)
+    # torch.cuda._sleep's (~1 ms; not conccl's spin waits, nor another library's short spin kernel)
+    return e["cat"] == "kernel" and "spin_kernel" in e["name"] and e["end"] - e["start"] > 400
 
 
 def _is_gemm(e) -> bool:
