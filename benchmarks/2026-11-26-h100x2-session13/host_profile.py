@@ -41,6 +41,29 @@ def _rank(rank, world, out_dir):
         "tp ag_gemm 1024x8192x7168 auto": lambda: ctp.all_gather_matmul(a_ag, w_ag, schedule="auto"),
         "tp gemm_rs 1024x3584x8192 direct": lambda: ctp.matmul_reduce_scatter(a_rs, w_rs, schedule="direct"),
     }
+    if os.environ.get("HOST_PROFILE_AB"):  # the TP calls with the executor's GEMM steps run as before
+        from conccl.executors.cuda_ce import CudaCopyEngineExecutor
+
+        def _on_context(self, stream, compute):  # session 12's: torch.cuda.stream() per step
+            def run(op):
+                with torch.cuda.stream(stream):
+                    compute(op)
+            return run
+
+        new_on = CudaCopyEngineExecutor._on
+
+        def with_on(on, fn):
+            def call():
+                CudaCopyEngineExecutor._on = on
+                try:
+                    return fn()
+                finally:
+                    CudaCopyEngineExecutor._on = new_on
+            return call
+
+        for name in [n for n in cases if n.startswith("tp")]:
+            cases[name + " (stream context)"] = with_on(_on_context, cases[name])
+            cases[name] = with_on(new_on, cases[name])
     res = {}
     for name, fn in cases.items():
         calls = CALLS if not name.startswith("tp") else 300

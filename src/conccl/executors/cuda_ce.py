@@ -402,12 +402,24 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             return compute(op, workspace)
         return call
 
-    @staticmethod
-    def _on(stream, compute):
-        """``compute`` called with ``stream`` current (a pipeline's GEMM steps on their slot's)."""
+    def _on(self, stream, compute):
+        """``compute`` called with ``stream`` current (a pipeline's GEMM steps on their slot's).
+        Where ``stream``'s device is current (the usual case), swapped in and out by
+        ``torch.cuda.set_stream``: ``torch.cuda.stream()``'s context looks the device up and
+        builds Stream objects, ~30 us of host time per step under a profiler (two per
+        conccl.tp call; session 13's host_profile.py); otherwise by that context."""
+        index = self._device_index
+
         def run(op):
-            with torch.cuda.stream(stream):
-                compute(op)
+            if torch.cuda.current_device() != index:
+                with torch.cuda.stream(stream):
+                    return compute(op)
+            prev = current_stream(index)
+            torch.cuda.set_stream(stream)
+            try:
+                return compute(op)
+            finally:
+                torch.cuda.set_stream(prev)
         return run
 
     def _control_stream(self, caller, on_group_stream: bool):
