@@ -10,7 +10,7 @@ from conccl.errors import InvalidArgument
 from conccl.pipeline import (SERIAL, Order, TPSchedule, gather_then_gemm, gemm_steps, gemm_then_scatter,
                              split_rows)
 from conccl.planner import tp as tp_planner
-from conccl.schedule import AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, StreamMode, max_slots
+from conccl.schedule import AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, StreamMode, WaitSignal, max_slots
 
 SCHEDULES = [SERIAL, TPSchedule(order=Order.RING), TPSchedule(), TPSchedule(pieces=4),
              TPSchedule(pieces=4, gemm_pieces=2), TPSchedule(order=Order.RING, pieces=3, gemm_pieces=3),
@@ -118,10 +118,23 @@ def test_scatter_pipeline_sends_each_piece_after_its_rows_are_computed(world, tp
                     need = set(range(t.src_offset // row_bytes, (t.src_offset + t.nbytes) // row_bytes))
                     assert need <= written[pending.word]
                     pending = None
-                elif isinstance(op, Reduce):
-                    own = set(range(rank * rows, (rank + 1) * rows))
-                    waited = {o.word for o in ops[:ops.index(op)] if isinstance(o, AwaitMark)}
-                    assert own <= set().union(*(written[w] for w in waited))
+        # The reduction: behind the last GEMM step on its stream, the peers' DONE waits right
+        # before it; it reads the own rows, computed before it on its stream or marked elsewhere
+        # and awaited; every mark has a waiter (a captured call's marks must be reset by one).
+        (red_slot,) = [ops for ops in s.slots if any(isinstance(op, Reduce) for op in ops)]
+        assert any(isinstance(op, Compute) for op in red_slot), "the reduction is not on a GEMM stream"
+        at = next(i for i, op in enumerate(red_slot) if isinstance(op, Reduce))
+        last = max(i for i, op in enumerate(red_slot) if isinstance(op, Compute))
+        assert last < at and red_slot[last].index == len(gemm_steps(world, rank, tp, rows, scatter=True)) - 1
+        between = red_slot[last + 1:at]
+        assert all(isinstance(op, (Mark, AwaitMark, WaitSignal)) for op in between), between
+        assert sorted(op.peer for op in between if isinstance(op, WaitSignal)) == [p for p in range(world) if p != rank]
+        own = set(range(rank * rows, (rank + 1) * rows))
+        before = set().union(*(set(range(op.row_start, op.row_end)) for op in red_slot[:at] if isinstance(op, Compute)))
+        waited = {o.word for o in red_slot[:at] if isinstance(o, AwaitMark)}
+        assert own <= before | set().union(*(written[w] for w in waited)), "the sum reads own rows not computed yet"
+        awaited = {op.word for ops in s.slots for op in ops if isinstance(op, AwaitMark)}
+        assert set(written) == awaited, "a mark nobody waits for (or a wait nobody marks)"
         sent = sum(t.nbytes for t in s.transfers if t.phase is Phase.PEER)
         assert sent == (world - 1) * rows * row_bytes
 
