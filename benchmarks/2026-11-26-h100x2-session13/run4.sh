@@ -9,7 +9,7 @@ t0=$SECONDS
 nvidia-smi -L > $R/gpus.txt
 PYTHONPATH=src timeout 200 python3 -m pytest -q tests/gpu/test_gpu_tp.py tests/gpu/test_gpu_graphs.py > $R/gpu_tests.log 2>&1
 echo "gpu tests exit $? at $((SECONDS-t0)) s: $(tail -1 $R/gpu_tests.log)"
-CONCCL_RIG_TIMEOUT=200 CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src timeout 260 python3 -m pytest -q tests/rig -k "tp" > $R/rig.log 2>&1
+CONCCL_RIG_TIMEOUT=200 CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src timeout 260 python3 -m pytest -q tests/rig -k "tp-w2 or tp_layers-w2 or tp-w3 or graph-w2" > $R/rig.log 2>&1
 echo "rig exit $? at $((SECONDS-t0)) s: $(tail -1 $R/rig.log)"
 PYTHONPATH=src timeout 100 python3 scripts/tp_timeline.py --op gemm_rs --shapes 1024x3584x8192 \
     --schedules direct --rounds 9 --machine-kind nvidia-h100-x2 --json $R/rs_timeline.json \
