@@ -18,6 +18,7 @@ from conccl.planner import tp as tpp
     (["bench", "tp", "--out", "X", "--schedules", "direct-q2"], "unknown tensor-parallel schedule"),
     (["bench", "tp", "--out", "X", "--block", "8192x4096"], "TOKENSxDxFFN"),
     (["bench", "tp", "--out", "X", "--block", "8192x0x7"], "TOKENSxDxFFN"),
+    (["bench", "tp", "--out", "X", "--block", "--align"], "drop --align"),
     (["plan", "tp", "--shape", "1001x8x8", "--world", "2"], "divisible"),
     (["plan", "tp"], "--shape"),
     (["plan", "tp", "--shape", "8x8x8", "--markdown", "m.md"], "--evaluate"),
@@ -321,3 +322,18 @@ def test_the_graph_workspace_covers_every_captured_conccl_call():
     # a push pipeline takes a shard per rank; the reduce-scatter has no push schedule to run
     pushed = TPBenchConfig(shapes=shapes, schedules=("direct", "push"), impls=("gemm_only", "conccl"), graph=True)
     assert graph_workspace_bytes(pushed, 4) == 5 * (256 * 8192 * 2) + partials
+
+
+def test_align_reaches_the_config_and_the_record():
+    import argparse
+
+    from conccl.bench.tp import TPBenchConfig, document, markdown
+    from conccl.cli import bench_tp
+
+    parser = argparse.ArgumentParser()
+    bench_tp.add_parser(parser.add_subparsers())
+    for argv, want in ((["bench-tp", "--out", "X", "--align"], True), (["bench-tp", "--out", "X"], False)):
+        assert bench_tp.config(parser.parse_args(argv)).align is want
+    doc = document({"machine_kind": "x"}, TPBenchConfig(align=True), [])
+    assert doc["config"]["align"] is True and "all-reduce" in markdown(doc)
+    assert "all-reduce" not in markdown(document({"machine_kind": "x"}, TPBenchConfig(), []))

@@ -59,6 +59,11 @@ class TPBenchConfig:
     runs: int = 20
     model_world: int = 2  # one GPU: the pipeline world whose GEMM steps are timed
     graph: bool = False  # each implementation captured into a CUDA graph, its replays timed
+    # Before each run (after the GPU's sleep), a one-element NCCL all-reduce on the caller's
+    # stream, so the ranks' GPUs start the run within microseconds of each other: the figure
+    # is then the op's own, not the skew of the hosts' wake-ups (tens of microseconds, which at
+    # decode size moved 30-100-run medians by up to 45% between runs, session 13's run3/run5).
+    align: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,10 +90,11 @@ def grain_of(tp: TPSchedule) -> str:
 
 
 def timed_in_turn(torch, fns: list, warmup: int, runs: int, host: list | None = None,
-                  sleep_cycles: int = HOST_AHEAD_CYCLES) -> list[list[float]]:
+                  sleep_cycles: int = HOST_AHEAD_CYCLES, align=None) -> list[list[float]]:
     """Milliseconds per run of each of ``fns``, timed in rounds that run each once, in turn.
     ``host``: a list that receives, per fn, the host's milliseconds to queue each run;
-    ``sleep_cycles``: the GPU's sleep before each run, longer than the host's queueing of it."""
+    ``sleep_cycles``: the GPU's sleep before each run, longer than the host's queueing of it;
+    ``align``: queued after the sleep, before the start event (``TPBenchConfig.align``)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out: list[list[float]] = [[] for _ in fns]
     queued: list[list[float]] = [[] for _ in fns]
@@ -98,6 +104,8 @@ def timed_in_turn(torch, fns: list, warmup: int, runs: int, host: list | None = 
             # the host's launches (which a training step's host, running ahead, hides; where it
             # cannot, at small shapes, the host time is the figure: ``host``).
             torch.cuda._sleep(sleep_cycles)
+            if align is not None:
+                align()
             start.record()
             t0 = time.perf_counter()
             fn()
@@ -110,6 +118,13 @@ def timed_in_turn(torch, fns: list, warmup: int, runs: int, host: list | None = 
     if host is not None:
         host[:] = queued
     return out
+
+
+def _aligner(torch, dist, dev):
+    """A one-element NCCL all-reduce on the current stream: every rank's GPU leaves it within
+    microseconds of the others (``TPBenchConfig.align``)."""
+    one = torch.zeros(1, device=dev)
+    return lambda: dist.all_reduce(one)
 
 
 def _every(dist, world: int, mine) -> list:
@@ -203,7 +218,8 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                     ran = [(i, s, g, wrong) for (i, s, _, wrong), g in zip(ran, graphed[1:])]
             host: list = []
             try:
-                times = timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs, host)
+                times = timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs, host,
+                                      align=_aligner(torch, dist, dev) if cfg.align and world > 1 else None)
             except Exception as e:  # noqa: BLE001 - the shape's timings are lost, not the run
                 why = f"timing: {type(e).__name__}: {str(e)[:200]}"
                 records.append(Record(op, M, K, N, world, "gemm_only", None, None, None, None, None, error=why))
@@ -360,7 +376,7 @@ def document(meta: dict, cfg: TPBenchConfig, records: list) -> dict:
     return {"machine_kind": meta.get("machine_kind"), "commit": meta.get("commit"), "torch": meta.get("torch"),
             "meta": meta, "config": {"dtype": cfg.dtype, "warmup": cfg.warmup, "runs": cfg.runs,
                                      "schedules": list(cfg.schedules), "model_world": cfg.model_world,
-                                     "graph": cfg.graph},
+                                     "graph": cfg.graph, "align": cfg.align},
             "results": [asdict(r) for r in records]}
 
 
@@ -370,7 +386,9 @@ def markdown(doc: dict) -> str:
              f"{meta.get('date')}, commit {str(doc.get('commit'))[:12]}, torch {doc.get('torch')}, "
              f"NCCL {meta.get('nccl')}. Milliseconds: the slowest rank's median of {doc['config']['runs']} runs; "
              "ratio: over the GEMM alone." + (" Every implementation (the GEMM alone too) captured into a CUDA graph, "
-                                              "its replays timed." if doc["config"].get("graph") else ""), ""]
+                                              "its replays timed." if doc["config"].get("graph") else "")
+             + (" Each run starts after a one-element NCCL all-reduce (the ranks aligned on the GPU)."
+                if doc["config"].get("align") else ""), ""]
     lines += ["| op | M x K x N | impl | schedule | ms | spread | x GEMM | host ms | wrong |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in doc["results"]:

@@ -55,6 +55,9 @@ def add_parser(sub) -> None:
     b.add_argument("--graph", action="store_true",
                    help="capture every implementation (the GEMM alone too) into a CUDA graph and time its replays "
                         "(decode runs as a graph); conccl's captured calls reserve graph workspace for every shape")
+    b.add_argument("--align", action="store_true",
+                   help="start each run on every GPU after a one-element NCCL all-reduce, so that the hosts' skew "
+                        "(tens of microseconds) stays out of a small op's time")
     b.add_argument("--profile", metavar="FILE",
                    help="on 2 or more GPUs: also keep the pipelines' times in this hardware profile (a `conccl study` "
                         "profile.json of this GPU, rewritten in place), so that schedule='auto' runs the fastest "
@@ -78,7 +81,8 @@ def config(args, allow_auto: bool = False) -> bench_tp.TPBenchConfig:
     return bench_tp.TPBenchConfig(ops=ops, shapes=shapes, schedules=schedules,
                                   impls=comma_list(args.impls or ",".join(IMPLS), IMPLS, "--impls"), dtype=args.dtype,
                                   warmup=args.warmup,
-                                  runs=args.runs, model_world=args.model_world, graph=args.graph)
+                                  runs=args.runs, model_world=args.model_world, graph=args.graph,
+                                  align=args.align)
 
 
 def _progress(r) -> None:
@@ -140,7 +144,7 @@ def run(args) -> int:
     block = _block_shape(args.block) if args.block is not None else None
     if block is not None:
         given = [f for f, v in (("--ops", args.ops), ("--shapes", args.shapes), ("--impls", args.impls),
-                                ("--graph", args.graph)) if v]
+                                ("--graph", args.graph), ("--align", args.align)) if v]
         if given:
             raise UsageError(f"--block times one block (its shape in --block, every implementation): drop {given[0]}")
     cfg = config(args, allow_auto=block is not None)
