@@ -130,10 +130,11 @@ def _rank(rank, world, shapes, schedules, warmup, rounds, op="ag_gemm"):
         a = torch.randn(M if rs else M // world, K, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.25
         w = torch.randn(K, N, device="cuda", dtype=torch.bfloat16,
                         generator=torch.Generator(device="cuda").manual_seed(9)) / K ** 0.25
-        full = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+        # the GEMM alone multiplies data like the pipelines' (a GEMM's power and clocks depend on it)
+        full = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.25
         prod = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         auto = ctp.resolve_schedule("auto", op, M, K, N, world, a.dtype, a.device).name
-        impls = {"gemm_alone": lambda: torch.mm(full, w, out=prod)}
+        impls = {"gemm_alone": lambda: torch.mm(a if rs else full, w, out=prod)}
         call = ((lambda s: ctp.matmul_reduce_scatter(a, w, schedule=s)) if rs
                 else (lambda s: ctp.all_gather_matmul(a, w, schedule=s)))
         for s in schedules:

@@ -35,8 +35,9 @@ With ``gemm_streams=2`` (``direct-p2-s2``) the GEMM steps alternate over two slo
 can start while the previous one's last wave still runs (own rows · await 2.0 · rows 2.0 ·
 ... on one, await 1.0 · rows 1.0 · await 1.1 · ... on the other).
 
-Every wait is a stream memory operation (``cuStreamWaitValue32`` on the CUDA executor): no
-kernel spins. The schedule choice (:class:`TPSchedule`) is plain data too: the planner's
+Every wait is a stream memory operation (``cuStreamWaitValue32`` on the CUDA executor), but in
+a CUDA graph the waits right before a GEMM+reduce-scatter's sum are one spin-wait kernel
+(:func:`conccl.executors.cuda_program.spin_before_reductions`). The schedule choice (:class:`TPSchedule`) is plain data too: the planner's
 ``auto`` picks one per shape (:mod:`conccl.planner.tp`).
 """
 from __future__ import annotations
@@ -396,23 +397,23 @@ def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: 
     order = _piece_order(world, rank, tp, rows)
     npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
     own = [(rank, j, cut) for j, cut in enumerate(split_rows(rows, npieces))]
-    reduces = sum(isinstance(op, Reduce) for ops in schedule.slots for op in ops)
+    reduces = sum(isinstance(op, Reduce) for ops in schedule.slots for op in ops)  # one, from every flat plan
     slots, tail = [], None
     for ops in schedule.slots:
         out = []
         for op in ops:
             if isinstance(op, Reduce):
-                if reduces == 1:  # moved behind the last GEMM step with the waits right before it
-                    k = len(out)
-                    while k and isinstance(out[k - 1], (WaitSignal, ResetSignal)):
-                        k -= 1
-                    tail = (out[k:] + [op], len(slots))
-                    del out[k:]
-                    continue
-                out += [AwaitMark(_word(rank, j, npieces), rank) for j in range(npieces)]
-                out.append(op)
+                if reduces != 1:  # each own mark must be awaited exactly once (a captured call resets it)
+                    raise InvalidArgument(f"gemm_then_scatter takes a schedule of one reduction, not {reduces}")
+                k = len(out)  # moved behind the last GEMM step with the waits right before it
+                while k and isinstance(out[k - 1], (WaitSignal, ResetSignal)):
+                    k -= 1
+                tail = (out[k:] + [op], len(slots))
+                del out[k:]
                 continue
             if tail is not None and tail[1] == len(slots):  # what follows the reduction follows it still
+                if not isinstance(op, (SetSignal, WaitSignal, ResetSignal)):  # a copy would lose its gate
+                    raise InvalidArgument(f"gemm_then_scatter moves only signals behind the reduction, not {op}")
                 tail[0].append(op)
                 continue
             t = op.transfer if isinstance(op, Copy) else None

@@ -284,3 +284,31 @@ def test_every_mark_is_written_once_and_awaited_once_and_captured_waits_reset(wo
                         if isinstance(op, AwaitMark):
                             assert ops[i + 1] == ResetMark(op.word, op.peer)
                 assert sum(isinstance(op, ResetMark) for ops in g.slots for op in ops) == sum(awaited.values())
+
+
+def test_a_whole_workspace_scatter_pipeline_keeps_its_release_behind_the_sum():
+    # Above the double-buffer bound the flat reduce-scatter releases its workspace (FREE) after
+    # its reduction: moved with it behind the last GEMM step, still after the sum.
+    rows, row_bytes = 2048, 32768  # 64 MiB per rank: one workspace, no halves
+    flat = plan_reduce_scatter(2, 0, rows * row_bytes, "bfloat16", stream_mode=StreamMode.PER_PEER)
+    assert not flat.double_buffered
+    s = gemm_then_scatter(flat, TPSchedule(), rows, row_bytes)
+    (red_slot,) = [ops for ops in s.slots if any(isinstance(op, Reduce) for op in ops)]
+    at = next(i for i, op in enumerate(red_slot) if isinstance(op, Reduce))
+    flat_ops = next(ops for ops in flat.slots if any(isinstance(op, Reduce) for op in ops))
+    after = flat_ops[next(i for i, op in enumerate(flat_ops) if isinstance(op, Reduce)) + 1:]
+    assert after and tuple(red_slot[at + 1:]) == tuple(after)  # the release, in order, behind the sum
+
+
+def test_a_scatter_pipeline_refuses_what_it_cannot_move():
+    import dataclasses
+
+    flat = plan_reduce_scatter(2, 0, 64, "float32", stream_mode=StreamMode.PER_PEER)
+    red = next(op for ops in flat.slots for op in ops if isinstance(op, Reduce))
+    twice = dataclasses.replace(flat, slots=(flat.slots[0] + (red,),) + flat.slots[1:])
+    with pytest.raises(InvalidArgument, match="one reduction"):
+        gemm_then_scatter(twice, TPSchedule(), 4, 16)
+    copy = next(op for ops in flat.slots for op in ops if isinstance(op, Copy))
+    behind = dataclasses.replace(flat, slots=(flat.slots[0] + (copy,),) + flat.slots[1:])
+    with pytest.raises(InvalidArgument, match="only signals"):
+        gemm_then_scatter(behind, TPSchedule(), 4, 16)

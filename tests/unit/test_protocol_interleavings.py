@@ -37,7 +37,7 @@ from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
 from conccl.collectives.one_shot import (plan_one_shot_all_gather, plan_one_shot_all_reduce,
                                          plan_one_shot_all_to_all, plan_one_shot_reduce_scatter)
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
-from conccl.pipeline import TPSchedule, gather_then_gemm
+from conccl.pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
 from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Reduce,
                              SetSignal, StreamMode, WaitSignal, signal_pad_words, signal_word, workspace_half)
 
@@ -52,6 +52,11 @@ def _plans(world, rank, kind, mode):
                                algorithm=Algorithm.STAGED_PUSH)
         return gather_then_gemm(flat, TPSchedule(push=True, gemm_streams=2 if kind == "tp_push_s2" else 1), rows,
                                 TP_ROW_BYTES, keep_own=False)
+    if kind.startswith("tp_rs"):  # a GEMM+reduce-scatter pipeline: its sum behind the last GEMM step
+        rows = 64 if kind == "tp_rs_big" else 4
+        tp = TPSchedule(pieces=2, gemm_streams=2) if kind == "tp_rs_p2s2" else TPSchedule()
+        flat = plan_reduce_scatter(world, rank, rows * TP_ROW_BYTES, "float32", stream_mode=tp.stream_mode())
+        return gemm_then_scatter(flat, tp, rows, TP_ROW_BYTES)
     if kind.startswith("os_"):  # one-shot: one slot whatever the mode (conccl.collectives.one_shot)
         return {"os_ag": lambda: plan_one_shot_all_gather(world, rank, 64, False),
                 "os_a2a": lambda: plan_one_shot_all_to_all(world, rank, equal_split_matrix(world, 32)),
@@ -194,7 +199,7 @@ def _run(world, calls, mode, seed, half=workspace_half, plans=None):
 
 
 KINDS = ("ag", "rs", "ar", "ar_1p", "a2a", "ag_sym", "ag_sp", "ag_push", "ag_push_via", "os_ag", "os_a2a", "os_rs",
-         "os_ar", "tp_push", "tp_push_s2")
+         "os_ar", "tp_push", "tp_push_s2", "tp_rs", "tp_rs_p2s2")
 
 
 @pytest.mark.parametrize("mode", list(StreamMode))
@@ -264,7 +269,7 @@ def small_double_buffer(monkeypatch):
         plan.cache_clear()
 
 
-WHOLE_KINDS = KINDS + ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big", "tp_push_big")
+WHOLE_KINDS = KINDS + ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big", "tp_push_big", "tp_rs_big")
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -276,12 +281,13 @@ def test_whole_and_double_buffered_calls_mix(world, small_double_buffer):
     assert not _plans(world, 0, "ag_sp_big", StreamMode.BATCH).double_buffered
     assert _plans(world, 0, "ag_sp", StreamMode.BATCH).double_buffered
     assert not _plans(world, 0, "ar_1p_big", StreamMode.BATCH).double_buffered
+    assert not _plans(world, 0, "tp_rs_big", StreamMode.BATCH).double_buffered
     assert _plans(world, 0, "ar_1p", StreamMode.BATCH).double_buffered
     for mode in StreamMode:
         # a whole call first, then pushes into the halves it used (found in review: call 2's
         # pushes once waited for a FREE the zeroed pad already satisfied)
-        for first in ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big", "tp_push_big"):
-            for then in ("rs", "ar", "os_ar", "ag_sp", "ar_1p", "tp_push"):
+        for first in ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big", "tp_push_big", "tp_rs_big"):
+            for then in ("rs", "ar", "os_ar", "ag_sp", "ar_1p", "tp_push", "tp_rs"):
                 for seed in range(30):
                     assert _run(world, [first, then, then, first, then], mode, seed) is None, (world, mode, seed, first,
                                                                                                then)

@@ -160,6 +160,8 @@ def run(args) -> int:
     print(f"# conccl bench tp on {world} x {meta['device']}: progress on stderr", flush=True)
     if profile is not None and world < 2:
         raise UsageError("--profile keeps pipelines timed on 2 or more GPUs; this run would have one")
+    if cfg.align and world < 2:
+        raise UsageError("--align lines up the ranks of a 2-or-more-GPU run; this run would have one")
     if args.block is not None:
         return _run_block(args, block, cfg.schedules, out, world, meta)
     if world == 1:

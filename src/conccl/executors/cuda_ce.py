@@ -414,12 +414,12 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             if torch.cuda.current_device() != index:
                 with torch.cuda.stream(stream):
                     return compute(op)
-            prev = current_stream(index)
+            prev = torch._C._cuda_getCurrentStream(index)  # (stream id, device, type): restored exactly
             torch.cuda.set_stream(stream)
             try:
                 return compute(op)
             finally:
-                torch.cuda.set_stream(prev)
+                torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
         return run
 
     def _control_stream(self, caller, on_group_stream: bool):
