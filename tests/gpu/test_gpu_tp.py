@@ -180,7 +180,7 @@ def _captured(rank, world):
     shard = torch.empty(rows, K, dtype=dt, device="cuda")
     a = torch.empty(world * rows, K, dtype=dt, device="cuda")
     w_rs = torch.empty(K, N, dtype=dt, device="cuda")
-    names = ("direct", "direct-p2", "serial", "push")
+    names = ("direct", "direct-p2", "serial", "push", "push-s2", "direct-p2-s2")
 
     def fill():  # whole numbers: every blocking of a GEMM and every order of the sums exact, so NCCL's bits
         shard.copy_(torch.randint(-3, 4, shard.shape, device="cuda", generator=g).to(dt))
@@ -196,8 +196,12 @@ def _captured(rank, world):
     torch.cuda.synchronize()
     conccl.reserve_graph_workspace(16 << 20)
     graph = torch.cuda.CUDAGraph()
+    executor = conccl.api.get_group(None).executor
+    edged = executor.edge_captures
     with torch.cuda.graph(graph):
         results = calls()
+    # every pipeline captured with its marks as graph edges (conccl.graphs.mark_edges), the default
+    assert executor.edge_captures - edged == 2 * len(names), executor.edge_captures - edged
     bad = []
     for step in range(6):
         fill()

@@ -204,3 +204,67 @@ def test_the_model_sees_a_free_sent_before_the_last_gemm_step(world):
         assert any(f and "GEMM step read" in f for f in found), kind
     for kind in ("push", "push_s2", "push|flat", "flat|push_s2", "push_big", "push_big|flat_big"):
         assert all(_run(world, [kind], StreamMode.PER_PEER, seed, replays=6) is None for seed in range(40)), kind
+
+
+def _captured_pipelines(world, rank):
+    """Every kind of captured pipeline a rank may run (graph_schedule of conccl.pipeline's)."""
+    from conccl.pipeline import Order, gemm_then_scatter
+
+    rows, row_bytes = 6, 16
+    out = []
+    for tp in (TPSchedule(), TPSchedule(pieces=3), TPSchedule(pieces=2, gemm_pieces=2, gemm_streams=2),
+               TPSchedule(order=Order.RING, pieces=2), TPSchedule(serial=True), TPSchedule(gemm_streams=2)):
+        flat = plan_all_gather(world, rank, rows * row_bytes, stream_mode=tp.stream_mode())
+        out.append(graph_schedule(gather_then_gemm(flat, tp, rows, row_bytes, captured=True)))
+        rs = plan_reduce_scatter(world, rank, rows * row_bytes, "float32", stream_mode=tp.stream_mode())
+        out.append(graph_schedule(gemm_then_scatter(rs, tp, rows, row_bytes)))
+    for s2 in (1, 2):
+        flat = plan_all_gather(world, rank, rows * row_bytes, stream_mode=StreamMode.PER_PEER,
+                               algorithm=Algorithm.STAGED_PUSH)
+        out.append(graph_schedule(gather_then_gemm(flat, TPSchedule(push=True, gemm_streams=s2), rows, row_bytes,
+                                                   keep_own=False, captured=True)))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_marks_as_graph_edges_keep_every_op_and_record_before_wait(world):
+    from conccl.graphs import mark_edges
+
+    for rank in range(world):
+        for s in _captured_pipelines(world, rank):
+            segments = mark_edges(s)
+            written = [op.word for ops in s.slots for op in ops if isinstance(op, Mark)]
+            edges = {op.word for ops in s.slots for op in ops if isinstance(op, AwaitMark)}
+            assert edges and edges <= set(written)  # a pipeline's every wait has its writer in the call
+            for k, ops in enumerate(s.slots):  # each slot's ops, in order, but the edges' marks
+                kept = tuple(op for op in ops if not (isinstance(op, (Mark, AwaitMark, ResetMark)) and op.word in edges))
+                assert sum((seg.ops for seg in segments if seg.slot == k), ()) == kept
+                assert all(op not in kept for op in ops if isinstance(op, Mark) and op.word in edges)
+            recorded: set = set()
+            for seg in segments:  # the host's queueing order: a wait after its record
+                assert set(seg.waits) <= recorded, (seg, recorded)
+                recorded.update(seg.records)
+            assert recorded == edges
+            # the waits before a step are the ones the schedule had there: a step's own position
+            for k, ops in enumerate(s.slots):
+                want = []  # (edge words awaited since the last non-mark op, that op)
+                pending = []
+                for op in ops:
+                    if isinstance(op, AwaitMark) and op.word in edges:
+                        pending.append(op.word)
+                    elif not isinstance(op, (Mark, ResetMark)) or op.word not in edges:
+                        if pending:
+                            want.append((tuple(pending), op))
+                            pending = []
+                got = [(seg.waits, seg.ops[0]) for seg in segments if seg.slot == k and seg.waits and seg.ops]
+                assert got == want
+
+
+def test_a_cycle_of_marks_is_refused():
+    from conccl.graphs import mark_edges
+    from conccl.schedule import Schedule
+
+    s = Schedule(collective="all_gather", world=2, rank=0, algorithm=Algorithm.PULL, stream_mode=StreamMode.PER_PEER,
+                 staged=False, slots=((AwaitMark(1, 0), Mark(2, 0)), (AwaitMark(2, 0), Mark(1, 0))))
+    with pytest.raises(ValueError, match="cycle"):
+        mark_edges(s)

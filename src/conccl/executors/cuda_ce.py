@@ -28,6 +28,8 @@ stream of its own, so the stuck streams drain.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 import warnings
 
@@ -37,7 +39,7 @@ from torch.distributed import _symmetric_memory as symm_mem
 
 from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
-from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
+from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, mark_edges, primed_free_words
 from ..schedule import (Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, max_slots, pad_words,
                         signal_pad_words, signal_word, workspace_half)
 from ..work import NCCL, Work
@@ -82,6 +84,13 @@ def current_stream(device_index: int):
             _CURRENT.clear()
         stream = _CURRENT[key] = torch.cuda.current_stream(device_index)
     return stream
+
+
+def _mark_edges_on() -> bool:
+    """Whether a captured pipeline's marks are graph edges (:func:`conccl.graphs.mark_edges`):
+    ``CONCCL_GRAPH_MARK_EDGES`` unset or anything but 0/false/off/no (the default); off, they
+    stay stream memory operations on pad words (for comparing the two)."""
+    return os.environ.get("CONCCL_GRAPH_MARK_EDGES", "").strip().lower() not in ("0", "false", "off", "no")
 
 
 class SymmetricRegistry:
@@ -195,6 +204,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._graph_ws = self._graph_ws_handle = None  # reserve_graph_workspace()'s arena
         self._graph_ws_cap = self._graph_ws_used = 0
         self._graph_keep: list = []  # what captured calls refer to (programs, events)
+        self.edge_captures = 0  # captured pipelines whose marks are graph edges (_capture_with_edges)
         self._graph_slots_used = 0  # graph slots captured calls hold (their words released on failure)
         self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
@@ -497,13 +507,20 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         address = _addresses(self.rank, input, output, views, ws_base)
         words = 4 * signal_pad_words(self.world) * (1 + slot)
         pads = [p + words for p in self._pads]
-        # Stream memory ops, batched or single, copies and the reduction kernel are captured
-        # (scripts/graph_memops_probe.py on H200); cuMemcpyBatchAsync is not.
-        program = CompiledProgram(lower(schedule, address, pads, self.batching, batch_copies=False,
-                                        marks=self._pads[self.rank] + 4 * mark_index(0, self.world, GRAPH_SLOTS,
-                                                                                      slot),
-                                        spin_words=self._spin_words, spin=self.spin_waits != "never"), driver(),
-                                  self._device_index)
+
+        def compiled(s: Schedule) -> CompiledProgram:
+            # Stream memory ops, batched or single, copies and the reduction kernel are captured
+            # (scripts/graph_memops_probe.py on H200); cuMemcpyBatchAsync is not.
+            return CompiledProgram(lower(s, address, pads, self.batching, batch_copies=False,
+                                         marks=self._pads[self.rank] + 4 * mark_index(0, self.world, GRAPH_SLOTS, slot),
+                                         spin_words=self._spin_words, spin=self.spin_waits != "never"), driver(),
+                                   self._device_index)
+
+        if schedule.computes and _mark_edges_on():
+            self._capture_with_edges(schedule, compiled, compute)
+            self._graph_slots_used = max(self._graph_slots_used, slot + 1)
+            return
+        program = compiled(schedule)
         caller = torch.cuda.current_stream(self.device)
         events = [torch.cuda.Event() for _ in range(len(program.slots))]
         if len(program.slots) > 1:
@@ -517,6 +534,40 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             caller.wait_event(events[k])
         self._graph_keep.append((program, events))
         self._graph_slots_used = max(self._graph_slots_used, slot + 1)
+
+    def _capture_with_edges(self, schedule: Schedule, compiled, compute) -> None:
+        """Capture a pipeline with its marks as graph edges (:func:`conccl.graphs.mark_edges`):
+        each segment compiled alone and queued in the order given, on its slot's stream (slot 0:
+        the caller's; the others forked from it and joined back), an event recorded after a
+        segment for each mark it writes and waited on before each segment awaiting it."""
+        segments = mark_edges(schedule)
+        programs = [compiled(dataclasses.replace(schedule, slots=(seg.ops,))) for seg in segments]
+        caller = torch.cuda.current_stream(self.device)
+        streams = {0: (caller, self._cu_stream(caller))}
+        fork = torch.cuda.Event()
+        if len(schedule.slots) > 1:
+            fork.record(caller)
+        edges: dict = {}
+        for seg, program in zip(segments, programs):
+            if seg.slot not in streams:
+                stream = self._streams[seg.slot]
+                stream.wait_event(fork)
+                streams[seg.slot] = (stream, self._cu_streams_pool[seg.slot])
+            stream, cu_stream = streams[seg.slot]
+            for word in seg.waits:
+                stream.wait_event(edges[word])
+            program.launch_slot(0, cu_stream, GRAPH_VALUE, compute and self._on(stream, compute))
+            for word in seg.records:
+                edges[word] = torch.cuda.Event()
+                edges[word].record(stream)
+        joins = []
+        for k, (stream, _) in streams.items():
+            if k:
+                joins.append(torch.cuda.Event())
+                joins[-1].record(stream)
+                caller.wait_event(joins[-1])
+        self._graph_keep.append((programs, [fork, *edges.values(), *joins]))
+        self.edge_captures += 1
 
     # ------------------------------------------------------------------ watchdog side
     # Re-recording an event does not affect waits already queued on it, and the watchdog
