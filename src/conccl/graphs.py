@@ -41,8 +41,11 @@ calls across processes to check this (``tests/multiproc/test_graphs.py``).
 A tensor-parallel pipeline's marks (:mod:`conccl.pipeline`: a piece landed or computed) are
 the rank's own words: a captured pipeline uses its graph slot's own block of them (so graphs
 replayed at once, or pipelines captured on forked streams, never share one), writes 1 and
-resets each after its one wait, as the signal words are. A capture that fails on one rank
-after the peers agreed it breaks the group: they would replay it without that rank.
+resets each after its one wait, as the signal words are. The CUDA executor captures them as
+graph edges instead (:func:`mark_edges`: an event recorded after the writer, waited on before
+the awaiter; ``CONCCL_GRAPH_MARK_EDGES=0`` keeps the words), so no stream memory operation sits
+between two GEMM steps. A capture that fails on one rank after the peers agreed it breaks the
+group: they would replay it without that rank.
 
 A one-stream call's own-shard copy (input to its own chunk of the output: no peer reads or
 writes either) moves to a branch of its own, forked at the call's start and joined at its end
