@@ -35,10 +35,13 @@ With ``gemm_streams=2`` (``direct-p2-s2``) the GEMM steps alternate over two slo
 can start while the previous one's last wave still runs (own rows · await 2.0 · rows 2.0 ·
 ... on one, await 1.0 · rows 1.0 · await 1.1 · ... on the other).
 
-Every wait is a stream memory operation (``cuStreamWaitValue32`` on the CUDA executor), but in
-a CUDA graph the waits right before a GEMM+reduce-scatter's sum are one spin-wait kernel
-(:func:`conccl.executors.cuda_program.spin_before_reductions`). The schedule choice (:class:`TPSchedule`) is plain data too: the planner's
-``auto`` picks one per shape (:mod:`conccl.planner.tp`).
+Eagerly, every wait is a stream memory operation (``cuStreamWaitValue32`` on the CUDA
+executor). In a CUDA graph a mark is an edge instead (an event recorded after its writer,
+waited on before its awaiter: :func:`conccl.graphs.mark_edges`), and the waits for the peers
+right before a GEMM+reduce-scatter's sum are one spin-wait kernel
+(:func:`conccl.executors.cuda_program.spin_before_reductions`). The schedule choice
+(:class:`TPSchedule`) is plain data too: the planner's ``auto`` picks one per shape
+(:mod:`conccl.planner.tp`).
 """
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ the call's sequence number, so they never need resetting either. A captured pipe
 graph slot's own block of :data:`MARK_WORDS` words, which no other call touches (an eager
 word's old sequence number would satisfy a replay's wait at once, and two graphs may replay at
 once): its marks write 1 and each wait resets its word (:class:`ResetMark`), every mark being
-awaited exactly once per call.
+awaited exactly once per call. (The CUDA executor captures such marks as graph edges instead,
+which touch no word: :func:`conccl.graphs.mark_edges`.)
 """
 from __future__ import annotations
 

@@ -488,7 +488,9 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
                      compute=None) -> None:
         """Queue a captured call (graph slot ``slot``) on the capturing stream: its own signal
         words, its own workspace region, one cuMemcpyAsync per copy; a pipeline's GEMM steps
-        (``compute(op)``, :meth:`run`'s) captured on its slot's stream."""
+        (``compute(op)``, :meth:`run`'s) captured on its slot's stream, its marks as graph
+        edges (:meth:`_capture_with_edges`; ``compute`` is then called in the order the
+        segments are queued, not slot by slot)."""
         ws_base = None
         if schedule.workspace_bytes:
             need = -(-schedule.workspace_bytes // 256) * 256

@@ -155,7 +155,8 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
     Stream semantics: ordered after the current stream's work; the current stream waits for
     the results (blocking) or ``work.wait()`` makes it. Every byte between GPUs moves on copy
     engines (pull; ``push`` schedules: pushed from ``a_shard`` into the peers' workspace);
-    each GEMM step waits for its rows with a stream memory operation.
+    each GEMM step waits for its rows with a stream memory operation (captured in a CUDA
+    graph: a graph edge, :func:`conccl.graphs.mark_edges`).
     SMs used: the GEMMs' alone, and a pull schedule's staging of a plain ``a_shard`` (a
     same-GPU copy); ``return_gathered`` adds same-GPU copies into ``A``. Workspace: pull:
     none with ``a_shard`` from ``conccl.empty``, else ``a_shard``'s bytes of symmetric memory
