@@ -74,3 +74,71 @@ def test_a_failing_routed_call_leaves_the_group_order_as_it_was():
     assert (ex._last_end.name, ex._last_stream) == ("end_mark", 1)  # the first call's mark still stands
     ex._control_stream(b, False)
     assert log[-1] == ("wait", 2, "end_mark")
+
+
+def test_a_captured_pipeline_with_edges_forks_records_before_waits_and_joins(monkeypatch):
+    """CudaCopyEngineExecutor._capture_with_edges with stand-in streams, events and programs: each
+    side stream waits for the fork before anything, each segment waits for the events of the
+    marks it awaits (recorded, after their writer's launch, earlier in the host's order) and
+    records its own after its launch, and every side stream is joined back into the caller's."""
+    import torch
+
+    from conccl.collectives.reduce_scatter import plan_reduce_scatter
+    from conccl.executors import cuda_ce
+    from conccl.graphs import graph_schedule, mark_edges
+    from conccl.pipeline import TPSchedule, gemm_then_scatter
+    from conccl.schedule import StreamMode
+
+    log = []
+    names = iter(range(1000))
+    monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: _Event(f"e{next(names)}", log))
+    caller = _Stream(0, log)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: caller)
+    ex = object.__new__(CudaCopyEngineExecutor)
+    ex._streams = [_Stream(100 + k, log) for k in range(8)]
+    ex._cu_streams_pool = [s.cuda_stream for s in ex._streams]
+    ex._cu_stream = lambda s: s.cuda_stream
+    ex._on = lambda stream, compute: compute
+    ex._graph_keep, ex.edge_captures, ex.device = [], 0, None
+
+    class _Program:
+        def __init__(self, s):
+            self.ops = s.slots[0]
+
+        def launch_slot(self, k, stream, value, compute=None):
+            log.append(("launch", stream, self.ops))
+
+    for tp in (TPSchedule(), TPSchedule(pieces=2, gemm_streams=2)):
+        log.clear()
+        flat = plan_reduce_scatter(2, 0, 4 * 16, "float32", stream_mode=StreamMode.PER_PEER)
+        s = graph_schedule(gemm_then_scatter(flat, tp, 4, 16))
+        segments = mark_edges(s)
+        cuda_ce.CudaCopyEngineExecutor._capture_with_edges(ex, s, _Program, compute=None)
+        launches = [e for e in log if e[0] == "launch"]
+        assert [e[2] for e in launches] == [seg.ops for seg in segments]  # in mark_edges' order
+        handle = {k: (0 if k == 0 else 100 + k) for k in range(len(s.slots))}
+        assert [e[1] for e in launches] == [handle[seg.slot] for seg in segments]  # on its slot's stream
+        fork = log[0]
+        assert fork[0] == "record" and fork[2] == 0  # recorded on the caller first
+        recorded = {}  # event -> position
+        for i, e in enumerate(log):
+            if e[0] == "record":
+                recorded[e[1]] = i
+            elif e[0] == "wait":
+                assert e[2] in recorded and recorded[e[2]] < i  # no wait before its record
+        for k in range(1, len(s.slots)):  # a side stream: the fork first, a join recorded and awaited
+            mine = [e for e in log if (e[0] == "wait" and e[1] == 100 + k) or (e[0] == "launch" and e[1] == 100 + k)]
+            assert mine[0] == ("wait", 100 + k, fork[1])
+            join = [e[1] for e in log if e[0] == "record" and e[2] == 100 + k][-1]
+            assert ("wait", 0, join) in log[log.index(("record", join, 100 + k)):]
+        # each awaited mark: its writer's launch, then its record on the writer's stream, then
+        # the awaiter's wait on its stream, then the awaiter's launch
+        pos = {id(seg): log.index(launch) for seg, launch in zip(segments, launches)}
+        for seg in segments:
+            for word in seg.waits:
+                writer = next(w for w in segments if word in w.records)
+                rec = next(i for i, e in enumerate(log) if e[0] == "record" and i > pos[id(writer)]
+                           and e[2] == handle[writer.slot])
+                wait = next(i for i, e in enumerate(log) if e[0] == "wait" and e[2] == log[rec][1])
+                assert pos[id(writer)] < rec < wait < pos[id(seg)] and log[wait][1] == handle[seg.slot]
+        assert ex.edge_captures >= 1
