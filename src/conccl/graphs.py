@@ -290,7 +290,8 @@ def mark_edges(schedule: Schedule) -> list[Segment]:
     order: list[Segment] = []
     done: set = set()
     nxt = [0] * len(per_slot)
-    while len(order) < sum(map(len, per_slot)):
+    total = sum(map(len, per_slot))
+    while len(order) < total:
         for k, segs in enumerate(per_slot):  # the first slot (lowest) whose next segment may go
             if nxt[k] < len(segs) and set(segs[nxt[k]].waits) <= done:
                 seg = segs[nxt[k]]

@@ -1,7 +1,9 @@
-"""CPU tier: the order the CUDA executor keeps between a group's calls when some are routed to
-the fallback backend (CudaCopyEngineExecutor.run_fallback, _control_stream), with stand-in
-streams and events: a routed call follows the group's earlier calls and marks its own end at
-once, so a later call on another stream waits for it and for nothing queued after it.
+"""CPU tier: the order the CUDA executor keeps, with stand-in streams and events: between a
+captured pipeline's streams when its marks are graph edges (_capture_with_edges, last test),
+and between a group's calls when some are routed to the fallback backend
+(CudaCopyEngineExecutor.run_fallback, _control_stream): a routed call follows the group's
+earlier calls and marks its own end at once, so a later call on another stream waits for it and
+for nothing queued after it.
 (Marking lazily, when a later call needed it, was tried in session 11 and dropped: it made that
 call wait for whatever the caller queued meanwhile, and a failing routed call lost the mark.)"""
 from __future__ import annotations
