@@ -234,3 +234,87 @@ def test_captured_pipelines_replay_equal_to_serial_nccl():
     for bad, kernels in run_per_gpu(_captured):
         assert bad == []
         assert not any(("nccl" in k.lower() and "conccl" not in k.lower()) for k in kernels), kernels
+
+
+def _settled(rank, world):
+    """Eager pipelines called again and again on the same tensors (new values each call): from
+    the third call with the same buffers each runs as one graph launch (a settled pipeline,
+    conccl.executors.cuda_ce._settled_pipeline); every result equals serial NCCL's; a graphed
+    call runs no kernel but the GEMMs' and the reduction's; and with rank 1 kept on driver calls
+    (the routes interoperate: same operations, same values) results are still NCCL's."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    import conccl
+    from conccl.integrations import tp as ctp
+
+    ex = conccl.api.get_group(None).executor
+    rows, K, N = 512, 1024, 768
+    dt = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(rank)
+    w = torch.randint(-3, 4, (K, N), device="cuda", generator=torch.Generator(device="cuda").manual_seed(9)).to(dt)
+    shard = torch.empty(rows, K, dtype=dt, device="cuda")
+    a = torch.empty(world * rows, K, dtype=dt, device="cuda")
+    w_rs = torch.empty(K, N, dtype=dt, device="cuda")
+    out = {"bad": [], "rounds": []}
+    for round_ in ("graphs", "mixed"):
+        if round_ == "mixed" and rank == 1:
+            ex._settled_pipeline = lambda *a, **k: False
+        for name in ("direct", "push-s2", "direct-p2-s2"):
+            before = (ex.pipelines_graphed, ex.graph_launches)
+            for call in range(8):
+                shard.copy_(torch.randint(-3, 4, shard.shape, device="cuda", generator=g).to(dt))
+                for dst, src in zip((a, w_rs), _exact_reduction_operands(world * rows, K, N, dt, g)):
+                    dst.copy_(src)
+                full = torch.empty(world * rows, K, dtype=dt, device="cuda")
+                dist.all_gather_into_tensor(full, shard)
+                rs = torch.empty(rows, N, dtype=dt, device="cuda")
+                dist.reduce_scatter_tensor(rs, a @ w_rs)
+                expect = full @ w
+                _, (y,) = ctp.all_gather_matmul(shard, w, 0, schedule=name)
+                z = ctp.matmul_reduce_scatter(a, w_rs, 0, schedule=name)
+                torch.cuda.synchronize()
+                if not (torch.equal(y, expect) and torch.equal(z, rs)):
+                    out["bad"].append((round_, name, call))
+                del y, z  # the next call's outputs come from the same memory: its buffers repeat
+            out["rounds"].append((round_, name, ex.pipelines_graphed - before[0], ex.graph_launches - before[1]))
+    from conccl.pipeline import TPSchedule, gemm_steps
+
+    tp = TPSchedule.parse("direct-p2-s2")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the GEMM steps' kernels, alone
+        for s, e, _ in gemm_steps(world, rank, tp, rows):
+            torch.mm(a[s:e], w)
+        for s, e, _ in gemm_steps(world, rank, tp, rows, scatter=True):
+            torch.mm(a[s:e], w_rs)
+        torch.cuda.synchronize()
+    allowed = _kernels(prof)
+    launches = ex.graph_launches
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _, (y,) = ctp.all_gather_matmul(shard, w, 0, schedule="direct-p2-s2")
+        del y
+        z = ctp.matmul_reduce_scatter(a, w_rs, 0, schedule="direct-p2-s2")
+        del z
+        torch.cuda.synchronize()
+    out["profiled_launches"] = ex.graph_launches - launches
+    out["extra"] = sorted(_kernels(prof) - allowed)
+    out["failures"] = ex.graph_failures
+    return out
+
+
+def test_settled_eager_pipelines_run_as_one_graph_launch_equal_to_serial_nccl():
+    from conccl.launch import run_per_gpu
+
+    for rank, got in enumerate(run_per_gpu(_settled)):
+        assert got["bad"] == [] and got["failures"] == 0, got
+        for round_, name, graphed, launched in got["rounds"]:
+            if round_ == "mixed" and rank == 1:
+                assert graphed == 0 and launched == 0, got  # driver calls only, against a graphing peer
+            elif round_ == "mixed":
+                assert launched >= 4, got  # the graphs made in the first round, against driver calls
+            else:
+                # both ops, each parity of the double-buffered workspace: a graph each (4), made at
+                # the third call per (op, parity) and launched from then on (8 of 16 calls)
+                assert graphed >= 2 and launched >= 4, got
+        if rank == 0:
+            assert got["profiled_launches"] == 2, got
+        assert all(k.startswith("reduce_") for k in got["extra"]) and len(got["extra"]) <= 1, got

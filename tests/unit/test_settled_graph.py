@@ -48,8 +48,9 @@ class _FakeDriver:
     """The driver functions a settled graph calls, over Python state: a capture records the
     program's signal batches as memory-operation nodes (48-byte ops, as the driver keeps them)."""
 
-    def __init__(self, order=None, corrupt=False, copies=1):
+    def __init__(self, order=None, corrupt=False, copies=1, kernels=0):
         self.nodes, self.calls, self.order, self.corrupt, self.copies = [], [], order, corrupt, copies
+        self.kernels = kernels
         self.capturing = False
 
     def record_batch(self, signals, seq):  # the fake program's launch during capture
@@ -73,17 +74,17 @@ class _FakeDriver:
 
         def get_nodes(graph, nodes, n):
             order = self.order or list(range(len(self.nodes)))
-            if nodes is None:
-                n._obj.value = len(order) + self.copies  # the copies' memcpy nodes besides the batches
+            if nodes is None:  # the copies' memcpy and the kernels' nodes besides the batches
+                n._obj.value = len(order) + self.copies + self.kernels
                 return 0
             for i, k in enumerate(order):
                 nodes[i] = 1000 + k
-            for i in range(self.copies):
-                nodes[len(order) + i] = 7
+            for i in range(self.copies + self.kernels):
+                nodes[len(order) + i] = 7 if i < self.copies else 8
             return 0
 
         def node_type(node, kind):
-            kind._obj.value = sg._NODE_MEMCPY if node == 7 else sg._NODE_BATCH_MEM_OP
+            kind._obj.value = {7: sg._NODE_MEMCPY, 8: sg._NODE_KERNEL}.get(node, sg._NODE_BATCH_MEM_OP)
             return 0
 
         def get_params(node, p):
@@ -233,3 +234,69 @@ def test_only_calls_on_the_peer_reachable_tensors_agreed_may_have_a_graph():
     assert not sg.peer_reachable((inp, None), T(0x2020), T(0x6000), 1)
     # a parts call: its output is another (plain) tensor than the agreed view's
     assert not sg.peer_reachable((inp, out), T(0x2020), T(0x9000), 1)
+
+
+def test_which_pipelines_may_run_as_a_graph():
+    from conccl.executors.cuda_program import ComputeStep
+
+    gemm = ComputeStep(object())
+    copy = CopyStep(1, 2, 8 << 20)  # a decode shard: above a flat call's bound, within a pipeline's
+    ctrl = (SignalBatch((R,)), SignalBatch((W,)))
+    assert sg.graphable_pipeline((ctrl, (SignalBatch((W,)), copy, SignalBatch((R,))), (gemm, SignalBatch((R,)))))
+    assert sg.graphable_pipeline(((SignalBatch((W,)), ReduceStep(1, (2, 3), 8, "bfloat16", 1.0)), (gemm,)))
+    assert not sg.graphable_pipeline((ctrl, (SignalBatch((W,)), copy)))  # no GEMM step: a flat call's
+    assert not sg.graphable_pipeline(((gemm, copy),))  # no signal: nothing to write per call
+    assert not sg.graphable_pipeline((ctrl, (W, copy), (gemm,)))  # single signals
+    big = CopyStep(1, 2, sg.PIPELINE_GRAPH_MAX_BYTES // 2 + 1)
+    assert not sg.graphable_pipeline((ctrl, (big,), (big, gemm)))
+    spin = OneShotStep(*([None] * len(OneShotStep._fields)))
+    assert not sg.graphable_pipeline((ctrl, (spin, gemm)))
+
+
+def test_a_graphs_nodes_are_checked_against_its_steps():
+    from conccl.executors.cuda_program import ComputeStep
+
+    copy, red, gemm = CopyStep(1, 2, 64), ReduceStep(1, (2, 3), 8, "float32", 1.0), ComputeStep(object())
+    sg.check_node_counts({sg._NODE_MEMCPY: 2, sg._NODE_KERNEL: 1}, (copy, copy, red))
+    with pytest.raises(ValueError, match="2 copies and 2 kernels where its program has 2 and 1"):
+        sg.check_node_counts({sg._NODE_MEMCPY: 2, sg._NODE_KERNEL: 2}, (copy, copy, red))
+    with pytest.raises(ValueError, match=r"type\(s\) \[2\]"):  # a memset nobody asked for
+        sg.check_node_counts({sg._NODE_MEMCPY: 1, sg._NODE_MEMSET: 1}, (copy,))
+    # GEMM steps: a kernel or more each (cuBLAS may split one), and cuBLAS's memsets
+    sg.check_node_counts({sg._NODE_MEMCPY: 1, sg._NODE_KERNEL: 5, sg._NODE_MEMSET: 1}, (copy, gemm, gemm, red))
+    with pytest.raises(ValueError, match="2 kernels where its program has 1 and 1 and 2 GEMM steps"):
+        sg.check_node_counts({sg._NODE_MEMCPY: 1, sg._NODE_KERNEL: 2}, (copy, gemm, gemm, red))
+    with pytest.raises(ValueError, match="0 copies"):  # a copy the capture lost
+        sg.check_node_counts({sg._NODE_KERNEL: 3}, (copy, gemm, red))
+    with pytest.raises(ValueError, match=r"type\(s\) \[3\]"):  # a host node: never ours
+        sg.check_node_counts({sg._NODE_MEMCPY: 1, sg._NODE_KERNEL: 3, 3: 1}, (copy, gemm, red))
+
+
+def test_a_queued_pipeline_is_captured_whole_and_its_nodes_written_per_call(monkeypatch):
+    """``SettledGraph(queue=...)``: the queue callback queues every slot under the capture (here
+    two slots' batches and a GEMM step's kernel), and each launch writes the call's values into
+    the nodes of every slot."""
+    from conccl.executors.cuda_program import ComputeStep
+
+    fake = _FakeDriver(copies=1, kernels=2)
+    monkeypatch.setattr(sg, "_api", fake.api)
+    slot0 = (SignalBatch((SignalStep(False, 0x204, 0),)),)
+    slot1 = (SignalBatch((SignalStep(True, 0x100, 0),)), CopyStep(1, 2, 64), ComputeStep(object()),
+             SignalBatch((SignalStep(False, 0x300, 0), SignalStep(False, 0x208, 1))))
+    queued = []
+
+    def queue(stream, seq):
+        assert fake.capturing and stream == 0x51
+        queued.append(seq)
+        for slot in (slot0, slot1):
+            for step in slot:
+                if isinstance(step, SignalBatch):
+                    fake.record_batch(step.signals, seq)
+
+    graph = sg.SettledGraph(None, slot0 + slot1, 0x51, _Cu, queue=queue)
+    assert queued == [sg._PLACEHOLDER] and not fake.capturing
+    fake.calls.clear()
+    graph.launch(0x99, 41)
+    sets = sorted(c[2:] for c in fake.calls if c[0] == "set")
+    assert sets == [(1000, 0xC0, [41]), (1001, 0xC0, [41]), (1002, 0xC0, [41, 42])]
+    assert fake.calls[-1] == ("launch", 0xE7, 0x99)

@@ -141,11 +141,25 @@ class _Program:
     """A compiled program cached for one (schedule, buffers): how many calls ran it, and its
     settled graph once it has one (None: not yet tried; False: cannot have one)."""
 
-    __slots__ = ("schedule", "views", "ws", "program", "lowered", "uses", "graph")
+    __slots__ = ("schedule", "views", "ws", "program", "lowered", "uses", "graph", "pipelines")
 
     def __init__(self, schedule, views, ws, program, lowered):
         self.schedule, self.views, self.ws, self.program, self.lowered = schedule, views, ws, program, lowered
         self.uses, self.graph = 0, None
+        # A pipeline's graphs, by the buffers its GEMM steps touch: [calls, graph or None/False]
+        self.pipelines: dict = {}
+
+    def close_graphs(self) -> None:
+        """Destroy its graphs (a launch still queued runs: the driver frees it after)."""
+        if self.graph:
+            self.graph.close()
+        for _, graph in self.pipelines.values():
+            if graph:
+                graph.close()
+        self.pipelines.clear()
+
+
+_MAX_PIPELINE_GRAPHS = 8  # per program: a layer's calls alternate between few buffer sets
 
 
 class CudaCopyEngineExecutor(GrowingWorkspace):
@@ -190,6 +204,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # Settled calls' programs launched as graphs (conccl.executors.cuda_graph_launch): made
         # so far, launches so far, programs that could not be captured; the capture's stream.
         self.programs_graphed = self.graph_launches = self.graph_failures = 0
+        self.pipelines_graphed = 0  # of programs_graphed: conccl.tp pipelines (_settled_pipeline)
         self._capture_stream: int | None = None  # a raw stream of its own (cuda_graph_launch.create_stream)
         # Programs compiled for eager and persistent calls since start (not captured ones): a
         # loop whose buffers move compiles on every call.
@@ -277,15 +292,14 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self.program_compile_s += time.perf_counter() - t0
         if len(self._programs) >= _MAX_PROGRAMS:
             self._drop_programs()
-        if hit is not None and hit.graph:  # a stale entry under this key (other views, workspace)
-            hit.graph.close()
+        if hit is not None:  # a stale entry under this key (other views, workspace)
+            hit.close_graphs()
         entry = self._programs[key] = _Program(schedule, views, ws, program, lowered)
         return entry
 
     def _drop_programs(self) -> None:
         for entry in self._programs.values():
-            if entry.graph:
-                entry.graph.close()  # a launch still queued runs: the driver frees it after
+            entry.close_graphs()
         self._programs.clear()
 
     def _settled_graph(self, entry: _Program, input, output, views):
@@ -320,6 +334,55 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self.program_compile_s += time.perf_counter() - t0
         return entry.graph
 
+    def _settled_pipeline(self, entry: _Program, buffers: tuple, compute, input, output, views):
+        """The graph of a pipeline whose GEMM steps (``compute``) touch ``buffers`` (conccl.tp's
+        tensors: address, shape, strides, the caller's ``compute.buffers``) once this is its
+        GRAPH_AFTER-th call with them, made now; None before; False where it cannot have one.
+        Its GEMM steps are captured on the streams they run on eagerly, whose cuBLAS
+        workspaces exist by then."""
+        record = entry.pipelines.get(buffers)
+        if record is None:
+            if len(entry.pipelines) >= _MAX_PIPELINE_GRAPHS:
+                entry.close_graphs()
+            record = entry.pipelines[buffers] = [0, None]
+        record[0] += 1
+        if record[1] is not None or record[0] < settled_graphs.GRAPH_AFTER:
+            return record[1]
+        record[1] = False
+        if not (settled_graphs.available() and settled_graphs.graphable_pipeline(entry.lowered)):
+            return False
+        t0 = time.perf_counter()
+        try:
+            lowered = lower(entry.schedule, _addresses(self.rank, input, output, views, entry.ws), self._pads,
+                            self.batching, batch_copies=False, marks=self._marks, spin_words=self._spin_words)
+            program = CompiledProgram(lowered, driver(), self._device_index)
+            if self._capture_stream is None:
+                self._capture_stream = settled_graphs.create_stream()
+            fork, joins = torch.cuda.Event(), [torch.cuda.Event() for _ in lowered]
+
+            def queue(handle, seq):  # the eager fork and join, captured
+                origin = torch.cuda.ExternalStream(handle, device=self.device)
+                program.launch_slot(0, driver().CUstream(handle), seq, self._on(origin, compute))
+                fork.record(origin)
+                for k in range(1, len(lowered)):
+                    stream = self._streams[k]
+                    stream.wait_event(fork)
+                    program.launch_slot(k, self._cu_streams_pool[k], seq, self._on(stream, compute))
+                    joins[k].record(stream)
+                    origin.wait_event(joins[k])
+
+            steps = tuple(step for slot in lowered for step in slot)
+            record[1] = settled_graphs.SettledGraph(program, steps, self._capture_stream, driver(), queue=queue)
+            self.programs_graphed += 1
+            self.pipelines_graphed += 1
+        except Exception as e:  # noqa: BLE001 - any failure here leaves the driver calls, which work
+            self.graph_failures += 1
+            if self.graph_failures == 1:
+                warnings.warn(f"conccl: a settled {entry.schedule.collective} pipeline could not be launched as a "
+                              f"graph ({e}); its calls stay driver calls", stacklevel=3)
+        self.program_compile_s += time.perf_counter() - t0
+        return record[1]
+
     def _current_stream(self):
         """The caller's current stream (:func:`current_stream`)."""
         return current_stream(self._device_index)
@@ -345,6 +408,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         caller = self._current_stream()
         entry = self._program(schedule, input, output, views, seq)
         program = entry.program
+        buffers = getattr(compute, "buffers", None)  # what a pipeline's GEMM steps touch (conccl.tp)
         if compute is not None:
             compute = self._with_workspace(compute, self._ws_region(schedule, seq))
         # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
@@ -358,16 +422,22 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             start = self._start
         if start is not None:
             start.record(ctrl)
-        graph = entry.graph
-        if graph is None and compute is None and ctrl.cuda_stream:
-            # not on the legacy default stream (handle 0), which cuda-python may take per thread
+        graph = entry.graph if compute is None else None
+        if not ctrl.cuda_stream:
+            pass  # not on the legacy default stream (handle 0), which cuda-python may take per thread
+        elif compute is None and graph is None:
             graph = self._settled_graph(entry, input, output, views)
+        elif buffers is not None and not async_op:
+            graph = self._settled_pipeline(entry, buffers, compute, input, output, views)
+        slots = range(1, len(program.slots))
         if graph and ctrl.cuda_stream:
             graph.launch(ctrl.cuda_stream, seq)
             self.graph_launches += 1
+            if compute is not None:
+                slots = ()  # every slot is in the graph
         else:
             program.launch_slot(0, self._cu_stream(ctrl), seq, compute and self._on(ctrl, compute))
-        for k in range(1, len(program.slots)):
+        for k in slots:
             stream = self._streams[k]
             stream.wait_event(start)
             program.launch_slot(k, self._cu_streams_pool[k], seq, compute and self._on(stream, compute))

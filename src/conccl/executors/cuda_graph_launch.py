@@ -17,6 +17,15 @@ kernel or pipeline step, and at most :data:`GRAPH_MAX_BYTES` of copies (a graph'
 one after another on one stream; ``cuMemcpyBatchAsync`` spreads large ones over the engines).
 ``CONCCL_SETTLED_GRAPHS=0`` keeps every call on driver calls.
 
+A settled pipeline (a ``conccl.tp`` call: its GEMM steps cut into the program's slots) is
+captured the same way, every slot forked from the capture stream and joined back, its GEMM
+steps' kernels with the buffers they read and write: the executor keys it by those buffers
+(``compute.buffers``) besides the program's, and makes one only for blocking calls (an async
+call's tensors are marked in use on the streams the steps ran on, which a replay does not
+run on). Its host time is the cache hit, the nodes' values and one launch, where the driver
+calls of four streams and two ``torch.mm`` launches took ~0.3-0.5 ms (session 13's
+host_profile.py, 2 x H200).
+
 Only calls whose input and output are peer-reachable on every rank (``conccl.empty`` tensors,
 symmetric memory): a graph replayed some copies of calls on PyTorch's own (caching-allocator)
 tensors as SM kernels (``memcpy32_post``, ``memcpy128``), where the same copies made as driver
@@ -33,10 +42,14 @@ import ctypes
 import functools
 import os
 
-from .cuda_program import CopyBatch, CopyStep, ReduceStep, SignalBatch
+from .cuda_program import ComputeStep, CopyBatch, CopyStep, ReduceStep, SignalBatch
 
 GRAPH_AFTER = 3  # the call that would run a program for this many-th time captures and launches it
 GRAPH_MAX_BYTES = 4 << 20  # copies per call, above which the batched driver calls stay
+# A pipeline's copies per call: each peer's pieces are on a slot (a branch of the graph) of
+# their own, so a batch spreads nothing more over the engines; what bounds it is where host
+# time still matters (a decode step's 8 MiB shards; 0.5 ms of GEMM hides the host's calls).
+PIPELINE_GRAPH_MAX_BYTES = 64 << 20
 _PARAM_BYTES = 48  # sizeof(CUstreamBatchMemOpParams): a union padded to 6 x 64 bits
 _ADDRESS_OFFSET, _VALUE_OFFSET = 8, 16  # of a wait or write op's address and 32-bit value
 _PLACEHOLDER = 0x5EED0000  # the sequence number the graph is captured with (checked in its nodes)
@@ -65,7 +78,7 @@ _SIGNATURES = {  # name: (CUDA version of the signature, argument types)
 # CUstreamCaptureMode THREAD_LOCAL: other threads (the watchdog's event queries) go on meanwhile
 _CAPTURE_THREAD_LOCAL = 1
 _NODE_BATCH_MEM_OP = 12  # CUgraphNodeType
-_NODE_MEMCPY, _NODE_KERNEL = 1, 0
+_NODE_MEMCPY, _NODE_KERNEL, _NODE_MEMSET, _NODE_EMPTY = 1, 0, 2, 5
 
 
 def driver_functions(signatures: dict) -> dict | None:
@@ -132,6 +145,46 @@ def graphable(lowered: tuple) -> bool:
     return batches > 0 and nbytes <= GRAPH_MAX_BYTES
 
 
+def graphable_pipeline(lowered: tuple) -> bool:
+    """Whether a lowered pipeline (slots of signal batches, copies, reductions and GEMM steps)
+    may run as a settled graph: at least one GEMM step and one signal batch, copies within
+    :data:`PIPELINE_GRAPH_MAX_BYTES`, nothing else (no single stream memory operation, spin
+    wait or one-shot kernel)."""
+    nbytes, batches, computes = 0, 0, 0
+    for steps in lowered:
+        for step in steps:
+            if isinstance(step, SignalBatch):
+                batches += 1
+            elif isinstance(step, ComputeStep):
+                computes += 1
+            elif isinstance(step, CopyStep):
+                nbytes += step.nbytes
+            elif isinstance(step, CopyBatch):
+                nbytes += sum(c.nbytes for c in step.copies)
+            elif not isinstance(step, ReduceStep):
+                return False
+    return batches > 0 and computes > 0 and nbytes <= PIPELINE_GRAPH_MAX_BYTES
+
+
+def check_node_counts(counts: dict, steps: tuple) -> None:
+    """Raise unless a captured graph's nodes (``counts``: node type -> how many, memory
+    operations left out) are what ``steps`` queue: one memcpy per copy and one kernel per
+    reduction; with GEMM steps (:class:`ComputeStep`), at least one kernel more per step and
+    any memsets or empty nodes (cuBLAS's own), nothing else."""
+    computes = sum(isinstance(x, ComputeStep) for x in steps)
+    copies = sum(isinstance(x, CopyStep) for x in steps)
+    reductions = sum(isinstance(x, ReduceStep) for x in steps)
+    other = {k: n for k, n in counts.items() if k not in (_NODE_MEMCPY, _NODE_KERNEL) and n}
+    if computes:
+        other = {k: n for k, n in other.items() if k not in (_NODE_MEMSET, _NODE_EMPTY)}
+    if other:
+        raise ValueError(f"a captured settled call holds nodes of type(s) {sorted(other)}")
+    memcpys, kernels = counts.get(_NODE_MEMCPY, 0), counts.get(_NODE_KERNEL, 0)
+    if memcpys != copies or (kernels < reductions + computes if computes else kernels != reductions):
+        raise ValueError(f"a captured settled call holds {memcpys} copies and {kernels} kernels where its program "
+                         f"has {copies} and {reductions}" + (f" and {computes} GEMM steps" if computes else ""))
+
+
 def peer_reachable(views, input, output, rank: int) -> bool:
     """Whether ``input`` and ``output`` are the peer-reachable tensors ``views`` describe on every
     rank (the agreed (bases, offsets) of each, None where some rank's is PyTorch's own memory;
@@ -169,9 +222,12 @@ class SettledGraph:
     captured once on ``capture_stream`` (a raw handle of a stream nothing else uses: the
     executor creates its own, not one of PyTorch's pooled streams) as a graph;
     :meth:`launch` queues it as call ``seq``. Raises where the capture does not give one memory
-    operation node per signal batch holding what the batch asked (the caller keeps driver calls)."""
+    operation node per signal batch holding what the batch asked (the caller keeps driver calls).
 
-    def __init__(self, program, steps: tuple, capture_stream: int, cu):
+    ``queue(capture_stream, seq)``, given, queues the program instead (a pipeline's slots,
+    forked from the capture stream and joined back); ``steps`` are then every slot's."""
+
+    def __init__(self, program, steps: tuple, capture_stream: int, cu, queue=None):
         api = _api()
         self._api = api
         self._graph, self._exec = _VP(), _VP()
@@ -179,7 +235,10 @@ class SettledGraph:
         _check(api["cuStreamBeginCapture"](capture_stream, _CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         try:
             try:
-                program.launch_slot(0, cu.CUstream(capture_stream), _PLACEHOLDER)
+                if queue is None:
+                    program.launch_slot(0, cu.CUstream(capture_stream), _PLACEHOLDER)
+                else:
+                    queue(capture_stream, _PLACEHOLDER)
             finally:  # ends the capture however the launch went: the stream must not stay captured
                 _check(api["cuStreamEndCapture"](capture_stream, ctypes.byref(self._graph)), "cuStreamEndCapture")
             nodes = self._memop_nodes(steps)
@@ -206,27 +265,21 @@ class SettledGraph:
         self._launch = api["cuGraphLaunch"]
 
     def _memop_nodes(self, steps: tuple) -> list:
-        """The graph's memory-operation nodes; raises unless its other nodes are one memcpy per
-        copy and one kernel per reduction of ``steps`` (nothing else was queued on the stream
-        while it was captured)."""
+        """The graph's memory-operation nodes; raises unless its other nodes are what ``steps``
+        queue (:func:`check_node_counts`: nothing else was queued on the streams while it was
+        captured)."""
         api, n = self._api, _SIZE(0)
         _check(api["cuGraphGetNodes"](self._graph, None, ctypes.byref(n)), "cuGraphGetNodes")
         nodes = (_VP * n.value)()
         _check(api["cuGraphGetNodes"](self._graph, nodes, ctypes.byref(n)), "cuGraphGetNodes")
-        out, kind, counts = [], ctypes.c_int(-1), {_NODE_MEMCPY: 0, _NODE_KERNEL: 0}
+        out, kind, counts = [], ctypes.c_int(-1), {}
         for node in nodes[:n.value]:
             _check(api["cuGraphNodeGetType"](node, ctypes.byref(kind)), "cuGraphNodeGetType")
             if kind.value == _NODE_BATCH_MEM_OP:
                 out.append(node)
-            elif kind.value in counts:
-                counts[kind.value] += 1
             else:
-                raise ValueError(f"a captured settled call holds a node of type {kind.value}")
-        want = {_NODE_MEMCPY: sum(isinstance(x, CopyStep) for x in steps),
-                _NODE_KERNEL: sum(isinstance(x, ReduceStep) for x in steps)}
-        if counts != want:
-            raise ValueError(f"a captured settled call holds {counts[_NODE_MEMCPY]} copies and {counts[_NODE_KERNEL]} "
-                             f"kernels where its program has {want[_NODE_MEMCPY]} and {want[_NODE_KERNEL]}")
+                counts[kind.value] = counts.get(kind.value, 0) + 1
+        check_node_counts(counts, steps)
         return out
 
     def _node_params(self, node) -> tuple:

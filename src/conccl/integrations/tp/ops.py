@@ -118,6 +118,13 @@ def _check_weights(a, weights) -> None:
                                   f"{a.shape[-1]} x N, {a.dtype} on {a.device}")
 
 
+def _buffers(tensors) -> tuple:
+    """What a pipeline's GEMM steps read and write, as a settled call's graph holds it (address,
+    shape, strides, dtype of each tensor): the executor replays one graph only while these are
+    the same (conccl.executors.cuda_ce, ``compute.buffers``)."""
+    return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors)
+
+
 def _recorder(async_op: bool, tensors):
     """For an async call: mark the tensors as in use on the stream each GEMM step runs on, so
     the caching allocator does not hand their memory out before that stream has passed."""
@@ -204,6 +211,7 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
         for w, out in zip(weights, outs):
             torch.mm(src, w, out=out[op.row_start:op.row_end])
 
+    compute.buffers = _buffers([a2, gathered, *weights, *outs])
     # Not returned, the gathered rows' own chunk is never read (the own GEMM step reads a2):
     # no copy of it.
     work = all_gather_then_compute(g, gathered, a2, tp, rows, row_bytes, compute, async_op, timeout,
@@ -272,6 +280,7 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
         record()
         torch.mm(x2[step.row_start:step.row_end], weight, out=full[step.row_start:step.row_end])
 
+    compute.buffers = _buffers([x2, weight, full])
     work = compute_then_reduce_scatter(g, out, full, op, tp, M // world, N * a.element_size(), compute, async_op,
                                        timeout)
     result = out.view(x.shape[0] // world, *x.shape[1:-1], N)

@@ -1,0 +1,157 @@
+"""CPU tier: a settled eager pipeline (a conccl.tp call) launched as one graph, with stand-in
+streams, events, programs and graphs (CudaCopyEngineExecutor._settled_pipeline): when a graph
+is made (the GRAPH_AFTER-th call with the same GEMM-step buffers), that it is kept per buffer
+set, the order its capture queues the slots in (the eager fork and join), and that a capture
+that fails leaves the calls on driver calls for good. tests/gpu/test_gpu_tp.py runs it on
+GPUs against NCCL; tests/unit/test_settled_graph.py the graph itself against a fake driver."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from conccl.executors import cuda_ce
+from conccl.executors import cuda_graph_launch as sg
+from conccl.executors.cuda_program import ComputeStep, CopyStep, SignalBatch, SignalStep
+
+GEMM = ComputeStep(object())
+LOWERED = ((SignalBatch((SignalStep(False, 0x204, 0),)),),
+           (SignalBatch((SignalStep(True, 0x100, 0),)), CopyStep(1, 2, 64)),
+           (GEMM, SignalBatch((SignalStep(False, 0x300, 0),))))
+
+
+class _Stream:
+    def __init__(self, handle, log):
+        self.cuda_stream, self.log = handle, log
+
+    def wait_event(self, event):
+        self.log.append(("wait", self.cuda_stream, event.name))
+
+
+class _Event:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def record(self, stream):
+        self.log.append(("record", self.name, stream.cuda_stream))
+
+
+class _Program:
+    def __init__(self, lowered, log):
+        self.slots, self.log = lowered, log
+
+    def launch_slot(self, k, stream, seq, compute=None):
+        self.log.append(("launch", k, stream, seq))
+        for step in self.slots[k]:
+            if isinstance(step, ComputeStep):
+                compute(step.op)
+
+
+class _Graph:
+    made: list = []
+
+    def __init__(self, program, steps, capture_stream, cu, queue=None):
+        self.steps, self.closed = steps, False
+        queue(capture_stream, 0x5EED0000)
+        _Graph.made.append(self)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def executor(monkeypatch):
+    log = []
+    names = iter(range(1000))
+    monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: _Event(f"e{next(names)}", log))
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device=None: _Stream(handle, log), raising=False)
+    monkeypatch.setattr(cuda_ce, "lower", lambda *a, **k: LOWERED)
+    monkeypatch.setattr(cuda_ce, "_addresses", lambda *a: None)
+    monkeypatch.setattr(cuda_ce, "CompiledProgram", lambda lowered, cu, index: _Program(lowered, log))
+    monkeypatch.setattr(cuda_ce, "driver", lambda: type("Cu", (), {"CUstream": staticmethod(lambda h: h)}))
+    monkeypatch.setattr(sg, "available", lambda: True)
+    monkeypatch.setattr(sg, "SettledGraph", _Graph)
+    _Graph.made = []
+    ex = object.__new__(cuda_ce.CudaCopyEngineExecutor)
+    ex.rank, ex._pads, ex.batching, ex._marks, ex._spin_words, ex._device_index = 0, [0, 0], "all", 0, 0, 0
+    ex.device, ex._capture_stream = None, 0x51
+    ex._streams = [_Stream(100 + k, log) for k in range(4)]
+    ex._cu_streams_pool = [s.cuda_stream for s in ex._streams]
+    ex._on = lambda stream, compute: (lambda op: log.append(("gemm", stream.cuda_stream)))
+    ex.programs_graphed = ex.pipelines_graphed = ex.graph_failures = 0
+    ex.program_compile_s = 0.0
+    return ex, log
+
+
+class _Schedule:
+    collective = "reduce_scatter"
+
+
+def _entry():
+    return cuda_ce._Program(_Schedule(), None, None, None, LOWERED)
+
+
+def test_the_third_call_with_the_same_buffers_is_captured_and_later_ones_reuse_it(executor):
+    ex, log = executor
+    entry = _entry()
+    call = [ex._settled_pipeline(entry, ("a", "w"), None, None, None, None) for _ in range(4)]
+    assert call[:2] == [None, None] and call[2] is call[3] is _Graph.made[0]
+    assert ex.pipelines_graphed == ex.programs_graphed == 1 and len(_Graph.made) == 1
+    # other buffers (a new weight, another activation): counted, and captured, on their own
+    other = [ex._settled_pipeline(entry, ("b", "w"), None, None, None, None) for _ in range(3)]
+    assert other[:2] == [None, None] and other[2] is _Graph.made[1]
+    assert ex._settled_pipeline(entry, ("a", "w"), None, None, None, None) is call[2]
+
+
+def test_the_capture_forks_every_slot_from_the_capture_stream_and_joins_it_back(executor):
+    ex, log = executor
+    entry = _entry()
+    for _ in range(3):
+        ex._settled_pipeline(entry, ("a",), None, None, None, None)
+    assert log[0] == ("launch", 0, 0x51, 0x5EED0000)  # the control slot on the capture stream
+    fork = next(e for e in log if e[0] == "record")
+    assert fork[2] == 0x51
+    for k in (1, 2):
+        mine = [i for i, e in enumerate(log) if e[1:2] == (100 + k,) or (e[0] == "launch" and e[1] == k)
+                or (e[0] == "record" and e[2] == 100 + k)]
+        kinds = [log[i] for i in mine]
+        assert kinds[0] == ("wait", 100 + k, fork[1])  # the fork before anything on the side stream
+        assert kinds[1] == ("launch", k, 100 + k, 0x5EED0000)
+        join = kinds[-1]
+        assert join[0] == "record" and join[2] == 100 + k
+        assert ("wait", 0x51, join[1]) in log[mine[-1]:]  # joined back into the capture stream
+    assert ("gemm", 102) in log  # the GEMM step ran on its slot's stream, under the capture
+
+
+def test_a_failed_capture_leaves_driver_calls_for_good_and_warns_once(executor, monkeypatch):
+    ex, _ = executor
+
+    def failing(*a, **k):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(sg, "SettledGraph", failing)
+    entry = _entry()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = [ex._settled_pipeline(entry, ("a",), None, None, None, None) for _ in range(5)]
+    assert got == [None, None, False, False, False] and ex.graph_failures == 1
+    assert len([w for w in seen if "stay driver calls" in str(w.message)]) == 1
+
+
+def test_a_program_without_a_graphable_pipeline_gets_none(executor):
+    ex, _ = executor
+    entry = cuda_ce._Program(_Schedule(), None, None, None, (LOWERED[0], LOWERED[1]))  # no GEMM step
+    got = [ex._settled_pipeline(entry, ("a",), None, None, None, None) for _ in range(4)]
+    assert got == [None, None, False, False] and _Graph.made == []
+
+
+def test_many_buffer_sets_close_the_graphs_held(executor):
+    ex, _ = executor
+    entry = _entry()
+    for i in range(cuda_ce._MAX_PIPELINE_GRAPHS):
+        for _ in range(3):
+            ex._settled_pipeline(entry, (i,), None, None, None, None)
+    assert len(_Graph.made) == cuda_ce._MAX_PIPELINE_GRAPHS and not any(g.closed for g in _Graph.made)
+    ex._settled_pipeline(entry, ("one more",), None, None, None, None)
+    assert all(g.closed for g in _Graph.made) and list(entry.pipelines) == [("one more",)]
