@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Session 14, run1 (2 x H100): settled eager pipelines as one graph launch. The GPU TP tests
 # (the new settled-pipeline test among them) and the settled-graph and graph tests; the rig's
-# TP parts at worlds 2 and 3; host time per eager conccl.tp call, graphs against driver calls;
-# the decode shapes' GPU time eagerly, settled graphs on and off (CONCCL_SETTLED_GRAPHS=0), aligned.
+# TP parts at worlds 2 and 3; host time per eager conccl.tp call, graphs against driver calls.
 #   OUT=<folder> CONCCL_COMMIT=<sha> bash benchmarks/2026-11-27-h100x2-session14/run1.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
