@@ -23,8 +23,9 @@ CALLS = 300
 def _rank(rank, world, out_dir):
     import conccl
     ctp = conccl.tp
+    from conccl.api import get_group
     torch.manual_seed(rank)
-    ex = conccl.api.get_group(None).executor
+    ex = get_group(None).executor
     a_ag = torch.randn(1024 // world, 8192, dtype=torch.bfloat16, device="cuda") / 8
     w_ag = torch.randn(8192, 7168, dtype=torch.bfloat16, device="cuda") / 8
     a_rs = torch.randn(1024, 3584, dtype=torch.bfloat16, device="cuda") / 8

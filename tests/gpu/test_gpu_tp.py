@@ -245,10 +245,10 @@ def _settled(rank, world):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    import conccl
+    from conccl.api import get_group
     from conccl.integrations import tp as ctp
 
-    ex = conccl.api.get_group(None).executor
+    ex = get_group(None).executor
     rows, K, N = 512, 1024, 768
     dt = torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(rank)

@@ -423,14 +423,15 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         if start is not None:
             start.record(ctrl)
         graph = entry.graph if compute is None else None
-        if not ctrl.cuda_stream:
-            pass  # not on the legacy default stream (handle 0), which cuda-python may take per thread
-        elif compute is None and graph is None:
-            graph = self._settled_graph(entry, input, output, views)
-        elif buffers is not None and not async_op:
+        if buffers is not None and not async_op:
+            # on any stream: the graph's launch takes the legacy default stream (handle 0) as
+            # PyTorch does (cuda_graph_launch.driver_functions), where a blocking call runs
             graph = self._settled_pipeline(entry, buffers, compute, input, output, views)
+        elif compute is None and graph is None and ctrl.cuda_stream:
+            # not on the legacy default stream (handle 0), which cuda-python may take per thread
+            graph = self._settled_graph(entry, input, output, views)
         slots = range(1, len(program.slots))
-        if graph and ctrl.cuda_stream:
+        if graph and (ctrl.cuda_stream or compute is not None):
             graph.launch(ctrl.cuda_stream, seq)
             self.graph_launches += 1
             if compute is not None:

@@ -81,6 +81,11 @@ _NODE_BATCH_MEM_OP = 12  # CUgraphNodeType
 _NODE_MEMCPY, _NODE_KERNEL, _NODE_MEMSET, _NODE_EMPTY = 1, 0, 2, 5
 
 
+# cuGetProcAddress's CU_GET_PROC_ADDRESS_LEGACY_STREAM: a stream handle 0 passed to what it hands
+# out is the legacy default stream, PyTorch's default stream (not a per-thread one)
+_LEGACY_STREAM = 1
+
+
 def driver_functions(signatures: dict) -> dict | None:
     """{name: ctypes function} for ``signatures`` ({name: (CUDA version of the signature,
     argument types)}, each returning a CUresult), as libcuda's ``cuGetProcAddress`` hands them
@@ -95,7 +100,8 @@ def driver_functions(signatures: dict) -> dict | None:
     out = {}
     for name, (version, args) in signatures.items():
         pfn, status = _VP(), ctypes.c_int(-1)
-        if get(name.encode(), ctypes.byref(pfn), version, 0, ctypes.byref(status)) or status.value or not pfn.value:
+        if (get(name.encode(), ctypes.byref(pfn), version, _LEGACY_STREAM, ctypes.byref(status)) or status.value
+                or not pfn.value):
             return None
         out[name] = ctypes.CFUNCTYPE(ctypes.c_int, *args)(pfn.value)
     return out
