@@ -109,9 +109,12 @@ def test_the_capture_forks_every_slot_from_the_capture_stream_and_joins_it_back(
     entry = _entry()
     for _ in range(3):
         ex._settled_pipeline(entry, ("a",), None, None, None, None)
-    assert log[0] == ("launch", 0, 0x51, 0x5EED0000)  # the control slot on the capture stream
-    fork = next(e for e in log if e[0] == "record")
-    assert fork[2] == 0x51
+    # the fork first, recorded on the capture stream before the control slot is queued there:
+    # the control slot waits for the peers' signals of this call, which they send once the
+    # other slots' copies have run (forked after it, a push pipeline hung on GPUs)
+    fork = log[0]
+    assert fork[0] == "record" and fork[2] == 0x51
+    assert log[1] == ("launch", 0, 0x51, 0x5EED0000)
     for k in (1, 2):
         mine = [i for i, e in enumerate(log) if e[1:2] == (100 + k,) or (e[0] == "launch" and e[1] == k)
                 or (e[0] == "record" and e[2] == 100 + k)]

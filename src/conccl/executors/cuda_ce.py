@@ -362,8 +362,11 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
 
             def queue(handle, seq):  # the eager fork and join, captured
                 origin = torch.cuda.ExternalStream(handle, device=self.device)
-                program.launch_slot(0, driver().CUstream(handle), seq, self._on(origin, compute))
+                # The fork before the control slot, as run() records its start: that slot waits
+                # for the peers' signals of this call, which the other slots' copies let them send
+                # (a push pipeline's graph forked after it hung on 2 x H200, session 14 run2).
                 fork.record(origin)
+                program.launch_slot(0, driver().CUstream(handle), seq, self._on(origin, compute))
                 for k in range(1, len(lowered)):
                     stream = self._streams[k]
                     stream.wait_event(fork)
