@@ -86,6 +86,7 @@ def executor(monkeypatch):
 
 class _Schedule:
     collective = "reduce_scatter"
+    slots = ()
 
 
 def _entry():
@@ -158,3 +159,28 @@ def test_many_buffer_sets_close_the_graphs_held(executor):
     assert len(_Graph.made) == cuda_ce._MAX_PIPELINE_GRAPHS and not any(g.closed for g in _Graph.made)
     ex._settled_pipeline(entry, ("one more",), None, None, None, None)
     assert all(g.closed for g in _Graph.made) and list(entry.pipelines) == [("one more",)]
+
+
+def test_a_pipeline_copying_within_its_gpu_keeps_driver_calls(executor):
+    """A pull pipeline's staging of a plain input (a same-GPU copy) ran as an SM kernel in a
+    graph: such a pipeline is never graphed; a push pipeline and a GEMM+reduce-scatter are."""
+    from conccl.collectives.all_gather import plan_all_gather
+    from conccl.collectives.reduce_scatter import plan_reduce_scatter
+    from conccl.pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
+
+    def pipeline(name, op):
+        tp = TPSchedule.parse(name)
+        if op == "ag":
+            flat = plan_all_gather(2, 0, 4096, algorithm=tp.flat_algorithm(), stream_mode=tp.stream_mode())
+            return gather_then_gemm(flat, tp, 16, 256, keep_own=False)
+        flat = plan_reduce_scatter(2, 0, 4096, "bfloat16", stream_mode=tp.stream_mode())
+        return gemm_then_scatter(flat, tp, 16, 256)
+
+    assert sg.same_gpu_copies(pipeline("direct", "ag"))  # stages the plain shard
+    assert not sg.same_gpu_copies(pipeline("push-s2", "ag"))
+    assert not sg.same_gpu_copies(pipeline("direct", "rs")) and not sg.same_gpu_copies(pipeline("direct-p2-s2", "rs"))
+    ex, _ = executor
+    staged = cuda_ce._Program(pipeline("direct", "ag"), None, None, None, LOWERED)
+    assert [ex._settled_pipeline(staged, ("a",), None, None, None, None) for _ in range(4)] == [None, None, False, False]
+    pushed = cuda_ce._Program(pipeline("push-s2", "ag"), None, None, None, LOWERED)
+    assert [ex._settled_pipeline(pushed, ("a",), None, None, None, None) for _ in range(3)][2] is _Graph.made[-1]

@@ -349,7 +349,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         if record[1] is not None or record[0] < settled_graphs.GRAPH_AFTER:
             return record[1]
         record[1] = False
-        if not (settled_graphs.available() and settled_graphs.graphable_pipeline(entry.lowered)):
+        if not (settled_graphs.available() and settled_graphs.graphable_pipeline(entry.lowered)
+                and not settled_graphs.same_gpu_copies(entry.schedule)):
             return False
         t0 = time.perf_counter()
         try:

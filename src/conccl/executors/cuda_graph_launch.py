@@ -42,6 +42,7 @@ import ctypes
 import functools
 import os
 
+from ..schedule import Copy
 from .cuda_program import ComputeStep, CopyBatch, CopyStep, ReduceStep, SignalBatch
 
 GRAPH_AFTER = 3  # the call that would run a program for this many-th time captures and launches it
@@ -170,6 +171,15 @@ def graphable_pipeline(lowered: tuple) -> bool:
             elif not isinstance(step, ReduceStep):
                 return False
     return batches > 0 and computes > 0 and nbytes <= PIPELINE_GRAPH_MAX_BYTES
+
+
+def same_gpu_copies(schedule) -> bool:
+    """Whether ``schedule`` copies within one GPU (a pull pipeline's staging of a plain input, a
+    kept own chunk): captured into a graph, such a copy ran as an SM kernel (``memcpy128``,
+    2 x H200, session 14's run1) where the eager call's is a copy engine's, so a pipeline
+    holding one keeps its driver calls."""
+    return any(isinstance(op, Copy) and op.transfer.src_rank == op.transfer.dst_rank
+               for ops in schedule.slots for op in ops)
 
 
 def check_node_counts(counts: dict, steps: tuple) -> None:
