@@ -300,3 +300,40 @@ def test_a_queued_pipeline_is_captured_whole_and_its_nodes_written_per_call(monk
     sets = sorted(c[2:] for c in fake.calls if c[0] == "set")
     assert sets == [(1000, 0xC0, [41]), (1001, 0xC0, [41]), (1002, 0xC0, [41, 42])]
     assert fake.calls[-1] == ("launch", 0xE7, 0x99)
+
+
+def test_a_graph_captured_by_its_owner_is_its_owners_to_destroy(monkeypatch):
+    """``SettledGraph(capture=...)`` (PyTorch's CUDAGraph for a pipeline's GEMM steps): the owner
+    begins and ends the capture and instantiates, the driver's capture calls are not made, nodes
+    are still checked and written per launch, and closing leaves the graph to its owner."""
+    fake = _FakeDriver()
+    api = fake.api()
+    for name in ("cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiateWithFlags"):
+        api[name] = lambda *a, _n=name: pytest.fail(f"{_n} called for an owner-captured graph")
+    monkeypatch.setattr(sg, "_api", lambda: api)
+    calls = []
+
+    class Owner:
+        def begin(self, stream):
+            calls.append(("begin", stream))
+            fake.capturing = True
+
+        def end(self):
+            calls.append("end")
+            fake.capturing = False
+            return 0x6A
+
+        def instantiate(self):
+            calls.append("instantiate")
+            return 0xE7
+
+        def close(self):
+            calls.append("close")
+
+    graph = sg.SettledGraph(_FakeProgram(fake, STEPS), STEPS, 0x51, _Cu, capture=Owner())
+    assert calls == [("begin", 0x51), "end", "instantiate"]
+    fake.calls.clear()
+    graph.launch(0x99, 3)
+    assert fake.calls[-1] == ("launch", 0xE7, 0x99) and sum(c[0] == "set" for c in fake.calls) == 2
+    graph.close()
+    assert calls[-1] == "close" and not any(c[0] == "destroy" for c in fake.calls)

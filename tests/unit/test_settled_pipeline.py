@@ -1,5 +1,5 @@
 """CPU tier: a settled eager pipeline (a conccl.tp call) launched as one graph, with stand-in
-streams, events, programs and graphs (CudaCopyEngineExecutor._settled_pipeline): when a graph
+streams, events, programs and graphs (conccl.executors.cuda_settled_pipeline): when a graph
 is made (the GRAPH_AFTER-th call with the same GEMM-step buffers), that it is kept per buffer
 set, the order its capture queues the slots in (the eager fork and join), and that a capture
 that fails leaves the calls on driver calls for good. tests/gpu/test_gpu_tp.py runs it on
@@ -13,6 +13,7 @@ import torch
 
 from conccl.executors import cuda_ce
 from conccl.executors import cuda_graph_launch as sg
+from conccl.executors import cuda_settled_pipeline as sp
 from conccl.executors.cuda_program import ComputeStep, CopyStep, SignalBatch, SignalStep
 
 GEMM = ComputeStep(object())
@@ -51,8 +52,8 @@ class _Program:
 class _Graph:
     made: list = []
 
-    def __init__(self, program, steps, capture_stream, cu, queue=None):
-        self.steps, self.closed = steps, False
+    def __init__(self, program, steps, capture_stream, cu, queue=None, capture=None):
+        self.steps, self.closed, self.capture = steps, False, capture
         queue(capture_stream, 0x5EED0000)
         _Graph.made.append(self)
 
@@ -66,16 +67,17 @@ def executor(monkeypatch):
     names = iter(range(1000))
     monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: _Event(f"e{next(names)}", log))
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device=None: _Stream(handle, log), raising=False)
-    monkeypatch.setattr(cuda_ce, "lower", lambda *a, **k: LOWERED)
+    monkeypatch.setattr(sp, "lower", lambda *a, **k: LOWERED)
     monkeypatch.setattr(cuda_ce, "_addresses", lambda *a: None)
-    monkeypatch.setattr(cuda_ce, "CompiledProgram", lambda lowered, cu, index: _Program(lowered, log))
-    monkeypatch.setattr(cuda_ce, "driver", lambda: type("Cu", (), {"CUstream": staticmethod(lambda h: h)}))
+    monkeypatch.setattr(sp, "CompiledProgram", lambda lowered, cu, index: _Program(lowered, log))
+    monkeypatch.setattr(sp, "driver", lambda: type("Cu", (), {"CUstream": staticmethod(lambda h: h)}))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool",))
     monkeypatch.setattr(sg, "available", lambda: True)
     monkeypatch.setattr(sg, "SettledGraph", _Graph)
     _Graph.made = []
     ex = object.__new__(cuda_ce.CudaCopyEngineExecutor)
     ex.rank, ex._pads, ex.batching, ex._marks, ex._spin_words, ex._device_index = 0, [0, 0], "all", 0, 0, 0
-    ex.device, ex._capture_stream = None, 0x51
+    ex.device, ex._capture_stream, ex._pipeline_pool = None, 0x51, None
     ex._streams = [_Stream(100 + k, log) for k in range(4)]
     ex._cu_streams_pool = [s.cuda_stream for s in ex._streams]
     ex._on = lambda stream, compute: (lambda op: log.append(("gemm", stream.cuda_stream)))
@@ -99,6 +101,8 @@ def test_the_third_call_with_the_same_buffers_is_captured_and_later_ones_reuse_i
     call = [ex._settled_pipeline(entry, ("a", "w"), None, None, None, None) for _ in range(4)]
     assert call[:2] == [None, None] and call[2] is call[3] is _Graph.made[0]
     assert ex.pipelines_graphed == ex.programs_graphed == 1 and len(_Graph.made) == 1
+    # captured by PyTorch into one pool the executor keeps (the GEMMs' cuBLAS workspace lives there)
+    assert isinstance(_Graph.made[0].capture, sp.TorchCapture) and _Graph.made[0].capture.pool == ("pool",)
     # other buffers (a new weight, another activation): counted, and captured, on their own
     other = [ex._settled_pipeline(entry, ("b", "w"), None, None, None, None) for _ in range(3)]
     assert other[:2] == [None, None] and other[2] is _Graph.made[1]
@@ -153,10 +157,10 @@ def test_a_program_without_a_graphable_pipeline_gets_none(executor):
 def test_many_buffer_sets_close_the_graphs_held(executor):
     ex, _ = executor
     entry = _entry()
-    for i in range(cuda_ce._MAX_PIPELINE_GRAPHS):
+    for i in range(sp.MAX_PIPELINE_GRAPHS):
         for _ in range(3):
             ex._settled_pipeline(entry, (i,), None, None, None, None)
-    assert len(_Graph.made) == cuda_ce._MAX_PIPELINE_GRAPHS and not any(g.closed for g in _Graph.made)
+    assert len(_Graph.made) == sp.MAX_PIPELINE_GRAPHS and not any(g.closed for g in _Graph.made)
     ex._settled_pipeline(entry, ("one more",), None, None, None, None)
     assert all(g.closed for g in _Graph.made) and list(entry.pipelines) == [("one more",)]
 

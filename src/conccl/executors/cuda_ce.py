@@ -47,6 +47,7 @@ from . import cuda_graph_launch as settled_graphs
 from . import cuda_spin
 from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape
+from .cuda_settled_pipeline import settled_pipeline
 
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
 
@@ -159,7 +160,6 @@ class _Program:
         self.pipelines.clear()
 
 
-_MAX_PIPELINE_GRAPHS = 8  # per program: a layer's calls alternate between few buffer sets
 
 
 class CudaCopyEngineExecutor(GrowingWorkspace):
@@ -205,6 +205,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # so far, launches so far, programs that could not be captured; the capture's stream.
         self.programs_graphed = self.graph_launches = self.graph_failures = 0
         self.pipelines_graphed = 0  # of programs_graphed: conccl.tp pipelines (_settled_pipeline)
+        self._pipeline_pool = None  # their memory pool (_TorchCapture)
         self._capture_stream: int | None = None  # a raw stream of its own (cuda_graph_launch.create_stream)
         # Programs compiled for eager and persistent calls since start (not captured ones): a
         # loop whose buffers move compiles on every call.
@@ -335,57 +336,9 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         return entry.graph
 
     def _settled_pipeline(self, entry: _Program, buffers: tuple, compute, input, output, views):
-        """The graph of a pipeline whose GEMM steps (``compute``) touch ``buffers`` (conccl.tp's
-        tensors: address, shape, strides, the caller's ``compute.buffers``) once this is its
-        GRAPH_AFTER-th call with them, made now; None before; False where it cannot have one.
-        Its GEMM steps are captured on the streams they run on eagerly, whose cuBLAS
-        workspaces exist by then."""
-        record = entry.pipelines.get(buffers)
-        if record is None:
-            if len(entry.pipelines) >= _MAX_PIPELINE_GRAPHS:
-                entry.close_graphs()
-            record = entry.pipelines[buffers] = [0, None]
-        record[0] += 1
-        if record[1] is not None or record[0] < settled_graphs.GRAPH_AFTER:
-            return record[1]
-        record[1] = False
-        if not (settled_graphs.available() and settled_graphs.graphable_pipeline(entry.lowered)
-                and not settled_graphs.same_gpu_copies(entry.schedule)):
-            return False
-        t0 = time.perf_counter()
-        try:
-            lowered = lower(entry.schedule, _addresses(self.rank, input, output, views, entry.ws), self._pads,
-                            self.batching, batch_copies=False, marks=self._marks, spin_words=self._spin_words)
-            program = CompiledProgram(lowered, driver(), self._device_index)
-            if self._capture_stream is None:
-                self._capture_stream = settled_graphs.create_stream()
-            fork, joins = torch.cuda.Event(), [torch.cuda.Event() for _ in lowered]
-
-            def queue(handle, seq):  # the eager fork and join, captured
-                origin = torch.cuda.ExternalStream(handle, device=self.device)
-                # The fork before the control slot, as run() records its start: that slot waits
-                # for the peers' signals of this call, which the other slots' copies let them send
-                # (a push pipeline's graph forked after it hung on 2 x H200, session 14 run2).
-                fork.record(origin)
-                program.launch_slot(0, driver().CUstream(handle), seq, self._on(origin, compute))
-                for k in range(1, len(lowered)):
-                    stream = self._streams[k]
-                    stream.wait_event(fork)
-                    program.launch_slot(k, self._cu_streams_pool[k], seq, self._on(stream, compute))
-                    joins[k].record(stream)
-                    origin.wait_event(joins[k])
-
-            steps = tuple(step for slot in lowered for step in slot)
-            record[1] = settled_graphs.SettledGraph(program, steps, self._capture_stream, driver(), queue=queue)
-            self.programs_graphed += 1
-            self.pipelines_graphed += 1
-        except Exception as e:  # noqa: BLE001 - any failure here leaves the driver calls, which work
-            self.graph_failures += 1
-            if self.graph_failures == 1:
-                warnings.warn(f"conccl: a settled {entry.schedule.collective} pipeline could not be launched as a "
-                              f"graph ({e}); its calls stay driver calls", stacklevel=3)
-        self.program_compile_s += time.perf_counter() - t0
-        return record[1]
+        """A settled pipeline's graph (:func:`conccl.executors.cuda_settled_pipeline.settled_pipeline`)."""
+        return settled_pipeline(self, entry, buffers, compute, lambda: _addresses(self.rank, input, output, views,
+                                                                                 entry.ws))
 
     def _current_stream(self):
         """The caller's current stream (:func:`current_stream`)."""

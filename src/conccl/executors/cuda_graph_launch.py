@@ -241,14 +241,21 @@ class SettledGraph:
     operation node per signal batch holding what the batch asked (the caller keeps driver calls).
 
     ``queue(capture_stream, seq)``, given, queues the program instead (a pipeline's slots,
-    forked from the capture stream and joined back); ``steps`` are then every slot's."""
+    forked from the capture stream and joined back); ``steps`` are then every slot's.
+    ``capture``, given, captures and instantiates instead of the driver calls here, and owns
+    the graph: ``begin(stream)``, ``end() -> graph``, ``instantiate() -> exec``, ``close()``
+    (PyTorch's CUDAGraph for GEMM steps, whose cuBLAS workspace must live in the graph's memory
+    pool: cuda_ce._TorchCapture)."""
 
-    def __init__(self, program, steps: tuple, capture_stream: int, cu, queue=None):
+    def __init__(self, program, steps: tuple, capture_stream: int, cu, queue=None, capture=None):
         api = _api()
-        self._api = api
+        self._api, self._capture = api, capture
         self._graph, self._exec = _VP(), _VP()
         batches = [s for s in steps if isinstance(s, SignalBatch)]
-        _check(api["cuStreamBeginCapture"](capture_stream, _CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
+        if capture is None:
+            _check(api["cuStreamBeginCapture"](capture_stream, _CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
+        else:
+            capture.begin(capture_stream)
         try:
             try:
                 if queue is None:
@@ -256,7 +263,11 @@ class SettledGraph:
                 else:
                     queue(capture_stream, _PLACEHOLDER)
             finally:  # ends the capture however the launch went: the stream must not stay captured
-                _check(api["cuStreamEndCapture"](capture_stream, ctypes.byref(self._graph)), "cuStreamEndCapture")
+                if capture is None:
+                    _check(api["cuStreamEndCapture"](capture_stream, ctypes.byref(self._graph)),
+                           "cuStreamEndCapture")
+                else:
+                    self._graph = _VP(capture.end())
             nodes = self._memop_nodes(steps)
             params = [self._node_params(n) for n in nodes]
             sigs = [tuple((op == 1, address) for op, address, _ in p[2]) for p in params]
@@ -272,8 +283,11 @@ class SettledGraph:
                                for i, s in enumerate(batch.signals))
                 node_params = _NodeParams(ctx, len(batch.signals), ctypes.addressof(array), 0)
                 self._updates.append((nodes[index], node_params, ctypes.byref(node_params), values, array))
-            _check(api["cuGraphInstantiateWithFlags"](ctypes.byref(self._exec), self._graph, 0),
-                   "cuGraphInstantiateWithFlags")
+            if capture is None:
+                _check(api["cuGraphInstantiateWithFlags"](ctypes.byref(self._exec), self._graph, 0),
+                       "cuGraphInstantiateWithFlags")
+            else:
+                self._exec = _VP(capture.instantiate())
         except BaseException:
             self.close()
             raise
@@ -324,6 +338,10 @@ class SettledGraph:
 
     def close(self) -> None:
         """Destroy the graph (launches already queued still run: the driver keeps what they use)."""
+        if self._capture is not None:  # its owner's to destroy
+            self._capture.close()
+            self._graph, self._exec = _VP(), _VP()
+            return
         if self._exec.value:
             self._api["cuGraphExecDestroy"](self._exec)
             self._exec = _VP()
