@@ -90,6 +90,7 @@ def _push(rank, world):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
+    from conccl.api import get_group
     from conccl.integrations import tp as ctp
     from conccl.pipeline import TPSchedule, gemm_steps
 
@@ -113,9 +114,15 @@ def _push(rank, world):
                 torch.mm(full[s:e], w)
             torch.cuda.synchronize()
         allowed = _kernels(prof)
+        # The call's driver calls: a call that makes a settled pipeline's graph (its buffers'
+        # third) also runs PyTorch's one-time fills of the RNG state a CUDAGraph capture registers
+        # (FillFunctor<long>, run6 of session 14); graphed calls' kernels: test_settled_... below.
+        ex = get_group(None).executor
+        ex._settled_pipeline = lambda *a, **k: False
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             ctp.all_gather_matmul(shard, [w], 0, schedule=tp)
             torch.cuda.synchronize()
+        del ex._settled_pipeline
         seen.append((sorted(_kernels(prof) - allowed),
                      sorted({e.name for e in prof.events() if e.name.startswith("Memcpy ")})))
     return bad, seen
