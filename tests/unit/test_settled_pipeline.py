@@ -16,6 +16,8 @@ from conccl.executors import cuda_graph_launch as sg
 from conccl.executors import cuda_settled_pipeline as sp
 from conccl.executors.cuda_program import ComputeStep, CopyStep, SignalBatch, SignalStep
 
+_REAL_SETTLED_GRAPH = sg.SettledGraph
+
 GEMM = ComputeStep(object())
 LOWERED = ((SignalBatch((SignalStep(False, 0x204, 0),)),),
            (SignalBatch((SignalStep(True, 0x100, 0),)), CopyStep(1, 2, 64)),
@@ -49,6 +51,10 @@ class _Program:
                 compute(step.op)
 
 
+class _Pool:
+    id = (7, 7)
+
+
 class _Graph:
     made: list = []
 
@@ -71,15 +77,18 @@ def executor(monkeypatch):
     monkeypatch.setattr(cuda_ce, "_addresses", lambda *a: None)
     monkeypatch.setattr(sp, "CompiledProgram", lambda lowered, cu, index: _Program(lowered, log))
     monkeypatch.setattr(sp, "driver", lambda: type("Cu", (), {"CUstream": staticmethod(lambda h: h)}))
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool",))
+    monkeypatch.setattr(torch.cuda, "MemPool", lambda: _Pool())
+    handles = iter(range(200, 300))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: _Stream(next(handles), log))
     monkeypatch.setattr(sg, "available", lambda: True)
     monkeypatch.setattr(sg, "SettledGraph", _Graph)
     _Graph.made = []
     ex = object.__new__(cuda_ce.CudaCopyEngineExecutor)
     ex.rank, ex._pads, ex.batching, ex._marks, ex._spin_words, ex._device_index = 0, [0, 0], "all", 0, 0, 0
-    ex.device, ex._capture_stream, ex._pipeline_pool = None, 0x51, None
-    ex._streams = [_Stream(100 + k, log) for k in range(4)]
-    ex._cu_streams_pool = [s.cuda_stream for s in ex._streams]
+    ex.device, ex._capture_stream, ex._pipeline_pool, ex._pipeline_streams = None, 0x51, None, None
+    ex._pipeline_graphs_off = False
+    ex._streams = [_Stream(100 + k, log) for k in range(4)]  # the eager slots' (never captured on)
+    ex._cu_stream = lambda s: s.cuda_stream
     ex._on = lambda stream, compute: (lambda op: log.append(("gemm", stream.cuda_stream)))
     ex.programs_graphed = ex.pipelines_graphed = ex.graph_failures = 0
     ex.program_compile_s = 0.0
@@ -102,7 +111,7 @@ def test_the_third_call_with_the_same_buffers_is_captured_and_later_ones_reuse_i
     assert call[:2] == [None, None] and call[2] is call[3] is _Graph.made[0]
     assert ex.pipelines_graphed == ex.programs_graphed == 1 and len(_Graph.made) == 1
     # captured by PyTorch into one pool the executor keeps (the GEMMs' cuBLAS workspace lives there)
-    assert isinstance(_Graph.made[0].capture, sp.TorchCapture) and _Graph.made[0].capture.pool == ("pool",)
+    assert isinstance(_Graph.made[0].capture, sp.TorchCapture) and _Graph.made[0].capture.pool is ex._pipeline_pool
     # other buffers (a new weight, another activation): counted, and captured, on their own
     other = [ex._settled_pipeline(entry, ("b", "w"), None, None, None, None) for _ in range(3)]
     assert other[:2] == [None, None] and other[2] is _Graph.made[1]
@@ -120,16 +129,19 @@ def test_the_capture_forks_every_slot_from_the_capture_stream_and_joins_it_back(
     fork = log[0]
     assert fork[0] == "record" and fork[2] == 0x51
     assert log[1] == ("launch", 0, 0x51, 0x5EED0000)
+    side = {k: ex._pipeline_streams[k].cuda_stream for k in (1, 2)}
+    assert not set(side.values()) & {s.cuda_stream for s in ex._streams}  # streams only captures use
     for k in (1, 2):
-        mine = [i for i, e in enumerate(log) if e[1:2] == (100 + k,) or (e[0] == "launch" and e[1] == k)
-                or (e[0] == "record" and e[2] == 100 + k)]
+        h = side[k]
+        mine = [i for i, e in enumerate(log) if e[1:2] == (h,) or (e[0] == "launch" and e[1] == k)
+                or (e[0] == "record" and e[2] == h)]
         kinds = [log[i] for i in mine]
-        assert kinds[0] == ("wait", 100 + k, fork[1])  # the fork before anything on the side stream
-        assert kinds[1] == ("launch", k, 100 + k, 0x5EED0000)
+        assert kinds[0] == ("wait", h, fork[1])  # the fork before anything on the side stream
+        assert kinds[1] == ("launch", k, h, 0x5EED0000)
         join = kinds[-1]
-        assert join[0] == "record" and join[2] == 100 + k
+        assert join[0] == "record" and join[2] == h
         assert ("wait", 0x51, join[1]) in log[mine[-1]:]  # joined back into the capture stream
-    assert ("gemm", 102) in log  # the GEMM step ran on its slot's stream, under the capture
+    assert ("gemm", side[2]) in log  # the GEMM step ran on its slot's capture stream
 
 
 def test_a_failed_capture_leaves_driver_calls_for_good_and_warns_once(executor, monkeypatch):
@@ -145,6 +157,10 @@ def test_a_failed_capture_leaves_driver_calls_for_good_and_warns_once(executor, 
         got = [ex._settled_pipeline(entry, ("a",), None, None, None, None) for _ in range(5)]
     assert got == [None, None, False, False, False] and ex.graph_failures == 1
     assert len([w for w in seen if "stay driver calls" in str(w.message)]) == 1
+    # and none is tried again on this executor, for other buffers either
+    another = _entry()
+    other = [ex._settled_pipeline(another, ("b",), None, None, None, None) for _ in range(3)]
+    assert other == [None, None, False] and ex.graph_failures == 1
 
 
 def test_a_program_without_a_graphable_pipeline_gets_none(executor):
@@ -154,15 +170,62 @@ def test_a_program_without_a_graphable_pipeline_gets_none(executor):
     assert got == [None, None, False, False] and _Graph.made == []
 
 
-def test_many_buffer_sets_close_the_graphs_held(executor):
+def test_many_buffer_sets_drop_the_least_recently_used_only(executor):
     ex, _ = executor
     entry = _entry()
     for i in range(sp.MAX_PIPELINE_GRAPHS):
         for _ in range(3):
             ex._settled_pipeline(entry, (i,), None, None, None, None)
     assert len(_Graph.made) == sp.MAX_PIPELINE_GRAPHS and not any(g.closed for g in _Graph.made)
+    first = _Graph.made[0]
+    assert ex._settled_pipeline(entry, (0,), None, None, None, None) is first  # set 0 used again
     ex._settled_pipeline(entry, ("one more",), None, None, None, None)
-    assert all(g.closed for g in _Graph.made) and list(entry.pipelines) == [("one more",)]
+    closed = [g for g in _Graph.made if g.closed]
+    assert closed == [_Graph.made[1]]  # set 1, now the least recently used; set 0 kept
+    assert (0,) in entry.pipelines and (1,) not in entry.pipelines and len(entry.pipelines) == sp.MAX_PIPELINE_GRAPHS
+
+
+def test_a_capture_failing_midway_joins_its_streams_and_ends_the_pools_routing(executor, monkeypatch):
+    """The real SettledGraph over a fake driver and a fake PyTorch CUDAGraph: a GEMM step that
+    raises under the capture still gets its side stream joined back before the capture ends, a
+    capture_end that raises hands the pool's routing back (``_cuda_endAllocateToPool``), and the
+    executor keeps driver calls from then on."""
+    monkeypatch.setattr(sg, "SettledGraph", _REAL_SETTLED_GRAPH)
+    monkeypatch.setattr(sg, "_api", lambda: {"cuGraphExecBatchMemOpNodeSetParams": None, "cuGraphLaunch": None})
+    ex, log = executor
+    ended = []
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", lambda dev, pool: ended.append((dev, pool)))
+
+    class FakeCUDAGraph:
+        def __init__(self, keep_graph=False):
+            assert keep_graph
+
+        def capture_begin(self, pool=None, capture_error_mode="global"):
+            log.append(("capture_begin", pool, capture_error_mode))
+
+        def capture_end(self):
+            log.append(("capture_end",))
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
+
+    def failing_gemm(stream, compute):
+        def run(op):
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+        return run
+
+    ex._on = failing_gemm
+    entry = _entry()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = [ex._settled_pipeline(entry, ("a",), None, None, None, None) for _ in range(3)]
+    assert got == [None, None, False] and ex._pipeline_graphs_off
+    assert ("capture_begin", (7, 7), "thread_local") in log
+    gemm_slot = ex._pipeline_streams[2].cuda_stream
+    join = next(e for e in log if e[0] == "record" and e[2] == gemm_slot)
+    assert log.index(("wait", 0x51, join[1])) < log.index(("capture_end",))  # joined before the end
+    assert ended == [(0, (7, 7))]
+    assert any("CUBLAS_STATUS_NOT_SUPPORTED" in str(w.message) or "capturing" in str(w.message) for w in seen)
 
 
 def test_a_pipeline_copying_within_its_gpu_keeps_driver_calls(executor):

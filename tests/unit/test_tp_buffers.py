@@ -46,5 +46,10 @@ def test_the_same_tensors_give_the_same_key_and_any_other_tensor_another(handed)
     x, wr = torch.ones(8, 16), torch.ones(16, 32)
     ops.matmul_reduce_scatter(x, wr, schedule="direct")
     ops.matmul_reduce_scatter(x, wr.t().contiguous().t(), schedule="direct")  # same shape, other strides
-    assert handed[5][0] == handed[6][0] and handed[5][1] != handed[6][1]
-    assert handed[5][1][2] != handed[6][1][2]  # the strides differ
+    assert handed[5][0] == handed[6][0] and handed[5][1][1:] == (wr.shape, (32, 1), wr.dtype)
+    assert handed[6][1][2] == (1, 16)  # the same shape, other strides: another key
+    assert len(handed[5]) == 3  # the activation, the weight and the full product (before the sum)
+    ops.matmul_reduce_scatter(x.to(torch.float16), wr.to(torch.float16), schedule="direct")  # another dtype
+    ops.matmul_reduce_scatter(x.view(4, 2, 16), wr, schedule="direct")  # another shape, same memory
+    assert handed[7][0][3] == handed[7][1][3] == torch.float16 and handed[7][1] != handed[5][1]
+    assert handed[8][0][0] == handed[5][0][0] and handed[8][0] == handed[5][0]  # a2: the rows x K view

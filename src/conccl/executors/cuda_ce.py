@@ -147,7 +147,8 @@ class _Program:
     def __init__(self, schedule, views, ws, program, lowered):
         self.schedule, self.views, self.ws, self.program, self.lowered = schedule, views, ws, program, lowered
         self.uses, self.graph = 0, None
-        # A pipeline's graphs, by the buffers its GEMM steps touch: [calls, graph or None/False]
+        # A pipeline's graphs, by the buffers its GEMM steps touch: [calls, graph or None/False],
+        # the most recently used last (cuda_settled_pipeline)
         self.pipelines: dict = {}
 
     def close_graphs(self) -> None:
@@ -205,7 +206,10 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # so far, launches so far, programs that could not be captured; the capture's stream.
         self.programs_graphed = self.graph_launches = self.graph_failures = 0
         self.pipelines_graphed = 0  # of programs_graphed: conccl.tp pipelines (_settled_pipeline)
-        self._pipeline_pool = None  # their memory pool (_TorchCapture)
+        # their memory pool and capture streams (cuda_settled_pipeline.TorchCapture); off for
+        # good after a failed capture
+        self._pipeline_pool = self._pipeline_streams = None
+        self._pipeline_graphs_off = False
         self._capture_stream: int | None = None  # a raw stream of its own (cuda_graph_launch.create_stream)
         # Programs compiled for eager and persistent calls since start (not captured ones): a
         # loop whose buffers move compiles on every call.

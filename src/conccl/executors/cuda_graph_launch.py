@@ -245,7 +245,7 @@ class SettledGraph:
     ``capture``, given, captures and instantiates instead of the driver calls here, and owns
     the graph: ``begin(stream)``, ``end() -> graph``, ``instantiate() -> exec``, ``close()``
     (PyTorch's CUDAGraph for GEMM steps, whose cuBLAS workspace must live in the graph's memory
-    pool: cuda_ce._TorchCapture)."""
+    pool: :class:`conccl.executors.cuda_settled_pipeline.TorchCapture`)."""
 
     def __init__(self, program, steps: tuple, capture_stream: int, cu, queue=None, capture=None):
         api = _api()

@@ -8,10 +8,12 @@ the same GEMM-step buffers its whole program (every slot, its GEMM steps include
 whose stream memory operations get the call's sequence number per launch
 (:mod:`conccl.executors.cuda_graph_launch`): the same operations, in the same order, with the
 same values as the driver calls would queue, so a peer need not take the same route. Keyed by
-what the GEMM steps touch (``compute.buffers``, conccl.tp's tensors' address, shape, strides)
-besides the program's buffers; only for blocking calls (an async call's tensors are marked in
-use on the streams its steps ran on, which a replay does not run on); and only where every copy
-is between GPUs (:func:`~conccl.executors.cuda_graph_launch.same_gpu_copies`).
+what the GEMM steps touch (``compute.buffers``, conccl.tp's tensors' address, shape, strides,
+dtype) besides the program's buffers; only for blocking calls (an async call's tensors are
+marked in use on the streams its steps ran on, which a replay does not run on); and only where
+every copy is between GPUs (:func:`~conccl.executors.cuda_graph_launch.same_gpu_copies`: a pull
+pipeline staging a plain shard keeps its driver calls; one reading ``conccl.empty`` shards and
+every push or GEMM+reduce-scatter pipeline are graphed).
 """
 from __future__ import annotations
 
@@ -24,32 +26,45 @@ from .._driver import driver
 from . import cuda_graph_launch as settled_graphs
 from .cuda_program import CompiledProgram, lower
 
-MAX_PIPELINE_GRAPHS = 8  # per program: a layer's calls alternate between few buffer sets
+# Buffer sets a program keeps counts and graphs for, the least recently used dropped first: one
+# program serves every layer whose activations land at the same addresses (its weights differ),
+# so a decode step cycles through as many sets as it has such layers.
+MAX_PIPELINE_GRAPHS = 64
 
 
 class TorchCapture:
-    """A settled pipeline captured by PyTorch's CUDAGraph into the executor's private memory pool
-    (the ``capture`` of :class:`~conccl.executors.cuda_graph_launch.SettledGraph`). Its GEMM
-    steps' cuBLAS kernels use the workspace PyTorch keeps per stream, which
-    ``torch._C._cuda_clearCublasWorkspaces()`` (called by every CUDAGraph capture, and by users)
-    hands back to the caching allocator: a graph captured by the driver alone would replay into
-    memory some tensor may hold by then. Captured here, the workspace is allocated in the pool,
-    which only captures into it draw from and which lives as long as the executor. One pool for
-    all: the graphs run one after another in the group's stream order, so sharing a workspace
-    block is safe."""
+    """A settled pipeline captured by PyTorch's CUDAGraph into the executor's memory pool (the
+    ``capture`` of :class:`~conccl.executors.cuda_graph_launch.SettledGraph`). Its GEMM steps'
+    cuBLAS kernels use the workspace PyTorch keeps per stream. The steps are captured on streams
+    that run nothing else (the executor's ``_pipeline_streams``), so that workspace is allocated
+    during the first capture, in the pool: a workspace of an eagerly used stream would be
+    ordinary allocator memory, which ``torch._C._cuda_clearCublasWorkspaces()`` (users call it)
+    hands back, and a replay could then write into another tensor. The pool is a
+    ``torch.cuda.MemPool`` the executor keeps (a bare pool id dies with the last graph using it,
+    and a capture into it then fails), shared by every graph: they run one after another in the
+    group's stream order, so sharing a workspace block is safe."""
 
-    def __init__(self, pool, device):
-        self.pool, self.device, self.graph, self.stream = pool, device, None, None
+    def __init__(self, pool, device_index: int):
+        self.pool, self.device_index, self.graph, self.stream = pool, device_index, None, None
 
     def begin(self, handle: int) -> None:
         self.graph = torch.cuda.CUDAGraph(keep_graph=True)
-        self.stream = torch.cuda.ExternalStream(handle, device=self.device)
+        self.stream = torch.cuda.ExternalStream(handle, device=self.device_index)
         with torch.cuda.stream(self.stream):
-            self.graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            self.graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
 
     def end(self) -> int:
-        with torch.cuda.stream(self.stream):
-            self.graph.capture_end()
+        try:
+            with torch.cuda.stream(self.stream):
+                self.graph.capture_end()
+        except BaseException:
+            # capture_end raised before routing allocations back (a stream left unjoined): undo
+            # it, or every later capture into the pool fails and freed blocks are held for good
+            try:
+                torch._C._cuda_endAllocateToPool(self.device_index, self.pool.id)
+            except Exception:  # noqa: BLE001 - the capture's own error is the one to report
+                pass
+            raise
         return self.graph.raw_cuda_graph()
 
     def instantiate(self) -> int:
@@ -60,24 +75,37 @@ class TorchCapture:
         self.graph = None  # PyTorch destroys the graph and its exec
 
 
+def _record(entry, buffers):
+    """``entry``'s [calls, graph] for ``buffers``, the most recently used last; the least
+    recently used set is dropped (its graph closed) to make room."""
+    pipelines = entry.pipelines
+    record = pipelines.pop(buffers, None)
+    if record is None:
+        record = [0, None]
+        while len(pipelines) >= MAX_PIPELINE_GRAPHS:
+            _, graph = pipelines.pop(next(iter(pipelines)))
+            if graph:
+                graph.close()
+    pipelines[buffers] = record
+    return record
+
 
 def settled_pipeline(ex, entry, buffers: tuple, compute, addresses):
     """The graph of ``entry`` (the executor ``ex``'s cached program of a pipeline) whose GEMM
-    steps (``compute``) touch ``buffers``, once this is its GRAPH_AFTER-th call with them, made
-    now; None before; False where it cannot have one (its calls stay driver calls).
-    ``addresses()``: the program's ``address(rank, buf)`` for lowering. The GEMM steps are
-    captured on the streams they run on eagerly, forked from the capture stream before the
-    control slot and joined back, as :meth:`CudaCopyEngineExecutor.run` queues them."""
-    record = entry.pipelines.get(buffers)
-    if record is None:
-        if len(entry.pipelines) >= MAX_PIPELINE_GRAPHS:
-            entry.close_graphs()
-        record = entry.pipelines[buffers] = [0, None]
+    steps (``compute``) touch ``buffers``, once this is the GRAPH_AFTER-th call with them since
+    ``entry`` was made, made now; None before; False where it cannot have one (its calls stay
+    driver calls). ``addresses()``: the program's ``address(rank, buf)`` for lowering. The
+    slots are forked from the capture stream before the control slot and joined back, as
+    :meth:`CudaCopyEngineExecutor.run` queues them; the other slots on streams of their own
+    (:class:`TorchCapture`). After a failed capture none is tried again on this executor: a
+    capture that failed midway may leave PyTorch's capture state behind."""
+    record = _record(entry, buffers)
     record[0] += 1
     if record[1] is not None or record[0] < settled_graphs.GRAPH_AFTER:
         return record[1]
     record[1] = False
-    if not (settled_graphs.available() and settled_graphs.graphable_pipeline(entry.lowered)
+    if not (settled_graphs.available() and not ex._pipeline_graphs_off
+            and settled_graphs.graphable_pipeline(entry.lowered)
             and not settled_graphs.same_gpu_copies(entry.schedule)):
         return False
     t0 = time.perf_counter()
@@ -87,33 +115,38 @@ def settled_pipeline(ex, entry, buffers: tuple, compute, addresses):
         program = CompiledProgram(lowered, driver(), ex._device_index)
         if ex._capture_stream is None:
             ex._capture_stream = settled_graphs.create_stream()
+        if ex._pipeline_pool is None:
+            ex._pipeline_pool = torch.cuda.MemPool()
+            ex._pipeline_streams = [torch.cuda.Stream(ex.device) for _ in ex._streams]
         fork, joins = torch.cuda.Event(), [torch.cuda.Event() for _ in lowered]
 
         def queue(handle, seq):  # the eager fork and join, captured
-            origin = torch.cuda.ExternalStream(handle, device=ex.device)
+            origin = torch.cuda.ExternalStream(handle, device=ex._device_index)
             # The fork before the control slot, as run() records its start: that slot waits
             # for the peers' signals of this call, which the other slots' copies let them send
             # (a push pipeline's graph forked after it hung on 2 x H200, session 14 run2).
             fork.record(origin)
             program.launch_slot(0, driver().CUstream(handle), seq, ex._on(origin, compute))
             for k in range(1, len(lowered)):
-                stream = ex._streams[k]
+                stream = ex._pipeline_streams[k]
                 stream.wait_event(fork)
-                program.launch_slot(k, ex._cu_streams_pool[k], seq, ex._on(stream, compute))
-                joins[k].record(stream)
-                origin.wait_event(joins[k])
+                try:
+                    program.launch_slot(k, ex._cu_stream(stream), seq, ex._on(stream, compute))
+                finally:  # joined whatever happened: the capture must end on a joined graph
+                    joins[k].record(stream)
+                    origin.wait_event(joins[k])
 
         steps = tuple(step for slot in lowered for step in slot)
-        if ex._pipeline_pool is None:
-            ex._pipeline_pool = torch.cuda.graph_pool_handle()
         record[1] = settled_graphs.SettledGraph(program, steps, ex._capture_stream, driver(), queue=queue,
-                                                capture=TorchCapture(ex._pipeline_pool, ex.device))
+                                                capture=TorchCapture(ex._pipeline_pool, ex._device_index))
         ex.programs_graphed += 1
         ex.pipelines_graphed += 1
     except Exception as e:  # noqa: BLE001 - any failure here leaves the driver calls, which work
         ex.graph_failures += 1
-        if ex.graph_failures == 1:
-            warnings.warn(f"conccl: a settled {entry.schedule.collective} pipeline could not be launched as a "
-                          f"graph ({e}); its calls stay driver calls", stacklevel=4)
+        ex._pipeline_graphs_off = True
+        cause = e.__context__  # what failed first, where ending the capture failed too
+        first = f"; first {type(cause).__name__}: {cause}" if cause is not None else ""
+        warnings.warn(f"conccl: a settled {entry.schedule.collective} pipeline could not be captured as a graph "
+                      f"({type(e).__name__}: {e}{first}); this group's pipelines stay driver calls", stacklevel=2)
     ex.program_compile_s += time.perf_counter() - t0
     return record[1]

@@ -163,9 +163,10 @@ def all_gather_matmul(a_shard, weights, gather_dim: int = 0, group=None, *, sche
     the results (blocking) or ``work.wait()`` makes it. Every byte between GPUs moves on copy
     engines (pull; ``push`` schedules: pushed from ``a_shard`` into the peers' workspace);
     each GEMM step waits for its rows with a stream memory operation (captured in a CUDA
-    graph: a graph edge, :func:`conccl.graphs.mark_edges`). A blocking ``push`` call whose
-    tensors are those of its last two runs as one graph launch, GEMMs included (a settled
-    pipeline, :mod:`conccl.executors.cuda_settled_pipeline`: about half the host time).
+    graph: a graph edge, :func:`conccl.graphs.mark_edges`). A blocking call made again with
+    the same tensors runs, from the third such call, as one graph launch, GEMMs included (a
+    settled pipeline, :mod:`conccl.executors.cuda_settled_pipeline`: about half the host
+    time), where every copy is between GPUs: ``push``, or pull from a ``conccl.empty`` shard.
     SMs used: the GEMMs' alone, and a pull schedule's staging of a plain ``a_shard`` (a
     same-GPU copy); ``return_gathered`` adds same-GPU copies into ``A``. Workspace: pull:
     none with ``a_shard`` from ``conccl.empty``, else ``a_shard``'s bytes of symmetric memory
@@ -251,8 +252,8 @@ def matmul_reduce_scatter(a, weight, scatter_dim: int = 0, op=None, group=None, 
     Order of summation: as :func:`conccl.reduce_scatter_tensor` (rank order, fp32, one rounding):
     the serial GEMM-then-reduce-scatter's bits. SMs used: the GEMMs and the bounded reduction
     kernel. Workspace: ``world x`` the result's bytes of symmetric memory (peers push there).
-    A blocking call whose tensors are those of its last two runs as one graph launch, GEMMs
-    included (a settled pipeline, as :func:`all_gather_matmul`'s push).
+    A blocking call made again with the same tensors runs, from the third such call, as one
+    graph launch, GEMMs included (a settled pipeline, as in :func:`all_gather_matmul`).
     """
     if not isinstance(a, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise InvalidArgument("a and weight must be tensors")
