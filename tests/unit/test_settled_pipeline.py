@@ -6,6 +6,7 @@ that fails leaves the calls on driver calls for good. tests/gpu/test_gpu_tp.py r
 GPUs against NCCL; tests/unit/test_settled_graph.py the graph itself against a fake driver."""
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -55,6 +56,17 @@ class _Pool:
     id = (7, 7)
 
 
+class _Device:  # torch.cuda.device without a GPU: a class still, which torch's isinstance checks need
+    def __init__(self, index):
+        self.index = index
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 class _Graph:
     made: list = []
 
@@ -79,14 +91,15 @@ def executor(monkeypatch):
     monkeypatch.setattr(sp, "driver", lambda: type("Cu", (), {"CUstream": staticmethod(lambda h: h)}))
     monkeypatch.setattr(torch.cuda, "MemPool", lambda: _Pool())
     handles = iter(range(200, 300))
-    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: _Stream(next(handles), log))
+    monkeypatch.setattr(sg, "create_stream", lambda: next(handles))  # raw streams of the executor's own
+    monkeypatch.setattr(torch.cuda, "device", _Device)
     monkeypatch.setattr(sg, "available", lambda: True)
     monkeypatch.setattr(sg, "SettledGraph", _Graph)
     _Graph.made = []
     ex = object.__new__(cuda_ce.CudaCopyEngineExecutor)
     ex.rank, ex._pads, ex.batching, ex._marks, ex._spin_words, ex._device_index = 0, [0, 0], "all", 0, 0, 0
     ex.device, ex._capture_stream, ex._pipeline_pool, ex._pipeline_streams = None, 0x51, None, None
-    ex._pipeline_graphs_off = False
+    ex._pipeline_graphs_off, ex._graph_keep = False, []
     ex._streams = [_Stream(100 + k, log) for k in range(4)]  # the eager slots' (never captured on)
     ex._cu_stream = lambda s: s.cuda_stream
     ex._on = lambda stream, compute: (lambda op: log.append(("gemm", stream.cuda_stream)))
@@ -130,7 +143,9 @@ def test_the_capture_forks_every_slot_from_the_capture_stream_and_joins_it_back(
     assert fork[0] == "record" and fork[2] == 0x51
     assert log[1] == ("launch", 0, 0x51, 0x5EED0000)
     side = {k: ex._pipeline_streams[k].cuda_stream for k in (1, 2)}
-    assert not set(side.values()) & {s.cuda_stream for s in ex._streams}  # streams only captures use
+    # raw streams of the executor's own (create_stream), only captures use: not the eager slots'
+    # nor PyTorch's pooled ones, which other work shares
+    assert all(h >= 200 for h in side.values()) and not set(side.values()) & {s.cuda_stream for s in ex._streams}
     for k in (1, 2):
         h = side[k]
         mine = [i for i, e in enumerate(log) if e[1:2] == (h,) or (e[0] == "launch" and e[1] == k)
@@ -219,12 +234,14 @@ def test_a_capture_failing_midway_joins_its_streams_and_ends_the_pools_routing(e
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         got = [ex._settled_pipeline(entry, ("a",), None, None, None, None) for _ in range(3)]
-    assert got == [None, None, False] and ex._pipeline_graphs_off
-    assert ("capture_begin", (7, 7), "thread_local") in log
+    assert got == [None, None, False] and ex._pipeline_graphs_off, [str(w.message) for w in seen]
+    assert ex._capture_stream is None  # may still be capturing: the flat graphs get a new one
+    assert ("capture_begin", (7, 7), "thread_local") in log, [str(w.message) for w in seen]
     gemm_slot = ex._pipeline_streams[2].cuda_stream
     join = next(e for e in log if e[0] == "record" and e[2] == gemm_slot)
     assert log.index(("wait", 0x51, join[1])) < log.index(("capture_end",))  # joined before the end
     assert ended == [(0, (7, 7))]
+    assert any(isinstance(g, FakeCUDAGraph) for g in ex._graph_keep)  # kept: PyTorch may refer to it
     assert any("CUBLAS_STATUS_NOT_SUPPORTED" in str(w.message) or "capturing" in str(w.message) for w in seen)
 
 
@@ -251,3 +268,74 @@ def test_a_pipeline_copying_within_its_gpu_keeps_driver_calls(executor):
     assert [ex._settled_pipeline(staged, ("a",), None, None, None, None) for _ in range(4)] == [None, None, False, False]
     pushed = cuda_ce._Program(pipeline("push-s2", "ag"), None, None, None, LOWERED)
     assert [ex._settled_pipeline(pushed, ("a",), None, None, None, None) for _ in range(3)][2] is _Graph.made[-1]
+
+
+class _FakeCUDAGraph:
+    fail_at = None
+
+    def __init__(self, keep_graph=False):
+        assert keep_graph  # the graph is kept: its nodes are read and its exec launched by conccl
+        self.calls = []
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        self.calls.append(("capture_begin", pool, capture_error_mode, torch.cuda.current_stream()))
+        if self.fail_at == "begin":
+            raise RuntimeError("capture_begin failed")
+
+    def capture_end(self):
+        self.calls.append(("capture_end", torch.cuda.current_stream()))
+        if self.fail_at == "end":
+            raise RuntimeError("capture_end failed")
+
+    def raw_cuda_graph(self):
+        self.calls.append("raw_cuda_graph")
+        return 0x6A
+
+    def instantiate(self):
+        self.calls.append("instantiate")
+
+    def raw_cuda_graph_exec(self):
+        assert "instantiate" in self.calls
+        return 0xE7
+
+
+@pytest.mark.parametrize("fail_at", [None, "begin", "end"])
+def test_torch_capture_begins_and_ends_on_the_capture_stream_and_abandons_a_failed_graph(monkeypatch, fail_at):
+    current = ["default"]
+
+    @contextlib.contextmanager
+    def on(stream):
+        before, current[0] = current[0], stream
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: current[0])
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device=None: ("stream", handle, device), raising=False)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeCUDAGraph)
+    monkeypatch.setattr(_FakeCUDAGraph, "fail_at", fail_at)
+    ended = []
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", lambda dev, pool: ended.append((dev, pool)))
+    keep = []
+    capture = sp.TorchCapture(_Pool(), 3, keep)
+    if fail_at == "begin":
+        with pytest.raises(RuntimeError, match="capture_begin failed"):
+            capture.begin(0x51)
+    else:
+        capture.begin(0x51)
+        graph = capture.graph
+        if fail_at == "end":
+            with pytest.raises(RuntimeError, match="capture_end failed"):
+                capture.end()
+        else:
+            assert capture.end() == 0x6A and capture.instantiate() == 0xE7
+            assert graph.calls[0] == ("capture_begin", (7, 7), "thread_local", ("stream", 0x51, 3))
+            assert graph.calls[1] == ("capture_end", ("stream", 0x51, 3))  # on the stream it began on
+            capture.close()
+            assert capture.graph is None and keep == [] and ended == []
+            return
+    # a failed capture: the pool's routing ended, the graph kept alive (PyTorch may refer to it)
+    assert ended == [(3, (7, 7))] and len(keep) == 1 and isinstance(keep[0], _FakeCUDAGraph)
+    assert capture.graph is None and current[0] == "default"

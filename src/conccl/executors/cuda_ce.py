@@ -673,4 +673,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         if self._capture_stream is not None:
             settled_graphs.destroy_stream(self._capture_stream)
             self._capture_stream = None
+        for stream in self._pipeline_streams or ():
+            settled_graphs.destroy_stream(stream.cuda_stream)
+        self._pipeline_streams = None
 

@@ -35,41 +35,56 @@ MAX_PIPELINE_GRAPHS = 64
 class TorchCapture:
     """A settled pipeline captured by PyTorch's CUDAGraph into the executor's memory pool (the
     ``capture`` of :class:`~conccl.executors.cuda_graph_launch.SettledGraph`). Its GEMM steps'
-    cuBLAS kernels use the workspace PyTorch keeps per stream. The steps are captured on streams
-    that run nothing else (the executor's ``_pipeline_streams``), so that workspace is allocated
-    during the first capture, in the pool: a workspace of an eagerly used stream would be
-    ordinary allocator memory, which ``torch._C._cuda_clearCublasWorkspaces()`` (users call it)
-    hands back, and a replay could then write into another tensor. The pool is a
-    ``torch.cuda.MemPool`` the executor keeps (a bare pool id dies with the last graph using it,
-    and a capture into it then fails), shared by every graph: they run one after another in the
-    group's stream order, so sharing a workspace block is safe."""
+    cuBLAS kernels use the workspace PyTorch keeps per stream. The steps are captured on raw
+    streams of the executor's own that run nothing else (``_pipeline_streams``; not PyTorch's
+    pooled streams, which other work shares), so that workspace is allocated during the first
+    capture, in the pool: a workspace of an eagerly used stream would be ordinary allocator
+    memory, which ``torch._C._cuda_clearCublasWorkspaces()`` (users call it) hands back, and a
+    replay could then write into another tensor. The pool is a ``torch.cuda.MemPool`` the
+    executor keeps (a bare pool id dies with the last graph using it, and a capture into it then
+    fails), shared by every graph: they run one after another in the group's stream order, so
+    sharing a workspace block is safe.
 
-    def __init__(self, pool, device_index: int):
-        self.pool, self.device_index, self.graph, self.stream = pool, device_index, None, None
+    A capture that fails in ``capture_begin`` or ``capture_end`` has the pool's allocation
+    routing ended here, and its CUDAGraph kept in ``keep`` for the executor's life: PyTorch's
+    routing may still refer to it."""
+
+    def __init__(self, pool, device_index: int, keep: list):
+        self.pool, self.device_index, self.keep = pool, device_index, keep
+        self.graph = self.stream = None
 
     def begin(self, handle: int) -> None:
         self.graph = torch.cuda.CUDAGraph(keep_graph=True)
         self.stream = torch.cuda.ExternalStream(handle, device=self.device_index)
-        with torch.cuda.stream(self.stream):
-            self.graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
+        try:
+            with torch.cuda.stream(self.stream):
+                self.graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
+        except BaseException:
+            self._abandon()
+            raise
 
     def end(self) -> int:
         try:
             with torch.cuda.stream(self.stream):
                 self.graph.capture_end()
         except BaseException:
-            # capture_end raised before routing allocations back (a stream left unjoined): undo
-            # it, or every later capture into the pool fails and freed blocks are held for good
-            try:
-                torch._C._cuda_endAllocateToPool(self.device_index, self.pool.id)
-            except Exception:  # noqa: BLE001 - the capture's own error is the one to report
-                pass
+            # capture_end raised (a stream left unjoined) before routing allocations back:
+            # undo it, or every later capture into the pool fails and freed blocks are held
+            self._abandon()
             raise
         return self.graph.raw_cuda_graph()
 
     def instantiate(self) -> int:
         self.graph.instantiate()
         return self.graph.raw_cuda_graph_exec()
+
+    def _abandon(self) -> None:
+        try:
+            torch._C._cuda_endAllocateToPool(self.device_index, self.pool.id)
+        except Exception:  # noqa: BLE001 - the capture's own error is the one to report
+            pass
+        self.keep.append(self.graph)
+        self.graph = None
 
     def close(self) -> None:
         self.graph = None  # PyTorch destroys the graph and its exec
@@ -113,11 +128,13 @@ def settled_pipeline(ex, entry, buffers: tuple, compute, addresses):
         lowered = lower(entry.schedule, addresses(), ex._pads,
                         ex.batching, batch_copies=False, marks=ex._marks, spin_words=ex._spin_words)
         program = CompiledProgram(lowered, driver(), ex._device_index)
-        if ex._capture_stream is None:
-            ex._capture_stream = settled_graphs.create_stream()
-        if ex._pipeline_pool is None:
-            ex._pipeline_pool = torch.cuda.MemPool()
-            ex._pipeline_streams = [torch.cuda.Stream(ex.device) for _ in ex._streams]
+        with torch.cuda.device(ex._device_index):  # the pool and the streams are this device's
+            if ex._capture_stream is None:
+                ex._capture_stream = settled_graphs.create_stream()
+            if ex._pipeline_pool is None:
+                ex._pipeline_pool = torch.cuda.MemPool()
+                ex._pipeline_streams = [torch.cuda.ExternalStream(settled_graphs.create_stream(),
+                                                                  device=ex._device_index) for _ in ex._streams]
         fork, joins = torch.cuda.Event(), [torch.cuda.Event() for _ in lowered]
 
         def queue(handle, seq):  # the eager fork and join, captured
@@ -137,13 +154,17 @@ def settled_pipeline(ex, entry, buffers: tuple, compute, addresses):
                     origin.wait_event(joins[k])
 
         steps = tuple(step for slot in lowered for step in slot)
-        record[1] = settled_graphs.SettledGraph(program, steps, ex._capture_stream, driver(), queue=queue,
-                                                capture=TorchCapture(ex._pipeline_pool, ex._device_index))
+        record[1] = settled_graphs.SettledGraph(
+            program, steps, ex._capture_stream, driver(), queue=queue,
+            capture=TorchCapture(ex._pipeline_pool, ex._device_index, ex._graph_keep))
         ex.programs_graphed += 1
         ex.pipelines_graphed += 1
     except Exception as e:  # noqa: BLE001 - any failure here leaves the driver calls, which work
         ex.graph_failures += 1
         ex._pipeline_graphs_off = True
+        # the capture stream may still be capturing (a capture_end that raised before ending
+        # it): the flat settled graphs get a new one; this one is left as it is
+        ex._capture_stream = None
         cause = e.__context__  # what failed first, where ending the capture failed too
         first = f"; first {type(cause).__name__}: {cause}" if cause is not None else ""
         warnings.warn(f"conccl: a settled {entry.schedule.collective} pipeline could not be captured as a graph "
