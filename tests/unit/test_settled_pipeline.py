@@ -18,6 +18,7 @@ from conccl.executors import cuda_settled_pipeline as sp
 from conccl.executors.cuda_program import ComputeStep, CopyStep, SignalBatch, SignalStep
 
 _REAL_SETTLED_GRAPH = sg.SettledGraph
+_NO_GEMM = lambda: None  # noqa: E731 - the GEMM steps as a capture would make them (unused by stand-ins)
 
 GEMM = ComputeStep(object())
 LOWERED = ((SignalBatch((SignalStep(False, 0x204, 0),)),),
@@ -120,22 +121,22 @@ def _entry():
 def test_the_third_call_with_the_same_buffers_is_captured_and_later_ones_reuse_it(executor):
     ex, log = executor
     entry = _entry()
-    call = [ex._settled_pipeline(entry, ("a", "w"), None, None, None, None) for _ in range(4)]
+    call = [ex._settled_pipeline(entry, ("a", "w"), _NO_GEMM, None, None, None) for _ in range(4)]
     assert call[:2] == [None, None] and call[2] is call[3] is _Graph.made[0]
     assert ex.pipelines_graphed == ex.programs_graphed == 1 and len(_Graph.made) == 1
     # captured by PyTorch into one pool the executor keeps (the GEMMs' cuBLAS workspace lives there)
     assert isinstance(_Graph.made[0].capture, sp.TorchCapture) and _Graph.made[0].capture.pool is ex._pipeline_pool
     # other buffers (a new weight, another activation): counted, and captured, on their own
-    other = [ex._settled_pipeline(entry, ("b", "w"), None, None, None, None) for _ in range(3)]
+    other = [ex._settled_pipeline(entry, ("b", "w"), _NO_GEMM, None, None, None) for _ in range(3)]
     assert other[:2] == [None, None] and other[2] is _Graph.made[1]
-    assert ex._settled_pipeline(entry, ("a", "w"), None, None, None, None) is call[2]
+    assert ex._settled_pipeline(entry, ("a", "w"), _NO_GEMM, None, None, None) is call[2]
 
 
 def test_the_capture_forks_every_slot_from_the_capture_stream_and_joins_it_back(executor):
     ex, log = executor
     entry = _entry()
     for _ in range(3):
-        ex._settled_pipeline(entry, ("a",), None, None, None, None)
+        ex._settled_pipeline(entry, ("a",), _NO_GEMM, None, None, None)
     # the fork first, recorded on the capture stream before the control slot is queued there:
     # the control slot waits for the peers' signals of this call, which they send once the
     # other slots' copies have run (forked after it, a push pipeline hung on GPUs)
@@ -169,19 +170,19 @@ def test_a_failed_capture_leaves_driver_calls_for_good_and_warns_once(executor, 
     entry = _entry()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        got = [ex._settled_pipeline(entry, ("a",), None, None, None, None) for _ in range(5)]
+        got = [ex._settled_pipeline(entry, ("a",), _NO_GEMM, None, None, None) for _ in range(5)]
     assert got == [None, None, False, False, False] and ex.graph_failures == 1
     assert len([w for w in seen if "stay driver calls" in str(w.message)]) == 1
     # and none is tried again on this executor, for other buffers either
     another = _entry()
-    other = [ex._settled_pipeline(another, ("b",), None, None, None, None) for _ in range(3)]
+    other = [ex._settled_pipeline(another, ("b",), _NO_GEMM, None, None, None) for _ in range(3)]
     assert other == [None, None, False] and ex.graph_failures == 1
 
 
 def test_a_program_without_a_graphable_pipeline_gets_none(executor):
     ex, _ = executor
     entry = cuda_ce._Program(_Schedule(), None, None, None, (LOWERED[0], LOWERED[1]))  # no GEMM step
-    got = [ex._settled_pipeline(entry, ("a",), None, None, None, None) for _ in range(4)]
+    got = [ex._settled_pipeline(entry, ("a",), _NO_GEMM, None, None, None) for _ in range(4)]
     assert got == [None, None, False, False] and _Graph.made == []
 
 
@@ -190,11 +191,11 @@ def test_many_buffer_sets_drop_the_least_recently_used_only(executor):
     entry = _entry()
     for i in range(sp.MAX_PIPELINE_GRAPHS):
         for _ in range(3):
-            ex._settled_pipeline(entry, (i,), None, None, None, None)
+            ex._settled_pipeline(entry, (i,), _NO_GEMM, None, None, None)
     assert len(_Graph.made) == sp.MAX_PIPELINE_GRAPHS and not any(g.closed for g in _Graph.made)
     first = _Graph.made[0]
-    assert ex._settled_pipeline(entry, (0,), None, None, None, None) is first  # set 0 used again
-    ex._settled_pipeline(entry, ("one more",), None, None, None, None)
+    assert ex._settled_pipeline(entry, (0,), _NO_GEMM, None, None, None) is first  # set 0 used again
+    ex._settled_pipeline(entry, ("one more",), _NO_GEMM, None, None, None)
     closed = [g for g in _Graph.made if g.closed]
     assert closed == [_Graph.made[1]]  # set 1, now the least recently used; set 0 kept
     assert (0,) in entry.pipelines and (1,) not in entry.pipelines and len(entry.pipelines) == sp.MAX_PIPELINE_GRAPHS
@@ -233,7 +234,7 @@ def test_a_capture_failing_midway_joins_its_streams_and_ends_the_pools_routing(e
     entry = _entry()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        got = [ex._settled_pipeline(entry, ("a",), None, None, None, None) for _ in range(3)]
+        got = [ex._settled_pipeline(entry, ("a",), _NO_GEMM, None, None, None) for _ in range(3)]
     assert got == [None, None, False] and ex._pipeline_graphs_off, [str(w.message) for w in seen]
     assert ex._capture_stream is None  # may still be capturing: the flat graphs get a new one
     assert ("capture_begin", (7, 7), "thread_local") in log, [str(w.message) for w in seen]
@@ -265,9 +266,9 @@ def test_a_pipeline_copying_within_its_gpu_keeps_driver_calls(executor):
     assert not sg.same_gpu_copies(pipeline("direct", "rs")) and not sg.same_gpu_copies(pipeline("direct-p2-s2", "rs"))
     ex, _ = executor
     staged = cuda_ce._Program(pipeline("direct", "ag"), None, None, None, LOWERED)
-    assert [ex._settled_pipeline(staged, ("a",), None, None, None, None) for _ in range(4)] == [None, None, False, False]
+    assert [ex._settled_pipeline(staged, ("a",), _NO_GEMM, None, None, None) for _ in range(4)] == [None, None, False, False]
     pushed = cuda_ce._Program(pipeline("push-s2", "ag"), None, None, None, LOWERED)
-    assert [ex._settled_pipeline(pushed, ("a",), None, None, None, None) for _ in range(3)][2] is _Graph.made[-1]
+    assert [ex._settled_pipeline(pushed, ("a",), _NO_GEMM, None, None, None) for _ in range(3)][2] is _Graph.made[-1]
 
 
 class _FakeCUDAGraph:

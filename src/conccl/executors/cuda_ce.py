@@ -161,8 +161,6 @@ class _Program:
         self.pipelines.clear()
 
 
-
-
 class CudaCopyEngineExecutor(GrowingWorkspace):
     device_type = "cuda"
     tracks_flights = True
@@ -339,10 +337,10 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self.program_compile_s += time.perf_counter() - t0
         return entry.graph
 
-    def _settled_pipeline(self, entry: _Program, buffers: tuple, compute, input, output, views):
+    def _settled_pipeline(self, entry: _Program, buffers: tuple, make_compute, input, output, views):
         """A settled pipeline's graph (:func:`conccl.executors.cuda_settled_pipeline.settled_pipeline`)."""
-        return settled_pipeline(self, entry, buffers, compute, lambda: _addresses(self.rank, input, output, views,
-                                                                                 entry.ws))
+        return settled_pipeline(self, entry, buffers, make_compute, lambda: _addresses(self.rank, input, output,
+                                                                                      views, entry.ws))
 
     def _current_stream(self):
         """The caller's current stream (:func:`current_stream`)."""
@@ -370,8 +368,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         entry = self._program(schedule, input, output, views, seq)
         program = entry.program
         buffers = getattr(compute, "buffers", None)  # what a pipeline's GEMM steps touch (conccl.tp)
-        if compute is not None:
-            compute = self._with_workspace(compute, self._ws_region(schedule, seq))
+        steps = compute  # a pipeline's GEMM steps as the caller gave them (wrapped where they run)
         # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
         ctrl = self._control_stream(caller, async_op or (caller.cuda_stream == 0 and (
             schedule.stream_mode is StreamMode.BATCH or not self._default_stream_ok)))
@@ -387,7 +384,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         if buffers is not None and not async_op:
             # on any stream: the graph's launch takes the legacy default stream (handle 0) as
             # PyTorch does (cuda_graph_launch.driver_functions), where a blocking call runs
-            graph = self._settled_pipeline(entry, buffers, compute, input, output, views)
+            graph = self._settled_pipeline(entry, buffers, lambda: self._with_workspace(
+                steps, self._ws_region(schedule, seq)), input, output, views)
         elif compute is None and graph is None and ctrl.cuda_stream:
             # not on the legacy default stream (handle 0), which cuda-python may take per thread
             graph = self._settled_graph(entry, input, output, views)
@@ -398,6 +396,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             if compute is not None:
                 slots = ()  # every slot is in the graph
         else:
+            if compute is not None:  # the call's workspace region for a step reading it (push)
+                compute = self._with_workspace(compute, self._ws_region(schedule, seq))
             program.launch_slot(0, self._cu_stream(ctrl), seq, compute and self._on(ctrl, compute))
         for k in slots:
             stream = self._streams[k]

@@ -132,31 +132,9 @@ def destroy_stream(handle: int) -> None:
     _api()["cuStreamDestroy"](handle)
 
 
-def graphable(lowered: tuple) -> bool:
-    """Whether a lowered program (:func:`conccl.executors.cuda_program.lower`) may run as a
-    settled graph: one slot of signal batches, copies and reductions, copies within
-    :data:`GRAPH_MAX_BYTES`, at least one signal batch (what the graph's values come from)."""
-    if len(lowered) != 1:
-        return False
-    (steps,) = lowered
-    nbytes, batches = 0, 0
-    for step in steps:
-        if isinstance(step, SignalBatch):
-            batches += 1
-        elif isinstance(step, CopyStep):
-            nbytes += step.nbytes
-        elif isinstance(step, CopyBatch):
-            nbytes += sum(c.nbytes for c in step.copies)
-        elif not isinstance(step, ReduceStep):
-            return False
-    return batches > 0 and nbytes <= GRAPH_MAX_BYTES
-
-
-def graphable_pipeline(lowered: tuple) -> bool:
-    """Whether a lowered pipeline (slots of signal batches, copies, reductions and GEMM steps)
-    may run as a settled graph: at least one GEMM step and one signal batch, copies within
-    :data:`PIPELINE_GRAPH_MAX_BYTES`, nothing else (no single stream memory operation, spin
-    wait or one-shot kernel)."""
+def _tally(lowered: tuple) -> tuple[int, int, int] | None:
+    """(copy bytes, signal batches, GEMM steps) of a lowered program, None where it holds a step
+    a graph cannot take (a single stream memory operation, a spin wait, a one-shot kernel)."""
     nbytes, batches, computes = 0, 0, 0
     for steps in lowered:
         for step in steps:
@@ -169,8 +147,25 @@ def graphable_pipeline(lowered: tuple) -> bool:
             elif isinstance(step, CopyBatch):
                 nbytes += sum(c.nbytes for c in step.copies)
             elif not isinstance(step, ReduceStep):
-                return False
-    return batches > 0 and computes > 0 and nbytes <= PIPELINE_GRAPH_MAX_BYTES
+                return None
+    return nbytes, batches, computes
+
+
+def graphable(lowered: tuple) -> bool:
+    """Whether a lowered program (:func:`conccl.executors.cuda_program.lower`) may run as a
+    settled graph: one slot of signal batches, copies and reductions, copies within
+    :data:`GRAPH_MAX_BYTES`, at least one signal batch (what the graph's values come from)."""
+    tally = _tally(lowered) if len(lowered) == 1 else None
+    return tally is not None and tally[2] == 0 and tally[1] > 0 and tally[0] <= GRAPH_MAX_BYTES
+
+
+def graphable_pipeline(lowered: tuple) -> bool:
+    """Whether a lowered pipeline (slots of signal batches, copies, reductions and GEMM steps)
+    may run as a settled graph: at least one GEMM step and one signal batch, copies within
+    :data:`PIPELINE_GRAPH_MAX_BYTES`, nothing else (no single stream memory operation, spin
+    wait or one-shot kernel)."""
+    tally = _tally(lowered)
+    return tally is not None and tally[2] > 0 and tally[1] > 0 and tally[0] <= PIPELINE_GRAPH_MAX_BYTES
 
 
 def same_gpu_copies(schedule) -> bool:

@@ -105,11 +105,12 @@ def _record(entry, buffers):
     return record
 
 
-def settled_pipeline(ex, entry, buffers: tuple, compute, addresses):
+def settled_pipeline(ex, entry, buffers: tuple, make_compute, addresses):
     """The graph of ``entry`` (the executor ``ex``'s cached program of a pipeline) whose GEMM
-    steps (``compute``) touch ``buffers``, once this is the GRAPH_AFTER-th call with them since
-    ``entry`` was made, made now; None before; False where it cannot have one (its calls stay
-    driver calls). ``addresses()``: the program's ``address(rank, buf)`` for lowering. The
+    steps touch ``buffers``, once this is the GRAPH_AFTER-th call with them since ``entry`` was
+    made, made now; None before; False where it cannot have one (its calls stay driver calls).
+    ``make_compute()``: the GEMM steps as the capture calls them (made only for a capture: a
+    launch needs none). ``addresses()``: the program's ``address(rank, buf)`` for lowering. The
     slots are forked from the capture stream before the control slot and joined back, as
     :meth:`CudaCopyEngineExecutor.run` queues them; the other slots on streams of their own
     (:class:`TorchCapture`). After a failed capture none is tried again on this executor: a
@@ -136,6 +137,7 @@ def settled_pipeline(ex, entry, buffers: tuple, compute, addresses):
                 ex._pipeline_streams = [torch.cuda.ExternalStream(settled_graphs.create_stream(),
                                                                   device=ex._device_index) for _ in ex._streams]
         fork, joins = torch.cuda.Event(), [torch.cuda.Event() for _ in lowered]
+        compute = make_compute()
 
         def queue(handle, seq):  # the eager fork and join, captured
             origin = torch.cuda.ExternalStream(handle, device=ex._device_index)
