@@ -59,6 +59,7 @@ never replays leaves the stream waiting; the watchdog sees only eager calls).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .schedule import (Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Phase, ResetMark, ResetSignal, Schedule,
@@ -244,6 +245,14 @@ class Segment:
     ops: tuple
     waits: tuple = ()
     records: tuple = ()
+
+
+def mark_edges_on() -> bool:
+    """Whether a captured pipeline's marks are graph edges (:func:`mark_edges`), in captured
+    calls and settled eager pipelines alike: ``CONCCL_GRAPH_MARK_EDGES`` unset or anything but
+    0/false/off/no (the default); off, they stay stream memory operations on pad words (for
+    comparing the two)."""
+    return os.environ.get("CONCCL_GRAPH_MARK_EDGES", "").strip().lower() not in ("0", "false", "off", "no")
 
 
 def mark_edges(schedule: Schedule) -> list[Segment]:

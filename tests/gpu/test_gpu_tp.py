@@ -211,8 +211,8 @@ def _captured(rank, world):
         results = calls()
     # every pipeline captured with its marks as graph edges (conccl.graphs.mark_edges), the
     # default; none with CONCCL_GRAPH_MARK_EDGES=0 (stream memory operations on pad words)
-    from conccl.executors.cuda_ce import _mark_edges_on
-    want = 2 * len(names) if _mark_edges_on() else 0
+    from conccl.graphs import mark_edges_on
+    want = 2 * len(names) if mark_edges_on() else 0
     assert executor.edge_captures - edged == want, (executor.edge_captures - edged, want)
     bad = []
     for step in range(6):

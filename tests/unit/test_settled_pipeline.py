@@ -84,6 +84,8 @@ class _Graph:
 def executor(monkeypatch):
     log = []
     names = iter(range(1000))
+    # the whole program's slots, one per stream (test_marks_become_edges... takes the segments)
+    monkeypatch.setenv("CONCCL_GRAPH_MARK_EDGES", "0")
     monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: _Event(f"e{next(names)}", log))
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device=None: _Stream(handle, log), raising=False)
     monkeypatch.setattr(sp, "lower", lambda *a, **k: LOWERED)
@@ -340,3 +342,59 @@ def test_torch_capture_begins_and_ends_on_the_capture_stream_and_abandons_a_fail
     # a failed capture: the pool's routing ended, the graph kept alive (PyTorch may refer to it)
     assert ended == [(3, (7, 7))] and len(keep) == 1 and isinstance(keep[0], _FakeCUDAGraph)
     assert capture.graph is None and current[0] == "default"
+
+
+def test_marks_become_edges_of_the_graph_and_no_memory_operation_is_left_for_them(executor, monkeypatch):
+    """With mark edges on (the default), a settled GEMM+reduce-scatter is captured segment by
+    segment (conccl.graphs.mark_edges): no segment lowers a mark that is an edge, every edge's
+    event is recorded on its writer's stream before its awaiter's stream waits on it, and every
+    side stream is forked from the capture stream first and joined back."""
+    from conccl.collectives.reduce_scatter import plan_reduce_scatter
+    from conccl.graphs import mark_edges
+    from conccl.pipeline import TPSchedule, gemm_then_scatter
+    from conccl.schedule import AwaitMark, Compute, Mark
+
+    monkeypatch.setenv("CONCCL_GRAPH_MARK_EDGES", "1")
+    ex, log = executor
+    lowered_ops = []
+
+    def lower(schedule, *a, **k):  # each op a step of its own: a GEMM step runs compute(op)
+        assert len(schedule.slots) == 1  # one segment at a time
+        lowered_ops.extend(schedule.slots[0])
+        return (tuple(ComputeStep(op) if isinstance(op, Compute) else SignalBatch((SignalStep(False, 0x10, 0),))
+                      for op in schedule.slots[0]),)
+
+    monkeypatch.setattr(sp, "lower", lower)
+    schedule = gemm_then_scatter(plan_reduce_scatter(2, 0, 4096, "bfloat16", stream_mode=TPSchedule.parse("direct-s2")
+                                                     .stream_mode()), TPSchedule.parse("direct-s2"), 16, 256)
+    writes = [op.word for ops in schedule.slots for op in ops if isinstance(op, Mark)]
+    edges = {op.word for ops in schedule.slots for op in ops if isinstance(op, AwaitMark) and writes.count(op.word) == 1}
+    assert edges, "a pipeline with no mark to turn into an edge tests nothing here"
+    entry = cuda_ce._Program(schedule, None, None, None, LOWERED)
+    got = [ex._settled_pipeline(entry, ("a",), _NO_GEMM, None, None, None) for _ in range(3)]
+    assert got[2] is _Graph.made[-1]
+    assert not [op for op in lowered_ops if isinstance(op, (Mark, AwaitMark)) and op.word in edges]
+    assert sum(isinstance(op, Compute) for op in lowered_ops) == sum(
+        isinstance(op, Compute) for ops in schedule.slots for op in ops)  # every GEMM step captured once
+    assert len(_Graph.made[-1].steps) == len(lowered_ops)
+    segments = mark_edges(schedule)
+    launches = [i for i, e in enumerate(log) if e[0] == "launch"]
+    assert len(launches) == len(segments)
+    recorded = {}  # event name -> (stream, log index)
+    for i, e in enumerate(log):
+        if e[0] == "record":
+            recorded[e[1]] = (e[2], i)
+    waits = [(i, e) for i, e in enumerate(log) if e[0] == "wait"]
+    fork = log[0]
+    assert fork[0] == "record" and fork[2] == 0x51
+    for i, (_, stream, event) in waits:
+        assert event in recorded and recorded[event][1] < i  # recorded before any wait on it
+    side = {e[1] for _, e in waits if e[1] != 0x51}
+    assert side and all(h >= 200 for h in side)
+    for h in side:
+        first = next(e for e in log if (e[0] == "wait" and e[1] == h) or (e[0] == "launch" and e[2] == h))
+        assert first == ("wait", h, fork[1])  # forked before anything on it
+        last_record = max(i for i, e in enumerate(log) if e[0] == "record" and e[2] == h)
+        assert ("wait", 0x51, log[last_record][1]) in log[last_record:]  # joined back
+    edge_waits = sum(len(seg.waits) for seg in segments)
+    assert edge_waits and len(waits) == 2 * len(side) + edge_waits  # a fork and a join per side stream, else edges

@@ -29,7 +29,6 @@ stream of its own, so the stuck streams drain.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 import warnings
 
@@ -39,7 +38,7 @@ from torch.distributed import _symmetric_memory as symm_mem
 
 from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
-from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, mark_edges, primed_free_words
+from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, mark_edges, mark_edges_on, primed_free_words
 from ..schedule import (Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, max_slots, pad_words,
                         signal_pad_words, signal_word, workspace_half)
 from ..work import NCCL, Work
@@ -85,13 +84,6 @@ def current_stream(device_index: int):
             _CURRENT.clear()
         stream = _CURRENT[key] = torch.cuda.current_stream(device_index)
     return stream
-
-
-def _mark_edges_on() -> bool:
-    """Whether a captured pipeline's marks are graph edges (:func:`conccl.graphs.mark_edges`):
-    ``CONCCL_GRAPH_MARK_EDGES`` unset or anything but 0/false/off/no (the default); off, they
-    stay stream memory operations on pad words (for comparing the two)."""
-    return os.environ.get("CONCCL_GRAPH_MARK_EDGES", "").strip().lower() not in ("0", "false", "off", "no")
 
 
 class SymmetricRegistry:
@@ -372,14 +364,6 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
         ctrl = self._control_stream(caller, async_op or (caller.cuda_stream == 0 and (
             schedule.stream_mode is StreamMode.BATCH or not self._default_stream_ok)))
-        start = None
-        if flight is not None:  # a tracked call needs its own events; finished ones come back
-            start = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
-            flight.recycle = self._recycle_start if async_op else self._recycle_both
-        elif len(program.slots) > 1:
-            start = self._start
-        if start is not None:
-            start.record(ctrl)
         graph = entry.graph if compute is None else None
         if buffers is not None and not async_op:
             # on any stream: the graph's launch takes the legacy default stream (handle 0) as
@@ -389,12 +373,20 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         elif compute is None and graph is None and ctrl.cuda_stream:
             # not on the legacy default stream (handle 0), which cuda-python may take per thread
             graph = self._settled_graph(entry, input, output, views)
-        slots = range(1, len(program.slots))
-        if graph and (ctrl.cuda_stream or compute is not None):
+        graph = graph if graph and (ctrl.cuda_stream or compute is not None) else None
+        # a pipeline's graph holds every slot: no fork to record (a flat graph has one slot)
+        slots = () if graph is not None and compute is not None else range(1, len(program.slots))
+        start = None
+        if flight is not None:  # a tracked call needs its own events; finished ones come back
+            start = self._spare_events.pop() if self._spare_events else torch.cuda.Event()
+            flight.recycle = self._recycle_start if async_op else self._recycle_both
+        elif slots:
+            start = self._start
+        if start is not None:
+            start.record(ctrl)
+        if graph is not None:
             graph.launch(ctrl.cuda_stream, seq)
             self.graph_launches += 1
-            if compute is not None:
-                slots = ()  # every slot is in the graph
         else:
             if compute is not None:  # the call's workspace region for a step reading it (push)
                 compute = self._with_workspace(compute, self._ws_region(schedule, seq))
@@ -550,7 +542,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
                                          spin_words=self._spin_words, spin=self.spin_waits != "never"), driver(),
                                    self._device_index)
 
-        if schedule.computes and _mark_edges_on():
+        if schedule.computes and mark_edges_on():
             self._capture_with_edges(schedule, compiled, compute)
             self._graph_slots_used = max(self._graph_slots_used, slot + 1)
             return

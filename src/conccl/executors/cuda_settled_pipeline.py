@@ -17,12 +17,15 @@ every push or GEMM+reduce-scatter pipeline are graphed).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
+from typing import NamedTuple
 
 import torch
 
 from .._driver import driver
+from ..graphs import mark_edges, mark_edges_on
 from . import cuda_graph_launch as settled_graphs
 from .cuda_program import CompiledProgram, lower
 
@@ -90,6 +93,40 @@ class TorchCapture:
         self.graph = None  # PyTorch destroys the graph and its exec
 
 
+class _Piece(NamedTuple):
+    """What a settled pipeline's capture queues in turn: slot ``index`` of ``program`` on the
+    stream of pipeline slot ``slot``, after waiting for the events of ``waits`` (mark words)
+    and before recording one for each of ``records``."""
+
+    slot: int
+    waits: tuple
+    records: tuple
+    program: CompiledProgram
+    index: int
+
+
+def _pieces(ex, schedule, address) -> list:
+    """``schedule`` (an eager pipeline) lowered for a settled graph: where its marks become
+    graph edges (:func:`conccl.graphs.mark_edges`, as a captured pipeline's do), one piece per
+    segment, lowered alone; else one per slot of the whole program. An edge leaves no stream
+    memory operation between two GEMM steps (session 13: ~5 us of GPU idle at decode size) and
+    no node whose value a launch must set. The marks are this rank's own words: a peer on
+    driver calls awaits none of them, so ranks may still take different routes."""
+    def lowered(s):
+        return lower(s, address, ex._pads, ex.batching, batch_copies=False, marks=ex._marks,
+                     spin_words=ex._spin_words)
+
+    if mark_edges_on():
+        pieces = []
+        for seg in mark_edges(schedule):
+            program = CompiledProgram(lowered(dataclasses.replace(schedule, slots=(seg.ops,))), driver(),
+                                      ex._device_index)
+            pieces.append(_Piece(seg.slot, seg.waits, seg.records, program, 0))
+        return pieces
+    program = CompiledProgram(lowered(schedule), driver(), ex._device_index)
+    return [_Piece(k, (), (), program, k) for k in range(len(program.slots))]
+
+
 def _record(entry, buffers):
     """``entry``'s [calls, graph] for ``buffers``, the most recently used last; the least
     recently used set is dropped (its graph closed) to make room."""
@@ -126,9 +163,7 @@ def settled_pipeline(ex, entry, buffers: tuple, make_compute, addresses):
         return False
     t0 = time.perf_counter()
     try:
-        lowered = lower(entry.schedule, addresses(), ex._pads,
-                        ex.batching, batch_copies=False, marks=ex._marks, spin_words=ex._spin_words)
-        program = CompiledProgram(lowered, driver(), ex._device_index)
+        pieces = _pieces(ex, entry.schedule, addresses())
         with torch.cuda.device(ex._device_index):  # the pool and the streams are this device's
             if ex._capture_stream is None:
                 ex._capture_stream = settled_graphs.create_stream()
@@ -136,28 +171,40 @@ def settled_pipeline(ex, entry, buffers: tuple, make_compute, addresses):
                 ex._pipeline_pool = torch.cuda.MemPool()
                 ex._pipeline_streams = [torch.cuda.ExternalStream(settled_graphs.create_stream(),
                                                                   device=ex._device_index) for _ in ex._streams]
-        fork, joins = torch.cuda.Event(), [torch.cuda.Event() for _ in lowered]
+        fork = torch.cuda.Event()
         compute = make_compute()
 
-        def queue(handle, seq):  # the eager fork and join, captured
+        def queue(handle, seq):  # the eager fork and join, captured; marks as edges between them
             origin = torch.cuda.ExternalStream(handle, device=ex._device_index)
             # The fork before the control slot, as run() records its start: that slot waits
             # for the peers' signals of this call, which the other slots' copies let them send
             # (a push pipeline's graph forked after it hung on 2 x H200, session 14 run2).
             fork.record(origin)
-            program.launch_slot(0, driver().CUstream(handle), seq, ex._on(origin, compute))
-            for k in range(1, len(lowered)):
-                stream = ex._pipeline_streams[k]
-                stream.wait_event(fork)
-                try:
-                    program.launch_slot(k, ex._cu_stream(stream), seq, ex._on(stream, compute))
-                finally:  # joined whatever happened: the capture must end on a joined graph
-                    joins[k].record(stream)
-                    origin.wait_event(joins[k])
+            streams = {0: (origin, driver().CUstream(handle))}
+            edges: dict = {}
+            try:
+                for piece in pieces:
+                    if piece.slot not in streams:
+                        side = ex._pipeline_streams[piece.slot]
+                        side.wait_event(fork)
+                        streams[piece.slot] = (side, ex._cu_stream(side))
+                    stream, cu_stream = streams[piece.slot]
+                    for word in piece.waits:
+                        stream.wait_event(edges[word])
+                    piece.program.launch_slot(piece.index, cu_stream, seq, ex._on(stream, compute))
+                    for word in piece.records:
+                        edges[word] = torch.cuda.Event()
+                        edges[word].record(stream)
+            finally:  # joined whatever happened: the capture must end on a joined graph
+                for k, (stream, _) in streams.items():
+                    if k:
+                        join = torch.cuda.Event()
+                        join.record(stream)
+                        origin.wait_event(join)
 
-        steps = tuple(step for slot in lowered for step in slot)
+        steps = tuple(step for piece in pieces for step in piece.program.slots[piece.index])
         record[1] = settled_graphs.SettledGraph(
-            program, steps, ex._capture_stream, driver(), queue=queue,
+            pieces[0].program, steps, ex._capture_stream, driver(), queue=queue,
             capture=TorchCapture(ex._pipeline_pool, ex._device_index, ex._graph_keep))
         ex.programs_graphed += 1
         ex.pipelines_graphed += 1

@@ -43,7 +43,14 @@ def resolve_schedule(schedule, op: str, M: int, K: int, N: int, world: int, dtyp
     if schedule == "auto":
         return _auto(op, M, K, N, world, str(dtype).removeprefix("torch."), _device_name(device),
                      os.environ.get(shipped.ENV))
-    return TPSchedule.parse(schedule)
+    return _parsed(schedule)
+
+
+@lru_cache(maxsize=256)
+def _parsed(name: str) -> TPSchedule:
+    """``TPSchedule.parse(name)``, once per name: it is on every call's path (~5 us of host
+    time per call, session 15's host_stages.py), and a TPSchedule is immutable."""
+    return TPSchedule.parse(name)
 
 
 @lru_cache(maxsize=1024)
