@@ -44,11 +44,12 @@ class _Event:
 
 class _Program:
     def __init__(self, lowered, log):
-        self.slots, self.log = lowered, log
+        # compiled calls, not the lowered steps (as CompiledProgram's slots)
+        self.slots, self._lowered, self.log = [("compiled", len(s)) for s in lowered], lowered, log
 
     def launch_slot(self, k, stream, seq, compute=None):
         self.log.append(("launch", k, stream, seq))
-        for step in self.slots[k]:
+        for step in self._lowered[k]:
             if isinstance(step, ComputeStep):
                 compute(step.op)
 
@@ -126,6 +127,8 @@ def test_the_third_call_with_the_same_buffers_is_captured_and_later_ones_reuse_i
     call = [ex._settled_pipeline(entry, ("a", "w"), _NO_GEMM, None, None, None) for _ in range(4)]
     assert call[:2] == [None, None] and call[2] is call[3] is _Graph.made[0]
     assert ex.pipelines_graphed == ex.programs_graphed == 1 and len(_Graph.made) == 1
+    # the graph is checked against the lowered steps of every slot (not the compiled calls)
+    assert _Graph.made[0].steps == tuple(step for slot in LOWERED for step in slot)
     # captured by PyTorch into one pool the executor keeps (the GEMMs' cuBLAS workspace lives there)
     assert isinstance(_Graph.made[0].capture, sp.TorchCapture) and _Graph.made[0].capture.pool is ex._pipeline_pool
     # other buffers (a new weight, another activation): counted, and captured, on their own
@@ -377,6 +380,8 @@ def test_marks_become_edges_of_the_graph_and_no_memory_operation_is_left_for_the
     assert sum(isinstance(op, Compute) for op in lowered_ops) == sum(
         isinstance(op, Compute) for ops in schedule.slots for op in ops)  # every GEMM step captured once
     assert len(_Graph.made[-1].steps) == len(lowered_ops)
+    assert sum(isinstance(step, ComputeStep) for step in _Graph.made[-1].steps) == sum(
+        isinstance(op, Compute) for op in lowered_ops)
     segments = mark_edges(schedule)
     launches = [i for i, e in enumerate(log) if e[0] == "launch"]
     assert len(launches) == len(segments)

@@ -94,15 +94,16 @@ class TorchCapture:
 
 
 class _Piece(NamedTuple):
-    """What a settled pipeline's capture queues in turn: slot ``index`` of ``program`` on the
-    stream of pipeline slot ``slot``, after waiting for the events of ``waits`` (mark words)
-    and before recording one for each of ``records``."""
+    """What a settled pipeline's capture queues in turn: slot ``index`` of ``program`` (whose
+    lowered steps are ``steps``) on the stream of pipeline slot ``slot``, after waiting for the
+    events of ``waits`` (mark words) and before recording one for each of ``records``."""
 
     slot: int
     waits: tuple
     records: tuple
     program: CompiledProgram
     index: int
+    steps: tuple
 
 
 def _pieces(ex, schedule, address) -> list:
@@ -119,12 +120,13 @@ def _pieces(ex, schedule, address) -> list:
     if mark_edges_on():
         pieces = []
         for seg in mark_edges(schedule):
-            program = CompiledProgram(lowered(dataclasses.replace(schedule, slots=(seg.ops,))), driver(),
-                                      ex._device_index)
-            pieces.append(_Piece(seg.slot, seg.waits, seg.records, program, 0))
+            steps = lowered(dataclasses.replace(schedule, slots=(seg.ops,)))
+            pieces.append(_Piece(seg.slot, seg.waits, seg.records, CompiledProgram(steps, driver(), ex._device_index),
+                                 0, steps[0]))
         return pieces
-    program = CompiledProgram(lowered(schedule), driver(), ex._device_index)
-    return [_Piece(k, (), (), program, k) for k in range(len(program.slots))]
+    steps = lowered(schedule)
+    program = CompiledProgram(steps, driver(), ex._device_index)
+    return [_Piece(k, (), (), program, k, slot) for k, slot in enumerate(steps)]
 
 
 def _record(entry, buffers):
@@ -202,7 +204,7 @@ def settled_pipeline(ex, entry, buffers: tuple, make_compute, addresses):
                         join.record(stream)
                         origin.wait_event(join)
 
-        steps = tuple(step for piece in pieces for step in piece.program.slots[piece.index])
+        steps = tuple(step for piece in pieces for step in piece.steps)
         record[1] = settled_graphs.SettledGraph(
             pieces[0].program, steps, ex._capture_stream, driver(), queue=queue,
             capture=TorchCapture(ex._pipeline_pool, ex._device_index, ex._graph_keep))
