@@ -141,6 +141,21 @@ def slowest(dist, world: int, ms: list[float]) -> tuple[float, float]:
     return max(_every(dist, world, (statistics.median(ms), (max(ms) - min(ms)) / statistics.median(ms))))
 
 
+def gathered_input(dist, a_in, M: int, world: int):
+    """The all-gather+GEMM's gathered ``A`` (``M`` rows: every rank's ``a_in``), which
+    ``gemm_only`` and the serial schedules multiply. Filled before anything is timed: a GEMM's
+    speed depends on its data, and an uninitialised ``A`` (before 2026-11-27, unless a serial
+    schedule had gathered into it first) made the GEMM alone 0.613 ms at 4096x8192x8192 on
+    2 x H100 where the same GEMM on the gathered random rows takes ~0.68 (session 15), so every
+    ratio to it was off by up to 10%."""
+    full = a_in.new_empty((M, a_in.shape[1]))
+    if world == 1:
+        full.copy_(a_in)
+    else:
+        dist.all_gather_into_tensor(full, a_in)
+    return full
+
+
 def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
     """Every case on this rank (a collective call on world >= 2); the records on every rank."""
     import torch
@@ -166,7 +181,7 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
             a_in = torch.randn((rows if op == "ag_gemm" else M, K), device=dev, dtype=dt, generator=g) / K ** 0.25
             same = torch.Generator(device=dev).manual_seed(7)  # every rank's weight alike
             wt = torch.randn((K, N), device=dev, dtype=dt, generator=same) / K ** 0.25
-            full = torch.empty((M, K), device=dev, dtype=dt)
+            full = gathered_input(dist, a_in, M, world) if op == "ag_gemm" else None
             prod = torch.empty((M, N), device=dev, dtype=dt)
             out_rs = torch.empty((M // world, N), device=dev, dtype=dt)
 
