@@ -341,3 +341,51 @@ def test_settled_eager_pipelines_run_as_one_graph_launch_equal_to_serial_nccl():
         if rank == 0:
             assert got["profiled_launches"] == 2, got
         assert all(k.startswith("reduce_") for k in got["extra"]) and len(got["extra"]) <= 1, got
+
+
+def _refreshed(rank, world):
+    """Pipelines on driver calls and as settled graphs with the eager mark words refreshed
+    every three calls (CudaCopyEngineExecutor._refresh_marks: a fill on the control stream
+    before the call forks): right against serial NCCL, and the refresh ran."""
+    import torch.distributed as dist
+
+    from conccl.api import get_group
+    from conccl.integrations import tp as ctp
+
+    ex = get_group(None).executor
+    ex.mark_refresh_calls = 3
+    refreshed = []
+    real = ex._refresh_marks
+    ex._refresh_marks = lambda ctrl, seq: (refreshed.append(seq), real(ctrl, seq))
+    rows, K, N = 256, 512, 384
+    dt = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(rank)
+    w = torch.randint(-3, 4, (K, N), device="cuda", generator=torch.Generator(device="cuda").manual_seed(9)).to(dt)
+    shard = torch.empty(rows, K, dtype=dt, device="cuda")
+    a = torch.empty(world * rows, K, dtype=dt, device="cuda")
+    w_rs = torch.empty(K, N, dtype=dt, device="cuda")
+    bad = []
+    for name in ("direct", "push-s2", "direct-p2-s2"):
+        for call in range(10):
+            shard.copy_(torch.randint(-3, 4, shard.shape, device="cuda", generator=g).to(dt))
+            full = torch.empty(world * rows, K, dtype=dt, device="cuda")
+            dist.all_gather_into_tensor(full, shard)
+            _, (y,) = ctp.all_gather_matmul(shard, w, 0, schedule=name)
+            for dst, src in zip((a, w_rs), _exact_reduction_operands(world * rows, K, N, dt, g)):
+                dst.copy_(src)
+            expect = torch.empty(rows, N, dtype=dt, device="cuda")
+            dist.reduce_scatter_tensor(expect, a @ w_rs)
+            z = ctp.matmul_reduce_scatter(a, w_rs, 0, schedule=name)
+            torch.cuda.synchronize()
+            if not torch.equal(y, full @ w) or not torch.equal(z, expect):
+                bad.append((name, call))
+            del y, z, full, expect
+    return {"bad": bad, "refreshes": len(refreshed), "launches": ex.graph_launches, "failures": ex.graph_failures}
+
+
+def test_mark_words_refreshed_every_few_calls_keep_pipelines_equal_to_serial_nccl():
+    from conccl.launch import run_per_gpu
+
+    for got in run_per_gpu(_refreshed):
+        assert got["bad"] == [] and got["failures"] == 0, got
+        assert got["refreshes"] >= 15 and got["launches"] > 0, got  # 60 calls, a refresh every 3

@@ -39,14 +39,18 @@ from torch.distributed import _symmetric_memory as symm_mem
 from .._driver import StreamOps, check, driver
 from ..errors import InvalidArgument
 from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, mark_edges, mark_edges_on, primed_free_words
-from ..schedule import (Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, max_slots, pad_words,
-                        signal_pad_words, signal_word, workspace_half)
+from ..schedule import (MARK_WORDS, Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, max_slots,
+                        pad_words, signal_pad_words, signal_word, workspace_half)
 from ..work import NCCL, Work
 from . import cuda_graph_launch as settled_graphs
 from . import cuda_spin
 from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape
 from .cuda_settled_pipeline import settled_pipeline
+
+# Calls between two refreshes of the eager mark words (:meth:`CudaCopyEngineExecutor._refresh_marks`):
+# a mark is awaited with a 32-bit wrap-around comparison, so a word must never lag 2^31 calls.
+MARK_REFRESH_CALLS = 1 << 30
 
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
 
@@ -217,6 +221,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self.edge_captures = 0  # captured pipelines whose marks are graph edges (_capture_with_edges)
         self._graph_slots_used = 0  # graph slots captured calls hold (their words released on failure)
         self._spare_events: list = []  # events of finished calls (list append/pop are atomic)
+        self.mark_refresh_calls, self._marks_written = MARK_REFRESH_CALLS, 0  # (_refresh_marks)
         self._watch_stream = torch.cuda.Stream(device)  # the watchdog's: never behind a stuck wait
         self._watch_ops = StreamOps(self._watch_stream.cuda_stream)
         # What the driver takes in one cuStreamBatchMemOp, on our streams and on the legacy
@@ -364,6 +369,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # cuMemcpyBatchAsync refuses the legacy default stream (handle 0).
         ctrl = self._control_stream(caller, async_op or (caller.cuda_stream == 0 and (
             schedule.stream_mode is StreamMode.BATCH or not self._default_stream_ok)))
+        if seq - self._marks_written >= self.mark_refresh_calls:  # once per 2^30 calls
+            self._refresh_marks(ctrl, seq)
         graph = entry.graph if compute is None else None
         if buffers is not None and not async_op:
             # on any stream: the graph's launch takes the legacy default stream (handle 0) as
@@ -417,6 +424,23 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         if ctrl is not caller:
             caller.wait_event(end)
         return Work(None, flight=flight)
+
+    def _refresh_marks(self, ctrl, seq: int) -> None:
+        """Write ``seq - 1`` into every eager mark word, on ``ctrl`` before call ``seq``'s slots
+        fork from it (and after the group's previous call, which ``ctrl`` already follows). A
+        mark is awaited with a 32-bit wrap-around comparison (``>= seq``), and some words go
+        unwritten for long: a settled pipeline's graph turns its marks into graph edges and
+        never writes them, a rarely used schedule's last steps' words wait for its next call.
+        A word 2^31 calls stale would read as ahead and let a GEMM step or a piece go early;
+        refreshed every ``mark_refresh_calls`` calls, none lags that far. ``seq - 1`` holds
+        every await of this call and later ones until their writers write, and satisfies any
+        of a finished call. A fill kernel: once per 2^30 calls by default. Not the graph
+        slots' blocks (a captured replay's words, reset by the replay itself)."""
+        lo = mark_index(0, self.world, GRAPH_SLOTS)
+        value = (seq - 1) & 0xFFFFFFFF
+        with torch.cuda.stream(ctrl):
+            self._pad[lo:lo + MARK_WORDS].fill_(value - ((value >> 31) << 32))  # as int32
+        self._marks_written = seq
 
     def _ws_region(self, schedule: Schedule, seq: int):
         """This rank's workspace as eager call ``seq`` of ``schedule`` uses it (uint8): its half
