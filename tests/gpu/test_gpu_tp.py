@@ -343,19 +343,26 @@ def test_settled_eager_pipelines_run_as_one_graph_launch_equal_to_serial_nccl():
         assert all(k.startswith("reduce_") for k in got["extra"]) and len(got["extra"]) <= 1, got
 
 
+
 def _refreshed(rank, world):
     """Pipelines on driver calls and as settled graphs with the eager mark words refreshed
     every three calls (CudaCopyEngineExecutor._refresh_marks: a fill on the control stream
-    before the call forks): right against serial NCCL, and the refresh ran."""
+    before the call forks): right against serial NCCL, the refresh ran, and after a call that
+    refreshed, every eager mark word holds its sequence number (the words it wrote) or one less
+    (the refresh's, the others)."""
     import torch.distributed as dist
 
     from conccl.api import get_group
+    from conccl.executors.cuda_ce import MARK_REFRESH_CALLS
+    from conccl.graphs import GRAPH_SLOTS
     from conccl.integrations import tp as ctp
+    from conccl.schedule import MARK_WORDS, mark_index
 
-    ex = get_group(None).executor
-    ex.mark_refresh_calls = 3
+    group = get_group(None)
+    ex = group.executor
     refreshed = []
     real = ex._refresh_marks
+    ex.mark_refresh_calls = 3
     ex._refresh_marks = lambda ctrl, seq: (refreshed.append(seq), real(ctrl, seq))
     rows, K, N = 256, 512, 384
     dt = torch.bfloat16
@@ -364,23 +371,40 @@ def _refreshed(rank, world):
     shard = torch.empty(rows, K, dtype=dt, device="cuda")
     a = torch.empty(world * rows, K, dtype=dt, device="cuda")
     w_rs = torch.empty(K, N, dtype=dt, device="cuda")
-    bad = []
-    for name in ("direct", "push-s2", "direct-p2-s2"):
-        for call in range(10):
-            shard.copy_(torch.randint(-3, 4, shard.shape, device="cuda", generator=g).to(dt))
-            full = torch.empty(world * rows, K, dtype=dt, device="cuda")
-            dist.all_gather_into_tensor(full, shard)
-            _, (y,) = ctp.all_gather_matmul(shard, w, 0, schedule=name)
-            for dst, src in zip((a, w_rs), _exact_reduction_operands(world * rows, K, N, dt, g)):
-                dst.copy_(src)
-            expect = torch.empty(rows, N, dtype=dt, device="cuda")
-            dist.reduce_scatter_tensor(expect, a @ w_rs)
-            z = ctp.matmul_reduce_scatter(a, w_rs, 0, schedule=name)
-            torch.cuda.synchronize()
-            if not torch.equal(y, full @ w) or not torch.equal(z, expect):
-                bad.append((name, call))
-            del y, z, full, expect
-    return {"bad": bad, "refreshes": len(refreshed), "launches": ex.graph_launches, "failures": ex.graph_failures}
+    bad, words = [], None
+    try:
+        names = ("direct", "push-s2", "direct-p2-s2", "direct")
+        for i, name in enumerate(names):
+            for call in range(10):
+                final = i == len(names) - 1 and call == 9
+                if final:
+                    ex.mark_refresh_calls = 1  # the last call refreshes: its words are read below
+                shard.copy_(torch.randint(-3, 4, shard.shape, device="cuda", generator=g).to(dt))
+                full = torch.empty(world * rows, K, dtype=dt, device="cuda")
+                dist.all_gather_into_tensor(full, shard)
+                _, (y,) = ctp.all_gather_matmul(shard, w, 0, schedule=name)
+                torch.cuda.synchronize()
+                if not torch.equal(y, full @ w):
+                    bad.append((name, "ag", call))
+                if not final:
+                    for dst, src in zip((a, w_rs), _exact_reduction_operands(world * rows, K, N, dt, g)):
+                        dst.copy_(src)
+                    expect = torch.empty(rows, N, dtype=dt, device="cuda")
+                    dist.reduce_scatter_tensor(expect, a @ w_rs)
+                    z = ctp.matmul_reduce_scatter(a, w_rs, 0, schedule=name)
+                    torch.cuda.synchronize()
+                    if not torch.equal(z, expect):
+                        bad.append((name, "rs", call))
+                    del z, expect
+                del y, full
+        lo = mark_index(0, world, GRAPH_SLOTS)
+        words = sorted(set(ex._pad[lo:lo + MARK_WORDS].tolist()))
+        last = group.seq
+    finally:
+        ex.mark_refresh_calls = MARK_REFRESH_CALLS
+        del ex._refresh_marks  # the method again
+    return {"bad": bad, "refreshes": len(refreshed), "last_refresh": refreshed[-1] if refreshed else None,
+            "last_seq": last, "words": words, "launches": ex.graph_launches, "failures": ex.graph_failures}
 
 
 def test_mark_words_refreshed_every_few_calls_keep_pipelines_equal_to_serial_nccl():
@@ -388,4 +412,7 @@ def test_mark_words_refreshed_every_few_calls_keep_pipelines_equal_to_serial_ncc
 
     for got in run_per_gpu(_refreshed):
         assert got["bad"] == [] and got["failures"] == 0, got
-        assert got["refreshes"] >= 15 and got["launches"] > 0, got  # 60 calls, a refresh every 3
+        assert got["refreshes"] >= 20 and got["launches"] > 0, got  # ~78 calls, a refresh every 3
+        # the last call (a pull on driver calls, which writes its marks) refreshed first
+        assert got["last_refresh"] == got["last_seq"], got
+        assert set(got["words"]) <= {got["last_seq"] - 1, got["last_seq"]} and got["last_seq"] - 1 in got["words"], got

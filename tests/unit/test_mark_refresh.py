@@ -6,6 +6,8 @@ graph turns its marks into edges and never writes them) would read as ahead of t
 awaiting it. tests/gpu/test_gpu_tp.py runs the refresh on GPUs with a short period."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from conccl.executors import cuda_ce
@@ -52,3 +54,20 @@ def test_only_the_eager_marks_block_is_written_and_values_wrap_as_int32():
     ex._refresh_marks(None, (1 << 31) + 1)  # 0x80000000 as int32
     assert int(ex._pad[lo]) == -(1 << 31)
 
+
+
+def test_a_broken_group_past_2_31_calls_still_releases_its_marks(monkeypatch):
+    """release() fills the marks with the call's sequence number as an int32 (torch refuses a
+    Python int past 2^31 - 1 for an int32 fill, which would leave the waits queued)."""
+    ex = _executor()
+    ex.rank, ex._pads, ex._spin_words = 0, [0, 0], 0
+    ex._spin_index = pad_words(2, GRAPH_SLOTS)
+    ex._graph_slots_used = 0
+    writes = []
+    ex._watch_ops = type("Ops", (), {"write_value32": lambda self, addr, v: writes.append(v)})()
+    ex._watch_stream = type("S", (), {"synchronize": lambda self: None})()
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    seq = (1 << 31) + 7
+    ex.release(seq)
+    lo = mark_index(0, 2, GRAPH_SLOTS)
+    assert int(ex._pad[lo]) & 0xFFFFFFFF == seq and writes

@@ -146,8 +146,8 @@ def gathered_input(dist, a_in, M: int, world: int):
     ``gemm_only`` and the serial schedules multiply. Filled before anything is timed: a GEMM's
     speed depends on its data, and an uninitialised ``A`` (before 2026-11-27, unless a serial
     schedule had gathered into it first) made the GEMM alone 0.613 ms at 4096x8192x8192 on
-    2 x H100 where the same GEMM on the gathered random rows takes ~0.68 (session 15), so every
-    ratio to it was off by up to 10%."""
+    2 x H100 where the same GEMM on the gathered random rows takes 0.707 (session 15), so every
+    ratio to it was off, by up to 15% there."""
     full = a_in.new_empty((M, a_in.shape[1]))
     if world == 1:
         full.copy_(a_in)

@@ -52,6 +52,13 @@ from .cuda_settled_pipeline import settled_pipeline
 # a mark is awaited with a 32-bit wrap-around comparison, so a word must never lag 2^31 calls.
 MARK_REFRESH_CALLS = 1 << 30
 
+
+def _word(value: int) -> int:
+    """``value``'s low 32 bits as the int32 a pad word holds (what a stream memory operation
+    writes of a sequence number; ``fill_`` of an int32 tensor refuses a value past 2^31 - 1)."""
+    value &= 0xFFFFFFFF
+    return value - ((value >> 31) << 32)
+
 _MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
 
 
@@ -437,9 +444,8 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         of a finished call. A fill kernel: once per 2^30 calls by default. Not the graph
         slots' blocks (a captured replay's words, reset by the replay itself)."""
         lo = mark_index(0, self.world, GRAPH_SLOTS)
-        value = (seq - 1) & 0xFFFFFFFF
         with torch.cuda.stream(ctrl):
-            self._pad[lo:lo + MARK_WORDS].fill_(value - ((value >> 31) << 32))  # as int32
+            self._pad[lo:lo + MARK_WORDS].fill_(_word(seq - 1))
         self._marks_written = seq
 
     def _ws_region(self, schedule: Schedule, seq: int):
@@ -667,7 +673,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._watch_ops.write_value32(self._spin_words, 1)  # a one-shot kernel's spins end
         with torch.cuda.stream(self._watch_stream):  # a failure path: a fill kernel is fine here
             # A pipeline's GEMM steps wait on marks that a stuck copy will never write.
-            self._pad[mark_index(0, self.world, GRAPH_SLOTS):self._spin_index].fill_(seq)
+            self._pad[mark_index(0, self.world, GRAPH_SLOTS):self._spin_index].fill_(_word(seq))
             if self._graph_slots_used:
                 self._pad[words:words * (1 + self._graph_slots_used)].fill_(GRAPH_VALUE)
         self._watch_stream.synchronize()
