@@ -46,7 +46,7 @@ from . import cuda_graph_launch as settled_graphs
 from . import cuda_spin
 from .base import GrowingWorkspace
 from .cuda_program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape
-from .cuda_settled_pipeline import settled_pipeline
+from .cuda_settled_pipeline import Piece, queue_captured, settled_pipeline
 
 # Calls between two refreshes of the eager mark words (:meth:`CudaCopyEngineExecutor._refresh_marks`):
 # a mark is awaited with a 32-bit wrap-around comparison, so a word must never lag 2^31 calls.
@@ -595,34 +595,15 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         """Capture a pipeline with its marks as graph edges (:func:`conccl.graphs.mark_edges`):
         each segment compiled alone and queued in the order given, on its slot's stream (slot 0:
         the caller's; the others forked from it and joined back), an event recorded after a
-        segment for each mark it writes and waited on before each segment awaiting it."""
-        segments = mark_edges(schedule)
-        programs = [compiled(dataclasses.replace(schedule, slots=(seg.ops,))) for seg in segments]
+        segment for each mark it writes and waited on before each segment awaiting it
+        (:func:`~conccl.executors.cuda_settled_pipeline.queue_captured`, as a settled pipeline's)."""
+        pieces = [Piece(seg.slot, seg.waits, seg.records, compiled(dataclasses.replace(schedule, slots=(seg.ops,))),
+                        0, ()) for seg in mark_edges(schedule)]
         caller = torch.cuda.current_stream(self.device)
-        streams = {0: (caller, self._cu_stream(caller))}
-        fork = torch.cuda.Event()
-        if len(schedule.slots) > 1:
-            fork.record(caller)
-        edges: dict = {}
-        for seg, program in zip(segments, programs):
-            if seg.slot not in streams:
-                stream = self._streams[seg.slot]
-                stream.wait_event(fork)
-                streams[seg.slot] = (stream, self._cu_streams_pool[seg.slot])
-            stream, cu_stream = streams[seg.slot]
-            for word in seg.waits:
-                stream.wait_event(edges[word])
-            program.launch_slot(0, cu_stream, GRAPH_VALUE, compute and self._on(stream, compute))
-            for word in seg.records:
-                edges[word] = torch.cuda.Event()
-                edges[word].record(stream)
-        joins = []
-        for k, (stream, _) in streams.items():
-            if k:
-                joins.append(torch.cuda.Event())
-                joins[-1].record(stream)
-                caller.wait_event(joins[-1])
-        self._graph_keep.append((programs, [fork, *edges.values(), *joins]))
+        events = queue_captured(pieces, caller, self._cu_stream(caller),
+                                lambda k: (self._streams[k], self._cu_streams_pool[k]), GRAPH_VALUE,
+                                lambda stream: compute and self._on(stream, compute))
+        self._graph_keep.append(([piece.program for piece in pieces], events))
         self.edge_captures += 1
 
     # ------------------------------------------------------------------ watchdog side

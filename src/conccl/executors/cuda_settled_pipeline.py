@@ -93,10 +93,11 @@ class TorchCapture:
         self.graph = None  # PyTorch destroys the graph and its exec
 
 
-class _Piece(NamedTuple):
-    """What a settled pipeline's capture queues in turn: slot ``index`` of ``program`` (whose
-    lowered steps are ``steps``) on the stream of pipeline slot ``slot``, after waiting for the
-    events of ``waits`` (mark words) and before recording one for each of ``records``."""
+class Piece(NamedTuple):
+    """What a pipeline's capture queues in turn (:func:`queue_captured`): slot ``index`` of
+    ``program`` (whose lowered steps are ``steps``) on the stream of pipeline slot ``slot``,
+    after waiting for the events of ``waits`` (mark words) and before recording one for each
+    of ``records``."""
 
     slot: int
     waits: tuple
@@ -121,12 +122,50 @@ def _pieces(ex, schedule, address) -> list:
         pieces = []
         for seg in mark_edges(schedule):
             steps = lowered(dataclasses.replace(schedule, slots=(seg.ops,)))
-            pieces.append(_Piece(seg.slot, seg.waits, seg.records, CompiledProgram(steps, driver(), ex._device_index),
+            pieces.append(Piece(seg.slot, seg.waits, seg.records, CompiledProgram(steps, driver(), ex._device_index),
                                  0, steps[0]))
         return pieces
     steps = lowered(schedule)
     program = CompiledProgram(steps, driver(), ex._device_index)
-    return [_Piece(k, (), (), program, k, slot) for k, slot in enumerate(steps)]
+    return [Piece(k, (), (), program, k, slot) for k, slot in enumerate(steps)]
+
+
+def queue_captured(pieces, origin, cu_origin, side, seq: int, on) -> list:
+    """Queue ``pieces`` (:class:`Piece`) on ``origin``, a stream being captured (``cu_origin``:
+    its driver handle), as :meth:`CudaCopyEngineExecutor.run` queues a pipeline's slots: a fork
+    recorded on ``origin`` before anything (the control slot waits for the peers' signals of
+    this call, which the other slots' copies let them send: a push pipeline's graph forked after
+    it hung on 2 x H200, session 14 run2); every other slot on ``side(slot)`` -> (stream, driver
+    handle), waiting for the fork first; an event recorded after a mark's writer and waited on
+    before its awaiter (a graph edge); each side stream joined back into ``origin`` whatever
+    happens (a capture must end on a joined graph). ``on(stream)``: the GEMM steps as called on
+    ``stream`` (None: none). The events, for the caller to keep while the capture needs them."""
+    fork = torch.cuda.Event()
+    if any(piece.slot for piece in pieces):
+        fork.record(origin)
+    streams = {0: (origin, cu_origin)}
+    edges: dict = {}
+    joins = []
+    try:
+        for piece in pieces:
+            if piece.slot not in streams:
+                stream, cu_stream = side(piece.slot)
+                stream.wait_event(fork)
+                streams[piece.slot] = (stream, cu_stream)
+            stream, cu_stream = streams[piece.slot]
+            for word in piece.waits:
+                stream.wait_event(edges[word])
+            piece.program.launch_slot(piece.index, cu_stream, seq, on(stream))
+            for word in piece.records:
+                edges[word] = torch.cuda.Event()
+                edges[word].record(stream)
+    finally:
+        for k, (stream, _) in streams.items():
+            if k:
+                joins.append(torch.cuda.Event())
+                joins[-1].record(stream)
+                origin.wait_event(joins[-1])
+    return [fork, *edges.values(), *joins]
 
 
 def _record(entry, buffers):
@@ -173,36 +212,14 @@ def settled_pipeline(ex, entry, buffers: tuple, make_compute, addresses):
                 ex._pipeline_pool = torch.cuda.MemPool()
                 ex._pipeline_streams = [torch.cuda.ExternalStream(settled_graphs.create_stream(),
                                                                   device=ex._device_index) for _ in ex._streams]
-        fork = torch.cuda.Event()
         compute = make_compute()
 
         def queue(handle, seq):  # the eager fork and join, captured; marks as edges between them
-            origin = torch.cuda.ExternalStream(handle, device=ex._device_index)
-            # The fork before the control slot, as run() records its start: that slot waits
-            # for the peers' signals of this call, which the other slots' copies let them send
-            # (a push pipeline's graph forked after it hung on 2 x H200, session 14 run2).
-            fork.record(origin)
-            streams = {0: (origin, driver().CUstream(handle))}
-            edges: dict = {}
-            try:
-                for piece in pieces:
-                    if piece.slot not in streams:
-                        side = ex._pipeline_streams[piece.slot]
-                        side.wait_event(fork)
-                        streams[piece.slot] = (side, ex._cu_stream(side))
-                    stream, cu_stream = streams[piece.slot]
-                    for word in piece.waits:
-                        stream.wait_event(edges[word])
-                    piece.program.launch_slot(piece.index, cu_stream, seq, ex._on(stream, compute))
-                    for word in piece.records:
-                        edges[word] = torch.cuda.Event()
-                        edges[word].record(stream)
-            finally:  # joined whatever happened: the capture must end on a joined graph
-                for k, (stream, _) in streams.items():
-                    if k:
-                        join = torch.cuda.Event()
-                        join.record(stream)
-                        origin.wait_event(join)
+            def side(k):
+                stream = ex._pipeline_streams[k]
+                return stream, ex._cu_stream(stream)
+            queue_captured(pieces, torch.cuda.ExternalStream(handle, device=ex._device_index),
+                           driver().CUstream(handle), side, seq, lambda stream: ex._on(stream, compute))
 
         steps = tuple(step for piece in pieces for step in piece.steps)
         record[1] = settled_graphs.SettledGraph(
