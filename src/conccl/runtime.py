@@ -145,7 +145,8 @@ def set_eager_path(mode: str = "auto", group=None, profile: str | None = None) -
     arguments are NCCL's to check) and is ordered in the group as any other. A collective
     call: every rank must choose alike (the tables are compared). ``"copy_engines"``: every call
     on the copy engines (the default). Each returned ``Work`` says where its call ran
-    (``Work.path``: "copy_engines" or "nccl"); the ``conccl`` logger says so at DEBUG level.
+    (``Work.path``: "copy_engines", "nccl", or "one_shot" where ``CONCCL_ONE_SHOT_BELOW`` made
+    it one SM kernel); the ``conccl`` logger says so at DEBUG level.
 
     Fastest *alone*: beside a computation NCCL's kernels slow it, which this choice does not
     weigh; :func:`overlap` plans for that. Every rank must make the same choice. Returns

@@ -6,9 +6,10 @@ import time
 from .errors import CollectiveTimeout
 
 
-# Where a call ran (``Work.path``): conccl's copy engines, or the process group's own backend
-# (an eager call below the group's ``nccl_below``: conccl.set_eager_path).
-COPY_ENGINES, NCCL = "copy_engines", "nccl"
+# Where a call ran (``Work.path``): conccl's copy engines; the process group's own backend (an
+# eager call below the group's ``nccl_below``: conccl.set_eager_path); or conccl's one-shot
+# kernel, one CTA on an SM (a public function's call below ``Options.one_shot_below``).
+COPY_ENGINES, NCCL, ONE_SHOT = "copy_engines", "nccl", "one_shot"
 
 
 class Work:
@@ -21,7 +22,7 @@ class Work:
     ``synchronize()``; ``exception()`` returns it and ``is_completed()`` is then True.
     """
 
-    path = COPY_ENGINES  # or NCCL
+    path = COPY_ENGINES  # or NCCL, ONE_SHOT
 
     def __init__(self, event=None, device=None, flight=None, path: str | None = None):
         # A CUDA event; None: completed when returned; or the reference executor's deferred

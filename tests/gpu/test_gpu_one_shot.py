@@ -27,12 +27,12 @@ def _one_shot_against_nccl(rank, world):
     ar = torch.empty(12288, dtype=torch.bfloat16, device="cuda")
     big_in, big_out = torch.empty(1 << 20, device="cuda"), torch.empty(world << 20, device="cuda")  # copy engines
 
-    def calls():
-        conccl.all_gather_into_tensor(ag_out, ag_in)
-        conccl.all_to_all_single(a2a_out, a2a_in)
-        conccl.all_gather_into_tensor(big_out, big_in)
-        conccl.reduce_scatter_tensor(rs_out, rs_in)
-        conccl.all_reduce(ar, op=ReduceOp.SUM)
+    def calls():  # the paths each call's Work says it took
+        return [conccl.all_gather_into_tensor(ag_out, ag_in).path,
+                conccl.all_to_all_single(a2a_out, a2a_in).path,
+                conccl.all_gather_into_tensor(big_out, big_in).path,
+                conccl.reduce_scatter_tensor(rs_out, rs_in).path,
+                conccl.all_reduce(ar, op=ReduceOp.SUM).path]
 
     def fill():
         for t in (ag_in, a2a_in, rs_in, ar, big_in):
@@ -54,11 +54,11 @@ def _one_shot_against_nccl(rank, world):
         return (eq(ag_out, e["ag"]), eq(a2a_out, e["a2a"]), eq(big_out, e["big"]), eq(rs_out, e["rs"]) or world > 2,
                 eq(ar, e["ar"]) or world > 2)
 
-    ok = []
+    ok, paths = [], {}
     for _ in range(5):  # eager, both workspace halves
         fill()
         e = expected()
-        calls()
+        paths["eager"] = calls()
         ok.append(same(e))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -69,13 +69,13 @@ def _one_shot_against_nccl(rank, world):
     conccl.reserve_graph_workspace(64 << 20)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        calls()
+        paths["captured"] = calls()
     for _ in range(4):
         fill()
         e = expected()
         graph.replay()
         ok.append(same(e))
-    return {"ok": ok, "eager_kernels": eager_kernels}
+    return {"ok": ok, "eager_kernels": eager_kernels, "paths": paths}
 
 
 def test_one_shot_calls_equal_nccl_eager_and_captured():
@@ -84,6 +84,8 @@ def test_one_shot_calls_equal_nccl_eager_and_captured():
     for r in run_per_gpu(_one_shot_against_nccl):
         print(r)
         assert all(all(step) for step in r["ok"]), r["ok"]
+        want = ["one_shot", "one_shot", "copy_engines", "one_shot", "one_shot"]  # the 4 MiB gather: copy engines
+        assert r["paths"] == {"eager": want, "captured": want}, r["paths"]
         # the two calls: one kernel each, no copy, no NCCL kernel
         assert r["eager_kernels"].count("conccl_one_shot") == 2, r["eager_kernels"]
         assert not any(("nccl" in k.lower() and "conccl" not in k.lower()) or "memcpy" in k.lower() for k in r["eager_kernels"]), r["eager_kernels"]

@@ -1,7 +1,8 @@
 """CPU multi-process tier: one-shot calls (conccl.collectives.one_shot) on the reference
 executor, which runs their ops one by one with the same signals as the CUDA kernel: every
 collective right, mixed with copy-engine calls in any order, and the path taken the one asked
-for (a one-shot schedule below ``Options.one_shot_below``, copy engines above and with 0)."""
+for (a one-shot schedule below ``Options.one_shot_below``, copy engines above and with 0), as
+the returned ``Work.path`` says."""
 from __future__ import annotations
 
 import random
@@ -49,7 +50,7 @@ def _mixed(comm, steps, seed):
             coll, out, args = REDUCE_SCATTER, torch.empty(n, dtype=x.dtype), (ReduceOp.SUM,)
         else:
             coll, out, args = ALL_REDUCE, x, (ReduceOp.AVG,)
-        comm.call(coll, out, x, args, route=True)  # as the public functions call (only they may go one-shot)
+        work = comm.call(coll, out, x, args, route=True)  # as the public functions call (only they may go one-shot)
         expected = coll.reference(ins, r, [args] * w)
         out_bytes = out.numel() * out.element_size()
         want = 0 < out_bytes < comm.options.one_shot_below
@@ -57,6 +58,8 @@ def _mixed(comm, steps, seed):
             bad.append((step, what, n, "wrong"))
         if ran[-1] != (coll.name, want):
             bad.append((step, what, n, f"ran {ran[-1]}, expected one_shot={want}"))
+        if work.path != ("one_shot" if want else "copy_engines"):  # what the caller is told ran it
+            bad.append((step, what, n, f"Work.path {work.path}, expected one_shot={want}"))
     return bad, sum(o for _, o in ran)
 
 

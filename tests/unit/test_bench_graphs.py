@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 import conccl  # noqa: E402
 from conccl.bench import graphs  # noqa: E402
-from conccl.bench.graphs import GraphsConfig, GraphsRecord  # noqa: E402
+from conccl.bench.graphs import KNOWN_IMPLS, USES_CONCCL_GROUP, GraphsConfig, GraphsRecord  # noqa: E402
 from conccl.bench.impls import REGISTRY  # noqa: E402
 from conccl.cli import build_parser, main  # noqa: E402
 from conccl.collectives import REGISTRY as COLLECTIVES  # noqa: E402
@@ -90,6 +90,33 @@ def test_conccl_auto_sets_auto_reports_the_path_and_resets(monkeypatch):
     assert ctx["path"] == "nccl" and result() == "out" and calls == ["auto"]
     REGISTRY["conccl_auto"].teardown(ctx)
     assert calls[-1] == "copy_engines" and "eager_path" not in ctx and "path" not in ctx
+
+
+def test_conccl_one_shot_raises_the_groups_limit_reports_the_path_and_restores(monkeypatch):
+    """Only the public functions may run one-shot (the communicator's methods, which the
+    ``conccl`` entry calls, never do): this entry calls them with the limit past every size."""
+    class Options:
+        one_shot_below = 0
+
+    class Comm:
+        options = Options()
+
+    class Work:
+        path = "one_shot"
+
+    seen = []
+    comm = Comm()
+    monkeypatch.setattr(conccl, "get_communicator", lambda: comm, raising=False)
+    monkeypatch.setattr(conccl, "all_gather_into_tensor",
+                        lambda out, inp: seen.append(comm.options.one_shot_below) or Work(), raising=False)
+    ctx = {}
+    run, result = REGISTRY["conccl_one_shot"].setup(COLLECTIVES["all_gather"], "inp", "out", ctx)
+    run()
+    assert ctx["path"] == "one_shot" and result() == "out"
+    assert seen and seen[0] >= 1 << 40  # every size below the limit the call ran with
+    REGISTRY["conccl_one_shot"].teardown(ctx)
+    assert comm.options.one_shot_below == 0 and "path" not in ctx and "one_shot_below" not in ctx
+    assert "conccl_one_shot" in KNOWN_IMPLS and USES_CONCCL_GROUP["conccl_one_shot"]
 
 
 def test_config_defaults_meet_the_issue():

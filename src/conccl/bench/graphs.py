@@ -56,7 +56,7 @@ IMPLS = ("nccl", "conccl", "conccl_auto")  # what this benchmark runs; NCCL firs
 # place, other stream modes; what a schedule change does in a graph, beside the default's figures.
 VARIANTS = ("conccl_symm_pull", "conccl_symm_push", "conccl_symm_push_in_place", "conccl_symm_push_single",
             "conccl_symm_push_per_peer", "conccl_symm_push_batch", "conccl_per_peer", "conccl_single", "conccl_batch",
-            "conccl_staged_push", "conccl_symm_staged_push", "conccl_symm_push_via_peer")
+            "conccl_staged_push", "conccl_symm_staged_push", "conccl_symm_push_via_peer", "conccl_one_shot")
 KNOWN_IMPLS = IMPLS + VARIANTS
 BASELINE = "nccl"
 # Whether an implementation's calls are conccl's: those reserve graph workspace before a capture
@@ -115,7 +115,8 @@ class GraphsRecord:
     rank; ``us_min`` / ``us_max``: the fastest and slowest run; ``us_runs``: every run.
     ``calls_per_graph``: calls per graph (eager: per group of calls), ``replays``: graphs (or
     groups) per run. ``wrong``: elements that differ from NCCL's result. ``path``: where a
-    ``conccl_auto`` call went (``Work.path``: ``copy_engines`` or ``nccl``); ``nccl_below``: the
+    ``conccl_auto`` or ``conccl_one_shot`` call went (``Work.path``: ``copy_engines``, ``nccl`` or
+    ``one_shot``); ``nccl_below``: the
     output size below which ``set_eager_path("auto")`` sends this collective to NCCL.
     ``error``: why the case has no figures. The ``beside`` mode's: ``alone_us`` (median of one
     call's time with no GEMM) and ``gemm_slowdown`` (the GEMMs' median time beside the call
@@ -341,8 +342,8 @@ def markdown(doc: dict) -> str:
         f"a run is {cfg.get('replays', '?')} replays of one graph of {_calls_text(calls)} captured calls (graph), or "
         f"the same calls queued back to back as many times (eager), after {cfg.get('warmup', '?')} untimed. "
         "x NCCL: the time over NCCL's in the same mode (below 1: faster). #wrong: elements differing from NCCL's "
-        "result, summed over the row's implementations (each case is checked once). path: where conccl_auto's call "
-        "went (Work.path). The JSON has every run and the fastest and slowest.",
+        "result, summed over the row's implementations (each case is checked once). path: where a conccl_auto or "
+        "conccl_one_shot call went (Work.path). The JSON has every run and the fastest and slowest.",
         *(["", "conccl_auto (`set_eager_path('auto')`) sends an eager call to NCCL below: "
            + ", ".join(f"{c} {_below_text(b)}" for c, b in below.items()) + "."] if below else []),
         *(["", f"conccl_auto planned with the hardware profile {_profile_text(doc['eager_path']['profile'])}."]

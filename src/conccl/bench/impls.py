@@ -177,6 +177,30 @@ def _conccl_auto_teardown(ctx):
     ctx.pop("path", None)
 
 
+def _conccl_one_shot(coll, inp, out, ctx):
+    """conccl's public functions on ordinary tensors with the group's ``one_shot_below`` raised
+    past every size: each call runs as the one-shot kernel wherever that path serves it (see
+    ``one_shot_plan``; elsewhere the copy engines, as a public function would), what
+    ``CONCCL_ONE_SHOT_BELOW`` buys at this size. Only the public functions may run one-shot,
+    so the communicator's methods (the ``conccl`` entry) never do. Each run leaves the path
+    its call took (``Work.path``: "one_shot" or "copy_engines") in ``ctx["path"]``."""
+    comm = conccl.get_communicator()
+    ctx["one_shot_below"] = (comm, comm.options.one_shot_below)
+    comm.options.one_shot_below = 1 << 62
+
+    def run():
+        ctx["path"] = getattr(coll.call_with(conccl, out, inp), "path", None)
+
+    return run, lambda: out
+
+
+def _one_shot_teardown(ctx):
+    comm, before = ctx.pop("one_shot_below", (None, None))
+    if comm is not None:
+        comm.options.one_shot_below = before
+    ctx.pop("path", None)
+
+
 def _via_peer_teardown(ctx):
     comm = ctx.pop("via_peer", None)
     if comm is not None:
@@ -231,6 +255,9 @@ REGISTRY: dict[str, Impl] = {
         Impl("conccl_auto", "cuda_symm", "conccl's functions on ordinary tensors with conccl.set_eager_path('auto'): "
              "an eager call below the size where copy engines win goes to NCCL", _conccl_auto,
              teardown=_conccl_auto_teardown),
+        Impl("conccl_one_shot", "cuda_symm", "conccl's functions on ordinary tensors as one-shot calls "
+             "(CONCCL_ONE_SHOT_BELOW past the size): one kernel of one CTA reading the peers' staged inputs",
+             _conccl_one_shot, teardown=_one_shot_teardown),
         Impl("nccl", "cuda_symm", "NCCL with SM kernels (torch.distributed)", _nccl),
         Impl("torch_lc", "cuda_symm",
              "PyTorch _low_contention_all_gather (copy engines + a barrier kernel), symmetric input",

@@ -54,7 +54,7 @@ from ..schedule import DOUBLE_BUFFER_MAX_BYTES, Algorithm, Buf, Copy, Schedule, 
 from ..watchdog import Flight, Watchdog
 from . import parts as parts_mod
 from .methods import CollectiveMethods
-from ..work import Work
+from ..work import ONE_SHOT, Work
 
 _log = logging.getLogger("conccl")
 
@@ -601,7 +601,7 @@ class Group(CollectiveMethods):
             raise error from e
         finally:
             self.graph_slots += 1
-        return Work()
+        return Work(path=ONE_SHOT if schedule.one_shot else None)
 
     def _exchange(self, local: "_Local", seq: int, timeout_s: float):
         """Publish this call on the board and read every rank's row.
@@ -717,6 +717,8 @@ class Group(CollectiveMethods):
             raise
         if flight is not None and flight.end is not None:
             self.watchdog.track(flight)
+        if schedule.one_shot:  # an SM kernel ran it, not the copy engines: say so
+            work.path = ONE_SHOT
         return work
 
     # ------------------------------------------------------------------ failures
