@@ -113,3 +113,18 @@ def test_overlap_splits_copy_time_into_beside_kernels_and_alone_and_the_table_sa
     assert ("kernels ran 0.03 ms, copy engines 0.03 ms (0.02 beside a kernel, 0.01 with none running), "
             "nothing 0.01 ms.") in md
     assert "(9 made one cast into a cast home instead, 8 backward all-gathers read their forward's cast)" in md
+
+
+def test_the_learning_rate_is_in_the_header_and_the_flag_reaches_the_config(tmp_path):
+    from conccl.cli import build_parser
+    from conccl.cli.bench_fsdp import config
+
+    doc = {"machine_kind": "k", "device": "H100", "world": 2, "commit": "abc", "date": "d", "torch": "2.11",
+           "nccl": "2.28", "results": combine([[_rec(0, "no_comm", [10])], [_rec(1, "no_comm", [11])]]),
+           "model": {"layers": 1, "dim": 64, "ffn": 128, "heads": 2, "parameters": 1e6}}
+    assert "AdamW at lr 0.0001;" in markdown({**doc, "config": {"lr": 1e-4}})
+    assert "AdamW at lr 0 (the weights never change: every config multiplies the same data)" in markdown(
+        {**doc, "config": {"lr": 0.0}})
+    parse = build_parser().parse_args
+    assert config(parse(["bench-fsdp", "--out", str(tmp_path), "--lr", "0"])).lr == 0.0
+    assert config(parse(["bench-fsdp", "--out", str(tmp_path)])).lr == 1e-4

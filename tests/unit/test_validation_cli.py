@@ -137,7 +137,8 @@ def test_bench_fsdp_flags_are_checked_before_any_gpu_is_asked_for(capsys, tmp_pa
     for argv, says in ((["--tokens", "0"], "whole numbers >= 1"), (["--tokens", "2k"], "comma-separated whole numbers"),
                        (["--configs", "nope"], "unknown nope"), (["--dim", "100", "--heads", "3"], "multiple of --heads"),
                        (["--train-steps", "3"], "must exceed --warmup"),
-                       (["--cast-every-gather"], "needs --mixed-precision")):
+                       (["--cast-every-gather"], "needs --mixed-precision"), (["--lr", "-1"], "--lr must be"),
+                       (["--lr", "nan"], "--lr must be")):
         assert main(["bench", "fsdp", "--out", out, *argv]) == cli.EXIT_USAGE, argv
         assert "conccl bench fsdp: " in (err := capsys.readouterr().err) and says in err, (argv, err)
     assert main(["bench", "fsdp", "--out", out, "--tokens", "16", "--layers", "1"]) == cli.EXIT_USAGE

@@ -84,6 +84,12 @@ class FsdpConfig:
     cast_once: bool = True
     # a folder for rank 0's profiled iteration per config, as a gzipped Chrome trace
     trace_dir: str | None = None
+    # AdamW's learning rate. 0: every step runs the same kernels and the weights never change, so
+    # each config's GEMMs multiply the same data (a GEMM's speed depends on its data: session 15
+    # found 15% between two inputs of one shape), and what differs between configs is the
+    # communication alone; with a rate, no_comm (each rank its own gradients, bf16 AdamW) and the
+    # sharded configs train apart.
+    lr: float = 1e-4
 
 
 class Block(nn.Module):
@@ -185,7 +191,7 @@ def _train(model, x, cfg: FsdpConfig, comms=None, config: str = ""):
     host: {programs compiled and seconds compiling them during the timed steps, per-step host ms
     to queue fwd+bwd, per-step ms of the whole iteration: fwd, bwd, optimizer step, zero_grad}).
     A step whose host time nears its GPU time is bound by the host."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, foreach=True)
     step_fn = _stepper(config, opt, comms)
     pairs, host_ms, whole = [], [], []
     compiled, boards = (0, 0.0, 0), (0, 0)
@@ -495,7 +501,10 @@ def markdown(doc: dict) -> str:
              f"{meta['model']['heads']} heads, "
              + ("fp32 parameters under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (no_comm: the bf16 "
                 "model)" if meta.get("config", {}).get("mixed_precision") else "bf16")
-             + f", {meta['model']['parameters'] / 1e9:.2f} B parameters; one "
+             + f", {meta['model']['parameters'] / 1e9:.2f} B parameters; AdamW at lr "
+             f"{meta.get('config', {}).get('lr', 1e-4):g}"
+             + (" (the weights never change: every config multiplies the same data)"
+                if meta.get("config", {}).get("lr", 1e-4) == 0 else "") + "; one "
              "sequence per rank. Step = forward + backward; iteration = forward, backward, optimizer step "
              "and zero_grad; CUDA events, median over steps of the slowest rank. "
              + ("Loss: one forward after the same training run again under torch.use_deterministic_algorithms "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 from dataclasses import asdict
@@ -49,6 +50,9 @@ def add_parser(sub) -> None:
     b.add_argument("--cast-every-gather", action="store_true",
                    help="with --mixed-precision: conccl.fsdp.enable(cast_once=False), the shards cast at every gather "
                         "as FSDP does (default: the backward's gathers read the forward's cast)")
+    b.add_argument("--lr", type=float, default=1e-4,
+                   help="AdamW's learning rate (default 1e-4); 0: the weights never change, so every config's "
+                        "GEMMs multiply the same data and configs differ by their communication alone")
     b.add_argument("--trace-dir", default=None,
                    help="also write rank 0's profiled iteration per config there, as a gzipped Chrome trace")
     b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
@@ -71,11 +75,13 @@ def config(args) -> bench_fsdp.FsdpConfig:
         raise ValueError(f"--dim ({shape.dim}) must be a multiple of --heads ({shape.heads})")
     if args.cast_every_gather and not args.mixed_precision:
         raise ValueError("--cast-every-gather needs --mixed-precision (only a mixed-precision gather casts)")
+    if not (args.lr >= 0 and math.isfinite(args.lr)):
+        raise ValueError(f"--lr must be a number >= 0, got {args.lr}")
     if args.warmup < 0 or args.train_steps - args.warmup < 1:
         raise ValueError(f"--train-steps ({args.train_steps}) must exceed --warmup ({args.warmup}) >= 0")
     return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile,
                                  not args.no_deterministic_loss, args.mixed_precision,
-                                 args.host_profile, not args.cast_every_gather, args.trace_dir)
+                                 args.host_profile, not args.cast_every_gather, args.trace_dir, lr=args.lr)
 
 
 def run(args) -> int:
