@@ -3,7 +3,7 @@
 # (issue 40) the copies' interference, or the GPU's clocks, or the data? trace_gemms.py found the
 # GEMMs 1.05x slower than no_comm's with nothing beside them. Each config alone per invocation,
 # alternating, at the default learning rate and at --lr 0 (same data in every config), with the
-# GPUs' SM clock, power and throttle reasons sampled every 100 ms (nvidia-smi).
+# GPUs' SM clock, power and temperature sampled every 100 ms (nvidia-smi).
 #   OUT=<folder> CONCCL_COMMIT=<sha> bash benchmarks/2026-11-27-h100x2-session16/run6.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -15,7 +15,7 @@ for lr in 0 1e-4; do
   for turn in 1 2; do
     for cfg in no_comm conccl_direct_prefetch; do
       name=lr${lr}_${cfg}_$turn
-      nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+      nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu \
           --format=csv,noheader,nounits -lms 100 > $R/$name.smi.csv 2>/dev/null &
       smi=$!
       PYTHONPATH=src timeout 80 python3 -m conccl bench fsdp --out $R/$name --configs $cfg --tokens 8192 \
@@ -24,12 +24,11 @@ for lr in 0 1e-4; do
       rc=$?; kill $smi 2>/dev/null; wait $smi 2>/dev/null
       python3 - $R/$name.smi.csv <<'PY'
 import csv, statistics, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) >= 7]
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) >= 6]
 busy = [r for r in rows if float(r[4]) > 300]  # the timed steps, not the set-up
 if busy:
     print(f"  {len(busy)} busy samples: SM MHz median {statistics.median(float(r[2]) for r in busy):.0f}, "
-          f"power W median {statistics.median(float(r[4]) for r in busy):.0f}, max temp {max(float(r[5]) for r in busy):.0f}, "
-          f"throttle reasons {sorted(set(r[6].strip() for r in busy))}")
+          f"power W median {statistics.median(float(r[4]) for r in busy):.0f}, max temp {max(float(r[5]) for r in busy):.0f}")
 PY
       echo "$name exit $rc at $((SECONDS-t0)) s: $(grep '^| 8192' $R/$name/fsdp.md 2>/dev/null | cut -d'|' -f3,4,7)"
     done
