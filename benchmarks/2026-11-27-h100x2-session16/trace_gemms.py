@@ -3,8 +3,8 @@
 
 The compute stream's kernels of the two traces are aligned by name (difflib; the optimizer's
 kernels, which no_comm runs on every parameter, fall out), and each GEMM's time in the conccl
-iteration is divided by the same GEMM's in no_comm: along the iteration, and by how much
-copy-engine work (memcpy records on the other streams) ran during it and in the 2 ms before.
+iteration is divided by the same GEMM's in no_comm: along the iteration, and by what ran
+on the other streams (copies, kernels) during it and in the 2 ms before.
 
     python3 benchmarks/2026-11-27-h100x2-session16/trace_gemms.py > trace_gemms.txt
 """
@@ -46,6 +46,7 @@ def main():
     pairs = [(i, j) for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, na, nb, autojunk=False).get_opcodes()
              if tag == "equal" for i, j in zip(range(i1, i2), range(j1, j2))]
     copies = [(e["ts"], e["ts"] + e["dur"]) for e in cc if e.get("tid") != COMPUTE_STREAM and e["cat"] == "gpu_memcpy"]
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in cc if e.get("tid") != COMPUTE_STREAM and e["cat"] == "kernel"]
     t0 = b[0]["ts"]
     rows = []
     for i, j in pairs:
@@ -54,7 +55,8 @@ def main():
         ea, eb = a[i], b[j]
         s = eb["ts"]
         rows.append(((s - t0) / 1e3, eb["dur"] / ea["dur"], overlap(s - 2000, s, copies) / 2000,
-                     overlap(s, s + eb["dur"], copies) / eb["dur"], ea["dur"], eb["dur"]))
+                     overlap(s, s + eb["dur"], copies) / eb["dur"], ea["dur"], eb["dur"],
+                     overlap(s, s + eb["dur"], kernels) / eb["dur"]))
     print(f"compute kernels: no_comm {len(a)}, conccl {len(b)}, aligned {len(pairs)}; GEMMs and attention aligned: {len(rows)}")
     print(f"their time: no_comm {sum(r[4] for r in rows) / 1e3:.1f} ms, conccl {sum(r[5] for r in rows) / 1e3:.1f} ms")
     print("\nms into the iteration | GEMMs | median conccl / no_comm | copies in the 2 ms before | copies during")
@@ -63,11 +65,14 @@ def main():
         if sel:
             print(f"{lo:3d}-{lo + 20:3d} | {len(sel):3d} | {statistics.median(r[1] for r in sel):.3f} | "
                   f"{statistics.mean(r[2] for r in sel):.2f} | {statistics.mean(r[3] for r in sel):.2f}")
-    by = sorted(rows, key=lambda r: r[3])
-    n = len(by) // 3
-    print("\nby copy-engine work during the GEMM (terciles): median ratio, mean share of the GEMM's time with copies")
-    for part, name in ((by[:n], "least"), (by[n:2 * n], "middle"), (by[2 * n:], "most")):
-        print(f"{name:7s} {statistics.median(r[1] for r in part):.3f} {statistics.mean(r[3] for r in part):.2f}")
+    print("\nby what ran beside the GEMM on other streams: GEMMs, median conccl / no_comm")
+    groups = (("no copy during it", lambda r: r[3] == 0), ("copies during it", lambda r: r[3] > 0),
+              ("neither a copy nor another stream's kernel", lambda r: r[3] == 0 and r[6] == 0),
+              ("another stream's kernel during it", lambda r: r[6] > 0))
+    for name, keep in groups:
+        sel = [r for r in rows if keep(r)]
+        if sel:
+            print(f"{name}: {len(sel)}, {statistics.median(r[1] for r in sel):.3f}")
     names = collections.defaultdict(lambda: [0.0, 0.0, 0])
     for i, j in pairs:
         if is_gemm(na[i]):

@@ -49,13 +49,15 @@ def _graph_of_every_collective(comm, mode, replays, jitter, one_shot=False):
     ex.capture_call = lambda schedule, *a, **k: (captured.append(schedule.one_shot), real_capture_call(schedule, *a, **k))
     with ex.capture() as graph:
         persistent.start()
-        comm.call(ALL_GATHER, ag_out, ag_in, (), route=one_shot)  # route: a public function's call
-        comm.call(ALL_TO_ALL, a2a_out, a2a_in, (None, None), route=one_shot)
-        comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,), route=one_shot)
-        comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,), route=one_shot)
-        comm.call(ALL_GATHER, sym_out, ag_in, (), route=one_shot)
+        works = [comm.call(ALL_GATHER, ag_out, ag_in, (), route=one_shot),  # route: a public function's call
+                 comm.call(ALL_TO_ALL, a2a_out, a2a_in, (None, None), route=one_shot),
+                 comm.call(REDUCE_SCATTER, rs_out, rs_in, (ReduceOp.SUM,), route=one_shot),
+                 comm.call(ALL_REDUCE, ar, ar, (ReduceOp.AVG,), route=one_shot),
+                 comm.call(ALL_GATHER, sym_out, ag_in, (), route=one_shot)]
     assert comm.seq == 0 and comm.graph_slots == 6  # capturing took no sequence number
     assert captured == [False] + [one_shot] * 5, captured  # the persistent op's start stays on copy engines
+    # what each captured call's Work says ran it
+    assert [w_.path for w_ in works] == ["one_shot" if one_shot else "copy_engines"] * 5, [w_.path for w_ in works]
     ok = []
     for step in range(replays):
         # every rank's inputs for this replay (each rank knows all of them, for the expected values)
