@@ -495,16 +495,15 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
 
 def markdown(doc: dict) -> str:
     meta, res = doc, doc["results"]
+    lr = meta.get("config", {}).get("lr", 1e-4)
     lines = [f"# conccl bench fsdp: {meta['machine_kind']}, {meta.get('device')} x {meta.get('world')}", "",
              f"commit {meta['commit']}, {meta['date']}, torch {meta['torch']}, NCCL {meta['nccl']}. Model: "
              f"{meta['model']['layers']} blocks, d {meta['model']['dim']}, ffn {meta['model']['ffn']}, "
              f"{meta['model']['heads']} heads, "
              + ("fp32 parameters under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (no_comm: the bf16 "
                 "model)" if meta.get("config", {}).get("mixed_precision") else "bf16")
-             + f", {meta['model']['parameters'] / 1e9:.2f} B parameters; AdamW at lr "
-             f"{meta.get('config', {}).get('lr', 1e-4):g}"
-             + (" (the weights never change: every config multiplies the same data)"
-                if meta.get("config", {}).get("lr", 1e-4) == 0 else "") + "; one "
+             + f", {meta['model']['parameters'] / 1e9:.2f} B parameters; AdamW at lr {lr:g}"
+             + (" (the weights never change: every config multiplies the same data)" if lr == 0 else "") + "; one "
              "sequence per rank. Step = forward + backward; iteration = forward, backward, optimizer step "
              "and zero_grad; CUDA events, median over steps of the slowest rank. "
              + ("Loss: one forward after the same training run again under torch.use_deterministic_algorithms "

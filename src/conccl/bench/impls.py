@@ -159,16 +159,20 @@ def _torch_low_contention(coll, inp, out, ctx):
     return run, lambda: last["out"]
 
 
-def _conccl_auto(coll, inp, out, ctx):
-    """conccl's public functions with the eager path on ``auto``: below the sizes
-    ``set_eager_path`` returns, an eager call goes to NCCL. Each run leaves the path its call
-    took (``Work.path``) in ``ctx["path"]`` for the benchmark to report."""
-    ctx["eager_path"] = conccl.set_eager_path("auto")
-
+def _public_calls(coll, inp, out, ctx):
+    """A run of conccl's public function of ``coll`` on (``out``, ``inp``) that leaves the path
+    its call took (``Work.path``) in ``ctx["path"]`` for the benchmark to report."""
     def run():
         ctx["path"] = getattr(coll.call_with(conccl, out, inp), "path", None)
 
     return run, lambda: out
+
+
+def _conccl_auto(coll, inp, out, ctx):
+    """conccl's public functions with the eager path on ``auto``: below the sizes
+    ``set_eager_path`` returns, an eager call goes to NCCL (``Work.path`` "nccl")."""
+    ctx["eager_path"] = conccl.set_eager_path("auto")
+    return _public_calls(coll, inp, out, ctx)
 
 
 def _conccl_auto_teardown(ctx):
@@ -182,16 +186,12 @@ def _conccl_one_shot(coll, inp, out, ctx):
     past every size: each call runs as the one-shot kernel wherever that path serves it (see
     ``one_shot_plan``; elsewhere the copy engines, as a public function would), what
     ``CONCCL_ONE_SHOT_BELOW`` buys at this size. Only the public functions may run one-shot,
-    so the communicator's methods (the ``conccl`` entry) never do. Each run leaves the path
-    its call took (``Work.path``: "one_shot" or "copy_engines") in ``ctx["path"]``."""
+    so the communicator's methods (the ``conccl`` entry) never do (``Work.path``: "one_shot"
+    or "copy_engines")."""
     comm = conccl.get_communicator()
     ctx["one_shot_below"] = (comm, comm.options.one_shot_below)
     comm.options.one_shot_below = 1 << 62
-
-    def run():
-        ctx["path"] = getattr(coll.call_with(conccl, out, inp), "path", None)
-
-    return run, lambda: out
+    return _public_calls(coll, inp, out, ctx)
 
 
 def _one_shot_teardown(ctx):
