@@ -5,9 +5,10 @@ kernel 4-8% slower under conccl than with no communication, those with no copy b
 (1.042-1.053). Candidates: the SM clock (both configs draw the GPU's 700 W cap in the GEMMs; the
 copies' HBM and NVLink power would lower it for the GEMMs after them too), or something in the
 FSDP step itself. This takes FSDP out: one process drives both GPUs, each runs a chain of the
-model's largest GEMM (8192x4096 @ 4096x14336 bf16) on its compute stream, and in the "copies"
-mode pulls a block of the peer's memory onto itself on a side stream (``Tensor.copy_`` between
-GPUs with peer access: a copy engine, no SM) every few GEMMs. Every GEMM and copy is timed with
+model's largest GEMM (8192x4096 @ 4096x14336 bf16) on its compute stream, and in the copy
+modes moves a block every few GEMMs on a side stream with the driver's copy (a copy engine, no
+SM): ``pull`` the peer's block onto itself, ``push`` its own onto the peer, ``local`` within the
+GPU (no NVLink). Every GEMM and copy is timed with
 CUDA events; a GEMM is "beside a copy" where their intervals meet. Modes alternate; nvidia-smi
 samples the SM clock, power and the clock-event reasons every 20 ms.
 
@@ -41,15 +42,17 @@ def run_mode(mode, a, b, c, src, dst, gemms, every, streams):
     for i in range(gemms):
         for d in range(n):
             torch.cuda.set_device(d)
-            if mode == "copies" and i % every == 0:
+            if mode != "alone" and i % every == 0:
                 cs = streams[d]
                 cs.wait_stream(torch.cuda.current_stream(d))  # start beside this GEMM, not before
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record(cs)
-                # the driver's copy on this GPU's side stream: Tensor.copy_ between GPUs would run
-                # it on the source GPU's current stream and make both current streams wait for it
-                peer = src[(d + 1) % n]
-                check(cu.cuMemcpyAsync(dst[d].data_ptr(), peer.data_ptr(), peer.numel() * peer.element_size(),
+                # the driver's copy on this GPU's side stream (Tensor.copy_ between GPUs would run
+                # it on the source GPU's current stream and make both current streams wait for it):
+                # pull the peer's block here, push ours there, or copy within this GPU (no NVLink)
+                peer = (d + 1) % n
+                to, frm = {"pull": (dst[d], src[peer]), "push": (dst[peer], src[d]), "local": (dst[d], src[d])}[mode]
+                check(cu.cuMemcpyAsync(to.data_ptr(), frm.data_ptr(), frm.numel() * frm.element_size(),
                                        cu.CUstream(cs.cuda_stream)))
                 e.record(cs)
                 c_ev[d].append((s, e))
@@ -101,6 +104,7 @@ def main():
     p.add_argument("--every", type=int, default=10)
     p.add_argument("--copy-mib", type=int, default=384)
     p.add_argument("--turns", type=int, default=2)
+    p.add_argument("--modes", default="alone,pull", help="alone (no copies), pull, push, local")
     args = p.parse_args()
     n = torch.cuda.device_count()
     assert n >= 2, "needs two GPUs"
@@ -130,7 +134,8 @@ def main():
     results = []
     try:
         for turn in range(args.turns):
-            for mode in (("alone", "copies") if turn % 2 == 0 else ("copies", "alone")):
+            modes = args.modes.split(",")
+            for mode in (modes if turn % 2 == 0 else modes[::-1]):
                 time.sleep(1.0)  # let the clock settle between modes
                 t0 = time.time()
                 recs = run_mode(mode, a, b, c, src, dst, args.gemms, args.every, streams)
