@@ -1,5 +1,7 @@
 """The SM clock, power and power-cap share of each bench fsdp invocation's nvidia-smi samples
-(run6, run7, run9): samples above 300 W per GPU (the timed steps and warm-ups, not the set-up).
+(run6, run7, run9): samples above 300 W per GPU (the timed steps and warm-ups, not the set-up),
+and of those the ones the software power cap held (clock-event reason 0x4; run7 and run9 only):
+the GEMM-heavy phases, where the clock sets the time.
 
   python3 fsdp_clocks.py RUNDIR [RUNDIR ...]
 """
@@ -23,9 +25,10 @@ def rows(path):
     return out
 
 
-print("run | invocation | iteration ms | GPU | busy samples | SM MHz median | mean | power W median | power-capped")
+print("run | invocation | iteration ms | GPU | busy samples | SM MHz median | mean | power W median | power-capped "
+      "| SM MHz median while capped")
 for run in sys.argv[1:]:
-    for f in sorted(glob.glob(f"{run}/*.smi.csv"), key=os.path.getmtime):
+    for f in sorted(glob.glob(f"{run}/*.smi.csv")):  # by name: the config, then the turn
         name = os.path.basename(f)[:-len(".smi.csv")]
         md = f"{run}/{name}/fsdp.md"
         it = ""
@@ -37,7 +40,8 @@ for run in sys.argv[1:]:
             busy = [r for r in data if r[0] == g and r[2] > 300]
             if not busy:
                 continue
-            capped = sum(1 for r in busy if r[3] and int(r[3], 16) & 0x4)
-            cap = f"{capped}/{len(busy)}" if any(r[3] for r in busy) else "not sampled"
+            capped = [r for r in busy if r[3] and int(r[3], 16) & 0x4]
+            cap = f"{len(capped)}/{len(busy)}" if any(r[3] for r in busy) else "not sampled"
+            capped_mhz = f"{st.median(r[1] for r in capped):.0f}" if capped else ""
             print(f"{os.path.basename(run)} | {name} | {it} | {g} | {len(busy)} | {st.median(r[1] for r in busy):.0f} | "
-                  f"{st.mean(r[1] for r in busy):.0f} | {st.median(r[2] for r in busy):.0f} | {cap}")
+                  f"{st.mean(r[1] for r in busy):.0f} | {st.median(r[2] for r in busy):.0f} | {cap} | {capped_mhz}")

@@ -13,7 +13,7 @@ import sys
 def samples(path):
     rows = []
     for r in csv.reader(open(path)):
-        try:  # the machine's clock is UTC; [N/A] and cut lines are skipped
+        try:  # nvidia-smi prints local time; the GPU machines run on UTC, as time.time() is read there. [N/A] and cut lines are skipped
             t = dt.datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=dt.timezone.utc)
             rows.append((t.timestamp(), int(r[1]), float(r[2]), float(r[3]), r[4].strip()))
         except (ValueError, IndexError):

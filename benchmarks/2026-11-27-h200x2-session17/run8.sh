@@ -5,6 +5,7 @@
 #   OUT=<folder> CONCCL_COMMIT=<sha> bash benchmarks/2026-11-27-h200x2-session17/run8.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+: "${CONCCL_COMMIT:?pass the commit that runs, e.g. CONCCL_COMMIT=$(git rev-parse --short HEAD)}"
 OUT=${OUT:?}; R=$OUT/run8; t0=$SECONDS
 D=benchmarks/2026-11-27-h200x2-session17
 mkdir -p $R/kinds $R/sparse $R/small

@@ -6,6 +6,7 @@
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CONCCL_MACHINE_KIND=nvidia-h100-x2
+: "${CONCCL_COMMIT:?pass the commit that runs, e.g. CONCCL_COMMIT=$(git rev-parse --short HEAD)}"
 OUT=${OUT:?}; R=$OUT/run9; mkdir -p $R; k=0
 t0=$SECONDS
 nvidia-smi -L > $R/gpus.txt
