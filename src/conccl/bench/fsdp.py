@@ -24,6 +24,7 @@ stream and kind, and how much of the copy engines' time ran beside kernels.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import json
@@ -43,6 +44,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.profiler import ProfilerActivity, profile
 
 from .. import fsdp, fsdp_direct
+from . import clocks
 
 CONFIGS = ("no_comm", "stock", "conccl", "conccl_direct", "conccl_direct_prefetch")
 
@@ -90,6 +92,9 @@ class FsdpConfig:
     # communication alone; with a rate, no_comm (each rank its own gradients, bf16 AdamW) and the
     # sharded configs train apart.
     lr: float = 1e-4
+    # Sample each rank's SM clock with nvidia-smi during the warm-up and timed steps
+    # (conccl.bench.clocks): the power cap's share of a gap between configs. Costs host time.
+    clocks: bool = False
 
 
 class Block(nn.Module):
@@ -397,7 +402,8 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             model, comms = build(config, cfg.shape, device, cfg.mixed_precision, cfg.cast_once)
             dist.barrier()
             before = fsdp_direct.counters()  # FSDP copies skipped, collectives left to FSDP's copies
-            times, peak, loss_timed, opt, host = _train(model, x, cfg, comms, config)
+            with (clocks.ClockSampler(clocks.device_uuid(device)) if cfg.clocks else contextlib.nullcontext()) as sampler:
+                times, peak, loss_timed, opt, host = _train(model, x, cfg, comms, config)
             direct = {k: v - before[k] for k, v in fsdp_direct.counters().items()}
             extra = 0
             if comms is not None:
@@ -408,7 +414,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
                    "device_used_before_bytes": used_before, "device_used_after_bytes": peak[2],
                    "segments_by_stream": peak[3],
                    "loss": loss_timed if loss is None else loss, "loss_deterministic": loss is not None,
-                   "loss_timed_run": loss_timed,
+                   "loss_timed_run": loss_timed, "clocks": sampler.summary() if sampler is not None else None,
                    "conccl": None if comms is None else {"modules": len(comms.modules), "fallback": comms.fallback,
                                                          "memory": comms.memory(), "direct": direct,
                                                          "programs_compiled_timed": host["programs_compiled"],
@@ -488,6 +494,7 @@ def combine(per_rank: list[list[dict]]) -> list[dict]:
             "loss": r0["loss"], "loss_per_rank": [r["loss"] for r in recs],
             "loss_deterministic": r0.get("loss_deterministic", False), "loss_timed_run": r0.get("loss_timed_run"),
             "conccl": r0["conccl"], "profile_rank0": r0.get("profile"),
+            "clocks_per_rank": [r.get("clocks") for r in recs],
             "segments_by_stream_rank0": r0.get("segments_by_stream"), "host_profile_rank0": r0.get("host_profile"),
         })
     return results
@@ -543,6 +550,15 @@ def markdown(doc: dict) -> str:
             said.append("the caching allocator's segments after the timed steps, per stream made on: " + ", ".join(
                 f"{g['stream']} {g['reserved_gib']:.2f} GiB reserved / {g['allocated_gib']:.2f} allocated "
                 f"({g['segments']} segments)" for g in segs[:4]))
+        clk = r.get("clocks_per_rank") or []
+        if any(clk):
+            said.append("SM clock over the warm-up and timed steps (nvidia-smi every "
+                        f"{next(c for c in clk if c)['period_ms']} ms), median while the power cap held it: "
+                        + ", ".join(f"rank {i} " + ("n/a" if not c else (
+                            f"{c['sm_mhz_median_capped']:.0f} MHz ({c['capped_samples']} of {c['samples']} samples)"
+                            if c["sm_mhz_median_capped"] is not None else
+                            f"never capped ({c['samples']} samples, {c['sm_mhz_median']:.0f} MHz)"))
+                            for i, c in enumerate(clk)))
         if r.get("host_ms") is not None:
             said.append(f"the host queued a step's forward and backward in {r['host_ms']:.2f} ms (median, slowest rank)")
         d = c.get("direct")

@@ -53,6 +53,9 @@ def add_parser(sub) -> None:
     b.add_argument("--lr", type=float, default=1e-4,
                    help="AdamW's learning rate (default 1e-4); 0: the weights never change, so every config's "
                         "GEMMs multiply the same data and configs differ by their communication alone")
+    b.add_argument("--clocks", action="store_true",
+                   help="sample each rank's SM clock with nvidia-smi every 20 ms during the warm-up and timed steps "
+                        "and report its median while the power cap held it (costs some host time)")
     b.add_argument("--trace-dir", default=None,
                    help="also write rank 0's profiled iteration per config there, as a gzipped Chrome trace")
     b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
@@ -81,7 +84,8 @@ def config(args) -> bench_fsdp.FsdpConfig:
         raise ValueError(f"--train-steps ({args.train_steps}) must exceed --warmup ({args.warmup}) >= 0")
     return bench_fsdp.FsdpConfig(shape, tokens, configs, args.warmup, args.train_steps, not args.no_profile,
                                  not args.no_deterministic_loss, args.mixed_precision,
-                                 args.host_profile, not args.cast_every_gather, args.trace_dir, lr=args.lr)
+                                 args.host_profile, not args.cast_every_gather, args.trace_dir, lr=args.lr,
+                                 clocks=args.clocks)
 
 
 def run(args) -> int:

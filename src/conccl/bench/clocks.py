@@ -1,0 +1,100 @@
+"""The SM clock a benchmark ran at, sampled by ``nvidia-smi`` beside it.
+
+Why a benchmark needs it: an H100 or H200 running large GEMMs sits at its 700 W power cap, and
+the clock the cap leaves depends on what else draws power. Copy-engine traffic over NVLink slowed
+a GEMM chain by 0.5-3.9%, including the GEMMs no copy overlapped. The sampled clock was 0-45 MHz
+lower, while copies within the GPU left the GEMMs apart from them alone
+(benchmarks/2026-11-27-h200x2-session17). A step slower by a few percent under one
+configuration is then told apart from one slowed by its own kernels by the clock during the
+power-capped samples.
+
+:class:`ClockSampler` runs ``nvidia-smi --query-gpu=clocks.sm,clocks_event_reasons.active -lms
+PERIOD`` for one GPU in a subprocess while its ``with`` block runs. :func:`summarize` turns the
+lines into the median SM clock, overall and over the samples the software power cap held (reason
+bit 0x4). Without ``nvidia-smi``, or with a driver that does not know the fields, the summary is
+None and the benchmark goes on. The subprocess costs host time (one query every PERIOD ms), so
+benchmarks sample only where asked (``conccl bench fsdp --clocks``).
+"""
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import tempfile
+
+SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap
+PERIOD_MS = 20
+QUERY = "clocks.sm,clocks_event_reasons.active"
+
+
+def parse_line(line: str) -> tuple[float, int] | None:
+    """(SM MHz, clock-event reason bits) of one ``nvidia-smi`` CSV line (noheader, nounits), or
+    None for a line that is not a sample ([N/A], an error message, a cut line)."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 2:
+        return None
+    try:
+        return float(parts[0]), int(parts[1], 16)
+    except ValueError:
+        return None
+
+
+def summarize(lines, period_ms: int = PERIOD_MS) -> dict | None:
+    """Median SM clock over every sample and over the power-capped ones; None without samples."""
+    samples = [s for s in map(parse_line, lines) if s is not None]
+    if not samples:
+        return None
+    capped = [mhz for mhz, reasons in samples if reasons & SW_POWER_CAP]
+    return {"samples": len(samples), "period_ms": period_ms,
+            "sm_mhz_median": statistics.median(mhz for mhz, _ in samples),
+            "capped_samples": len(capped),
+            "sm_mhz_median_capped": statistics.median(capped) if capped else None}
+
+
+class ClockSampler:
+    """``with ClockSampler(uuid) as s: ...`` then ``s.summary()``. ``uuid``: the GPU's as
+    ``nvidia-smi -i`` takes it ("GPU-..."); :func:`device_uuid` gives it for a torch device."""
+
+    def __init__(self, uuid: str, period_ms: int = PERIOD_MS):
+        if period_ms < 1:
+            raise ValueError(f"the sampling period must be at least 1 ms, got {period_ms}")
+        self.uuid, self.period_ms = uuid, period_ms
+        self._proc = None
+        self._out = None
+        self._lines: list[str] = []
+
+    def __enter__(self) -> "ClockSampler":
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            return self
+        self._out = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen([exe, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                                       "-i", self.uuid, "-lms", str(self.period_ms)],
+                                      stdout=self._out, stderr=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._out.seek(0)
+        self._lines = self._out.read().splitlines()
+        self._out.close()
+        self._proc = None
+
+    def summary(self) -> dict | None:
+        """What :func:`summarize` makes of the samples taken (None: no ``nvidia-smi`` or no sample)."""
+        return summarize(self._lines, self.period_ms)
+
+
+def device_uuid(device) -> str:
+    """``nvidia-smi -i``'s name of a torch CUDA device ("GPU-" and its UUID)."""
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
