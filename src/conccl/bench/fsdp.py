@@ -24,7 +24,6 @@ stream and kind, and how much of the copy engines' time ran beside kernels.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import gzip
 import json
@@ -92,8 +91,9 @@ class FsdpConfig:
     # communication alone; with a rate, no_comm (each rank its own gradients, bf16 AdamW) and the
     # sharded configs train apart.
     lr: float = 1e-4
-    # Sample each rank's SM clock with nvidia-smi during the warm-up and timed steps
-    # (conccl.bench.clocks): the power cap's share of a gap between configs. Costs host time.
+    # Sample each rank's SM clock with nvidia-smi during the timed steps (conccl.bench.clocks):
+    # how much of a gap between configs the power-capped clock could explain; compare configs
+    # run in separate processes (in one, the later config ran at the lower clock). Costs host time.
     clocks: bool = False
 
 
@@ -191,11 +191,12 @@ def _stepper(config: str, opt, comms):
     return opt.step
 
 
-def _train(model, x, cfg: FsdpConfig, comms=None, config: str = ""):
+def _train(model, x, cfg: FsdpConfig, comms=None, config: str = "", sampler=None):
     """(per-step fwd+bwd ms after warm-up, peak allocator bytes, loss after training, optimizer,
     host: {programs compiled and seconds compiling them during the timed steps, per-step host ms
     to queue fwd+bwd, per-step ms of the whole iteration: fwd, bwd, optimizer step, zero_grad}).
-    A step whose host time nears its GPU time is bound by the host."""
+    A step whose host time nears its GPU time is bound by the host. ``sampler`` (a
+    :class:`conccl.bench.clocks.ClockSampler`) samples the timed steps."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, foreach=True)
     step_fn = _stepper(config, opt, comms)
     pairs, host_ms, whole = [], [], []
@@ -205,6 +206,8 @@ def _train(model, x, cfg: FsdpConfig, comms=None, config: str = ""):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             compiled, boards = _compiled(comms), _board_counts(comms)
+            if sampler is not None:
+                sampler.start()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
@@ -221,6 +224,8 @@ def _train(model, x, cfg: FsdpConfig, comms=None, config: str = ""):
             done.record()
             whole.append((start, done))
     torch.cuda.synchronize()
+    if sampler is not None:
+        sampler.stop()
     times = [s.elapsed_time(e) for s, e in pairs]
     # allocated and reserved: a block freed with record_stream (conccl_direct's parameters) leaves
     # the allocated count at once but is reused only once the other stream caught up
@@ -402,8 +407,12 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             model, comms = build(config, cfg.shape, device, cfg.mixed_precision, cfg.cast_once)
             dist.barrier()
             before = fsdp_direct.counters()  # FSDP copies skipped, collectives left to FSDP's copies
-            with (clocks.ClockSampler(clocks.device_uuid(device)) if cfg.clocks else contextlib.nullcontext()) as sampler:
-                times, peak, loss_timed, opt, host = _train(model, x, cfg, comms, config)
+            sampler = clocks.ClockSampler(clocks.device_uuid(device)) if cfg.clocks else None
+            try:
+                times, peak, loss_timed, opt, host = _train(model, x, cfg, comms, config, sampler)
+            finally:
+                if sampler is not None:
+                    sampler.stop()
             direct = {k: v - before[k] for k, v in fsdp_direct.counters().items()}
             extra = 0
             if comms is not None:
@@ -442,6 +451,17 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             torch.cuda.empty_cache()
             dist.barrier()
     return out
+
+
+def _clock_words(c: dict | None) -> str:
+    """One rank's sampled clock, in words (conccl.bench.clocks.summarize's dict)."""
+    if not c:
+        return "n/a"
+    n = f"{c['samples']} sample{'s' if c['samples'] != 1 else ''}" + (
+        f", one every {c['period_ms']:.0f} ms" if c.get("period_ms") else "")
+    if c["sm_mhz_median_capped"] is None:
+        return f"never capped ({c['sm_mhz_median']:.0f} MHz; {n})"
+    return f"{c['sm_mhz_median_capped']:.0f} MHz ({c['capped_samples']} of {n})"
 
 
 def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
@@ -550,15 +570,6 @@ def markdown(doc: dict) -> str:
             said.append("the caching allocator's segments after the timed steps, per stream made on: " + ", ".join(
                 f"{g['stream']} {g['reserved_gib']:.2f} GiB reserved / {g['allocated_gib']:.2f} allocated "
                 f"({g['segments']} segments)" for g in segs[:4]))
-        clk = r.get("clocks_per_rank") or []
-        if any(clk):
-            said.append("SM clock over the warm-up and timed steps (nvidia-smi every "
-                        f"{next(c for c in clk if c)['period_ms']} ms), median while the power cap held it: "
-                        + ", ".join(f"rank {i} " + ("n/a" if not c else (
-                            f"{c['sm_mhz_median_capped']:.0f} MHz ({c['capped_samples']} of {c['samples']} samples)"
-                            if c["sm_mhz_median_capped"] is not None else
-                            f"never capped ({c['samples']} samples, {c['sm_mhz_median']:.0f} MHz)"))
-                            for i, c in enumerate(clk)))
         if r.get("host_ms") is not None:
             said.append(f"the host queued a step's forward and backward in {r['host_ms']:.2f} ms (median, slowest rank)")
         d = c.get("direct")
@@ -574,6 +585,11 @@ def markdown(doc: dict) -> str:
                         "FSDP's copies")
         if said:
             lines += ["", f"{r['config']}, {r['tokens_per_rank']} tokens (rank 0, timed run): " + "; ".join(said) + "."]
+        clk = r.get("clocks_per_rank") or []
+        if any(clk):
+            lines += ["", f"{r['config']}, {r['tokens_per_rank']} tokens: the SM clock over the timed steps "
+                          "(nvidia-smi), median while the power cap held it: " + ", ".join(
+                              f"rank {i} " + _clock_words(c) for i, c in enumerate(clk)) + "."]
     for r in res:
         prof = r.get("profile_rank0")
         if not prof:
