@@ -61,6 +61,18 @@ def summarize(lines) -> dict | None:
             "sm_mhz_median_capped": statistics.median(capped) if capped else None}
 
 
+def describe(summary: dict | None) -> str:
+    """A :func:`summarize` dict in words: the power-capped median and its share of the samples."""
+    if not summary:
+        return "n/a"
+    c = summary
+    n = f"{c['samples']} sample{'s' if c['samples'] != 1 else ''}" + (
+        f", one every {c['period_ms']:.0f} ms" if c.get("period_ms") else "")
+    if c["sm_mhz_median_capped"] is None:
+        return f"never capped ({c['sm_mhz_median']:.0f} MHz; {n})"
+    return f"{c['sm_mhz_median_capped']:.0f} MHz ({c['capped_samples']} of {n})"
+
+
 class ClockSampler:
     """``start()`` ... ``stop()`` (or ``with ClockSampler(uuid) as s: ...``), then ``s.summary()``.
     ``uuid``: the GPU's as ``nvidia-smi -i`` takes it ("GPU-..."); :func:`device_uuid` gives it for

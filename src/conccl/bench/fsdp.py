@@ -201,31 +201,33 @@ def _train(model, x, cfg: FsdpConfig, comms=None, config: str = "", sampler=None
     step_fn = _stepper(config, opt, comms)
     pairs, host_ms, whole = [], [], []
     compiled, boards = (0, 0.0, 0), (0, 0)
-    for step in range(cfg.train_steps):
-        if step == cfg.warmup:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            compiled, boards = _compiled(comms), _board_counts(comms)
-            if sampler is not None:
-                sampler.start()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0 = time.perf_counter()
-        start.record()
-        loss = model(x).float().pow(2).mean()
-        loss.backward()
-        end.record()
-        if step >= cfg.warmup:
-            pairs.append((start, end))
-            host_ms.append(1e3 * (time.perf_counter() - t0))
-        step_fn()
-        opt.zero_grad(set_to_none=True)
-        if step >= cfg.warmup:
-            done = torch.cuda.Event(enable_timing=True)
-            done.record()
-            whole.append((start, done))
-    torch.cuda.synchronize()
-    if sampler is not None:
-        sampler.stop()
+    try:
+        for step in range(cfg.train_steps):
+            if step == cfg.warmup:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                compiled, boards = _compiled(comms), _board_counts(comms)
+                if sampler is not None:
+                    sampler.start()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            loss = model(x).float().pow(2).mean()
+            loss.backward()
+            end.record()
+            if step >= cfg.warmup:
+                pairs.append((start, end))
+                host_ms.append(1e3 * (time.perf_counter() - t0))
+            step_fn()
+            opt.zero_grad(set_to_none=True)
+            if step >= cfg.warmup:
+                done = torch.cuda.Event(enable_timing=True)
+                done.record()
+                whole.append((start, done))
+        torch.cuda.synchronize()
+    finally:  # also where a step fails: the sampler is a subprocess
+        if sampler is not None:
+            sampler.stop()
     times = [s.elapsed_time(e) for s, e in pairs]
     # allocated and reserved: a block freed with record_stream (conccl_direct's parameters) leaves
     # the allocated count at once but is reused only once the other stream caught up
@@ -408,11 +410,7 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             dist.barrier()
             before = fsdp_direct.counters()  # FSDP copies skipped, collectives left to FSDP's copies
             sampler = clocks.ClockSampler(clocks.device_uuid(device)) if cfg.clocks else None
-            try:
-                times, peak, loss_timed, opt, host = _train(model, x, cfg, comms, config, sampler)
-            finally:
-                if sampler is not None:
-                    sampler.stop()
+            times, peak, loss_timed, opt, host = _train(model, x, cfg, comms, config, sampler)
             direct = {k: v - before[k] for k, v in fsdp_direct.counters().items()}
             extra = 0
             if comms is not None:
@@ -451,17 +449,6 @@ def run_rank(rank: int, world: int, cfg: FsdpConfig) -> list[dict]:
             torch.cuda.empty_cache()
             dist.barrier()
     return out
-
-
-def _clock_words(c: dict | None) -> str:
-    """One rank's sampled clock, in words (conccl.bench.clocks.summarize's dict)."""
-    if not c:
-        return "n/a"
-    n = f"{c['samples']} sample{'s' if c['samples'] != 1 else ''}" + (
-        f", one every {c['period_ms']:.0f} ms" if c.get("period_ms") else "")
-    if c["sm_mhz_median_capped"] is None:
-        return f"never capped ({c['sm_mhz_median']:.0f} MHz; {n})"
-    return f"{c['sm_mhz_median_capped']:.0f} MHz ({c['capped_samples']} of {n})"
 
 
 def _deterministic_loss(config: str, x, cfg: FsdpConfig, device) -> float:
@@ -589,7 +576,7 @@ def markdown(doc: dict) -> str:
         if any(clk):
             lines += ["", f"{r['config']}, {r['tokens_per_rank']} tokens: the SM clock over the timed steps "
                           "(nvidia-smi), median while the power cap held it: " + ", ".join(
-                              f"rank {i} " + _clock_words(c) for i, c in enumerate(clk)) + "."]
+                              f"rank {i} " + clocks.describe(c) for i, c in enumerate(clk)) + "."]
     for r in res:
         prof = r.get("profile_rank0")
         if not prof:

@@ -54,8 +54,9 @@ def add_parser(sub) -> None:
                    help="AdamW's learning rate (default 1e-4); 0: the weights never change, so every config's "
                         "GEMMs multiply the same data and configs differ by their communication alone")
     b.add_argument("--clocks", action="store_true",
-                   help="sample each rank's SM clock with nvidia-smi every 20 ms during the warm-up and timed steps "
-                        "and report its median while the power cap held it (costs some host time)")
+                   help="sample each rank's SM clock with nvidia-smi every 20 ms during the timed steps and report its "
+                        "median while the power cap held it (costs some host time; compare configs run one per "
+                        "invocation)")
     b.add_argument("--trace-dir", default=None,
                    help="also write rank 0's profiled iteration per config there, as a gzipped Chrome trace")
     b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None, help="processes (default: all visible GPUs)")
