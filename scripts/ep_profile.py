@@ -20,7 +20,7 @@ def _rank(rank, world, a):
     import conccl
     from conccl.bench.moe import routing
     from conccl.bench.moe_reference import reference_combine, reference_dispatch
-    from conccl.integrations import ep
+    from conccl import ep
 
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(a.tokens, a.hidden, device=dev).to(torch.bfloat16)

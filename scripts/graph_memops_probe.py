@@ -12,8 +12,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
-from conccl._driver import driver  # noqa: E402
-from conccl.executors.cuda_program import CompiledProgram, CopyStep, ReduceStep, SignalBatch, SignalStep  # noqa: E402
+from conccl.device.driver import driver  # noqa: E402
+from conccl.executors.cuda.program import CompiledProgram, CopyStep, ReduceStep, SignalBatch, SignalStep  # noqa: E402
 
 cu = driver()
 dev = torch.device("cuda", 0)

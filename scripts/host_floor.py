@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from conccl._driver import driver, signal_flags
+from conccl.device.driver import driver, signal_flags
 
 N = 20000
 

@@ -2,9 +2,9 @@
 device), every other tier, then tests/gpu (one process per GPU) last, whatever order the paths
 are given in.
 
-Why that order: the multi-process tier forks its ranks (:func:`conccl.launch.spawn`), and a
+Why that order: the multi-process tier forks its ranks (:func:`conccl.testing.spawn`), and a
 process that has initialised CUDA cannot fork safely (the child inherits a CUDA runtime it
-cannot use: it fails or hangs; conccl.launch refuses it). So it runs first, before anything
+cannot use: it fails or hangs; conccl.testing refuses it). So it runs first, before anything
 else has run in this process; the GPU tier, which may initialise CUDA here, runs last. For the
 same reason nothing in collection asks the CUDA runtime: ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
 makes ``torch.cuda.is_available()`` count the GPUs by NVML (its default, ``cudaGetDeviceCount``,

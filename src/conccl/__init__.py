@@ -37,11 +37,10 @@ Computation beside communication:
   ``RowParallelLinear``).
 - ``fsdp``: FSDP2 on copy engines (``conccl.fsdp.enable(model)``).
 - ``ep``: expert parallelism, a MoE layer's dispatch and combine (``conccl.ep.dispatch``,
-  ``combine``); CPU-tested, not yet measured on GPUs.
+  ``combine``).
 
 ``tp``, ``fsdp`` and ``ep`` load on first use, as attributes (``conccl.tp.X``) or as modules
-(``import conccl.tp``, ``from conccl.fsdp import enable``); ``conccl.tp`` is
-:mod:`conccl.integrations.tp` under its short name, the same module object.
+(``import conccl.tp``, ``from conccl.fsdp import enable``).
 
 - ``overlap(plan="auto", profile=None)``: a block whose GEMM and collective run concurrently.
 - ``run_concurrently(compute_fn, gemm, collective, output, input, plan="auto")``: the same as a call.
@@ -62,15 +61,13 @@ Types and errors:
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
+import importlib
 
 from . import _version
 from .errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument, UnsupportedGroup
-from .persistent import PersistentCollective
-from .schedule import Algorithm, StreamMode
-from .work import Work
+from .group.persistent import PersistentCollective
+from .schedule.base import Algorithm, StreamMode
+from .group.work import Work
 
 __version__ = _version.__version__
 
@@ -95,40 +92,6 @@ def __getattr__(name):
 
         return getattr(runtime, name)
     raise AttributeError(f"module 'conccl' has no attribute {name!r}")
-
-
-class _ShortNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``import conccl.tp`` (and ``conccl.tp.layers``, ...) finds :mod:`conccl.integrations.tp`
-    (the integrations keep their code under integrations/ and are used by their short names):
-    the module object itself, never a second copy of it, so its classes and state are one."""
-
-    SHORT = {f"{__name__}.tp": f"{__name__}.integrations.tp", f"{__name__}.ep": f"{__name__}.integrations.ep"}
-
-    def __init__(self):
-        self._own_specs = {}
-
-    def _target(self, fullname: str) -> str | None:
-        for short, real in self.SHORT.items():
-            if fullname == short or fullname.startswith(short + "."):
-                return real + fullname[len(short):]
-        return None
-
-    def find_spec(self, fullname, path=None, target=None):
-        return importlib.util.spec_from_loader(fullname, self) if self._target(fullname) else None
-
-    def create_module(self, spec):
-        module = importlib.import_module(self._target(spec.name))
-        self._own_specs[spec.name] = module.__spec__
-        return module
-
-    def exec_module(self, module):
-        # executed already under its own name; the import system has just set its __spec__
-        # to the short name's: give it back its own (relative imports read it)
-        module.__spec__ = self._own_specs.pop(module.__spec__.name)
-
-
-if not any(type(f).__qualname__ == _ShortNames.__qualname__ and type(f).__module__ == __name__ for f in sys.meta_path):
-    sys.meta_path.insert(0, _ShortNames())
 
 
 __all__ = [

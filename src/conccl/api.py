@@ -21,7 +21,7 @@ from .collectives.reduce_scatter import REDUCE_SCATTER
 from .errors import InvalidArgument
 from .group import Group, Options
 from .group.make import make_group
-from .schedule import Algorithm, StreamMode
+from .schedule.base import Algorithm, StreamMode
 
 # The open groups by process-group name; an entry lives until destroy() closes its group.
 _GROUPS: dict[str, Group] = {}
@@ -211,7 +211,7 @@ def all_reduce(tensor, op=None, group=None, async_op=False, *, timeout=None):
     tensor (one pass) or one chunk (two); copies use none (one CTA for the whole call when it
     runs one-shot: see :func:`all_gather_into_tensor`). Workspace, symmetric memory per rank:
     ``world`` x the tensor's bytes in one pass, the tensor's bytes in two (rounded up to 256
-    per slot), twice where double-buffered (:mod:`conccl.schedule`). In `conccl bench`; not
+    per slot), twice where double-buffered (:mod:`conccl.schedule.base`). In `conccl bench`; not
     yet in `conccl study` or the planner.
     """
     return get_group(group).call(ALL_REDUCE, tensor, tensor, (op,), async_op, timeout=timeout,
@@ -226,7 +226,7 @@ def persistent_all_gather_into_tensor(output, input, group=None, *, timeout=None
     whose ``start(async_op=False)`` queues the gather with no host handshake: at 1 MiB on
     H200 it skips the validation, the peer exchange and the plan lookup of a one-shot call.
     Every rank must start its persistent ops in the same order (as with NCCL calls); see
-    :mod:`conccl.persistent` for what is and is not checked.
+    :mod:`conccl.group.persistent` for what is and is not checked.
 
     Shapes, dtypes, stream semantics of ``start``, SMs used (none) and workspace: as
     :func:`all_gather_into_tensor`. The tensors must keep their memory while the op lives;
@@ -262,7 +262,7 @@ def reserve_graph_workspace(nbytes: int, group=None) -> None:
     CUDA graphs later (a collective call, made before the first capture on ``group``).
 
     A captured call runs at every replay with a workspace region of its own (nothing it
-    touches is shared with another call: :mod:`conccl.graphs`): a reduce-scatter, or an
+    touches is shared with another call: :mod:`conccl.schedule.captured`): a reduce-scatter, or an
     all-reduce in two passes, needs its input's bytes (each chunk's slot rounded up to 256);
     an all-reduce in one pass (:func:`all_reduce`: by default to 32 MiB at two ranks)
     ``world`` x its bytes; an all-gather or all-to-all from ordinary tensors its input's, from

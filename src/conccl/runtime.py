@@ -25,8 +25,8 @@ import torch.distributed as dist
 from . import api
 from .collectives import REGISTRY, Collective
 from .errors import InvalidArgument
-from .partition import Partitions
-from .persistent import PersistentCollective
+from .device.partitions import Partitions
+from .group.persistent import PersistentCollective
 from .planner import Plan, PlanError, plan_strategy, workload
 from .planner import eager as planner_eager
 from .planner import shipped
@@ -168,7 +168,7 @@ def partitions(device) -> Partitions:
 def launch(plan: Plan, compute_fn, comm_fn, parts=None, tensors=()) -> None:
     """Queue ``compute_fn()`` and ``comm_fn(impl, nccl_group)`` as ``plan`` says, both after the
     current stream's work; the current stream then waits for both. ``parts``: the
-    :class:`~conccl.partition.Partitions` to take streams and groups from.
+    :class:`~conccl.device.partitions.Partitions` to take streams and groups from.
 
     Host cost matters here: in a decode step the pair runs in ~0.2 ms, and every microsecond
     spent before the second launch delays it. So the events are the partition's, recorded

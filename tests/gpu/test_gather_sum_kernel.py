@@ -1,4 +1,4 @@
-"""GPU tier: the gathered-sum kernel (conccl.executors.cuda_gather_sum) against the torch form
+"""GPU tier: the gathered-sum kernel (conccl.kernels.gather_sum) against the torch form
 conccl.ep uses on the CPU, bit for bit: fp32, bf16, fp16, vector and scalar rows, weighted and
 not, missing operands (-1), rows with none. One GPU (this process)."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _torch_form(src, index, weights, dtype):
 @pytest.mark.parametrize("h", [1024, 1000, 7])  # vector rows, then scalar ones
 @pytest.mark.parametrize("weighted", [True, False])
 def test_kernel_equals_the_torch_form(dtype, h, weighted):
-    from conccl.executors.cuda_gather_sum import gather_sum
+    from conccl.kernels.gather_sum import gather_sum
 
     g = torch.Generator(device="cuda").manual_seed(h)
     src = (torch.randn(300, h, device="cuda", generator=g) * 3).to(dtype)
@@ -38,7 +38,7 @@ def test_kernel_equals_the_torch_form(dtype, h, weighted):
 
 
 def test_bad_arguments_are_refused():
-    from conccl.executors.cuda_gather_sum import gather_sum
+    from conccl.kernels.gather_sum import gather_sum
 
     src = torch.zeros(4, 8, device="cuda")
     with pytest.raises(ValueError, match="dtype|share"):

@@ -32,7 +32,7 @@ def _against_reference(rank, world):
     from torch.profiler import ProfilerActivity, profile
 
     from conccl.bench.moe_reference import reference_combine, reference_dispatch
-    from conccl.integrations import ep
+    from conccl import ep
 
     dev = torch.device("cuda", torch.cuda.current_device())
     bad = []

@@ -24,7 +24,7 @@ def _graph_against_eager(rank, world):
 
     import conccl
     from conccl.bench.moe import routing
-    from conccl.integrations import ep
+    from conccl import ep
 
     dev = torch.device("cuda", torch.cuda.current_device())
     epr = EXPERTS // world
@@ -76,7 +76,7 @@ def test_fixed_sizes_in_a_cuda_graph_equal_the_normal_mode_eagerly():
 
 def _backward_against_normal(rank, world):
     from conccl.bench.moe import routing
-    from conccl.integrations import ep
+    from conccl import ep
 
     dev = torch.device("cuda", torch.cuda.current_device())
     epr = EXPERTS // world
@@ -107,7 +107,7 @@ def test_fixed_sizes_forward_and_backward_equal_the_normal_mode():
 
 def _layer_against_normal(rank, world):
     from conccl.bench.moe import routing
-    from conccl.integrations import ep
+    from conccl import ep
 
     dev = torch.device("cuda", torch.cuda.current_device())
     idx, w = routing(torch, "skewed", TOKENS, EXPERTS, K, 31 + rank, dev)

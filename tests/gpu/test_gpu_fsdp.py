@@ -48,7 +48,7 @@ def _train(rank, world, mode, mixed_precision=False):
     params = [p.to_local().detach().float().cpu() for p in model.parameters()]
     report = {"losses": losses, "params": params, "kernels": kernels, "mapped": mapped, "checks": checks}
     if mode == "direct":  # FSDP's copy-out (split copy) and both copy-ins (chunk_cat, foreach copy) no longer run
-        from conccl import fsdp_direct
+        from conccl.fsdp import copy_free as fsdp_direct
 
         report.update(fsdp_direct.counters())
     if comms is not None:
@@ -201,7 +201,8 @@ def _with_options(rank, world, config, schedule, steps=20):
 
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from conccl import fsdp, fsdp_direct
+    from conccl import fsdp
+    from conccl.fsdp import copy_free as fsdp_direct
     from conccl.bench.fsdp import Model, ModelShape
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

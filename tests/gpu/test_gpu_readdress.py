@@ -1,6 +1,6 @@
 """GPU tier: calls whose buffers and sizes change on every call (a MoE layer's new routing, an
 FSDP step's new parameters) re-address a compiled program of their shape instead of compiling
-one (conccl.executors.cuda_ce: programs_readdressed), and every result still equals NCCL's bit
+one (conccl.executors.cuda.executor: programs_readdressed), and every result still equals NCCL's bit
 for bit. Each test starts one process per GPU."""
 from __future__ import annotations
 

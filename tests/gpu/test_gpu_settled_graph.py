@@ -1,4 +1,4 @@
-"""GPU tier: settled eager calls launched as graphs (conccl.executors.cuda_graph_launch).
+"""GPU tier: settled eager calls launched as graphs (conccl.executors.cuda.graph_launch).
 
 Every collective called ten times on the same tensors (new values each time): on conccl.empty
 tensors from the third call on its program runs as one graph launch, on plain tensors it keeps

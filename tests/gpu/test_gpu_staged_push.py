@@ -81,6 +81,6 @@ def test_staged_push_all_gather_equals_nccl_eager_and_captured_on_copy_engines()
     for bad, names in run_per_gpu(_staged_push):
         assert bad == [], bad
         # copies only; a same-GPU copy of a small captured call may replay as the driver's
-        # memcpy kernel (conccl.graphs), never a reduction or an NCCL kernel
+        # memcpy kernel (conccl.schedule.captured), never a reduction or an NCCL kernel
         assert any("Memcpy" in k for k in names), names
         assert not [k for k in names if "Memcpy" not in k and "Memset" not in k and not k.startswith("memcpy")], names

@@ -33,8 +33,8 @@ def _against_serial(rank, world):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    from conccl.integrations import tp as ctp
-    from conccl.pipeline import TPSchedule, gemm_steps
+    from conccl import tp as ctp
+    from conccl.schedule.pipeline import TPSchedule, gemm_steps
 
     bad = []
     for dtype in (torch.bfloat16, torch.float16):
@@ -91,8 +91,8 @@ def _push(rank, world):
     from torch.profiler import ProfilerActivity, profile
 
     from conccl.api import get_group
-    from conccl.integrations import tp as ctp
-    from conccl.pipeline import TPSchedule, gemm_steps
+    from conccl import tp as ctp
+    from conccl.schedule.pipeline import TPSchedule, gemm_steps
 
     bad, seen = [], []
     dt = torch.bfloat16
@@ -141,7 +141,7 @@ def test_the_push_pipeline_equals_nccl_and_stages_nothing():
 
 
 def _mlp(rank, world):
-    from conccl.integrations import tp as ctp
+    from conccl import tp as ctp
 
     torch.manual_seed(0)
     d, f, seq = 256, 512, 64 * world
@@ -180,7 +180,7 @@ def _captured(rank, world):
     from torch.profiler import ProfilerActivity, profile
 
     import conccl
-    from conccl.integrations import tp as ctp
+    from conccl import tp as ctp
 
     rows, K, N = 512, 256, 384
     dt = torch.bfloat16
@@ -209,9 +209,9 @@ def _captured(rank, world):
     edged = executor.edge_captures
     with torch.cuda.graph(graph):
         results = calls()
-    # every pipeline captured with its marks as graph edges (conccl.graphs.mark_edges), the
+    # every pipeline captured with its marks as graph edges (conccl.schedule.captured.mark_edges), the
     # default; none with CONCCL_GRAPH_MARK_EDGES=0 (stream memory operations on pad words)
-    from conccl.graphs import mark_edges_on
+    from conccl.schedule.captured import mark_edges_on
     want = 2 * len(names) if mark_edges_on() else 0
     assert executor.edge_captures - edged == want, (executor.edge_captures - edged, want)
     bad = []
@@ -248,7 +248,7 @@ def test_captured_pipelines_replay_equal_to_serial_nccl():
 def _settled(rank, world):
     """Eager pipelines called again and again on the same tensors (new values each call): from
     the third call with the same buffers each runs as one graph launch (a settled pipeline,
-    conccl.executors.cuda_settled_pipeline; not a pull all-gather, which stages its shard
+    conccl.executors.cuda.settled_pipeline; not a pull all-gather, which stages its shard
     with a same-GPU copy); every result equals serial NCCL's; a graphed call runs no kernel but
     the GEMMs' and the reduction's (no copy made a kernel); and with rank 1 kept on driver calls
     (the routes interoperate: same operations, same values) results are still NCCL's."""
@@ -256,7 +256,7 @@ def _settled(rank, world):
     from torch.profiler import ProfilerActivity, profile
 
     from conccl.api import get_group
-    from conccl.integrations import tp as ctp
+    from conccl import tp as ctp
 
     ex = get_group(None).executor
     rows, K, N = 512, 1024, 768
@@ -295,7 +295,7 @@ def _settled(rank, world):
                     del y, full, expect
                 out["rounds"].append((round_, name, op, ex.pipelines_graphed - before[0],
                                       ex.graph_launches - before[1]))
-    from conccl.pipeline import TPSchedule, gemm_steps
+    from conccl.schedule.pipeline import TPSchedule, gemm_steps
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # the GEMM steps' kernels, alone
         for s, e, _ in gemm_steps(world, rank, TPSchedule.parse("push-s2"), rows):
@@ -353,10 +353,10 @@ def _refreshed(rank, world):
     import torch.distributed as dist
 
     from conccl.api import get_group
-    from conccl.executors.cuda_ce import MARK_REFRESH_CALLS
-    from conccl.graphs import GRAPH_SLOTS
-    from conccl.integrations import tp as ctp
-    from conccl.schedule import MARK_WORDS, mark_index
+    from conccl.executors.cuda.executor import MARK_REFRESH_CALLS
+    from conccl.schedule.captured import GRAPH_SLOTS
+    from conccl import tp as ctp
+    from conccl.schedule.base import MARK_WORDS, mark_index
 
     group = get_group(None)
     ex = group.executor

@@ -1,4 +1,4 @@
-"""GPU tier: the MoE routing kernel (conccl.executors.cuda_moe_route) against the torch form
+"""GPU tier: the MoE routing kernel (conccl.kernels.moe_route) against the torch form
 conccl.ep uses on the CPU (layout.route and layout.send_layout), exactly: the table (rows,
 pairs per expert, the bad-input flag), every sent row's token, slots and weight bits. Worlds
 2-8, 8-256 experts, top-1 to top-8, more tokens than the CTA has threads. One GPU."""
@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
                                                     (8, 256, 4, 3000), (8, 8, 1, 1), (2, 4, 2, 0)])
 @pytest.mark.parametrize("weighted", [True, False])
 def test_kernel_equals_the_torch_form(world, experts, k, tokens, weighted):
-    from conccl.executors.cuda_moe_route import route as route_kernel
-    from conccl.integrations.ep.layout import rank_rows, route, send_layout
+    from conccl.kernels.moe_route import route as route_kernel
+    from conccl.ep.layout import rank_rows, route, send_layout
 
     g = torch.Generator(device="cuda").manual_seed(world * 1000 + k)
     idx = torch.randint(0, experts, (tokens, k), device="cuda", generator=g)
@@ -38,8 +38,8 @@ def test_kernel_equals_the_torch_form(world, experts, k, tokens, weighted):
 
 @pytest.mark.parametrize("rows,k,experts", [(3000, 2, 4), (700, 8, 128), (5, 3, 320), (1, 1, 1), (0, 2, 4)])
 def test_expansion_kernel_equals_the_stable_sort(rows, k, experts):
-    from conccl.executors.cuda_moe_route import expand
-    from conccl.integrations.ep.layout import plan_expansion
+    from conccl.kernels.moe_route import expand
+    from conccl.ep.layout import plan_expansion
 
     g = torch.Generator(device="cuda").manual_seed(rows + k)
     slots = torch.randint(-1, experts, (rows, k), device="cuda", generator=g, dtype=torch.int32)
@@ -54,7 +54,7 @@ def test_expansion_kernel_equals_the_stable_sort(rows, k, experts):
 
 @pytest.mark.parametrize("h,dtype", [(1000, torch.bfloat16), (7, torch.float32), (6, torch.float16)])
 def test_pack_equals_gather_and_concatenation(h, dtype):
-    from conccl.executors.cuda_moe_route import pack
+    from conccl.kernels.moe_route import pack
 
     g = torch.Generator(device="cuda").manual_seed(h)
     x = torch.randn(50, h, device="cuda", generator=g).to(dtype)

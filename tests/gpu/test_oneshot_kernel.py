@@ -1,4 +1,4 @@
-"""GPU tier: the one-shot kernel (conccl.executors.cuda_oneshot) on one GPU, its peers played by
+"""GPU tier: the one-shot kernel (conccl.kernels.one_shot) on one GPU, its peers played by
 the host: every rank's pad and staging buffer live on this GPU, rank 0's part is the kernel's,
 and the others' is done before the launch (their staged data written, their READY and DONE
 words in rank 0's pad set), so the kernel runs to its end alone. Checked: the gather's output
@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 BOUND_NS = 20 * 10**9
 WORDS = 64  # per pad: signal words kind * world + src (at most 4 * 8 + 7), then the spin words
 ABORT, TIMED_OUT = 62, 63  # in rank 0's pad
-READY, DONE, FREE = 0, 1, 4  # conccl.schedule.Signal
+READY, DONE, FREE = 0, 1, 4  # conccl.schedule.base.Signal
 DTYPES = {"float32": (torch.float32, 0), "bfloat16": (torch.bfloat16, 1), "float16": (torch.float16, 2)}
 
 
@@ -31,9 +31,9 @@ def _cases(rank, world):
 
     from torch.profiler import ProfilerActivity, profile
 
-    from conccl._driver import check, driver
-    from conccl.executors.cuda_oneshot import OneShotLaunch, make_args
-    from conccl.executors.cuda_reduce import ReduceLaunch
+    from conccl.device.driver import check, driver
+    from conccl.kernels.one_shot import OneShotLaunch, make_args
+    from conccl.kernels.reduce import ReduceLaunch
 
     cu = driver()
     dev = torch.cuda.current_device()

@@ -1,4 +1,4 @@
-"""GPU tier: the spin-wait kernel (conccl.executors.cuda_spin) on one GPU: it returns on a word
+"""GPU tier: the spin-wait kernel (conccl.kernels.spin) on one GPU: it returns on a word
 already reached, waits for a write from another stream and orders a copy after it, ends on the
 abort word, ends on its time bound and says so, and is one kernel per launch.
 
@@ -21,8 +21,8 @@ def _cases(rank, world):
 
     from torch.profiler import ProfilerActivity, profile
 
-    from conccl._driver import check, driver, signal_flags
-    from conccl.executors.cuda_spin import SignalWriteLaunch, SpinWaitLaunch
+    from conccl.device.driver import check, driver, signal_flags
+    from conccl.kernels.spin import SignalWriteLaunch, SpinWaitLaunch
 
     cu = driver()
     dev = torch.cuda.current_device()

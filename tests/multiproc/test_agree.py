@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conccl.errors import InvalidArgument
-from conccl.launch import spawn, spawn_hosts
+from conccl.testing import spawn, spawn_hosts
 
 
 def _agree(comm, texts):

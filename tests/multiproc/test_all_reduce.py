@@ -14,8 +14,8 @@ from conccl.collectives.all_reduce import (ALL_REDUCE, ONE_PASS_EXTRA_BYTES, chu
                                            plan_all_reduce)
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
 from conccl.errors import CollectiveError, InvalidArgument  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
-from conccl.schedule import Buf, Phase, Reduce, Signal, WaitSignal  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
+from conccl.schedule.base import Buf, Phase, Reduce, Signal, WaitSignal  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -92,7 +92,7 @@ def test_a_group_default_algorithm_does_not_choose_the_all_reduces_form():
 
 
 def test_the_automatic_choice_runs_one_pass_while_it_sends_little_more_and_stays_double_buffered():
-    from conccl.schedule import DOUBLE_BUFFER_MAX_BYTES
+    from conccl.schedule.base import DOUBLE_BUFFER_MAX_BYTES
 
     # two ranks: the passes send the same bytes; one pass up to a double-buffered workspace
     assert one_pass(DOUBLE_BUFFER_MAX_BYTES // 2, 2) and not one_pass(DOUBLE_BUFFER_MAX_BYTES // 2 + 2, 2)

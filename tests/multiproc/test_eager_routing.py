@@ -15,7 +15,7 @@ from torch.distributed import ReduceOp  # noqa: E402
 
 from conccl.collectives import REGISTRY  # noqa: E402
 from conccl.errors import InvalidArgument  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 LIMITS = {"all_gather": 4096, "all_to_all": 4096, "reduce_scatter": 1000, "all_reduce": 1 << 14}
 

@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conccl.integrations import ep  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
+from conccl import ep  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 H = 16
 

@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from conccl.bench.moe_reference import reference_combine, reference_dispatch  # noqa: E402
-from conccl.integrations import ep  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
+from conccl import ep  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 
 def _free_port() -> int:

@@ -12,8 +12,9 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from conccl.bench.moe_reference import reference_combine, reference_dispatch  # noqa: E402
-from conccl.integrations import ep  # noqa: E402
-from conccl.launch import free_port, spawn  # noqa: E402
+from conccl import ep  # noqa: E402
+from conccl.launch import free_port
+from conccl.testing import spawn  # noqa: E402
 
 H = 24
 CASES = ("random", "a rank without tokens", "every token to one expert")

@@ -20,10 +20,10 @@ torch = pytest.importorskip("torch")
 
 from conccl.collectives.all_gather import plan_all_gather  # noqa: E402
 from conccl.errors import CollectiveError, CollectiveTimeout, GroupBroken  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
-from conccl.schedule import Algorithm, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word  # noqa: E402
-from conccl.watchdog import Flight, Watchdog  # noqa: E402
-from conccl.work import Work  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
+from conccl.schedule.base import Algorithm, Signal, StreamMode, awaited_peers, signal_pad_words, signal_word  # noqa: E402
+from conccl.group.watchdog import Flight, Watchdog  # noqa: E402
+from conccl.group.work import Work  # noqa: E402
 
 
 class FakeEvent:

@@ -1,4 +1,4 @@
-"""CPU multi-process tier: FSDP2 without its copies (``conccl.fsdp_direct``): the all-gather
+"""CPU multi-process tier: FSDP2 without its copies (``conccl.fsdp.copy_free``): the all-gather
 filling each parameter's unsharded tensor itself (copy-out skipped) and the reduce-scatter
 reading the gradients where they are (copy-in skipped), against stock FSDP2, on gloo.
 
@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from conccl import fsdp, fsdp_direct  # noqa: E402
+from conccl import fsdp
+from conccl.fsdp import copy_free as fsdp_direct  # noqa: E402
 
 pytestmark = pytest.mark.skipif(fsdp_direct.supported() is not None, reason=str(fsdp_direct.supported()))
 

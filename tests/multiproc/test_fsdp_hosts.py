@@ -14,7 +14,7 @@ Each run trains the same model 20 steps (AdamW, fp32, each rank its own batches)
 once with ``enable``; compared: every step's loss (``loss.item()``) and every parameter's local
 shard after the last step, byte for byte where the summation order matches (see each test).
 
-The processes are :func:`conccl.launch.spawn_hosts`'s: gloo over the world, a reference group
+The processes are :func:`conccl.testing.spawn_hosts`'s: gloo over the world, a reference group
 per simulated host. On the CPU ``conccl.get_group`` cannot make a group (it needs CUDA), so the
 test hands conccl the group it made for the FSDP process group before ``enable`` resolves it.
 """
@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from conccl import api, fsdp  # noqa: E402
-from conccl.launch import spawn_hosts  # noqa: E402
+from conccl.testing import spawn_hosts  # noqa: E402
 
 STEPS = 20
 

@@ -71,7 +71,7 @@ from conccl.collectives import REGISTRY  # noqa: E402
 from conccl.collectives.all_reduce import one_pass  # noqa: E402
 from conccl.collectives.reduce_scatter import DTYPES as REDUCED_DTYPES  # noqa: E402
 from conccl.errors import InvalidArgument  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 SEED = int(os.environ.get("CONCCL_FUZZ_SEED", "3303"))
 CI_STEPS = {2: 4000, 3: 3000}

@@ -1,4 +1,4 @@
-"""CPU multi-process tier for captured calls (conccl.graphs): the reference executor records
+"""CPU multi-process tier for captured calls (conccl.schedule.captured): the reference executor records
 calls made inside its capture() and replays them, as a CUDA graph would, on graph slots of
 their own; the results must be right at every replay, with inputs changed between replays
 and eager calls between them."""
@@ -20,10 +20,10 @@ from conccl.collectives.all_reduce import ALL_REDUCE  # noqa: E402
 from conccl.collectives.all_to_all import ALL_TO_ALL  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
 from conccl.errors import CollectiveError  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
-from conccl.graphs import graph_schedule  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
+from conccl.schedule.captured import graph_schedule  # noqa: E402
 from conccl.collectives.all_gather import plan_all_gather  # noqa: E402
-from conccl.schedule import Buf, ResetSignal, Signal, WaitSignal  # noqa: E402
+from conccl.schedule.base import Buf, ResetSignal, Signal, WaitSignal  # noqa: E402
 
 
 def _fill(t, rank, step, salt):
@@ -138,7 +138,7 @@ def test_a_one_stream_calls_own_copy_runs_on_a_forked_branch_and_nothing_else_mo
     of its own (forked at the start, joined at the end); a copy that reads what the call
     computed (the all-reduce's own piece, from the workspace after the sum) stays in order."""
     from conccl.collectives.all_reduce import plan_all_reduce
-    from conccl.schedule import Algorithm, Buf, Copy, Phase, Reduce
+    from conccl.schedule.base import Algorithm, Buf, Copy, Phase, Reduce
 
     def local(op):
         return isinstance(op, Copy) and op.transfer.phase is Phase.LOCAL
@@ -222,7 +222,7 @@ def test_a_captured_push_into_the_peers_workspace_waits_for_the_previous_replays
     (sent by each rank last, to every peer); several streams keep the READY."""
     from conccl.collectives.all_reduce import plan_all_reduce
     from conccl.collectives.reduce_scatter import plan_reduce_scatter
-    from conccl.schedule import SetSignal
+    from conccl.schedule.base import SetSignal
 
     for eager in (plan_reduce_scatter(3, 1, 4096, "bfloat16", stream_mode=StreamMode.BATCH),
                   plan_all_reduce(3, 1, 6144, 2, "bfloat16")):
@@ -287,7 +287,7 @@ def _reordered(comm, how, replays):
     every reset moved to the end of its stream (``late``: the counter-test, which must fail)."""
     import dataclasses
 
-    from conccl.executors.cuda_program import _Spin, spin_before_reductions
+    from conccl.executors.cuda.program import _Spin, spin_before_reductions
 
     def spun(ops):
         return [x for op in spin_before_reductions(ops) for x in (op.waits if isinstance(op, _Spin) else (op,))]

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conccl import api  # noqa: E402
-from conccl.launch import new_reference_group, spawn  # noqa: E402
+from conccl.testing import new_reference_group, spawn  # noqa: E402
 
 ROUNDS = 100
 

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conccl.launch import spawn  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 SHAPES = [(5, 3), (1,), (7,), (2, 2, 3)]  # parameters' shapes: no world divides every dim 0
 
@@ -39,7 +39,7 @@ def _chunk_cat(grads, world):
 def _reduce_from_parts(comm, dtype, mode):
     import torch.distributed as dist
 
-    from conccl.schedule import StreamMode
+    from conccl.schedule.base import StreamMode
 
     comm.options.stream_mode = StreamMode(mode)
     w, r = comm.world, comm.rank
@@ -106,7 +106,7 @@ def _widening_from_parts(comm, dtype, mode):
     gradients) against what stock FSDP does: cast the packed input to fp32, reduce in fp32."""
     import torch.distributed as dist
 
-    from conccl.schedule import StreamMode
+    from conccl.schedule.base import StreamMode
 
     comm.options.stream_mode = StreamMode(mode)
     w, r = comm.world, comm.rank
@@ -193,7 +193,7 @@ def _parts_right_after_an_all_reduce(comm):
 
     import torch.distributed as dist
 
-    from conccl.schedule import Buf, StreamMode
+    from conccl.schedule.base import Buf, StreamMode
 
     comm.options.stream_mode = StreamMode.PER_PEER
     w, r = comm.world, comm.rank

@@ -1,6 +1,6 @@
 """CPU multi-process tier: groups that span (simulated) hosts, served hierarchically
 (:mod:`conccl.group.hierarchical`): a reference group per host, gloo between hosts
-(:func:`conccl.launch.spawn_hosts`). Every collective, dtype and op at 2x2, 3x2 and 2x4
+(:func:`conccl.testing.spawn_hosts`). Every collective, dtype and op at 2x2, 3x2 and 2x4
 (hosts x ranks) against the registry's flat reference; a mismatch anywhere refused on every
 rank before anything moves; a rank dying on another host raises on every survivor."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch.distributed as dist  # noqa: E402
 from conccl import Algorithm  # noqa: E402
 from conccl.collectives import REGISTRY  # noqa: E402
 from conccl.errors import CollectiveError, GroupBroken, InvalidArgument  # noqa: E402
-from conccl.launch import spawn_hosts  # noqa: E402
+from conccl.testing import spawn_hosts  # noqa: E402
 
 SPECS = ["2x2", "3x2", "2x4"]
 GATHER_DTYPES = (torch.float32, torch.bfloat16, torch.int32)

@@ -1,5 +1,5 @@
 """CPU multi-process tier: persistent collectives on groups that span (simulated) hosts
-(:class:`conccl.persistent.HierarchicalPersistent`): agreed across hosts once, each start
+(:class:`conccl.group.persistent.HierarchicalPersistent`): agreed across hosts once, each start
 equal to the flat reference with the buffers' new contents, no cross-node descriptor exchange
 per start, mixed with ordinary calls, and refused where they cannot run."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.distributed as dist  # noqa: E402
 
 from conccl.collectives import REGISTRY  # noqa: E402
 from conccl.errors import CollectiveError, GroupBroken, InvalidArgument  # noqa: E402
-from conccl.launch import spawn_hosts  # noqa: E402
+from conccl.testing import spawn_hosts  # noqa: E402
 
 STARTS = 3
 

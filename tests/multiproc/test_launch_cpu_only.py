@@ -1,4 +1,4 @@
-"""CPU tier: the CPU reference harness (``conccl.launch.spawn`` / ``spawn_hosts``) keeps its
+"""CPU tier: the CPU reference harness (``conccl.testing.spawn`` / ``spawn_hosts``) keeps its
 forked ranks off CUDA.
 
 - Each rank hides the GPUs from itself before anything asks torch, so that a GPU machine runs
@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conccl.launch import spawn, spawn_hosts  # noqa: E402
+from conccl.testing import spawn, spawn_hosts  # noqa: E402
 
 
 def _what_the_rank_sees(comm):

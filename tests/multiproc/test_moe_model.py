@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from conccl.bench import moe_model  # noqa: E402
-from conccl.launch import free_port, spawn  # noqa: E402
+from conccl.launch import free_port
+from conccl.testing import spawn  # noqa: E402
 
 STEPS = 20
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}

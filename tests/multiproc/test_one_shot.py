@@ -17,8 +17,8 @@ from conccl.collectives.all_gather import ALL_GATHER  # noqa: E402
 from conccl.collectives.all_reduce import ALL_REDUCE  # noqa: E402
 from conccl.collectives.all_to_all import ALL_TO_ALL  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
-from conccl.schedule import StreamMode  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
+from conccl.schedule.base import StreamMode  # noqa: E402
 
 LIMIT = 4096  # output bytes per rank up to which the test's group runs one-shot calls
 

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from conccl import Algorithm, StreamMode  # noqa: E402
 from conccl.errors import CollectiveError, CollectiveTimeout, InvalidArgument  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 MODES = [(a, m) for a in (Algorithm.PULL, Algorithm.PUSH) for m in StreamMode]
 
@@ -204,7 +204,7 @@ def test_a_peer_that_never_starts_times_out_with_its_rank_named():
 
 def test_overlap_start_refuses_anything_but_an_open_persistent_op():
     import conccl
-    from conccl.persistent import PersistentCollective
+    from conccl.group.persistent import PersistentCollective
 
     c3 = conccl.overlap(plan="conccl")
     with pytest.raises(InvalidArgument, match="PersistentCollective"):

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from conccl.errors import CollectiveError, GroupBroken  # noqa: E402
 from conccl.group.group import POST_AFTER  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 CALLS = 6
 
@@ -149,7 +149,7 @@ def _all_reduces(comm, moves: str):
     the rows than its posting peer assumed). The plans read no tensor kind: every call stays
     right and no rank breaks the group."""
     from conccl.collectives.all_reduce import ALL_REDUCE
-    from conccl.schedule import Algorithm
+    from conccl.schedule.base import Algorithm
 
     w, r = comm.world, comm.rank
     sym = comm.executor.empty((80,), torch.float32)  # a collective call: on every rank
@@ -187,7 +187,7 @@ def _staged_pushes(comm):
     """All-gathers from peer-reachable tensors: pushed straight into the peers' outputs (the
     plan reads where they are: never posted), and staged pushes (into the peers' workspace:
     no tensor kind read, so they post once settled)."""
-    from conccl.schedule import Algorithm
+    from conccl.schedule.base import Algorithm
 
     n, w, r = 8, comm.world, comm.rank
     inp = comm.executor.empty((n,), torch.float32)

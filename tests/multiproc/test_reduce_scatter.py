@@ -11,8 +11,8 @@ from torch.distributed import ReduceOp, _make_nccl_premul_sum  # noqa: E402
 from conccl import Algorithm, StreamMode  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER, plan_reduce_scatter  # noqa: E402
 from conccl.errors import CollectiveError, InvalidArgument  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
-from conccl.schedule import Reduce  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
+from conccl.schedule.base import Reduce  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from conccl import Algorithm, StreamMode  # noqa: E402
 from conccl.errors import CollectiveError, CollectiveTimeout  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 MODES = [(a, m) for a in (Algorithm.PULL, Algorithm.PUSH) for m in StreamMode]
 # the all-gather also pushes into the peers' workspace

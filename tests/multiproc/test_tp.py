@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 from conccl import tp as ctp  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
 from conccl.errors import InvalidArgument  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
-from conccl.pipeline import SERIAL, Order, TPSchedule  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
+from conccl.schedule.pipeline import SERIAL, Order, TPSchedule  # noqa: E402
 from conccl.planner import tp as tp_planner  # noqa: E402
 
 SCHEDULES = ["serial", "ring", "direct", "direct-p2", "direct-p4-g2", "ring-p3", "direct-p3-g3", "direct-s2",
@@ -287,7 +287,7 @@ def _push_pipeline_beside_a_flat_staged_push(comm, captured):
     """One rank runs the push pipeline, the other the same agreed flat call as a plain
     all-gather with Algorithm.STAGED_PUSH (eagerly and captured, replayed with new inputs):
     their protocols must be one, or the call hangs."""
-    from conccl.schedule import Algorithm
+    from conccl.schedule.base import Algorithm
 
     w, r = comm.world, comm.rank
     rows, K, N = 4, 8, 3

@@ -62,7 +62,7 @@ def _conccl_plan(comm, schedule):
 def test_conccl_plan_of_the_block_is_the_unsharded_blocks_math(schedule):
     """The same model of plain layers under ``conccl.tp.parallelize_module`` (the reference
     executor): what ``conccl_plan`` times is the block, in the other implementations' order."""
-    from conccl.launch import spawn
+    from conccl.testing import spawn
 
     for shapes, rel in spawn(2, _conccl_plan, schedule):
         assert shapes and rel < 1e-5, rel

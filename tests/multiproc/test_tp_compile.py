@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conccl import tp as ctp  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 
 def _ints(shape, seed):

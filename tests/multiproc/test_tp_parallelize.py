@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from conccl import tp as ctp  # noqa: E402
 from conccl.errors import InvalidArgument  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
 
 PLAN = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.o": "rowwise",
         "mlp.gate": "colwise", "mlp.up": "colwise", "mlp.down": "rowwise"}

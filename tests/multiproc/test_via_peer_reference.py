@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 from conccl import StreamMode  # noqa: E402
 from conccl.collectives.all_gather import ALL_GATHER  # noqa: E402
-from conccl.launch import spawn  # noqa: E402
-from conccl.schedule import Copy  # noqa: E402
+from conccl.testing import spawn  # noqa: E402
+from conccl.schedule.base import Copy  # noqa: E402
 
 
 def _record_runs(ex):

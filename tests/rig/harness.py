@@ -121,7 +121,7 @@ def free_port_any() -> int:
 
 def use_ipc_peer_memory():
     from conccl import api, fsdp
-    from conccl.executors import cuda_ce
+    from conccl.executors.cuda import executor as cuda_ce
     from conccl.group import make
 
     # FSDP's pool then finds no get_mem_pool and takes plain blocks (conccl stages through its

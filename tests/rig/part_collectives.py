@@ -155,11 +155,11 @@ def _settled(rank, world, group, cases):
 
 def _settled_graphs(rank, world, group, cases):
     """Calls on conccl.empty tensors repeated with new contents: from each program's third
-    call on it runs as one CUDA graph launch (conccl.executors.cuda_graph_launch), whose signal
+    call on it runs as one CUDA graph launch (conccl.executors.cuda.graph_launch), whose signal
     values each call rewrites; every result still the reference's bits, and the launches seen."""
     import conccl
     from conccl.collectives import REGISTRY
-    from conccl.executors import cuda_graph_launch
+    from conccl.executors.cuda import graph_launch as cuda_graph_launch
 
     ex = group.executor
     n, calls = 1031, 8

@@ -47,7 +47,7 @@ def _expected(every, rank, world, experts, k, dtype, scale):
 
 def ep(rank, world, cases, report):
     """conccl.ep on ranks sharing one GPU: dispatch's rows, combine's output and x's gradient."""
-    from conccl.integrations import ep as cep
+    from conccl import ep as cep
 
     for dtype in (torch.bfloat16, torch.float32):
         for experts, k in ((2 * world, 2), (4 * world, 3)):

@@ -41,7 +41,7 @@ def _fsdp_run(rank, world, cases, report, direct, mixed=False):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     import conccl.fsdp
-    from conccl import fsdp_direct
+    from conccl.fsdp import copy_free as fsdp_direct
 
     torch.manual_seed(0)
     dim = int(os.environ.get("CONCCL_SMOKE_FSDP_DIM", "256"))

@@ -23,7 +23,7 @@ def tp(rank, world, cases, report):
     from torch.profiler import ProfilerActivity, profile
 
     from conccl.collectives import REGISTRY
-    from conccl.integrations import tp as ctp
+    from conccl import tp as ctp
 
     for dtype in (torch.bfloat16, torch.float16):
         for rows, K, Ns in ((64, 128, (96, 32)), (5, 64, (48,))):
@@ -48,7 +48,7 @@ def tp(rank, world, cases, report):
                 cases.append((f"tp gemm_rs {dtype} {rows}x{K} {name}", bits_equal(out, expect_rs)))
     # Which kernels: the pipeline's GEMM steps run alone (plain torch.mm on the same rows) give
     # the allowed set; the reduction kernel is the reduce-scatter's only other SM work.
-    from conccl.pipeline import TPSchedule, gemm_steps
+    from conccl.schedule.pipeline import TPSchedule, gemm_steps
 
     rows, K, N = 512, 256, 384
     shard, w = small_ints((rows, K), 300 + rank, torch.bfloat16), small_ints((K, N), 9, torch.bfloat16)
@@ -81,11 +81,11 @@ def tp(rank, world, cases, report):
 
 def _settled_pipelines(rank, world, cases):
     """The same tensors called again and again with new contents: from the third call with the
-    same buffers an eager pipeline runs as one graph launch (conccl.executors.cuda_ce
+    same buffers an eager pipeline runs as one graph launch (conccl.executors.cuda.executor
     ._settled_pipeline); every result the reference's bits, and graphs launched."""
     from conccl.api import get_group
     from conccl.collectives import REGISTRY
-    from conccl.integrations import tp as ctp
+    from conccl import tp as ctp
 
     ex = get_group(None).executor
     if not hasattr(ex, "pipelines_graphed"):  # another checkout's conccl (the harness's launch bench)
@@ -122,7 +122,7 @@ def _captured(rank, world, cases):
     replays: every result the reference's bits."""
     import conccl
     from conccl.collectives import REGISTRY
-    from conccl.integrations import tp as ctp
+    from conccl import tp as ctp
 
     rows, K, N = 64, 128, 96
     shard = torch.empty(rows, K, dtype=torch.bfloat16, device="cuda")
@@ -169,7 +169,7 @@ def tp_layers(rank, world, cases, report):
     """conccl.tp's autograd layers on CUDA: a SwiGLU MLP block sharded with ColumnParallelLinear
     and RowParallelLinear (fp32) trains like the unsharded block: each rank's weight shard and
     the summed loss after 3 SGD steps, against the same block computed whole on this rank."""
-    from conccl.integrations import tp as ctp
+    from conccl import tp as ctp
 
     for sched in os.environ.get("CONCCL_SMOKE_TP_LAYERS", "direct-p2,serial,auto").split(","):
         torch.manual_seed(0)
@@ -240,7 +240,7 @@ class _SwiGLU(torch.nn.Module):
 def _parallelized(rank, world, cases):
     """conccl.tp.parallelize_module on CUDA: a plain nn.Linear MLP made sequence-parallel in place
     gives the whole module's rows and the shards of its weight gradients (fp32)."""
-    from conccl.integrations import tp as ctp
+    from conccl import tp as ctp
 
     torch.manual_seed(1)
     d, f, seq = 64, 64 * world, 8 * world

@@ -336,7 +336,7 @@ def test_a_staged_push_reserves_its_output_only_where_it_runs():
 
 def test_an_all_reduces_bound_covers_its_plan_in_one_pass_or_two():
     from conccl.collectives.all_reduce import one_pass, plan_all_reduce
-    from conccl.schedule import Algorithm
+    from conccl.schedule.base import Algorithm
 
     ar = COLLECTIVES["all_reduce"]
     for world in (2, 3, 8):

@@ -55,7 +55,7 @@ def test_the_unsharded_reference_takes_each_ranks_rows_and_shards():
 def test_the_block_records_what_auto_ran():
     """`auto` in the block resolves per shape; the record and the table name the picks (the
     shipped H100 table: push for the all-gather+GEMM shape at world 2), a named schedule none."""
-    from conccl.integrations import tp as ctp
+    from conccl import tp as ctp
     from conccl.planner import tp as tp_planner
 
     class _Ctp:  # conccl.tp's resolver, planned for an H100 (no GPU here)

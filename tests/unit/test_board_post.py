@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 import pytest
 
-from conccl.board import PAGES, HostBoard, PostedMismatch
+from conccl.group.board import PAGES, HostBoard, PostedMismatch
 from conccl.errors import CollectiveError, CollectiveTimeout
 
 

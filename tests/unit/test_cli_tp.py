@@ -45,7 +45,7 @@ def test_plan_tp_prints_the_choice_and_writes_it(tmp_path, capsys):
 
 def _bench_doc(model, shapes, schedules, world=2, bias=1.0):
     """A one-GPU bench record set whose times are the model's own, times ``bias``."""
-    from conccl.pipeline import TPSchedule
+    from conccl.schedule.pipeline import TPSchedule
 
     results = []
     for op, (M, K, N) in shapes:
@@ -71,7 +71,7 @@ def test_the_evaluation_is_exact_on_the_models_own_times_and_sees_a_bias():
 def _pipelines_doc(model, shapes, schedules, world=2, bias=None, others=None):
     """A several-GPU bench record set: each schedule's ratio to the GEMM the model's own (times
     ``bias[name]``), plus the other implementations' ratios ``others``."""
-    from conccl.pipeline import TPSchedule
+    from conccl.schedule.pipeline import TPSchedule
 
     results = []
     for op, (M, K, N) in shapes:
@@ -286,7 +286,7 @@ def test_study_tp_refuses_a_profile_of_another_gpu_before_measuring(tmp_path, ca
 
 
 def test_the_gemm_kernels_are_loaded_once_per_shape(monkeypatch):
-    from conccl.integrations.tp import ops
+    from conccl.tp import ops
 
     monkeypatch.setattr(ops, "_LOADED", set())
     runs = []
@@ -298,7 +298,7 @@ def test_the_gemm_kernels_are_loaded_once_per_shape(monkeypatch):
 def test_auto_passes_the_device_name_to_the_planner(monkeypatch):
     import torch
 
-    from conccl.integrations.tp import ops
+    from conccl.tp import ops
 
     seen = []
     real = ops.tp_planner.choose

@@ -5,9 +5,9 @@ import pytest
 
 from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
-from conccl.executors import cuda_program
-from conccl.executors.cuda_program import CopyBatch, CopyStep, ReduceStep, SignalBatch, SignalStep, lower
-from conccl.schedule import Algorithm, Buf, Copy, Phase, SetSignal, StreamMode, WaitSignal, signal_word
+from conccl.executors.cuda import program as cuda_program
+from conccl.executors.cuda.program import CopyBatch, CopyStep, ReduceStep, SignalBatch, SignalStep, lower
+from conccl.schedule.base import Algorithm, Buf, Copy, Phase, SetSignal, StreamMode, WaitSignal, signal_word
 
 # Fake address space: rank r's buffer b at BASE[b] + r * STRIDE; pads at PAD + r * STRIDE.
 STRIDE, PAD = 1 << 40, 7 << 36
@@ -249,7 +249,7 @@ def _asked(step, seq: int):
 @pytest.mark.parametrize("batching", cuda_program.BATCHING_MODES)
 def test_a_compiled_program_makes_each_lowered_step_one_driver_call_with_the_sequence_number(monkeypatch, batching):
     from conccl.collectives.reduce_scatter import plan_reduce_scatter
-    from conccl.executors import cuda_reduce
+    from conccl.kernels import reduce as cuda_reduce
 
     dtypes = {d: d for d in ("float32", "bfloat16", "float16")}  # a kernel "function" is its dtype here
     monkeypatch.setattr(cuda_reduce, "_module", lambda device: (None, dtypes, dtypes, dtypes, dtypes))
@@ -288,7 +288,7 @@ def test_symmetric_registry_generation_grows_with_every_allocation():
     import types
 
     torch = pytest.importorskip("torch")
-    from conccl.executors.cuda_ce import SymmetricRegistry
+    from conccl.executors.cuda.executor import SymmetricRegistry
 
     reg = SymmetricRegistry()
     t = torch.empty(4)
@@ -331,7 +331,7 @@ def test_a_widening_reduction_lowers_with_its_result_dtype_and_is_its_own_progra
 
 
 def test_reduce_grid_bound_half_the_sms_or_the_environment(monkeypatch):
-    from conccl.executors import cuda_reduce
+    from conccl.kernels import reduce as cuda_reduce
 
     class FakeDriver:  # what grid_bound asks of the driver: the device's SM count
         class CUdevice_attribute:  # noqa: N801 - cuda-python's name
@@ -349,7 +349,7 @@ def test_reduce_grid_bound_half_the_sms_or_the_environment(monkeypatch):
             return 0, self.sms[dev]
 
     monkeypatch.setattr(cuda_reduce, "driver", FakeDriver)
-    monkeypatch.setattr("conccl._driver.driver", FakeDriver)
+    monkeypatch.setattr("conccl.device.driver.driver", FakeDriver)
     monkeypatch.delenv("CONCCL_REDUCE_CTAS", raising=False)
     cuda_reduce.grid_bound.cache_clear()
     try:
@@ -372,7 +372,7 @@ def test_each_reduction_kernel_launches_with_the_cta_size_of_its_launch_bounds(m
     group of one rank, takes the general kernel)."""
     import re
 
-    from conccl.executors import cuda_reduce
+    from conccl.kernels import reduce as cuda_reduce
 
     bounds = {name: bound for bound, name in re.findall(r"__launch_bounds__\((\w+)\) (\w+)\(", cuda_reduce._SOURCE)}
     assert len(bounds) == 11  # three families x three dtypes, and the two widening kernels: every one bounded
@@ -419,9 +419,9 @@ def test_spin_waits_replace_exactly_the_waits_before_a_reduction(captured, mode)
     reduction; without it the lowering has no spin step."""
     from conccl.collectives.all_reduce import plan_all_reduce
     from conccl.collectives.reduce_scatter import plan_reduce_scatter
-    from conccl.executors.cuda_program import SpinWaitStep
-    from conccl.graphs import graph_schedule
-    from conccl.schedule import Reduce, ResetSignal
+    from conccl.executors.cuda.program import SpinWaitStep
+    from conccl.schedule.captured import graph_schedule
+    from conccl.schedule.base import Reduce, ResetSignal
 
     world, rank, spin_words = 4, 2, PAD + 12345 * 4
     plans = (plan_reduce_scatter(world, rank, 4096, "bfloat16", stream_mode=mode),
@@ -460,7 +460,7 @@ def test_spin_waits_replace_exactly_the_waits_before_a_reduction(captured, mode)
 
 
 def test_no_spin_without_a_reduction_after_the_waits_and_none_without_spin_words():
-    from conccl.executors.cuda_program import SpinWaitStep
+    from conccl.executors.cuda.program import SpinWaitStep
 
     for s in (plan_all_gather(2, 0, 4096), plan_all_to_all(3, 1, equal_split_matrix(3, 64))):
         assert not any(isinstance(x, SpinWaitStep) for steps in lower(s, _address, _pads(s.world), spin_words=PAD,
@@ -471,7 +471,7 @@ def test_no_spin_without_a_reduction_after_the_waits_and_none_without_spin_words
 
 
 def test_the_spin_mode_is_read_from_the_environment_and_checked(monkeypatch):
-    from conccl.executors import cuda_spin
+    from conccl.kernels import spin as cuda_spin
 
     monkeypatch.delenv("CONCCL_SPIN_WAITS", raising=False)
     assert cuda_spin.spin_mode() == "graphs"

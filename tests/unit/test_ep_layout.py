@@ -1,4 +1,4 @@
-"""MoE dispatch layouts (conccl.integrations.ep.layout) against plain loops: worlds 2-8, 8-256
+"""MoE dispatch layouts (conccl.ep.layout) against plain loops: worlds 2-8, 8-256
 experts, top-1 to top-8, masked slots and repeated experts included."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conccl.integrations.ep.layout import experts_per_rank, plan_expansion, plan_send  # noqa: E402
+from conccl.ep.layout import experts_per_rank, plan_expansion, plan_send  # noqa: E402
 
 
 def _routing(rng, tokens, k, experts):
@@ -68,7 +68,7 @@ def test_bad_routing_is_refused():
 
 @pytest.mark.parametrize("world,experts,k", [(2, 8, 2), (4, 64, 8), (8, 256, 1)])
 def test_rank_rows_point_at_each_tokens_sent_row(world, experts, k):
-    from conccl.integrations.ep.layout import rank_rows
+    from conccl.ep.layout import rank_rows
 
     rng = random.Random(world + k)
     idx, w = _routing(rng, 29, k, experts)

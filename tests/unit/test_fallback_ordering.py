@@ -8,7 +8,7 @@ for nothing queued after it.
 call wait for whatever the caller queued meanwhile, and a failing routed call lost the mark.)"""
 from __future__ import annotations
 
-from conccl.executors.cuda_ce import CudaCopyEngineExecutor
+from conccl.executors.cuda.executor import CudaCopyEngineExecutor
 
 
 class _Stream:
@@ -86,10 +86,10 @@ def test_a_captured_pipeline_with_edges_forks_records_before_waits_and_joins(mon
     import torch
 
     from conccl.collectives.reduce_scatter import plan_reduce_scatter
-    from conccl.executors import cuda_ce
-    from conccl.graphs import graph_schedule, mark_edges
-    from conccl.pipeline import TPSchedule, gemm_then_scatter
-    from conccl.schedule import StreamMode
+    from conccl.executors.cuda import executor as cuda_ce
+    from conccl.schedule.captured import graph_schedule, mark_edges
+    from conccl.schedule.pipeline import TPSchedule, gemm_then_scatter
+    from conccl.schedule.base import StreamMode
 
     log = []
     names = iter(range(1000))

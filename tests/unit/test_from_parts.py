@@ -10,7 +10,7 @@ import pytest
 from conccl.collectives.direct import WORKSPACE_ALIGN
 from conccl.collectives.reduce_scatter import from_parts, plan_reduce_scatter
 from conccl.errors import InvalidArgument
-from conccl.schedule import Buf, Copy, Phase, Reduce, SetSignal, Signal, StreamMode, WaitSignal
+from conccl.schedule.base import Buf, Copy, Phase, Reduce, SetSignal, Signal, StreamMode, WaitSignal
 
 ELEM = 2  # bytes per element (bf16)
 

@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
 
-from conccl import fsdp, fsdp_direct  # noqa: E402
-from conccl.fsdp_direct._state import FSDP_FIELDS, FSDPModule, _fsdp_collectives, _fsdp_param_group  # noqa: E402
+from conccl import fsdp
+from conccl.fsdp import copy_free as fsdp_direct  # noqa: E402
+from conccl.fsdp.copy_free._state import FSDP_FIELDS, FSDPModule, _fsdp_collectives, _fsdp_param_group  # noqa: E402
 
 pytestmark = pytest.mark.skipif(fsdp_direct.supported() is not None, reason=str(fsdp_direct.supported()))
 

@@ -1,4 +1,4 @@
-"""No-device tier: the reduce-scatter side of ``conccl.fsdp_direct`` without FSDP running: the
+"""No-device tier: the reduce-scatter side of ``conccl.fsdp.copy_free`` without FSDP running: the
 placeholder input, and which ``foreach_reduce`` calls take the direct path."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conccl import fsdp_direct  # noqa: E402
-from conccl.fsdp_direct import reduce_scatter as rs  # noqa: E402
+from conccl.fsdp import copy_free as fsdp_direct  # noqa: E402
+from conccl.fsdp.copy_free import reduce_scatter as rs  # noqa: E402
 
 pytestmark = pytest.mark.skipif(fsdp_direct.supported() is not None, reason=str(fsdp_direct.supported()))
 
@@ -72,7 +72,7 @@ def test_which_reductions_take_the_direct_path(monkeypatch, case, direct, declin
 
 
 def test_a_home_hands_fsdp_one_stand_in_output_per_world_size_never_a_new_allocation():
-    from conccl.fsdp_direct import gather
+    from conccl.fsdp.copy_free import gather
 
     home = gather._Home(torch.zeros(6, dtype=torch.bfloat16), (2, 4))
     out = home.stand_in(2, torch.device("cpu"))

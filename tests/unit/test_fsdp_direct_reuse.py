@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conccl.fsdp_direct import reduce_scatter, reuse  # noqa: E402
+from conccl.fsdp.copy_free import reduce_scatter, reuse  # noqa: E402
 
 
 class _Stream:

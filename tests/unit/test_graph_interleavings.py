@@ -1,8 +1,8 @@
 """Captured calls under every kind of timing: each rank replays its graph (a run of captured
-calls, as :func:`conccl.graphs.graph_schedule` makes them) several times, one op at a time in
+calls, as :func:`conccl.schedule.captured.graph_schedule` makes them) several times, one op at a time in
 random orders, as GPUs could run them (the eager model's way, test_protocol_interleavings.py).
 
-A captured call has its own signal words, marks and workspace region (:mod:`conccl.graphs`):
+A captured call has its own signal words, marks and workspace region (:mod:`conccl.schedule.captured`):
 signals write 1, a wait waits for 1 and resets the word, each graph slot's FREE words start
 primed. Checked: every read of a workspace byte, by a copy or by a push pipeline's GEMM step
 (``Compute.ws_offset``), sees the bytes this replay wrote there, never the previous or the
@@ -19,9 +19,9 @@ import pytest
 
 from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
-from conccl.graphs import graph_schedule
-from conccl.pipeline import TPSchedule, gather_then_gemm
-from conccl.schedule import (MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetMark,
+from conccl.schedule.captured import graph_schedule
+from conccl.schedule.pipeline import TPSchedule, gather_then_gemm
+from conccl.schedule.base import (MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetMark,
                              ResetSignal, SetSignal, Signal, StreamMode, WaitSignal, signal_pad_words, signal_word)
 from test_protocol_interleavings import op_bytes  # the eager model's: what a copy or a sum reads and writes
 
@@ -31,7 +31,7 @@ ROW_BYTES = 16
 @pytest.fixture(autouse=True)
 def small_double_buffer(monkeypatch):
     """Calls over 1 KiB of workspace take it whole (the ``_big`` kinds): both forms checked."""
-    import conccl.schedule as schedule
+    import conccl.schedule.base as schedule
 
     for plan in (plan_all_gather, plan_reduce_scatter):
         plan.cache_clear()
@@ -207,8 +207,8 @@ def test_the_model_sees_a_free_sent_before_the_last_gemm_step(world):
 
 
 def _captured_pipelines(world, rank):
-    """Every kind of captured pipeline a rank may run (graph_schedule of conccl.pipeline's)."""
-    from conccl.pipeline import Order, gemm_then_scatter
+    """Every kind of captured pipeline a rank may run (graph_schedule of conccl.schedule.pipeline's)."""
+    from conccl.schedule.pipeline import Order, gemm_then_scatter
 
     rows, row_bytes = 6, 16
     out = []
@@ -228,7 +228,7 @@ def _captured_pipelines(world, rank):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_marks_as_graph_edges_keep_every_op_and_record_before_wait(world):
-    from conccl.graphs import mark_edges
+    from conccl.schedule.captured import mark_edges
 
     for rank in range(world):
         for s in _captured_pipelines(world, rank):
@@ -268,8 +268,8 @@ def test_marks_as_graph_edges_keep_every_op_and_record_before_wait(world):
 
 
 def test_a_cycle_of_marks_is_refused():
-    from conccl.graphs import mark_edges
-    from conccl.schedule import Schedule
+    from conccl.schedule.captured import mark_edges
+    from conccl.schedule.base import Schedule
 
     s = Schedule(collective="all_gather", world=2, rank=0, algorithm=Algorithm.PULL, stream_mode=StreamMode.PER_PEER,
                  staged=False, slots=((AwaitMark(1, 0), Mark(2, 0)), (AwaitMark(2, 0), Mark(1, 0))))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conccl.collectives.all_gather import into_parts, plan_all_gather
-from conccl.schedule import Algorithm, Buf, Copy, Phase, StreamMode
+from conccl.schedule.base import Algorithm, Buf, Copy, Phase, StreamMode
 
 
 def _apply(schedule, world, chunk, flats, arena, base):

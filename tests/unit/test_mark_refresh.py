@@ -10,9 +10,9 @@ import contextlib
 
 import torch
 
-from conccl.executors import cuda_ce
-from conccl.graphs import GRAPH_SLOTS
-from conccl.schedule import MARK_WORDS, mark_index, pad_words
+from conccl.executors.cuda import executor as cuda_ce
+from conccl.schedule.captured import GRAPH_SLOTS
+from conccl.schedule.base import MARK_WORDS, mark_index, pad_words
 
 
 def _geq_passes(word: int, value: int) -> bool:

@@ -7,9 +7,9 @@ import pytest
 from conccl.collectives.all_to_all import equal_split_matrix
 from conccl.collectives.one_shot import (plan_one_shot_all_gather, plan_one_shot_all_reduce,
                                          plan_one_shot_all_to_all, plan_one_shot_reduce_scatter)
-from conccl.executors.cuda_program import OneShotStep, lower, lower_slot
-from conccl.graphs import graph_schedule
-from conccl.schedule import Buf, Copy, Phase, Reduce, ResetSignal, SetSignal, Signal, WaitSignal, signal_word
+from conccl.executors.cuda.program import OneShotStep, lower, lower_slot
+from conccl.schedule.captured import graph_schedule
+from conccl.schedule.base import Buf, Copy, Phase, Reduce, ResetSignal, SetSignal, Signal, WaitSignal, signal_word
 
 
 def _address(rank, buf):

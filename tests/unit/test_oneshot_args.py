@@ -1,4 +1,4 @@
-"""The one-shot kernel's module on the CPU (conccl.executors.cuda_oneshot): the argument struct's
+"""The one-shot kernel's module on the CPU (conccl.kernels.one_shot): the argument struct's
 layout against one computed by hand and against the C struct in the source, make_args padding
 and refusing what the kernel cannot run, OneShotLaunch refusing it before touching CUDA, the
 parameters it hands the driver, and what the source must keep (the acquire loads, the time
@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from conccl.executors import cuda_oneshot, cuda_reduce
-from conccl.executors.cuda_oneshot import MAX_WORLD, OneShotArgs, OneShotLaunch, make_args
+from conccl.kernels import one_shot as cuda_oneshot, reduce as cuda_reduce
+from conccl.kernels.one_shot import MAX_WORLD, OneShotArgs, OneShotLaunch, make_args
 
 # (field, offset, size) by hand: ten arrays of 8 eight-byte entries (64 bytes each), six 8-byte
 # scalars from 640, then eight 4-byte ones in pairs from 688: 720 bytes, no padding anywhere.

@@ -1,4 +1,4 @@
-"""Tensor-parallel pipelines as plain data (conccl.pipeline) and the planner's model
+"""Tensor-parallel pipelines as plain data (conccl.schedule.pipeline) and the planner's model
 (conccl.planner.tp): no device."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
 from conccl.errors import InvalidArgument
-from conccl.pipeline import (SERIAL, Order, TPSchedule, gather_then_gemm, gemm_steps, gemm_then_scatter,
+from conccl.schedule.pipeline import (SERIAL, Order, TPSchedule, gather_then_gemm, gemm_steps, gemm_then_scatter,
                              split_rows)
 from conccl.planner import tp as tp_planner
-from conccl.schedule import AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, StreamMode, WaitSignal, max_slots
+from conccl.schedule.base import AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, StreamMode, WaitSignal, max_slots
 
 SCHEDULES = [SERIAL, TPSchedule(order=Order.RING), TPSchedule(), TPSchedule(pieces=4),
              TPSchedule(pieces=4, gemm_pieces=2), TPSchedule(order=Order.RING, pieces=3, gemm_pieces=3),
@@ -190,7 +190,7 @@ def test_the_embedded_model_predicts_finite_positive_times_for_every_candidate()
 
 
 def test_a_pipeline_lowers_its_marks_to_the_own_pads_mark_words_and_hands_back_its_gemm_steps():
-    from conccl.executors.cuda_program import ComputeStep, SignalBatch, SignalStep, lower
+    from conccl.executors.cuda.program import ComputeStep, SignalBatch, SignalStep, lower
 
     flat = plan_all_gather(2, 0, 4 * 16, stream_mode=StreamMode.PER_PEER)
     s = gather_then_gemm(flat, TPSchedule(pieces=2), 4, 16)
@@ -238,7 +238,7 @@ def test_the_own_gemm_step_waits_for_a_staging_copy_that_waits_first(world, tp):
     """Above DOUBLE_BUFFER_MAX_BYTES the staging waits for the peers' DONE first, and the own
     GEMM step waits for the staging; below, the staging is queued first with no wait and the
     GEMM does not wait for it; a symmetric input is not staged."""
-    from conccl.schedule import DOUBLE_BUFFER_MAX_BYTES
+    from conccl.schedule.base import DOUBLE_BUFFER_MAX_BYTES
 
     rank = 0
     for rows, row_bytes, symmetric, waits_for_stage in ((6, 16, False, False), (6, 16, True, False),
@@ -261,12 +261,12 @@ def test_the_own_gemm_step_waits_for_a_staging_copy_that_waits_first(world, tp):
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("tp", SCHEDULES, ids=lambda t: t.name)
 def test_every_mark_is_written_once_and_awaited_once_and_captured_waits_reset(world, tp):
-    """What a captured pipeline's marks rely on (conccl.graphs): each awaited once per call, so
+    """What a captured pipeline's marks rely on (conccl.schedule.captured): each awaited once per call, so
     the reset after that one wait leaves every word 0 for the next replay."""
     from collections import Counter
 
-    from conccl.graphs import graph_schedule
-    from conccl.schedule import ResetMark
+    from conccl.schedule.captured import graph_schedule
+    from conccl.schedule.base import ResetMark
 
     rows, row_bytes = 6, 16
     for rank in range(world):

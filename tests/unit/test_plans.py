@@ -9,7 +9,7 @@ from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.all_reduce import plan_all_reduce
 from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
-from conccl.schedule import DOUBLE_BUFFER_MAX_BYTES, Algorithm, Buf, Copy, Phase, SetSignal, Signal, StreamMode, WaitSignal
+from conccl.schedule.base import DOUBLE_BUFFER_MAX_BYTES, Algorithm, Buf, Copy, Phase, SetSignal, Signal, StreamMode, WaitSignal
 from conccl.validate import InvalidArgument
 
 MODES = list(StreamMode)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from conccl.collectives.all_to_all import plan_all_to_all
-from conccl.executors import cuda_program
-from conccl.executors.cuda_program import CompiledProgram, lower, shape
-from conccl.schedule import Algorithm, Buf, StreamMode
+from conccl.executors.cuda import program as cuda_program
+from conccl.executors.cuda.program import CompiledProgram, lower, shape
+from conccl.schedule.base import Algorithm, Buf, StreamMode
 
 STRIDE, PAD = 1 << 40, 7 << 36
 

@@ -9,13 +9,13 @@ concurrent streams that start when the rank's previous call has ended; a wait bl
 slot until the own pad's word is >= the awaited value; any runnable op of any rank may go
 next (random, seeded; one rank is made slow in half the runs).
 
-Checked, for the group workspace (what double buffering guards, :mod:`conccl.schedule`):
+Checked, for the group workspace (what double buffering guards, :mod:`conccl.schedule.base`):
 every read of a workspace byte in call ``s`` sees what call ``s`` wrote there (by a staging
 copy or a peer's push or a reduction), never an earlier or a later call's bytes; and every
 run finishes (no deadlock). With the two halves made one, the same check must fail in some
 run: it sees the overwrite it guards against.
 
-A push all-gather+GEMM pipeline (``tp_push``: :mod:`conccl.pipeline`) reads its peers' shards
+A push all-gather+GEMM pipeline (``tp_push``: :mod:`conccl.schedule.pipeline`) reads its peers' shards
 where they pushed them, in its own workspace, in its GEMM steps (``Compute.ws_offset``), which
 wait on marks (a rank's own words) the control stream writes: those reads are checked the same
 way, and the counter-tests drop the marks or the whole call's wait before its release.
@@ -37,8 +37,8 @@ from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
 from conccl.collectives.one_shot import (plan_one_shot_all_gather, plan_one_shot_all_reduce,
                                          plan_one_shot_all_to_all, plan_one_shot_reduce_scatter)
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
-from conccl.pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
-from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Reduce,
+from conccl.schedule.pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
+from conccl.schedule.base import (DOUBLE_BUFFER_MAX_BYTES, MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Reduce,
                              SetSignal, StreamMode, WaitSignal, signal_pad_words, signal_word, workspace_half)
 
 CAPACITY = 1 << 13  # the model's workspace per rank: two halves of 4 KiB
@@ -258,7 +258,7 @@ def test_the_model_workspace_fits_the_plans():
 def small_double_buffer(monkeypatch):
     """Calls over 1 KiB of workspace take the whole workspace (rs_big, ar_big here: 1 KiB a
     rank), the others stay double-buffered: the mix is checked."""
-    import conccl.schedule as schedule
+    import conccl.schedule.base as schedule
 
     plans = (plan_all_gather, plan_all_reduce, plan_all_to_all, plan_reduce_scatter)
     for plan in plans:

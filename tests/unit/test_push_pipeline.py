@@ -10,10 +10,10 @@ from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.direct import workspace_slot
 from conccl.collectives.reduce_scatter import plan_reduce_scatter
 from conccl.errors import InvalidArgument
-from conccl.graphs import graph_schedule
-from conccl.pipeline import Order, TPSchedule, gather_then_gemm, gemm_steps, gemm_then_scatter
+from conccl.schedule.captured import graph_schedule
+from conccl.schedule.pipeline import Order, TPSchedule, gather_then_gemm, gemm_steps, gemm_then_scatter
 from conccl.planner import tp as tp_planner
-from conccl.schedule import (DOUBLE_BUFFER_MAX_BYTES, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Phase, ResetMark,
+from conccl.schedule.base import (DOUBLE_BUFFER_MAX_BYTES, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Phase, ResetMark,
                              ResetSignal, SetSignal, Signal, StreamMode, WaitSignal, max_slots)
 
 PUSH = [TPSchedule(push=True), TPSchedule(push=True, gemm_streams=2)]

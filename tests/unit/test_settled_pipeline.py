@@ -1,5 +1,5 @@
 """CPU tier: a settled eager pipeline (a conccl.tp call) launched as one graph, with stand-in
-streams, events, programs and graphs (conccl.executors.cuda_settled_pipeline): when a graph
+streams, events, programs and graphs (conccl.executors.cuda.settled_pipeline): when a graph
 is made (the GRAPH_AFTER-th call with the same GEMM-step buffers), that it is kept per buffer
 set, the order its capture queues the slots in (the eager fork and join), and that a capture
 that fails leaves the calls on driver calls for good. tests/gpu/test_gpu_tp.py runs it on
@@ -12,10 +12,10 @@ import warnings
 import pytest
 import torch
 
-from conccl.executors import cuda_ce
-from conccl.executors import cuda_graph_launch as sg
-from conccl.executors import cuda_settled_pipeline as sp
-from conccl.executors.cuda_program import ComputeStep, CopyStep, SignalBatch, SignalStep
+from conccl.executors.cuda import executor as cuda_ce
+from conccl.executors.cuda import graph_launch as sg
+from conccl.executors.cuda import settled_pipeline as sp
+from conccl.executors.cuda.program import ComputeStep, CopyStep, SignalBatch, SignalStep
 
 _REAL_SETTLED_GRAPH = sg.SettledGraph
 _NO_GEMM = lambda: None  # noqa: E731 - the GEMM steps as a capture would make them (unused by stand-ins)
@@ -256,7 +256,7 @@ def test_a_pipeline_copying_within_its_gpu_keeps_driver_calls(executor):
     graph: such a pipeline is never graphed; a push pipeline and a GEMM+reduce-scatter are."""
     from conccl.collectives.all_gather import plan_all_gather
     from conccl.collectives.reduce_scatter import plan_reduce_scatter
-    from conccl.pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
+    from conccl.schedule.pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
 
     def pipeline(name, op):
         tp = TPSchedule.parse(name)
@@ -349,13 +349,13 @@ def test_torch_capture_begins_and_ends_on_the_capture_stream_and_abandons_a_fail
 
 def test_marks_become_edges_of_the_graph_and_no_memory_operation_is_left_for_them(executor, monkeypatch):
     """With mark edges on (the default), a settled GEMM+reduce-scatter is captured segment by
-    segment (conccl.graphs.mark_edges): no segment lowers a mark that is an edge, every edge's
+    segment (conccl.schedule.captured.mark_edges): no segment lowers a mark that is an edge, every edge's
     event is recorded on its writer's stream before its awaiter's stream waits on it, and every
     side stream is forked from the capture stream first and joined back."""
     from conccl.collectives.reduce_scatter import plan_reduce_scatter
-    from conccl.graphs import mark_edges
-    from conccl.pipeline import TPSchedule, gemm_then_scatter
-    from conccl.schedule import AwaitMark, Compute, Mark
+    from conccl.schedule.captured import mark_edges
+    from conccl.schedule.pipeline import TPSchedule, gemm_then_scatter
+    from conccl.schedule.base import AwaitMark, Compute, Mark
 
     monkeypatch.setenv("CONCCL_GRAPH_MARK_EDGES", "1")
     ex, log = executor

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conccl.executors import cuda_spin
+from conccl.kernels import spin as cuda_spin
 
 
 def test_timeout_env_is_read_where_asked_and_validated(monkeypatch):

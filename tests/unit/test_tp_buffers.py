@@ -1,5 +1,5 @@
 """No-device tier: what conccl.tp's GEMM steps tell the executor they touch (``compute.buffers``,
-the key of a settled pipeline's graph, conccl.executors.cuda_ce): the same tensors give the same
+the key of a settled pipeline's graph, conccl.executors.cuda.executor): the same tensors give the same
 key, and any tensor the steps read or write moved, reshaped or retyped gives another, so a
 graph never replays GEMMs on buffers a call no longer uses."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conccl.integrations.tp import ops  # noqa: E402
+from conccl.tp import ops  # noqa: E402
 
 
 class _Group:

@@ -134,7 +134,7 @@ def test_bench_tp_profile_needs_conccls_schedules_timed(tmp_path, capsys):
 def _timed_table(plain, timed, schedules, call_s: float) -> dict:
     """A ``pipelines`` table of two ranks as if each schedule took what ``timed`` predicts plus
     ``call_s``, as ratios to ``plain``'s GEMM alone."""
-    from conccl.pipeline import TPSchedule
+    from conccl.schedule.pipeline import TPSchedule
 
     table = {"world": 2, "dtype": "bfloat16"}
     for op, shapes in (("ag_gemm", ((1024, 8192, 7168), (8192, 8192, 7168))), ("gemm_rs", ((1024, 3584, 8192),))):
@@ -146,7 +146,7 @@ def _timed_table(plain, timed, schedules, call_s: float) -> dict:
 def test_the_call_overhead_fitted_to_timed_pipelines_is_found_again():
     """Pipelines timed as the model predicts plus a fixed 25 us: the fit finds 25 us; none
     without timed pipelines (the model then adds nothing)."""
-    from conccl.pipeline import TPSchedule
+    from conccl.schedule.pipeline import TPSchedule
 
     plain = dataclasses.replace(tpp.model_from(device_name="NVIDIA H200"), pipelines={}, call_overhead_s=0.0)
     assert tpp.fit_call_overhead(plain) is None
@@ -162,7 +162,7 @@ def test_the_call_overhead_fitted_to_timed_pipelines_is_found_again():
 def test_a_step_overhead_fitted_to_timed_pipelines_is_found_again():
     """Pipelines timed as a model whose steps last at least 20 us predicts, plus 25 us a call:
     the fit finds both (decode-size pipelines of several steps show the first)."""
-    from conccl.pipeline import TPSchedule
+    from conccl.schedule.pipeline import TPSchedule
 
     plain = dataclasses.replace(tpp.model_from(device_name="NVIDIA H200"), pipelines={}, call_overhead_s=0.0,
                                 step_overhead_s=0.0)

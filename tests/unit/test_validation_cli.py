@@ -28,7 +28,7 @@ from conccl.collectives.all_gather import check_all_gather  # noqa: E402
 from conccl.collectives.all_to_all import check_all_to_all  # noqa: E402
 from conccl.collectives.base import Collective, Layout, LocalCall  # noqa: E402
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER  # noqa: E402
-from conccl.schedule import Algorithm, StreamMode  # noqa: E402
+from conccl.schedule.base import Algorithm, StreamMode  # noqa: E402
 from conccl.units import parse_size  # noqa: E402
 from conccl.validate import InvalidArgument  # noqa: E402
 

@@ -9,7 +9,7 @@ parameters. Four configurations run in one process per GPU, one after the other:
 - ``stock``: every block and the root wrapped by ``fully_shard`` (NCCL), as torchtitan wraps a
   model: every block but the last resharded after forward;
 - ``conccl``: the same, then ``conccl.fsdp.enable``;
-- ``conccl_direct``: the same with ``direct=True`` (none of FSDP's copies: :mod:`conccl.fsdp_direct`;
+- ``conccl_direct``: the same with ``direct=True`` (none of FSDP's copies: :mod:`conccl.fsdp.copy_free`;
   the record counts the copies skipped and the collectives left to FSDP's copies);
 - ``conccl_direct_prefetch``: the same, the optimizer stepped by ``FsdpComms.step_and_prefetch``
   (the next forward's first all-gather beside the optimizer's update).
@@ -42,7 +42,8 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.profiler import ProfilerActivity, profile
 
-from .. import fsdp, fsdp_direct
+from .. import fsdp
+from ..fsdp import copy_free as fsdp_direct
 from . import clocks
 
 CONFIGS = ("no_comm", "stock", "conccl", "conccl_direct", "conccl_direct_prefetch")

@@ -23,7 +23,7 @@ import conccl
 
 from ..collectives import Collective
 from ..errors import InvalidArgument
-from ..schedule import Algorithm, StreamMode
+from ..schedule.base import Algorithm, StreamMode
 
 
 @dataclass(frozen=True)

@@ -65,21 +65,21 @@ def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
 _COLLECTIVE_CLASSES = tuple(dict.fromkeys(type(c) for c in COLLECTIVES.values()))
 PHASES = (
     ("call", "conccl.group.group", "Group.call"),
-    ("call", "conccl.persistent", "PersistentCollective.start"),  # a persistent op: execute only
+    ("call", "conccl.group.persistent", "PersistentCollective.start"),  # a persistent op: execute only
     ("call key", "conccl.group.group", "Group._remembered"),
     # The local and settle steps run only for arguments (or peers' rows) not seen before.
     ("local step", "conccl.group.group", "Group._local"),
     *(("validate", cls.__module__, f"{cls.__name__}.local") for cls in _COLLECTIVE_CLASSES),
-    ("board exchange", "conccl.board", "HostBoard.exchange"),
-    ("board post", "conccl.board", "HostBoard.post"),  # a settled call's (Options.post_settled): no wait
+    ("board exchange", "conccl.group.board", "HostBoard.exchange"),
+    ("board post", "conccl.group.board", "HostBoard.post"),  # a settled call's (Options.post_settled): no wait
     ("settle", "conccl.group.group", "Group._settle"),
     *(("plan", cls.__module__, f"{cls.__name__}.plan") for cls in _COLLECTIVE_CLASSES),
     ("execute", "conccl.group.group", "Group._execute"),
-    ("executor run", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor.run"),
-    ("program lookup", "conccl.executors.cuda_ce", "CudaCopyEngineExecutor._program"),
-    ("driver calls", "conccl.executors.cuda_program", "CompiledProgram.launch_slot"),
-    ("graph launch", "conccl.executors.cuda_graph_launch", "SettledGraph.launch"),  # a settled call's, instead
-    ("watchdog track", "conccl.watchdog", "Watchdog.track"),
+    ("executor run", "conccl.executors.cuda.executor", "CudaCopyEngineExecutor.run"),
+    ("program lookup", "conccl.executors.cuda.executor", "CudaCopyEngineExecutor._program"),
+    ("driver calls", "conccl.executors.cuda.program", "CompiledProgram.launch_slot"),
+    ("graph launch", "conccl.executors.cuda.graph_launch", "SettledGraph.launch"),  # a settled call's, instead
+    ("watchdog track", "conccl.group.watchdog", "Watchdog.track"),
 )
 PHASE_LABELS = tuple(dict.fromkeys(label for label, _, _ in PHASES))
 

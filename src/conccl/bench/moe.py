@@ -158,7 +158,7 @@ def run_rank(rank: int, world: int, cfg: MoEBenchConfig, progress=None) -> list:
     import torch.distributed as dist
 
     import conccl
-    from ..integrations import ep
+    from .. import ep
     from .moe_reference import reference_combine, reference_dispatch, scatter_add_combine
 
     dt = getattr(torch, cfg.dtype)

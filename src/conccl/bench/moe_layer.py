@@ -111,7 +111,7 @@ def time_layer(rank: int, world: int, cfg) -> dict:
     import torch
     import torch.distributed as dist
 
-    from ..integrations import ep
+    from .. import ep
     from .moe_reference import reference_combine, reference_dispatch
 
     dt = getattr(torch, cfg.dtype)

@@ -29,8 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..integrations import ep
-from ..integrations.ep.layout import experts_per_rank
+from .. import ep
+from ..ep.layout import experts_per_rank
 from .moe_reference import reference_combine, reference_dispatch
 
 __all__ = ["MoEConfig", "MoEModel", "DISPATCHERS", "build", "batch", "train_step", "train"]

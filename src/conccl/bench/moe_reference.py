@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..integrations.ep.layout import experts_per_rank
+from ..ep.layout import experts_per_rank
 
 __all__ = ["reference_dispatch", "reference_combine", "ReferenceHandle"]
 

@@ -28,7 +28,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..pipeline import TPSchedule, gemm_steps
+from ..schedule.pipeline import TPSchedule, gemm_steps
 
 OPS = ("ag_gemm", "gemm_rs")
 # The all-gather+GEMM shapes and the row-parallel shapes of the same models.
@@ -162,7 +162,7 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
     import torch.distributed as dist
 
     import conccl
-    from ..integrations import tp as ctp
+    from .. import tp as ctp
 
     dt = getattr(torch, cfg.dtype)
     dev = torch.device("cuda", torch.cuda.current_device())

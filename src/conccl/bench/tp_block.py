@@ -190,7 +190,7 @@ def conccl_plan(torch, rank: int, xs, dys, full_w, schedule: str, group=None):
     ``conccl.tp.parallelize_module`` in place of PyTorch's plan (``conccl_plan``): gate and up
     column-parallel (each gathers the rows itself: no module gathers once for both), down
     row-parallel, over ``group`` (default: the world)."""
-    from ..integrations import tp as ctp
+    from .. import tp as ctp
 
     mlp = _mlp(torch, full_w)
     ctp.parallelize_module(mlp, {"gate": "colwise", "up": "colwise", "down": "rowwise"}, group, schedule=schedule,
@@ -224,7 +224,7 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
     import torch
     import torch.distributed as dist
 
-    from ..integrations import tp as ctp
+    from .. import tp as ctp
     from .tp import _async_tp, _every, slowest, timed_in_turn
 
     tokens, d, ffn = block

@@ -14,7 +14,7 @@ from ..bench.environment import environment
 from ..errors import InvalidArgument
 from ..jsonfile import write_text
 from ..launch import run_per_gpu, under_torchrun
-from ..pipeline import TPSchedule
+from ..schedule.pipeline import TPSchedule
 from ..planner import tp as tp_planner
 from ..planner.profile import ProfileError, load_profile
 from ..planner.timing import MAX_WORLD

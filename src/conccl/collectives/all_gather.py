@@ -5,7 +5,7 @@ import dataclasses
 from functools import lru_cache
 
 from ..errors import CollectiveError
-from ..schedule import Algorithm, Buf, Copy, Phase, Schedule, StreamMode, Transfer
+from ..schedule.base import Algorithm, Buf, Copy, Phase, Schedule, StreamMode, Transfer
 from ..validate import InvalidArgument, byte_range, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import WORKSPACE_ALIGN, build_direct_schedule, build_staged_push_schedule, number_slots, peer_order

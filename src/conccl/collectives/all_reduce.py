@@ -12,9 +12,9 @@ the workspace is peer-reachable on every rank, so no tensor needs to be symmetri
     own chunk:       workspace[slot r] -> output[chunk r]
 
 Two one-way signals (PUSHED, REDUCED) on the critical path in steady state: the workspace is
-double-buffered (:mod:`conccl.schedule`), so no READY round trip and no wait for the previous
+double-buffered (:mod:`conccl.schedule.base`), so no READY round trip and no wait for the previous
 call precede the pushes. A call whose workspace exceeds
-:data:`~conccl.schedule.DOUBLE_BUFFER_MAX_BYTES` takes the whole workspace the long way: wait
+:data:`~conccl.schedule.base.DOUBLE_BUFFER_MAX_BYTES` takes the whole workspace the long way: wait
 for DONE(s-1), READY(s) instead of FREE, DONE(s) of every peer at the end, then the release.
 
 Copy engines move every byte (``2 (world-1) / world`` of the tensor in and out of each GPU,
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..schedule import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
+from ..schedule.base import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
                         WaitSignal, double_buffer, release_ops, DOUBLE_BUFFER_MAX_BYTES, FREE_WAIT_DELTA)
 from ..validate import InvalidArgument, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
@@ -119,7 +119,7 @@ def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, s
         middle = ([WaitSignal(p, Signal.PUSHED) for p in peers] + release_ops(peers) + reduce
                   + [SetSignal(p, Signal.REDUCED) for p in peers])
     else:
-        # The whole workspace, the long way (conccl.schedule): peers done with the previous call
+        # The whole workspace, the long way (conccl.schedule.base): peers done with the previous call
         # before READY, every peer done with this one before the release.
         head = [WaitSignal(p, Signal.DONE, -1) for p in peers] + [SetSignal(p, Signal.READY) for p in peers]
         gate, tail = Signal.READY, [WaitSignal(p, Signal.DONE) for p in peers] + release_ops(peers, done_awaited=True)

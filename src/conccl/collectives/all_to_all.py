@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from ..schedule import Algorithm, Buf, Phase, Schedule, StreamMode, Transfer
+from ..schedule.base import Algorithm, Buf, Phase, Schedule, StreamMode, Transfer
 from ..validate import InvalidArgument, check_pair, check_splits, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule

@@ -9,7 +9,7 @@ What it answers, by who asks:
 
 - the group, per call: :meth:`Collective.local` (validate this rank's arguments: what it sends
   and receives), :meth:`Collective.check` (do the peers' published arguments fit together?)
-  and :meth:`Collective.plan` (this rank's :class:`~conccl.schedule.Schedule`);
+  and :meth:`Collective.plan` (this rank's :class:`~conccl.schedule.base.Schedule`);
 - tests: :meth:`Collective.reference` (the expected output, computed with plain tensor ops);
 - the benchmark, the study and the runtime: how to call it (:attr:`Collective.api_name`, the
   same function name in ``torch.distributed`` and in ``conccl``), the equal-chunk
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 from ..errors import CollectiveError, InvalidArgument
-from ..schedule import Algorithm, Schedule, StreamMode
+from ..schedule.base import Algorithm, Schedule, StreamMode
 from .direct import WORKSPACE_ALIGN
 
 

@@ -2,12 +2,12 @@
 
 Each rank exchanges one transfer with each peer (possibly empty), so a collective is fully
 described by its per-peer transfers, an optional staging copy and an optional own-shard copy.
-This module turns those into a :class:`~conccl.schedule.Schedule` with the signal protocol
-of ``conccl.schedule`` and the chosen stream mapping.
+This module turns those into a :class:`~conccl.schedule.base.Schedule` with the signal protocol
+of ``conccl.schedule.base`` and the chosen stream mapping.
 """
 from __future__ import annotations
 
-from ..schedule import (
+from ..schedule.base import (
     Algorithm,
     Buf,
     Copy,
@@ -67,8 +67,8 @@ def build_direct_schedule(
 
     ``peer_transfers[p]`` is the transfer exchanged with peer ``p`` (None when it is empty);
     its slot is assigned here. ``staged``: the call uses the group workspace (a pull stages
-    its input there). Up to :data:`~conccl.schedule.DOUBLE_BUFFER_MAX_BYTES` it uses its own
-    half (double-buffered, see :mod:`conccl.schedule`: no wait guards the staging, the
+    its input there). Up to :data:`~conccl.schedule.base.DOUBLE_BUFFER_MAX_BYTES` it uses its own
+    half (double-buffered, see :mod:`conccl.schedule.base`: no wait guards the staging, the
     release of the previous call did) and ends when its own copies have; a larger call takes
     the whole workspace the long way (waits for DONE(s-1) first and for DONE(s) last). Without
     staging, a pull reads the caller's own symmetric input, so the call ends only once every
@@ -81,14 +81,14 @@ def build_direct_schedule(
     unless staged): a collective that consumes what peers wrote needs it. ``finish``: ops run
     on slot 0 after every wait, e.g. a reduction of what peers wrote.
 
-    Every schedule makes the release (:func:`~conccl.schedule.release_ops`) where it costs
+    Every schedule makes the release (:func:`~conccl.schedule.base.release_ops`) where it costs
     nothing in steady state: after the waits for READY(s) (which a peer writes after its
     DONE(s-1)), after the waits for DONE(s), or, into the workspace, first (the previous
     call of a reduce-scatter loop waited for DONE(s-1) already).
     """
     peers = peer_order(world, rank)
     double = staged and double_buffer(workspace_bytes)
-    whole = staged and not double  # the whole workspace, guarded the long way (conccl.schedule)
+    whole = staged and not double  # the whole workspace, guarded the long way (conccl.schedule.base)
     into_workspace = into_workspace and double  # a whole call's pushes wait for READY
     pre: list[Op] = [WaitSignal(p, Signal.DONE, -1) for p in peers] if whole else []
     if stage is not None:

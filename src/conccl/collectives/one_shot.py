@@ -4,11 +4,11 @@ A copy-engine call's latency is its signals (~7 us one way by stream memory oper
 H100, ~10 in a CUDA graph) and its driver calls; below some size NCCL's SM kernels win
 (benchmarks/2026-11-26-h100x2-latency). A one-shot call does what PyTorch's
 ``one_shot_all_reduce`` does, in conccl's protocol: the rank stages its input into its half
-of the group workspace (double-buffered, :mod:`conccl.schedule`), signals READY to every
+of the group workspace (double-buffered, :mod:`conccl.schedule.base`), signals READY to every
 peer, waits for theirs, reads what it needs from their staged copies over NVLink (gather:
 copies pieces; reduce: sums every rank's piece in rank order, fp32, rounded once: the copy-
 engine path's bits), sends DONE and makes the release. One signal on the critical path,
-one launch, one SM (:mod:`conccl.executors.cuda_oneshot`); the CPU reference executor runs
+one launch, one SM (:mod:`conccl.kernels.one_shot`); the CPU reference executor runs
 the same ops one by one, so the protocol is tested where the kernel cannot run.
 
 The cost is the SM: beside a GEMM the kernel (on the call's stream) waits for an SM to free
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from ..schedule import (Algorithm, Buf, Copy, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
+from ..schedule.base import (Algorithm, Buf, Copy, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
                         WaitSignal, release_ops)
 from .direct import peer_order
 

@@ -10,7 +10,7 @@ so no input needs staging and no output needs to be symmetric)::
     slot 0:          wait DONE(s) of every peer · output = reduce(chunk r of every rank, rank order)
 
 One one-way signal (DONE) on the critical path in steady state: FREE was sent a call ago
-(double buffering, :mod:`conccl.schedule`).
+(double buffering, :mod:`conccl.schedule.base`).
 
 Copy engines move every byte; the reduction is the one step that takes an SM (a small kernel
 on CUDA). Order of summation: rank 0, 1, ..., world-1, accumulated in fp32 and rounded to the
@@ -23,7 +23,7 @@ import dataclasses
 import zlib
 from functools import lru_cache
 
-from ..schedule import Algorithm, Buf, Copy, Phase, Reduce, Schedule, Signal, StreamMode, Transfer, WaitSignal
+from ..schedule.base import Algorithm, Buf, Copy, Phase, Reduce, Schedule, Signal, StreamMode, Transfer, WaitSignal
 from ..validate import InvalidArgument, byte_range, check_pair, check_tensor, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule, workspace_slot

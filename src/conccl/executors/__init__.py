@@ -1,1 +1,1 @@
-"""Executors run a Schedule: ``cuda_ce`` on copy engines, ``reference`` on CPU shared memory."""
+"""Executors run a Schedule: :mod:`.cuda` on copy engines, :mod:`.reference` on CPU shared memory."""

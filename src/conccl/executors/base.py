@@ -1,9 +1,9 @@
 """The Executor protocol: what a :class:`~conccl.group.Group` needs from whatever runs schedules,
 and the workspace growth every executor shares (:class:`GrowingWorkspace`).
 
-Two executors implement it: :mod:`conccl.executors.cuda_ce` (copy engines and stream memory
+Two executors implement it: :mod:`conccl.executors.cuda.executor` (copy engines and stream memory
 operations on CUDA GPUs) and :mod:`conccl.executors.reference` (CPU processes over shared
-memory, for tests). A schedule is plain data (:mod:`conccl.schedule`), so any executor runs
+memory, for tests). A schedule is plain data (:mod:`conccl.schedule.base`), so any executor runs
 any collective's schedule.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import abc
 import math
 from typing import Protocol
 
-from ..schedule import Schedule
+from ..schedule.base import Schedule
 
 
 class Executor(Protocol):
@@ -36,7 +36,7 @@ class Executor(Protocol):
         comes with the same size, decided from the board)."""
 
     def run(self, schedule: Schedule, input, output, seq: int, async_op: bool, timeout_s: float, flight, views):
-        """Queue (CUDA) or run (reference) ``schedule`` as call ``seq``; return a :class:`~conccl.work.Work`."""
+        """Queue (CUDA) or run (reference) ``schedule`` as call ``seq``; return a :class:`~conccl.group.work.Work`."""
 
     def close(self) -> None:
         """Release every allocation and handle."""

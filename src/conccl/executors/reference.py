@@ -1,6 +1,6 @@
 """CPU reference executor: runs any Schedule across processes over shared memory.
 
-It follows the signal protocol of ``conccl.schedule`` word for word, with each rank's signal
+It follows the signal protocol of ``conccl.schedule.base`` word for word, with each rank's signal
 pad, workspace and symmetric tensors in POSIX shared memory, so CI checks data placement and
 synchronisation at any world size without a GPU. Slots are emulated as concurrent streams: a
 slot runs until it reaches a wait that is not yet satisfied, then the next slot gets a turn.
@@ -15,14 +15,14 @@ import time
 import numpy as np
 import torch
 
-from .. import _shm
-from ..board import HostBoard
+from ..device import shm as _shm
+from ..group.board import HostBoard
 from ..errors import CollectiveTimeout
 from ..collectives.reduce_scatter import reduce_chunks
-from ..graphs import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
-from ..schedule import (AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetMark, ResetSignal, Schedule, SetSignal,
+from ..schedule.captured import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
+from ..schedule.base import (AwaitMark, Buf, Compute, Copy, Mark, Reduce, ResetMark, ResetSignal, Schedule, SetSignal,
                         WaitSignal, mark_index, pad_words, signal_pad_words, signal_word, workspace_half)
-from ..work import NCCL, Work
+from ..group.work import NCCL, Work
 from .base import GrowingWorkspace
 
 
@@ -70,12 +70,12 @@ class ReferenceExecutor(GrowingWorkspace):
         self.prefix, self.rank, self.world, self.board, self.timeout_s = prefix, rank, world, board, timeout_s
         self._mine: list = []  # shared-memory segments this rank created (and unlinks)
         self._attached: list = []  # peers' segments this rank maps
-        # The eager words, then one block per graph slot (conccl.graphs), then the marks, as on CUDA.
+        # The eager words, then one block per graph slot (conccl.schedule.captured), then the marks, as on CUDA.
         words = pad_words(world, GRAPH_SLOTS)
         self._pad_shm = self._create(f"{prefix}_sig_r{rank}", words * 4)
         pad = np.ndarray(words, np.uint32, self._pad_shm.buf)
         pad[:] = 0
-        pad[primed_free_words(world)] = GRAPH_VALUE  # as on CUDA (conccl.graphs: staged pulls, workspace pushes)
+        pad[primed_free_words(world)] = GRAPH_VALUE  # as on CUDA (conccl.schedule.captured: staged pulls, workspace pushes)
         self._barrier()
         self._all_pads = [self._attach_words(f"{prefix}_sig_r{p}") for p in range(world)]
         # Every rank has mapped every pad before any goes on: a rank whose work needs no peer
@@ -210,7 +210,7 @@ class ReferenceExecutor(GrowingWorkspace):
             flight=None, views=(None, None), compute=None) -> Work:
         """Run ``schedule`` as call ``seq``: now (after any deferred calls) when blocking; when
         ``async_op``, deferred until waited on or until a later call runs (see :class:`_Deferred`).
-        ``compute(op)`` runs each :class:`~conccl.schedule.Compute` op of a pipeline."""
+        ``compute(op)`` runs each :class:`~conccl.schedule.base.Compute` op of a pipeline."""
         if async_op:
             d = _Deferred(self, lambda: self._run_now(schedule, input, output, seq, timeout_s, views, compute=compute))
             self._deferred.append(d)
@@ -257,7 +257,7 @@ class ReferenceExecutor(GrowingWorkspace):
     def _run_now(self, schedule: Schedule, input, output, seq: int, timeout_s: float | None, views, pads=None,
                  ws=None, compute=None, marks=None) -> None:
         self._ws_now, self._reach = ws, _reach(schedule) if schedule.parts else {}
-        # An eager double-buffered call's half (conccl.schedule); a captured call has its own region.
+        # An eager double-buffered call's half (conccl.schedule.base); a captured call has its own region.
         self._ws_half = workspace_half(seq, self._ws_cap) if schedule.double_buffered and ws is None else 0
         if schedule.computes and compute is None:
             raise ValueError(f"a {schedule.collective} pipeline runs the caller's computation: pass compute=")

@@ -23,7 +23,7 @@ Failure handling (a dead, late or mismatched peer): step 2 is bounded by the cal
 and notices a peer whose process exited; a mismatch raises on every rank before anything
 moves and leaves the group usable, but where a rank had posted the call (it ran on rows some
 rank did not have): that breaks the group, found at the next call. Once queued, a CUDA call is watched by the group's
-:class:`~conccl.watchdog.Watchdog`. A timeout, on the host or the GPU, *breaks* the group:
+:class:`~conccl.group.watchdog.Watchdog`. A timeout, on the host or the GPU, *breaks* the group:
 the cause is posted on the board for the peers, the GPU's stream waits are released, and
 every later call raises :class:`~conccl.errors.GroupBroken` at once with the original cause.
 """
@@ -42,19 +42,19 @@ from datetime import timedelta
 import numpy as np
 import torch
 
-from ..board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard, PostedMismatch
+from .board import ABORT_EXITED, ABORT_OTHER, ABORT_TIMEOUT, HostBoard, PostedMismatch
 from ..collectives import REGISTRY, Collective, LocalCall, PeerCalls
 from ..collectives.one_shot import one_shot_plan
 from ..collectives.reduce_scatter import reduce_op
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
 from ..units import parse_size
-from ..graphs import GRAPH_SLOTS, graph_schedule
-from ..persistent import PersistentCollective
-from ..schedule import DOUBLE_BUFFER_MAX_BYTES, Algorithm, Buf, Copy, Schedule, StreamMode
-from ..watchdog import Flight, Watchdog
+from ..schedule.captured import GRAPH_SLOTS, graph_schedule
+from .persistent import PersistentCollective
+from ..schedule.base import DOUBLE_BUFFER_MAX_BYTES, Algorithm, Buf, Copy, Schedule, StreamMode
+from .watchdog import Flight, Watchdog
 from . import parts as parts_mod
 from .methods import CollectiveMethods
-from ..work import ONE_SHOT, Work
+from .work import ONE_SHOT, Work
 
 _log = logging.getLogger("conccl")
 
@@ -231,7 +231,7 @@ class Group(CollectiveMethods):
     """One process group's conccl state and its collectives over an executor.
 
     Not thread-safe (like a NCCL communicator). Made by :func:`conccl.get_group` (CUDA) or
-    :func:`conccl.launch.reference_group` (CPU); released by :meth:`close`
+    :func:`conccl.testing.reference_group` (CPU); released by :meth:`close`
     (:func:`conccl.destroy` closes every group the API made).
     """
 
@@ -247,7 +247,7 @@ class Group(CollectiveMethods):
         self.persistent_ops = 0  # persistent collectives made on this group (their ids)
         self._ops: weakref.WeakSet = weakref.WeakSet()  # the open ones, closed with the group
         self._resources: dict[str, object] = {}  # what upper layers attached (resource())
-        self.graph_slots = 0  # captured calls so far (conccl.graphs): each holds a slot for good
+        self.graph_slots = 0  # captured calls so far (conccl.schedule.captured): each holds a slot for good
         self._locals: dict[tuple, _Local] = {}  # call key -> its local step
         self._moved: dict[tuple, tuple] = {}  # the parts calls' (agreed schedule, moved schedule)
         self.broken: BaseException | None = None  # the first failure; every later call raises it
@@ -374,7 +374,7 @@ class Group(CollectiveMethods):
         ``output`` is only read by the peers (it should be peer-reachable: a pool block); the
         parts are this rank's alone. ``output`` None: no flat output at all, the peers read
         ``input`` itself (it should be peer-reachable: FSDP's sharded parameters moved into a
-        pool block, ``conccl.fsdp_direct``). Blocking, on the caller's stream, never captured. For FSDP
+        pool block, ``conccl.fsdp.copy_free``). Blocking, on the caller's stream, never captured. For FSDP
         (``conccl.fsdp``, ``direct=True``): each parameter's unsharded tensor filled straight from
         the peers, with no copy-out (:mod:`conccl.group.parts`). ``fixed_input`` (with ``output``
         None): every rank passes the same peer-reachable input at every call (FSDP's homes), so
@@ -400,7 +400,7 @@ class Group(CollectiveMethods):
     def persistent(self, coll: Collective, output, input, args: tuple = (), *, algorithm=None, stream_mode=None,
                    timeout=None) -> PersistentCollective:
         """Agree ``coll`` on these buffers once (validate, exchange, settle, as a call does);
-        the returned op starts it with only the execute step (see :mod:`conccl.persistent`)."""
+        the returned op starts it with only the execute step (see :mod:`conccl.group.persistent`)."""
         local = self._local_step(coll, output, input, args, algorithm, stream_mode)
         self._check_usable()
         timeout_s = self._timeout_s(timeout)
@@ -563,7 +563,7 @@ class Group(CollectiveMethods):
     def _capture(self, local: "_Local", input, output, timeout_s: float, one_shot: bool = False) -> Work:
         """A call made while the caller's stream is being captured into a graph: agreed with the
         peers now (they must be capturing the same call), run at every replay on a graph slot
-        of its own (:mod:`conccl.graphs`). Takes no sequence number: eager calls go on as if
+        of its own (:mod:`conccl.schedule.captured`). Takes no sequence number: eager calls go on as if
         it were not there. Returns a completed Work: the call is ordered on the stream."""
         schedule, views = self._agree_captured(local, timeout_s, one_shot)
         return self.capture_schedule(schedule, input, output, views, timeout_s)
@@ -700,7 +700,7 @@ class Group(CollectiveMethods):
                 self.seq = seq
                 if compute is None:
                     work = self.executor.run(schedule, input, output, seq, async_op, timeout_s, flight, views)
-                else:  # a pipeline (conccl.pipeline): the caller's GEMM steps run inside it
+                else:  # a pipeline (conccl.schedule.pipeline): the caller's GEMM steps run inside it
                     work = self.executor.run(schedule, input, output, seq, async_op, timeout_s, flight, views,
                                              compute=compute)
         except PostedMismatch as e:  # the reference executor compares posted rows while it waits

@@ -39,8 +39,8 @@ creation) breaks the group on this rank and, through the node-local board's abor
 its host's ranks; a later call raises :class:`~conccl.errors.GroupBroken`.
 
 Calls are blocking (stream-ordered on CUDA): ``async_op=True`` returns a completed
-:class:`~conccl.work.Work`, the call already ordered on the caller's stream. Persistent ops
-(:class:`~conccl.persistent.HierarchicalPersistent`) agree across hosts once and skip that
+:class:`~conccl.group.work.Work`, the call already ordered on the caller's stream. Persistent ops
+(:class:`~conccl.group.persistent.HierarchicalPersistent`) agree across hosts once and skip that
 exchange on every start. Not yet: CUDA graph capture, ``nccl_below`` routing, ``conccl.empty``
 on such a group.
 """
@@ -59,8 +59,8 @@ from ..collectives.all_reduce import ALL_REDUCE
 from ..collectives.all_to_all import ALL_TO_ALL
 from ..collectives.reduce_scatter import REDUCE_SCATTER, reduce_op
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
-from ..persistent import HierarchicalPersistent
-from ..work import Work
+from .persistent import HierarchicalPersistent
+from .work import Work
 from .group import _F_ALGO, _F_ARG, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_SEQ, Group, _code, _describe
 from .methods import CollectiveMethods
 from .topology import HostLayout
@@ -112,7 +112,7 @@ class HierarchicalGroup(CollectiveMethods):
     rank's host's :class:`Group`, ``cross`` its :class:`CrossNode`; ``fallback`` (library,
     process group) runs a collective flat where no composition serves it. Made by
     :func:`conccl.get_group` for a process group spanning hosts, or by
-    :func:`conccl.launch.spawn_hosts` on the CPU; released by :meth:`close` (the node-local
+    :func:`conccl.testing.spawn_hosts` on the CPU; released by :meth:`close` (the node-local
     group; the process groups are torch's)."""
 
     def __init__(self, node: Group, cross: CrossNode, layout: HostLayout, rank: int, fallback=None, name: str = ""):

@@ -1,6 +1,6 @@
 """Making the :class:`Group` for a ``torch.distributed`` process group: where the executor is
 chosen. The copy-engine executor is the one a process group gets (the CPU reference executor's
-groups are made by the test harness, :mod:`conccl.launch`). A process group whose ranks run on
+groups are made by the test harness, :mod:`conccl.testing`). A process group whose ranks run on
 several hosts (real host names, or simulated ones: :data:`~conccl.group.topology.SIMULATED_HOSTS_ENV`,
 read here, once per group) gets a :class:`~conccl.group.hierarchical.HierarchicalGroup`."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
-from ..board import HostBoard
+from .board import HostBoard
 from ..errors import InvalidArgument, UnsupportedGroup
-from ..executors.cuda_ce import CudaCopyEngineExecutor
+from ..executors.cuda.executor import CudaCopyEngineExecutor
 from .group import Group, Options, board_row_len
 from .hierarchical import CrossNode, HierarchicalGroup
 from .topology import SIMULATED_HOSTS_ENV, host_layout, simulated_host_keys

@@ -35,19 +35,19 @@ class CollectiveMethods:
         return self._collective_call(ALL_REDUCE, output, input, args, kwargs)
 
     def persistent_all_gather_into_tensor(self, output, input, *args, **kwargs):
-        """A persistent ``all_gather_into_tensor`` on this group (see :mod:`conccl.persistent`)."""
+        """A persistent ``all_gather_into_tensor`` on this group (see :mod:`conccl.group.persistent`)."""
         return self._collective_persistent(ALL_GATHER, output, input, args, kwargs)
 
     def persistent_all_to_all_single(self, output, input, *args, **kwargs):
-        """A persistent ``all_to_all_single`` on this group (see :mod:`conccl.persistent`)."""
+        """A persistent ``all_to_all_single`` on this group (see :mod:`conccl.group.persistent`)."""
         return self._collective_persistent(ALL_TO_ALL, output, input, args, kwargs)
 
     def persistent_reduce_scatter_tensor(self, output, input, *args, **kwargs):
-        """A persistent ``reduce_scatter_tensor`` on this group (see :mod:`conccl.persistent`)."""
+        """A persistent ``reduce_scatter_tensor`` on this group (see :mod:`conccl.group.persistent`)."""
         return self._collective_persistent(REDUCE_SCATTER, output, input, args, kwargs)
 
     def persistent_all_reduce(self, output, input, *args, **kwargs):
-        """A persistent ``all_reduce`` on this group (see :mod:`conccl.persistent`)."""
+        """A persistent ``all_reduce`` on this group (see :mod:`conccl.group.persistent`)."""
         return self._collective_persistent(ALL_REDUCE, output, input, args, kwargs)
 
     def _collective_call(self, coll: Collective, output, input, args: tuple, kwargs: dict):

@@ -20,7 +20,7 @@ from ..collectives.all_gather import ALL_GATHER, into_parts
 from ..collectives.base import LocalCall
 from ..collectives.reduce_scatter import REDUCE_SCATTER, from_parts
 from ..errors import InvalidArgument
-from ..schedule import Algorithm
+from ..schedule.base import Algorithm
 from ..validate import check_tensor
 
 # moved schedules kept per group: one per FSDP collective of a step (three per layer)

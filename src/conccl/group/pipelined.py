@@ -2,18 +2,18 @@
 
 The peers agree on a flat all-gather or reduce-scatter (their rows are a flat call's: the same
 validation, mismatch checks, timeouts and watchdog), and each rank transforms its own schedule
-into a pipeline (:mod:`conccl.pipeline`, a pure function). The marks a pipeline adds are the
+into a pipeline (:mod:`conccl.schedule.pipeline`, a pure function). The marks a pipeline adds are the
 rank's own words, so ranks running different pipeline schedules still interoperate, except a
 push pipeline with a pull one (their flat calls' algorithms differ: the call raises). Made
 while the stream is captured, a pipeline is agreed as a captured flat call and captured with
-its GEMM steps on a graph slot of its own (:mod:`conccl.graphs`): a decode step's TP layers
+its GEMM steps on a graph slot of its own (:mod:`conccl.schedule.captured`): a decode step's TP layers
 replay as one graph.
 """
 from __future__ import annotations
 
 from ..collectives.all_gather import ALL_GATHER
 from ..collectives.reduce_scatter import REDUCE_SCATTER
-from ..pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
+from ..schedule.pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
 from .parts import _moved
 
 
@@ -39,10 +39,10 @@ def _run(group, moved, input, output, async_op, timeout_s, views, compute, captu
 def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row_bytes: int, compute,
                             async_op: bool = False, timeout=None, keep_own: bool = True):
     """All-gather ``input`` (``rows`` rows of ``row_bytes`` bytes) into ``output`` with
-    ``compute(op)`` called for each :class:`~conccl.schedule.Compute` step of the pipeline
+    ``compute(op)`` called for each :class:`~conccl.schedule.base.Compute` step of the pipeline
     ``tp``, each on a stream where the rows it names have landed (own rows: read them from
     ``input``). Pull, or ``tp.push``: pushed into the peers' workspace, where their GEMM steps
-    read it (``compute(op, workspace)``, :class:`~conccl.schedule.Compute`); on the copy
+    read it (``compute(op, workspace)``, :class:`~conccl.schedule.base.Compute`); on the copy
     engines either way, the GEMM steps on the pipeline's own stream. ``keep_own`` False: a
     pipelined (not serial) schedule leaves the output's own chunk unwritten (the caller does
     not read it, nor do the GEMM steps), saving a same-GPU copy on SMs; a push pipeline then

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..errors import InvalidArgument
-from ..pipeline import TPSchedule
+from ..schedule.pipeline import TPSchedule
 
 RATE = (1e6, 1e18)  # flop/s or bytes/s of one GPU
 SLOWDOWN = (0.01, 1e3)  # a time ratio: below 1 when losing SMs helps (memory-bound GEMMs)

@@ -1,4 +1,4 @@
-"""The tensor-parallel planner: which pipeline (:class:`~conccl.pipeline.TPSchedule`) an
+"""The tensor-parallel planner: which pipeline (:class:`~conccl.schedule.pipeline.TPSchedule`) an
 all-gather+GEMM or GEMM+reduce-scatter should run, and how long it should take.
 
 The model follows FiCCO's two losses, from measurements wherever they exist:
@@ -16,7 +16,7 @@ The model follows FiCCO's two losses, from measurements wherever they exist:
   stream; every peer at once (direct) shares the GPU's NVLink bandwidth, one peer at a time
   (ring) has it alone (one NVLink peer alone reaches the whole bus bandwidth on H200: 394 GB/s).
 
-Then it plays the schedule's GEMM steps (:func:`conccl.pipeline.gemm_steps`, the same list the
+Then it plays the schedule's GEMM steps (:func:`conccl.schedule.pipeline.gemm_steps`, the same list the
 pipeline runs) against the pieces' landing times. A pure function of plain data.
 
 Where whole pipelines were timed on several GPUs (``conccl bench tp`` on >= 2 GPUs, kept as the
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import InvalidArgument
-from ..pipeline import SERIAL, Order, TPSchedule, gemm_steps, split_rows
+from ..schedule.pipeline import SERIAL, Order, TPSchedule, gemm_steps, split_rows
 from . import shipped
 from .profile import HardwareProfile, load_profile
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .. import runtime
-from ..partition import Partitions
+from ..device.partitions import Partitions
 from ..planner.profile import ProfileError
 from .config import StudyConfig
 

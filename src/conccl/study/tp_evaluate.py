@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from ..pipeline import TPSchedule
+from ..schedule.pipeline import TPSchedule
 from ..planner import tp as tpp
 
 

@@ -1,0 +1,106 @@
+"""The few CUDA driver calls PyTorch does not expose, through cuda-python.
+
+Stream memory operations (``cuStreamWriteValue32`` / ``cuStreamWaitValue32``) are executed by
+the GPU's front end, not by SMs, and so are the copies (``cuMemcpyAsync``,
+``cuMemcpyBatchAsync``): nothing here launches a kernel. :func:`load_module` compiles the few
+kernels conccl has (the reduction, the one-shot call, the spin wait) with NVRTC.
+"""
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def driver():
+    try:
+        from cuda.bindings import driver as cu  # cuda-python >= 12.6
+    except ImportError:
+        try:
+            from cuda import cuda as cu  # older cuda-python
+        except ImportError as e:
+            raise ImportError(
+                "conccl's copy-engine executor needs cuda-python (the `cuda.bindings` package)"
+            ) from e
+    return cu
+
+
+def check(result):
+    """cuda-python returns (CUresult, *values); raise on error, return the values."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    values = [v for v in values if v is not None]
+    cu = driver()
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        raise RuntimeError(f"CUDA driver error {name.decode() if isinstance(name, bytes) else name}")
+    return values[0] if len(values) == 1 else values
+
+
+def signal_flags(cu) -> tuple:
+    """(wait flags, write flags) of every signal operation.
+
+    Waits are GEQ: ``(int32)(*addr - value) >= 0``, so sequence numbers may wrap around.
+    Writes take the default flags, which put a system-scope fence before the write: a peer
+    that sees the signal also sees every copy the stream issued before it.
+    """
+    return cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ, cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+
+
+class StreamOps:
+    """Signal writes bound to one stream handle (``torch.cuda.Stream.cuda_stream``): what the
+    watchdog uses to release stuck waits. Collectives run compiled programs
+    (:mod:`conccl.executors.cuda.program`)."""
+
+    def __init__(self, stream_handle: int):
+        cu = driver()
+        self.cu = cu
+        self.stream = cu.CUstream(stream_handle)
+        self._write = signal_flags(cu)[1]
+
+    def write_value32(self, addr: int, value: int) -> None:
+        check(self.cu.cuStreamWriteValue32(self.stream, self.cu.CUdeviceptr(addr), value & 0xFFFFFFFF, self._write))
+
+
+def load_module(device_index: int, source: str, filename: str, what: str):
+    """``source`` (CUDA C, no headers) compiled with NVRTC for ``device_index``'s architecture and
+    loaded on its primary context (current where torch runs there): the ``CUmodule``. A failed
+    compile raises RuntimeError with NVRTC's log, naming ``what`` (e.g. "the reduction kernel")."""
+    from cuda.bindings import nvrtc  # optional dependency: loaded where a kernel is first built
+
+    def ok(err):
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"conccl: NVRTC error {err} building {what}")
+
+    cu = driver()
+    dev = check(cu.cuDeviceGet(device_index))
+    major = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+    minor = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], [])
+    ok(err)
+    try:
+        opts = [f"--gpu-architecture=compute_{major}{minor}".encode(), b"--std=c++17"]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(f"conccl: compiling {what} failed:\n{log.decode(errors='replace')}")
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        ok(nvrtc.nvrtcGetPTX(prog, ptx)[0])
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return check(cu.cuModuleLoadData(ptx))
+
+
+def launch(function, grid: int, threads: int, shared: int, stream_handle: int, values: list) -> None:
+    """One launch of ``function`` (a ``CUfunction``) with the ctypes ``values`` as its
+    parameters, on the stream with raw handle ``stream_handle``; raises on an error. For kernels
+    launched with new arguments each call (the prebuilt launches keep their parameters)."""
+    import ctypes
+
+    cu = driver()
+    if shared > 48 * 1024:  # beyond the default dynamic shared memory: opt in
+        check(cu.cuFuncSetAttribute(function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    shared))
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    check(cu.cuLaunchKernel(function, grid, 1, 1, threads, 1, 1, shared, stream_handle, ctypes.addressof(params), 0))
