@@ -16,7 +16,7 @@ def _routed_against_nccl(rank, world):
 
     import conccl
     report = {}
-    chosen = conccl.set_eager_path("auto")  # no study first: any GPU gets a profile (issue 37)
+    chosen = conccl.set_eager_path("auto")  # no study first: any GPU gets a profile
     report["auto"], report["profile"] = chosen["nccl_below"], chosen["profile"]
     conccl.set_options(nccl_below={"all_gather": 1 << 20, "all_reduce": 1 << 20})
     cases = []

@@ -116,7 +116,7 @@ def _push(rank, world):
         allowed = _kernels(prof)
         # The call's driver calls: a call that makes a settled pipeline's graph (its buffers'
         # third) also runs PyTorch's one-time fills of the RNG state a CUDAGraph capture registers
-        # (FillFunctor<long>, run6 of session 14); graphed calls' kernels: test_settled_... below.
+        # (FillFunctor<long>); graphed calls' kernels: test_settled_... below.
         ex = get_group(None).executor
         ex._settled_pipeline = lambda *a, **k: False
         try:

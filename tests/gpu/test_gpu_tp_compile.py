@@ -1,4 +1,4 @@
-"""GPU tier: conccl.tp under torch.compile with inductor (issue 39 item 4): a sequence-parallel
+"""GPU tier: conccl.tp under torch.compile with inductor: a sequence-parallel
 MLP block (the parallel layers) compiled with ``fullgraph=True`` (a graph break fails it) runs
 forward and backward and equals eager; the collectives ran as conccl's custom ops (the profiler
 shows no NCCL kernel). Inputs and weights are small whole numbers, so every GEMM is exact and

@@ -1,5 +1,5 @@
 """CPU multi-process tier: a randomized run of the group's calls on the reference executor,
-every call checked against the registry's reference (issue 33, item 3).
+every call checked against the registry's reference.
 
 Every rank draws the same steps from ``random.Random(seed)`` (the ranks of a group must make
 the same calls); what a rank decides alone (the addresses it gets) never draws. The steps mix:

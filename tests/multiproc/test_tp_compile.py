@@ -1,4 +1,4 @@
-"""CPU multi-process tier: conccl.tp under torch.compile (issue 39 item 4). The custom ops
+"""CPU multi-process tier: conccl.tp under torch.compile. The custom ops
 (torch.ops.conccl.all_gather_matmul / matmul_reduce_scatter) pass PyTorch's schema and fake-
 tensor checks, and a function and a sharded MLP block (the parallel layers, forward and backward)
 compile with ``fullgraph=True`` (a graph break fails it) and give eager's bits. Over the

@@ -95,7 +95,7 @@ def hier(rank, world, cases, report):
 
 
 def hier_faults(rank, world, cases, report):
-    """A rank killed on another simulated host (issue 32): the last rank (host 1) exits after
+    """A rank killed on another simulated host: the last rank (host 1) exits after
     one good all-gather; every survivor's next call raises CollectiveTimeout (or GroupBroken,
     where a rank of its host already broke the group) within the group's timeout plus one
     second, and the call after that GroupBroken. Run last and alone (a rig run of its own): the

@@ -157,8 +157,8 @@ def _captured(rank, world, cases):
                           bits_equal(A, full) and bits_equal(y, full @ w) and bits_equal(z, expect_rs)))
     # The captured calls hold their graph workspace for the group's life: with the graph gone,
     # close the group (every rank, once no peer reads this one's memory), so that a later part
-    # reserving graph workspace gets a new group's (run4 of session 11: at world 4 the ep part
-    # could not grow the 1 MiB these calls had taken).
+    # reserving graph workspace gets a new group's (at world 4 the ep part could not otherwise
+    # grow the 1 MiB these calls had taken).
     del graph, results
     torch.cuda.synchronize()
     dist.barrier()
@@ -262,7 +262,7 @@ def _parallelized(rank, world, cases):
 
 
 def bench_tp(rank, world, cases, report):
-    """`conccl bench tp`'s multi-rank runner (what issue 31's two-GPU run starts) on small
+    """`conccl bench tp`'s multi-rank runner (what a two-GPU `conccl bench tp` starts) on small
     shapes: every conccl implementation runs, agrees with the serial result and is timed.
     NCCL is the gloo group here, so serial_nccl may be refused (recorded, not counted)."""
     from conccl.bench import tp as bench_tp

@@ -1,6 +1,6 @@
 """No-device tier: ``conccl.bench.clocks`` (the SM clock sampled by nvidia-smi beside a benchmark)
 and how ``conccl bench fsdp --clocks`` reports it. A fake ``nvidia-smi`` on PATH stands in for the
-driver's; the GPU run is the benchmark's (benchmarks/2026-11-27-h200x2-session17)."""
+driver's; the GPU run is the benchmark's (docs/results.md, FSDP2)."""
 from __future__ import annotations
 
 import os

@@ -119,7 +119,7 @@ def test_conccl_one_shot_raises_the_groups_limit_reports_the_path_and_restores(m
     assert "conccl_one_shot" in KNOWN_IMPLS and USES_CONCCL_GROUP["conccl_one_shot"]
 
 
-def test_config_defaults_meet_the_issue():
+def test_config_defaults_cover_the_goals():
     cfg = GraphsConfig()
     assert len(cfg.sizes) >= 8 and min(cfg.sizes) == 4 << 10 and max(cfg.sizes) == 256 << 20
     assert {"all_gather", "all_to_all"} <= set(cfg.collectives) and cfg.impls[0] == "nccl"
@@ -404,7 +404,7 @@ def test_the_command_writes_both_files_and_exits_1_on_a_wrong_case(tmp_path, cap
     doc = json.loads((out / "graphs.json").read_text())
     assert doc["machine_kind"] == "nvidia-h200-x2" and doc["world"] == 2 and doc["eager_path"]["nccl_below"]
     assert graphs.records_of(doc) == recs and (out / "graphs.md").read_text() == graphs.markdown(doc)
-    assert "## Goals (issue 22)" in capsys.readouterr().out
+    assert "## Goals" in capsys.readouterr().out
 
 
 def test_the_beside_mode_is_asked_for_and_its_table_says_alone_beside_and_the_gemms():

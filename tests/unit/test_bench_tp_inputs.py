@@ -1,7 +1,7 @@
 """The TP op bench's inputs, no device: the all-gather+GEMM's gathered ``A``, which the GEMM
 alone and the serial schedules multiply, holds every rank's rows before anything is timed
 (a GEMM's speed depends on its data: an uninitialised ``A`` made the GEMM alone ~13% faster
-than on the gathered rows at 4096x8192x8192 on 2 x H100, session 15)."""
+than on the gathered rows at 4096x8192x8192 on 2 x H100)."""
 from __future__ import annotations
 
 import torch

@@ -72,7 +72,7 @@ def test_the_eager_sweep_decides_where_the_profile_has_one():
 
 
 def test_the_shipped_h100_table_comes_from_its_eager_sweep():
-    # benchmarks/2026-11-26-h100x2-session11: the README's main job's eager sweep, shipped
+    # the README's main job's eager sweep on 2 x H100, shipped
     p = load_profile(shipped_path("h100x2_profile.json"))
     t = eager.eager_table(p, ("all_gather", "all_to_all", "reduce_scatter", "all_reduce"), p.world)
     assert t["note"] is None

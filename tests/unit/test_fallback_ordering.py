@@ -4,8 +4,8 @@ and between a group's calls when some are routed to the fallback backend
 (CudaCopyEngineExecutor.run_fallback, _control_stream): a routed call follows the group's
 earlier calls and marks its own end at once, so a later call on another stream waits for it and
 for nothing queued after it.
-(Marking lazily, when a later call needed it, was tried in session 11 and dropped: it made that
-call wait for whatever the caller queued meanwhile, and a failing routed call lost the mark.)"""
+(Marking lazily, when a later call needed it, would make that
+call wait for whatever the caller queued meanwhile, and a failing routed call would lose the mark.)"""
 from __future__ import annotations
 
 from conccl.executors.cuda.executor import CudaCopyEngineExecutor

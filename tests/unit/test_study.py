@@ -319,7 +319,7 @@ def test_existing_report_is_not_overwritten(tmp_path, capsys):
 
 
 def test_one_gpu_runs_the_one_gpu_study(tmp_path, capsys, monkeypatch):
-    """One GPU: not refused (issue 37) but the one-GPU study: its own part measured, the rest predicted."""
+    """One GPU: not refused but the one-GPU study: its own part measured, the rest predicted."""
     from conccl.cli import study as cli_study
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -38,7 +38,7 @@ def test_the_default_suite_runs_what_fits_alone_and_skips_the_rest(gib, world, s
 
 
 def test_the_old_whole_suite_allocation_would_not_fit_an_h100():
-    """What issue 37 saw: arenas for the largest of every scenario at once need 87.6 GiB."""
+    """Arenas for the largest of every scenario at once need 87.6 GiB."""
     suite = select(load_suite(), quick=False)
     biggest_out = max(scenario_arenas(s, 2)[0] for s in suite)
     biggest_in = max(scenario_arenas(s, 2)[1] for s in suite)

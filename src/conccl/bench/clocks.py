@@ -3,11 +3,11 @@
 Why a benchmark needs it: an H100 or H200 running large GEMMs sits at its 700 W power cap, and
 the clock the cap leaves depends on what else draws power. Copy-engine traffic over NVLink slowed
 a GEMM chain by 0.5-3.9%, including the GEMMs no copy overlapped. The sampled clock was 0-45 MHz
-lower, while copies within the GPU left the GEMMs apart from them alone
-(benchmarks/2026-11-27-h200x2-session17). A benchmark that reports the clock says how much of
+lower, while copies within the GPU left the GEMMs apart from them alone (docs/results.md,
+FSDP2). A benchmark that reports the clock says how much of
 a few percent between configurations the clock could explain. Compare configurations each in its
 own process, in alternating order: within one process the configuration that ran later had the
-lower clock in either order (same folder, run11).
+lower clock in either order.
 
 :class:`ClockSampler` runs ``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks_event_reasons.active
 -lms PERIOD`` for one GPU in a subprocess from :meth:`~ClockSampler.start` to

@@ -14,8 +14,7 @@ For each collective, size (output bytes per rank, bf16) and implementation (``nc
   holds the SMs (four queued on another stream of normal priority; the call is queued once
   the first runs), ``runs`` times: ``us_per_call`` is the time from the call's queueing (an
   event on its idle stream) to its completion, ``alone_us`` the same without the GEMMs, and
-  ``gemm_slowdown`` the four GEMMs' time beside the call over their time alone (issue 38
-  item 6: a call that needs an SM waits for the running GEMM to end; copy engines do not).
+  ``gemm_slowdown`` the four GEMMs' time beside the call over their time alone (a call that needs an SM waits for the running GEMM to end; copy engines do not).
   The three kinds of try take turns, run by run. Both times include the eager call's host
   time and what skew is left after the ranks' hosts meet right before it: tens of
   microseconds of noise, against the milliseconds a call that needs an SM loses.
@@ -66,7 +65,7 @@ DEFAULT_SIZES = tuple(4096 << (2 * i) for i in range(9))  # 4K, 16K, ... 256M
 MAX_SIZE = 32 << 30  # more per rank than any GPU of a node holds with its input beside it
 CAPTURE_ALIGN = 256  # a captured call's workspace region rounds up to this (CudaCopyEngineExecutor.capture_call)
 BYTES_MEANING = "output bytes per rank (nccl-tests' size)"
-# Issue 22's goals, checked in the table: (mode, implementation, collectives (None: every one),
+# The goals checked in the table: (mode, implementation, collectives (None: every one),
 # size (None: every size), largest ratio to NCCL allowed).
 GOALS = (
     ("graph", "conccl", ("all_gather", "all_to_all"), 1 << 20, 1.0),
@@ -323,7 +322,7 @@ def _profile_text(p: dict) -> str:
 
 def markdown(doc: dict) -> str:
     """``graphs.md``: per collective and mode, us per call of each implementation by size and
-    its ratio to NCCL's in the same mode; issue 22's goals checked at the top."""
+    its ratio to NCCL's in the same mode; the goals (:data:`GOALS`) checked at the top."""
     recs = records_of(doc)
     cfg = doc.get("config", {})
     by = {(r.collective, r.bytes, r.impl, r.mode): r for r in recs}
@@ -348,7 +347,7 @@ def markdown(doc: dict) -> str:
            + ", ".join(f"{c} {_below_text(b)}" for c, b in below.items()) + "."] if below else []),
         *(["", f"conccl_auto planned with the hardware profile {_profile_text(doc['eager_path']['profile'])}."]
           if (doc.get("eager_path") or {}).get("profile") else []),
-        "", "## Goals (issue 22)", "", "| goal | collective | measured | met |", "| --- | --- | --- | --- |",
+        "", "## Goals", "", "| goal | collective | measured | met |", "| --- | --- | --- | --- |",
         *_goal_rows(by, collectives, sizes),
     ]
     for coll in collectives:

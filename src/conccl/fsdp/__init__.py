@@ -240,7 +240,7 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             in forward first casts the shards into a per-module *cast home* (the one copy
             left: FSDP's cast; the backward's gather reads it, ``cast_once``) and the bf16
             gradients are summed into fp32 where they lie. Same bits as
-            stock FSDP2 at world 2 (2 x H200, benchmarks/2026-11-26-h100x2-session3); with more
+            stock FSDP2 at world 2 (2 x H200; tests/gpu/test_gpu_fsdp.py); with more
             ranks the sum runs in rank order, within fp32 rounding of NCCL's. Memory: the homes
             (or cast homes: half an fp32 shard each) are peer-mapped; unsharded parameters
             live in two stream-ordered pools per call of ``enable``. SMs: the reduce-scatter's

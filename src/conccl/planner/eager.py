@@ -6,7 +6,7 @@ the public functions called eagerly on ordinary tensors, back to back, seconds p
 the host's part and conccl's staging copy in it: what an eager call costs), else the size
 sweep of persistent ops on peer-mapped buffers (``comm_sweep``), which leaves conccl's host
 time and staging copy out and so flatters it: its crossovers came out 4-16x too small on
-2 x H100 (issue 38, benchmarks/2026-11-26-h100x2-session11). Above the eager sweep's largest
+2 x H100 (docs/results.md, the planner). Above the eager sweep's largest
 size (256 MiB) its verdict there holds: the size sweep's larger sizes still leave the staging
 copy out, which grows with the size (an all-to-all on plain tensors lost by 1.3x at 256 MiB
 eagerly and tied as a persistent op at 1 GiB).
@@ -34,7 +34,7 @@ import sys
 from .profile import HardwareProfile
 
 ALWAYS = sys.maxsize  # conccl lost at every measured size: every call goes to NCCL
-TOLERANCE = 1.05  # conccl's time within 5% of NCCL's counts as a win (issue 22's bound for eager auto)
+TOLERANCE = 1.05  # conccl's time within 5% of NCCL's counts as a win (the bound for eager auto)
 
 
 def has_eager_sweep(p: HardwareProfile, collective: str) -> bool:

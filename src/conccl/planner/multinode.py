@@ -30,7 +30,7 @@ for such nodes.) ``lat_ring`` is NCCL's own tuning model for a ring with the Sim
 bf(W) * W`` (W-1, or 2(W-1) for all-reduce), ``inter = bf(N) * N`` of them crossing nodes,
 base 8.4 us, intra 3.4 us (its NVLink ring step), net 14 us (its network ring step).
 
-**Hierarchical** (what issue 32 builds; the steps run one after the other within a call, as
+**Hierarchical** (what :mod:`conccl.group.hierarchical` runs; the steps run one after the other within a call, as
 that code does, not pipelined)::
 
     all-gather:     network all-gather (N ranks of equal local index, F/L) ; node all-gather (L ranks, F)
@@ -43,7 +43,7 @@ that code does, not pipelined)::
 A node step of a reducing collective sums L operands of F/L bytes after its copies land (the
 reduce-scatter's schedule waits for every peer's DONE, then reduces): L reads and one write.
 ``a_ce`` is conccl's fixed cost per call on the GPU (27 us: a 1 MiB 4-rank push all-gather on
-H200 x4, benchmarks/2026-11-21-h200x4-latency, where the bytes take 2 us); a node all-gather of
+H200 x4, where the bytes take 2 us: docs/results.md, small calls); a node all-gather of
 N chunks per peer queues N * (L-1) copies per call, whose extra cost is not modelled.
 ``pipelined_bound_s`` is what overlapping the steps could reach at best (the longest step):
 not built, shown so a reader sees what the serial composition costs.
@@ -81,12 +81,12 @@ NCCL_BASE_LATENCY_S = 8.4e-6
 NCCL_INTRA_STEP_S = 3.4e-6  # hwLat[NVLINK][RING][SIMPLE]
 NCCL_NET_STEP_S = 14.0e-6  # hwLat[NET][RING][SIMPLE]
 # conccl's fixed GPU time per call: a 1 MiB push all-gather on H200 x4 (27.3 us of GPU time,
-# benchmarks/2026-11-21-h200x4-latency); its host time (~70 us) is hidden where the host runs
+# docs/results.md, small calls); its host time (~70 us) is hidden where the host runs
 # ahead of the GPU, as it does in an FSDP step.
 CE_CALL_S = 27e-6
 # The reduction kernel's rate as a share of the profile's HBM bandwidth: 8 bf16 operands of
 # 256 MiB summed in 0.712-0.714 ms on one H200 = 3.39 TB/s read + written, 0.84 of the 4.04
-# the profile measured (benchmarks/2026-11-23-h200-reduce-variants; 2 operands: 0.90).
+# the profile measured (2 operands: 0.90; docs/results.md, the reduction kernel).
 REDUCE_HBM_SHARE = 0.84
 
 # The hierarchical compositions, in call order: (where, collective), where "network" is NCCL

@@ -261,7 +261,7 @@ def mark_edges(schedule: Schedule) -> list[Segment]:
     landed, a piece computed, a step ended) becomes an event recorded after the writer's ops and
     waited on before the awaiter's. Captured, an event's record and wait are an edge of the
     graph: no stream memory operation between two kernels (a mark written or awaited between
-    two GEMM steps on one stream left ~5 us of the GPU idle at decode size, session 13), and no
+    two GEMM steps on one stream left ~5 us of the GPU idle at decode size), and no
     word to reset. The order: each slot's segments in turn, and every segment after those
     recording what it waits for (an event's wait follows its record in the order the host
     queues them); ValueError where none exists (a cycle, which would deadlock the GPU too).

@@ -23,7 +23,7 @@ SM_LOSS = (0, 8, 16, 32, 64)
 SM_LOSS_QUICK = (0, 16, 64)
 # NCCL's communicators (one per CTA cap and priority the strategies use), verification
 # temporaries, allocator slack: 4.6 GiB beside the arenas and operands when a two-H100 run first
-# ran out of memory (what a whole run holds beside them grows later: benchmarks/2026-11-25-h100x2-newcomer)
+# ran out of memory (what a whole run holds beside them grows as it goes)
 HEADROOM = 5 << 30
 
 
@@ -54,8 +54,7 @@ class StudyConfig:
     min_timed_ms: float = 20.0
     max_iters: int = 100
     # After a scenario's strategies, time ``auto`` and the fastest measured strategy again, in
-    # turns: a fair head-to-head, free of what ran just before each
-    # (benchmarks/2026-11-21-h200x4-auto-in-turns/auto_gap.py).
+    # turns: a fair head-to-head, free of what ran just before each.
     auto_in_turns: bool = True
     # An interrupted run's results to continue: every rank skips the steps it holds (the same
     # steps on every rank, so the collectives still pair up), rank 0 appends the rest.

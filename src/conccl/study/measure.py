@@ -221,7 +221,7 @@ class _MeasuredStudy:
         """The public functions called eagerly on ordinary tensors, conccl's and
         torch.distributed's in turns, ``EAGER_CALLS`` back to back per execution: each call's
         time with its host part in it, which the persistent ops of the size sweep leave out
-        (conccl's eager host time is several times NCCL's: issue 38). What
+        (conccl's eager host time is several times NCCL's). What
         ``set_eager_path("auto")`` plans from (conccl.planner.eager), for every public
         collective: the reductions too, which the scenarios and the size sweep leave out."""
         rig = self.rig

@@ -80,7 +80,7 @@ def evaluate_pipelines(bench: dict, model: tpp.TPModel) -> dict:
     each shape: the model's ratio to the GEMM alone against the measured one per schedule, the
     schedule the model ranks first among those measured against the measured best, and the
     live ``conccl_auto`` run against the best schedule, serial NCCL and PyTorch's async-TP
-    (issue 31's goals). Returns {"world", "rows", "summary"}."""
+    (the TP study's goals). Returns {"world", "rows", "summary"}."""
     shapes: dict = {}
     for r in bench["results"]:
         if r.get("ratio_to_gemm") and not r.get("error") and r["world"] >= 2:

@@ -49,7 +49,7 @@ def resolve_schedule(schedule, op: str, M: int, K: int, N: int, world: int, dtyp
 @lru_cache(maxsize=256)
 def _parsed(name: str) -> TPSchedule:
     """``TPSchedule.parse(name)``, once per name: it is on every call's path (~5 us of host
-    time per call, session 15's host_stages.py), and a TPSchedule is immutable."""
+    time per call), and a TPSchedule is immutable."""
     return TPSchedule.parse(name)
 
 

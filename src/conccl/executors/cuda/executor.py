@@ -471,7 +471,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         Where ``stream``'s device is current (the usual case), swapped in and out by
         ``torch.cuda.set_stream``: ``torch.cuda.stream()``'s context looks the device up and
         builds Stream objects, ~30 us of host time per step under a profiler (two per
-        conccl.tp call; session 13's host_profile.py); otherwise by that context."""
+        conccl.tp call); otherwise by that context."""
         index = self._device_index
 
         def run(op):

@@ -1,7 +1,7 @@
 """A settled call's program launched as one CUDA graph, its signal values rewritten per call.
 
 A settled eager call (the same buffers as its last calls) spent most of its host time in the
-driver, not in Python: on 2 x H100 (benchmarks/2026-11-26-h100x2-session7, the probe) one
+driver, not in Python: on 2 x H100 (docs/results.md, host time) one
 ``cuMemcpyAsync`` costs 4.9 us of host time, a ``cuMemcpyBatchAsync`` of two copies 8.9 us,
 a batch of two stream memory operations 2.1 us, through cuda-python or ctypes alike, while
 launching a whole graph costs 2.6 us. So a program about to run for the :data:`GRAPH_AFTER`-th
@@ -23,14 +23,13 @@ steps' kernels with the buffers they read and write: the executor keys it by tho
 (``compute.buffers``) besides the program's, and makes one only for blocking calls (an async
 call's tensors are marked in use on the streams the steps ran on, which a replay does not
 run on). Its host time is the cache hit, the nodes' values and one launch, where the driver
-calls of four streams and two ``torch.mm`` launches took ~0.3-0.5 ms (session 13's
-host_profile.py, 2 x H200).
+calls of four streams and two ``torch.mm`` launches took ~0.3-0.5 ms (2 x H200).
 
 Only calls whose input and output are peer-reachable on every rank (``conccl.empty`` tensors,
 symmetric memory): a graph replayed some copies of calls on PyTorch's own (caching-allocator)
 tensors as SM kernels (``memcpy32_post``, ``memcpy128``), where the same copies made as driver
 calls stay on copy engines, and a copy-engine collective must not bring that SM back. On 2 x
-H100 (session 7's ``graph_copy_kinds.py`` and the GPU test) the all-gather, all-to-all and
+H100 (tests/gpu/test_gpu_settled_graph.py) the all-gather, all-to-all and
 all-reduce of plain tensors showed them (the staged input's copy read back from the workspace
 as well), the calls on symmetric tensors none; which copies the driver turns into kernels was
 not pinned down (the same plain-to-plain copy was a kernel once and a copy-engine record later
@@ -171,7 +170,7 @@ def graphable_pipeline(lowered: tuple) -> bool:
 def same_gpu_copies(schedule) -> bool:
     """Whether ``schedule`` copies within one GPU (a pull pipeline's staging of a plain input, a
     kept own chunk): captured into a graph, such a copy ran as an SM kernel (``memcpy128``,
-    2 x H200, session 14's run1) where the eager call's is a copy engine's, so a pipeline
+    2 x H200) where the eager call's is a copy engine's, so a pipeline
     holding one keeps its driver calls."""
     return any(isinstance(op, Copy) and op.transfer.src_rank == op.transfer.dst_rank
                for ops in schedule.slots for op in ops)

@@ -211,7 +211,7 @@ def spin_before_reductions(ops, max_waits: int = 8) -> list:
     behind the reduction.
 
     Why there only: a kernel polling the word wakes ~4 us sooner than a stream memory wait
-    (2 x H100, benchmarks/2026-11-26-h100x2-latency: 5.6 against 9.9 us one way in a graph),
+    (2 x H100: 5.6 against 9.9 us one way in a graph, docs/results.md),
     and that gain survives where SM work follows the wait (a copy queued behind a kernel starts
     ~1.5 us later than behind a memop, which ate it); the reduction takes an SM anyway. The
     same words and values as the waits: the protocol is unchanged, and ranks may differ. A

@@ -1,8 +1,8 @@
 """A settled eager pipeline (a ``conccl.tp`` call) captured once as a CUDA graph and launched
-whole (issue 38 item 4).
+whole.
 
-An eager pipelined call costs ~0.3-0.5 ms of host time on 2 x H200 (session 13's
-host_profile.py): the driver calls of four streams, two ``torch.mm`` launches, events. Called
+An eager pipelined call costs ~0.3-0.5 ms of host time on 2 x H200 (docs/results.md,
+host time): the driver calls of four streams, two ``torch.mm`` launches, events. Called
 again on the same buffers (a decode loop, a layer's steps), from the GRAPH_AFTER-th call with
 the same GEMM-step buffers its whole program (every slot, its GEMM steps included) is one graph,
 whose stream memory operations get the call's sequence number per launch
@@ -111,7 +111,7 @@ def _pieces(ex, schedule, address) -> list:
     """``schedule`` (an eager pipeline) lowered for a settled graph: where its marks become
     graph edges (:func:`conccl.schedule.captured.mark_edges`, as a captured pipeline's do), one piece per
     segment, lowered alone; else one per slot of the whole program. An edge leaves no stream
-    memory operation between two GEMM steps (session 13: ~5 us of GPU idle at decode size) and
+    memory operation between two GEMM steps (~5 us of GPU idle at decode size) and
     no node whose value a launch must set. The marks are this rank's own words: a peer on
     driver calls awaits none of them, so ranks may still take different routes."""
     def lowered(s):
@@ -135,7 +135,7 @@ def queue_captured(pieces, origin, cu_origin, side, seq: int, on) -> list:
     its driver handle), as :meth:`CudaCopyEngineExecutor.run` queues a pipeline's slots: a fork
     recorded on ``origin`` before anything (the control slot waits for the peers' signals of
     this call, which the other slots' copies let them send: a push pipeline's graph forked after
-    it hung on 2 x H200, session 14 run2); every other slot on ``side(slot)`` -> (stream, driver
+    it hung on 2 x H200); every other slot on ``side(slot)`` -> (stream, driver
     handle), waiting for the fork first; an event recorded after a mark's writer and waited on
     before its awaiter (a graph edge); each side stream joined back into ``origin`` whatever
     happens (a capture must end on a joined graph). ``on(stream)``: the GEMM steps as called on

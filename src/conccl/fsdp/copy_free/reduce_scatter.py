@@ -40,7 +40,7 @@ def _reduce_arg(name: str, args, kwargs):
 # after them. Marking them with record_stream instead kept each freed gradient's block from the
 # compute stream until the caching allocator saw the event complete, in host time, while the host
 # runs far ahead in backward: new segments every layer (3.6 GiB reserved and unallocated at
-# 2048 tokens, benchmarks/2026-11-26-h100x2-moe/run12). Held here, they are dropped on the
+# 2048 tokens). Held here, they are dropped on the
 # compute stream after it waits for that event (FSDP keeps its packed input the same way): at
 # the next reduction, and at the end of the backward pass.
 _HELD: dict = {}  # device index -> [(gradients, the reduce-scatter's event, the stream they were made on)]

@@ -8,8 +8,7 @@ writes them there); FSDP uses and frees them on the compute stream. Marked with
 ``record_stream``, a freed block is reusable only once the caching allocator sees the compute
 stream's event complete, and the host runs ~100 ms ahead of the GPU in a training step: every
 gather found the last ones still pending and took a new segment (12.8 GiB reserved and
-unallocated on the all-gather stream at 8192 tokens, against FSDP's own 1.8 GiB:
-benchmarks/2026-11-26-h100x2-moe/run11).
+unallocated on the all-gather stream at 8192 tokens, against FSDP's own 1.8 GiB).
 
 How: FSDP's free of such a parameter (``FSDPParam.free_unsharded_param``, wrapped) records an
 event on the stream that frees it and returns the block to its pool at once; the next gather of
