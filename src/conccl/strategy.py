@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Impl", "Partition", "Strategy", "STRATEGIES", "PAPER_STRATEGIES", "RP_SMS", "RP_SMS_QUICK",
+__all__ = ["Mover", "Partition", "Strategy", "STRATEGIES", "PAPER_STRATEGIES", "RP_SMS", "RP_SMS_QUICK",
            "CE_RP_SMS", "CE_RP_SMS_QUICK", "strategies_for", "strategy_for", "runtime_strategies"]
 
 # SMs reserved for the collective in resource-partitioning sweeps (powers of two, as the
@@ -24,7 +24,7 @@ CE_RP_SMS = (8, 16)
 CE_RP_SMS_QUICK = (8,)
 
 
-class Impl(str, enum.Enum):
+class Mover(str, enum.Enum):
     """Who moves the collective's bytes. A ``str`` enum: results files store the value."""
 
     NCCL = "nccl"          # NCCL's SM kernels
@@ -50,7 +50,7 @@ class Partition(str, enum.Enum):
 class Strategy:
     name: str
     description: str
-    impl: Impl
+    impl: Mover
     comm_first: bool = False
     high_priority: bool = False
     partition: Partition | None = None
@@ -61,7 +61,7 @@ class Strategy:
     @property
     def runtime_applies(self) -> bool:
         """The planner may pick it and ``conccl.overlap`` run it (NCCL or conccl; not the references)."""
-        return self.impl in (Impl.NCCL, Impl.CONCCL)
+        return self.impl in (Mover.NCCL, Mover.CONCCL)
 
     def runs(self, collective: str) -> bool:
         return self.collectives is None or collective in self.collectives
@@ -76,21 +76,21 @@ class Strategy:
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
-    Strategy("c3_base", "NCCL collective, GEMM launched first", Impl.NCCL),
-    Strategy("c3_sp", "schedule prioritization: NCCL collective launched first", Impl.NCCL, comm_first=True),
-    Strategy("c3_sp_hp", "c3_sp with NCCL's stream at high priority", Impl.NCCL, comm_first=True, high_priority=True),
+    Strategy("c3_base", "NCCL collective, GEMM launched first", Mover.NCCL),
+    Strategy("c3_sp", "schedule prioritization: NCCL collective launched first", Mover.NCCL, comm_first=True),
+    Strategy("c3_sp_hp", "c3_sp with NCCL's stream at high priority", Mover.NCCL, comm_first=True, high_priority=True),
     Strategy("c3_rp", "resource partitioning: GEMM in a green context, NCCL capped to the reserved SMs as CTAs",
-             Impl.NCCL, partition=Partition.NCCL_CTAS),
-    Strategy("c3_sp_rp", "c3_sp and c3_rp together", Impl.NCCL, comm_first=True, partition=Partition.NCCL_CTAS),
+             Mover.NCCL, partition=Partition.NCCL_CTAS),
+    Strategy("c3_sp_rp", "c3_sp and c3_rp together", Mover.NCCL, comm_first=True, partition=Partition.NCCL_CTAS),
     Strategy("conccl", "conccl copy-engine collective (no SM; a persistent op, agreed with the peers once), "
-             "GEMM launched first", Impl.CONCCL),
-    Strategy("conccl_rp", "conccl, and the GEMM gives up SMs (green context)", Impl.CONCCL,
+             "GEMM launched first", Mover.CONCCL),
+    Strategy("conccl_rp", "conccl, and the GEMM gives up SMs (green context)", Mover.CONCCL,
              partition=Partition.GEMM_ONLY),
     Strategy("auto", "the planner's choice from the shipped hardware profile, run by conccl.overlap(plan='auto')",
-             Impl.AUTO, reference=True),
+             Mover.AUTO, reference=True),
     # PyTorch's op gathers only: the one strategy restricted to a collective.
     Strategy("torch_lc", "reference: PyTorch _low_contention_all_gather (copy engines + barrier kernel)",
-             Impl.TORCH_LC, collectives=("all_gather",), reference=True),
+             Mover.TORCH_LC, collectives=("all_gather",), reference=True),
 ]}
 
 # The paper's strategies in its order; the others are extra rows.
@@ -108,7 +108,7 @@ def runtime_strategies() -> list[str]:
 
 def strategy_for(impl: str, comm_first: bool, high_priority: bool, partitioned: bool) -> str:
     """The name of the strategy a combination of knobs amounts to."""
-    if Impl(impl) is Impl.CONCCL:
+    if Mover(impl) is Mover.CONCCL:
         return "conccl_rp" if partitioned else "conccl"
     if partitioned:
         return "c3_sp_rp" if comm_first else "c3_rp"
