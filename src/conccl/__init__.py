@@ -64,17 +64,17 @@ from __future__ import annotations
 import importlib
 
 from . import _version
-from .errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument, UnsupportedGroup
+from .errors import InvalidArgument
 from .group.persistent import PersistentCollective
 from .schedule.base import Algorithm, StreamMode
-from .group.work import Work
 
 __version__ = _version.__version__
 
 
 def __getattr__(name):
-    # The API module (and the CUDA executor behind it) loads on first use, keeping
-    # `import conccl` light for the CLI and the pure parts (plans, reference executor).
+    # What needs torch loads on first use (the API module and the CUDA executor behind it, the
+    # collective errors, whose base is torch's, and Work, which raises them), keeping
+    # `import conccl` free of torch and numpy for the CLI and the pure parts (plans, reference executor).
     if name in {"all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor", "all_reduce",
                 "persistent_all_gather_into_tensor", "persistent_all_to_all_single",
                 "persistent_reduce_scatter_tensor", "persistent_all_reduce", "reserve_graph_workspace", "empty", "release", "set_options", "destroy", "get_communicator",
@@ -85,6 +85,16 @@ def __getattr__(name):
         # eager call made as conccl.all_gather_into_tensor(...)).
         value = globals()[name] = getattr(api, name)
         return value
+    if name in {"CollectiveError", "CollectiveTimeout", "GroupBroken", "UnsupportedGroup"}:
+        from . import errors
+
+        value = globals()[name] = getattr(errors, name)
+        return value
+    if name == "Work":
+        from .group.work import Work
+
+        globals()[name] = Work
+        return Work
     if name in {"tp", "fsdp", "ep"}:  # the submodule loads (and becomes this attribute) on first use
         return importlib.import_module(f"{__name__}.{name}")
     if name in {"overlap", "run_concurrently", "get_plan", "plan_cache_info", "set_eager_path"}:
