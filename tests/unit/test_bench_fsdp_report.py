@@ -62,12 +62,12 @@ def test_segments_are_summed_per_stream_they_were_made_on_largest_first(monkeypa
 def test_host_profile_names_the_model_s_own_functions_per_step_and_the_table_shows_them():
     import torch
 
-    from conccl.bench import fsdp as bench_fsdp
+    from conccl.bench import fsdp as bench_fsdp, fsdp_profile
 
     shape = bench_fsdp.ModelShape(dim=32, ffn=64, heads=2, layers=2)
     model = bench_fsdp.Model(shape)
     x = torch.randn(1, 8, 32)
-    hp = bench_fsdp._host_profile(model, x, steps=2)
+    hp = fsdp_profile.host_profile(model, x, steps=2)
     assert hp["steps"] == 2 and hp["host_ms_per_step_profiled"] > 0
     assert set(hp["gc_ms_per_step"]) == {"generation 0", "generation 1", "generation 2"}
     assert all(v >= 0 for v in hp["gc_ms_per_step"].values()) and hp["gc_collections_per_step"] >= 0
@@ -86,7 +86,7 @@ def test_host_profile_names_the_model_s_own_functions_per_step_and_the_table_sho
 
 
 def test_overlap_splits_copy_time_into_beside_kernels_and_alone_and_the_table_says_it():
-    from conccl.bench.fsdp import overlap
+    from conccl.bench.fsdp_profile import overlap
 
     # kernels 0-10 and 8-20 (one busy span 0-20) and 30-40; copies 5-25 and 38-45 (us)
     o = overlap([(0, 10), (8, 20), (30, 40)], [(5, 25), (38, 45)])
