@@ -119,10 +119,10 @@ def _rank(rank, world, shapes, schedules, warmup, rounds, op="ag_gemm"):
     from torch.profiler import ProfilerActivity, profile
 
     import conccl
-    from conccl.bench.tp import _async_tp
+    from conccl.bench.async_tp import world_async_tp
     ctp = conccl.tp
 
-    async_tp = _async_tp(torch, dist)
+    async_tp = world_async_tp(torch, dist)
     out = []
     for M, K, N in shapes:
         g = torch.Generator(device="cuda").manual_seed(rank)

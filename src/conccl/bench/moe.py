@@ -40,7 +40,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from .moe_layer import LAYER_VARIANTS, ROUTINGS, _grouped_gemm, _timed, routing, time_layer, train_both
-from .tp import slowest
+from .timing import slowest
 
 IMPLS = ("conccl", "conccl_fixed", "conccl_graph", "reference", "reference_scatter_add", "nccl_a2a", "conccl_a2a")
 

@@ -5,7 +5,7 @@ timed call, the grouped expert GEMM). The per-call figures and the report are
 :mod:`conccl.bench.moe`'s; ``cfg`` is its ``MoEBenchConfig``."""
 from __future__ import annotations
 
-from .tp import slowest
+from .timing import slowest
 
 ROUTINGS = ("random", "skewed")
 LAYER_VARIANTS = ("conccl_overlapped", "conccl_chunks_in_turn", "conccl", "conccl_fixed_overlapped", "conccl_fixed",

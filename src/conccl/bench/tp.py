@@ -14,7 +14,7 @@ implementation:
 Timing: warm-ups, then ``runs`` timed rounds with CUDA events on every rank; a round runs every
 implementation of the shape once, in turn, so clock and power drift (which moved one H100's
 times by 5-10% over a shape's runs) falls on all of them alike; per rank the median, then the
-slowest rank's median (and its spread). Correctness on every case: each result is
+slowest rank's median (and its spread): :mod:`conccl.bench.timing`. Correctness on every case: each result is
 compared with ``serial_nccl``'s (bf16: within the rounding a GEMM cut into other row blocks
 may change; ``wrong`` counts the cases outside it).
 
@@ -24,21 +24,21 @@ for a ``model_world``-rank pipeline run back to back (its decomposition), beside
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 
 from ..schedule.pipeline import TPSchedule, gemm_steps
+from .async_tp import world_async_tp
+from .timing import aligner, every_rank, slowest, timed_in_turn
 
 OPS = ("ag_gemm", "gemm_rs")
-# The issue's all-gather+GEMM shapes and the row-parallel shapes of the same models.
+# The all-gather+GEMM shapes conccl's tensor-parallel goals name, and the row-parallel shapes
+# of the same models.
 DEFAULT_SHAPES = {
     "ag_gemm": ((8192, 8192, 14336), (16384, 8192, 14336), (4096, 8192, 8192), (32768, 4096, 7168),
                 (8192, 8192, 7168), (8192, 4096, 14336), (1024, 8192, 7168), (16384, 8192, 7168)),
     "gemm_rs": ((8192, 14336, 8192), (16384, 14336, 8192), (4096, 8192, 8192), (32768, 7168, 4096),
                 (8192, 3584, 8192), (8192, 7168, 4096), (1024, 3584, 8192), (16384, 7168, 8192)),
 }
-HOST_AHEAD_CYCLES = 2_000_000  # ~1 ms at H100/H200 clocks: longer than queueing any run
 DEFAULT_SCHEDULES = ("serial", "ring", "direct", "direct-p2", "direct-p4", "direct-p4-g2", "ring-p2", "push", "push-s2")
 
 
@@ -62,7 +62,8 @@ class TPBenchConfig:
     # Before each run (after the GPU's sleep), a one-element NCCL all-reduce on the caller's
     # stream, so the ranks' GPUs start the run within microseconds of each other: the figure
     # is then the op's own, not the skew of the hosts' wake-ups (tens of microseconds, which at
-    # decode size moved 30-100-run medians by up to 45% between runs, session 13's run3/run5).
+    # decode size moved medians by up to 45% between processes: docs/results.md, "The
+    # GEMM+reduce-scatter's tail, aligned timing, eager host time").
     align: bool = False
 
 
@@ -89,65 +90,13 @@ def grain_of(tp: TPSchedule) -> str:
     return f"p{tp.pieces}-g{tp.gemm_pieces}"
 
 
-def timed_in_turn(torch, fns: list, warmup: int, runs: int, host: list | None = None,
-                  sleep_cycles: int = HOST_AHEAD_CYCLES, align=None) -> list[list[float]]:
-    """Milliseconds per run of each of ``fns``, timed in rounds that run each once, in turn.
-    ``host``: a list that receives, per fn, the host's milliseconds to queue each run;
-    ``sleep_cycles``: the GPU's sleep before each run, longer than the host's queueing of it;
-    ``align``: queued after the sleep, before the start event (``TPBenchConfig.align``)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out: list[list[float]] = [[] for _ in fns]
-    queued: list[list[float]] = [[] for _ in fns]
-    for i in range(warmup + runs):
-        for j, fn in enumerate(fns):
-            # The GPU sleeps while the host queues the run: the events time the GPU's work, not
-            # the host's launches (which a training step's host, running ahead, hides; where it
-            # cannot, at small shapes, the host time is the figure: ``host``).
-            torch.cuda._sleep(sleep_cycles)
-            if align is not None:
-                align()
-            start.record()
-            t0 = time.perf_counter()
-            fn()
-            t1 = time.perf_counter()
-            end.record()
-            end.synchronize()
-            if i >= warmup:
-                out[j].append(start.elapsed_time(end))
-                queued[j].append(1e3 * (t1 - t0))
-    if host is not None:
-        host[:] = queued
-    return out
-
-
-def _aligner(torch, dist, dev):
-    """A one-element NCCL all-reduce on the current stream: every rank's GPU leaves it within
-    microseconds of the others (``TPBenchConfig.align``)."""
-    one = torch.zeros(1, device=dev)
-    return lambda: dist.all_reduce(one)
-
-
-def _every(dist, world: int, mine) -> list:
-    """Every rank's ``mine`` (a picklable object), in rank order."""
-    if world == 1:
-        return [mine]
-    every = [None] * world
-    dist.all_gather_object(every, mine)
-    return every
-
-
-def slowest(dist, world: int, ms: list[float]) -> tuple[float, float]:
-    """(slowest rank's median, its spread) over the group."""
-    return max(_every(dist, world, (statistics.median(ms), (max(ms) - min(ms)) / statistics.median(ms))))
-
-
 def gathered_input(dist, a_in, M: int, world: int):
     """The all-gather+GEMM's gathered ``A`` (``M`` rows: every rank's ``a_in``), which
     ``gemm_only`` and the serial schedules multiply. Filled before anything is timed: a GEMM's
-    speed depends on its data, and an uninitialised ``A`` (before 2026-11-27, unless a serial
-    schedule had gathered into it first) made the GEMM alone 0.613 ms at 4096x8192x8192 on
-    2 x H100 where the same GEMM on the gathered random rows takes 0.707 (session 15), so every
-    ratio to it was off, by up to 15% there."""
+    speed depends on its data, and on an uninitialised ``A`` the GEMM alone was measured 15%
+    faster than on the gathered random rows at 4096x8192x8192 on 2 x H100 (docs/results.md,
+    "Settled pipelines with their marks as graph edges"), which put every ratio to it off by as
+    much."""
     full = a_in.new_empty((M, a_in.shape[1]))
     if world == 1:
         full.copy_(a_in)
@@ -167,7 +116,7 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
     dt = getattr(torch, cfg.dtype)
     dev = torch.device("cuda", torch.cuda.current_device())
     records: list[Record] = []
-    async_tp = _async_tp(torch, dist) if world > 1 and "torch_async_tp" in cfg.impls else None
+    async_tp = world_async_tp(torch, dist) if world > 1 and "torch_async_tp" in cfg.impls else None
     if cfg.graph and world > 1:
         conccl.reserve_graph_workspace(graph_workspace_bytes(cfg, world))
     for op in cfg.ops:
@@ -217,7 +166,7 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
                     ran.append((impl, schedule, fn, not _close(torch, result, reference)))
                 except Exception as e:  # noqa: BLE001 - a case that cannot run is a record, not the end
                     failed[(impl, schedule)] = f"{type(e).__name__}: {str(e)[:200]}"
-            everywhere = set.intersection(*_every(dist, world, {(i, s) for i, s, _, _ in ran}))
+            everywhere = set.intersection(*every_rank(dist, world, {(i, s) for i, s, _, _ in ran}))
             for impl, schedule, _, _ in ran:
                 if (impl, schedule) not in everywhere:
                     failed[(impl, schedule)] = "failed on another rank"
@@ -234,7 +183,7 @@ def run_rank(rank: int, world: int, cfg: TPBenchConfig, progress=None) -> list:
             host: list = []
             try:
                 times = timed_in_turn(torch, [gemm_only] + [fn for _, _, fn, _ in ran], cfg.warmup, cfg.runs, host,
-                                      align=_aligner(torch, dist, dev) if cfg.align and world > 1 else None)
+                                      align=aligner(torch, dist, dev) if cfg.align and world > 1 else None)
             except Exception as e:  # noqa: BLE001 - the shape's timings are lost, not the run
                 why = f"timing: {type(e).__name__}: {str(e)[:200]}"
                 records.append(Record(op, M, K, N, world, "gemm_only", None, None, None, None, None, error=why))
@@ -290,7 +239,7 @@ def _graphed(torch, dist, world: int, fns: list):
             why = f"capture: {type(e).__name__}: {str(e)[:160]}"
         # agreed after each capture: a rank going on to capture a conccl call its peer does not
         # make would wait for that peer on the board
-        why = next((w for w in _every(dist, world, why) if w), None)
+        why = next((w for w in every_rank(dist, world, why) if w), None)
         if why:
             torch.cuda.synchronize()
             return None, why
@@ -340,38 +289,6 @@ def _impls(torch, dist, conccl, ctp, cfg, op, a_in, wt, full, prod, out_rs, asyn
         name = ctp.resolve_schedule("auto", op, M, wt.shape[0], wt.shape[1], world, a_in.dtype, a_in.device).name
         out.append(("conccl_auto", name, lambda: pipelined("auto")))
     return out
-
-
-class _AsyncTP:
-    def __init__(self, torch, group_name):
-        self.torch, self.group_name = torch, group_name
-        self.return_a = False  # as conccl's op without return_gathered: the gathered A not made
-
-    def ag(self, a, w):
-        op = self.torch.ops.symm_mem.fused_all_gather_matmul
-        if not self.return_a:
-            try:
-                return op(a, [w], 0, self.group_name, return_A=False)[1][0]
-            except (TypeError, RuntimeError) as e:  # a PyTorch whose op has no return_A
-                if "return_A" not in str(e):
-                    raise
-                self.return_a = True
-        return op(a, [w], 0, self.group_name)[1][0]
-
-    def rs(self, a, w):
-        return self.torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, self.group_name)
-
-
-def _async_tp(torch, dist):
-    """PyTorch's async-TP ops on the world group, or None where this PyTorch lacks them."""
-    try:
-        from torch.distributed import _symmetric_memory as symm_mem
-
-        name = dist.group.WORLD.group_name
-        symm_mem.enable_symm_mem_for_group(name)
-        return _AsyncTP(torch, name)
-    except Exception:  # noqa: BLE001 - recorded as an error per case by the caller's absence
-        return None
 
 
 def _decomposition(torch, cfg, op, M, name, src, wt, prod):

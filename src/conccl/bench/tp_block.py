@@ -22,7 +22,7 @@ weight gradients GEMMs over the gathered rows. Implementations, each the same ma
 - ``conccl``: :class:`conccl.tp.ColumnParallelLinear` and :class:`~conccl.tp.RowParallelLinear`
   (their schedules: ``auto`` and each asked for).
 
-Timing as the op bench (:func:`conccl.bench.tp.timed_in_turn`): implementations in turn, the GPU
+Timing as the op bench (:func:`conccl.bench.timing.timed_in_turn`): implementations in turn, the GPU
 asleep while the host queues an iteration (longer than the host needs, measured first), CUDA
 events, the slowest rank's median; the host's time per iteration beside it. Checked: each
 implementation's output and gradients against serial NCCL's (bit for bit or the largest
@@ -33,11 +33,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .async_tp import world_async_tp
+from .timing import every_rank, sleep_cycles_for, slowest, timed_in_turn
+
 DEFAULT_BLOCK = (8192, 4096, 14336)  # tokens (all ranks), d, ffn: Llama-3 8B's MLP
 # bf16 block against the unsharded one, as the largest difference over the largest magnitude:
 # the sharded sums (a reduce-scatter of world partials) round differently than one GEMM's.
 UNSHARDED_TOL = 2e-2
-CYCLES_PER_MS = 2_000_000  # the sleep kernel's cycles per millisecond, about, at H100/H200 clocks
 
 
 @dataclass(frozen=True)
@@ -225,7 +227,6 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
     import torch.distributed as dist
 
     from .. import tp as ctp
-    from .tp import _async_tp, _every, slowest, timed_in_turn
 
     tokens, d, ffn = block
     if tokens % world or ffn % world:
@@ -268,7 +269,7 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
 
     impls = [("compute_only", None, plain(_ComputeOnlyOps(torch, rank, world, rows, d, fs, dt, dev))),
              ("serial_nccl", None, plain(_NcclOps(torch, dist, world)))]
-    async_tp = _async_tp(torch, dist)
+    async_tp = world_async_tp(torch, dist)
     if async_tp is not None:
         impls.append(("torch_async_tp", None, plain(_AsyncTPOps(torch, async_tp.group_name))))
     try:
@@ -294,7 +295,7 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
                                        error=f"{type(e).__name__}: {str(e)[:200]}"))
             continue
         ran.append((impl, schedule, step, params, got))
-    everywhere = set.intersection(*_every(dist, world, {(i, s) for i, s, *_ in ran}))
+    everywhere = set.intersection(*every_rank(dist, world, {(i, s) for i, s, *_ in ran}))
     for impl, schedule, *_ in ran:
         if (impl, schedule) not in everywhere:
             records.append(BlockRecord(tokens, d, ffn, world, impl, schedule, None, None, None, None,
@@ -312,15 +313,15 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
 
     fns = [zeroed(step, params) for _, _, step, params, _ in ran]
     host: list = []
-    cycles = _sleep_for(torch, fns)
+    cycles = sleep_cycles_for(torch, fns)
     times = timed_in_turn(torch, fns, warmup, runs, host, sleep_cycles=cycles)
     base = slowest(dist, world, times[0])[0] if ran and ran[0][0] == "compute_only" else None
     for (impl, schedule, _, _, got), ms, queued in zip(ran, times, host):
         med, spread = slowest(dist, world, ms)
         cmp = None if nccl is None or impl in ("compute_only", "serial_nccl") else _compare(torch, got, nccl)
-        rel = None if impl == "compute_only" else max(_every(dist, world, _relative(torch, got, reference)))
-        bitwise = None if cmp is None else all(_every(dist, world, cmp[0]))
-        diff = None if cmp is None else max(_every(dist, world, cmp[1]))
+        rel = None if impl == "compute_only" else max(every_rank(dist, world, _relative(torch, got, reference)))
+        bitwise = None if cmp is None else all(every_rank(dist, world, cmp[0]))
+        diff = None if cmp is None else max(every_rank(dist, world, cmp[1]))
         picks = auto_picks(ctp, schedule, tokens, d, fs, world, dt, dev) if impl.startswith("conccl") else None
         records.append(BlockRecord(tokens, d, ffn, world, impl, schedule, med, spread,
                                    med / base if base else None, slowest(dist, world, queued)[0],
@@ -328,23 +329,6 @@ def run_rank(rank: int, world: int, block=DEFAULT_BLOCK, schedules=("auto",), wa
         if progress is not None and rank == 0:
             progress(records[-1])
     return records
-
-
-def _sleep_for(torch, fns) -> int:
-    """Sleep cycles that outlast the host's queueing of the slowest implementation (x1.5; each
-    timed on its second call, the first having loaded kernels and made programs; at most 50 ms)."""
-    import time
-
-    worst = 0.0
-    for fn in fns:
-        for _ in range(2):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            took = time.perf_counter() - t0
-        worst = max(worst, took)
-    torch.cuda.synchronize()
-    return int(min(50.0, max(1.0, 1.5e3 * worst)) * CYCLES_PER_MS)
 
 
 def _compare(torch, got, want) -> tuple[bool, float]:

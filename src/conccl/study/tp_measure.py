@@ -30,7 +30,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..bench.tp import HOST_AHEAD_CYCLES
+from ..bench.timing import HOST_AHEAD_CYCLES
 
 FORMAT = "conccl-tp-characterization/1"
 
