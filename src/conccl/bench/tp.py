@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from ..schedule.pipeline import TPSchedule, gemm_steps
+from ..schedule.tp_schedule import TPSchedule, gemm_steps
 from .async_tp import world_async_tp
 from .timing import aligner, every_rank, slowest, timed_in_turn
 

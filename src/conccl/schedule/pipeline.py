@@ -40,116 +40,21 @@ executor). In a CUDA graph a mark is an edge instead (an event recorded after it
 waited on before its awaiter: :func:`conccl.schedule.captured.mark_edges`), and the waits for the peers
 right before a GEMM+reduce-scatter's sum are one spin-wait kernel
 (:func:`conccl.executors.cuda.program.spin_before_reductions`). The schedule choice
-(:class:`TPSchedule`) is plain data too: the planner's ``auto`` picks one per shape
-(:mod:`conccl.planner.tp`).
+(:class:`TPSchedule`, :mod:`conccl.schedule.tp_schedule`) is plain data too: the planner's
+``auto`` picks one per shape (:mod:`conccl.planner.tp`).
 """
 from __future__ import annotations
 
 import dataclasses
-import enum
-from dataclasses import dataclass
 
 from ..collectives.direct import number_slots, workspace_slot
 from ..errors import InvalidArgument
 from .base import (MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Phase, Reduce, ResetSignal, Schedule,
-                       SetSignal, Signal, StreamMode, WaitSignal)
+                   SetSignal, Signal, WaitSignal)
+# The choice these pipelines are built from, named here too: callers of the pipelines import it here.
+from .tp_schedule import SERIAL, Order, TPSchedule, gemm_steps, grouped_steps, piece_order, split_rows
 
-
-class Order(enum.Enum):
-    """In which order a rank's peers' pieces move."""
-
-    RING = "ring"  # one peer after another, on one stream (each peer's link alone)
-    DIRECT = "direct"  # every peer at once, a stream each; piece j of every peer before piece j+1
-
-
-@dataclass(frozen=True)
-class TPSchedule:
-    """How a tensor-parallel op overlaps its collective with its GEMM.
-
-    ``pieces``: each rank's shard is cut into that many row pieces (1: shard-level, FiCCO's
-    coarse grain; more: its finer grain); ``gemm_pieces``: how many landed pieces one GEMM
-    covers (the GEMM grain, decoupled from the transfer grain; rows must be contiguous);
-    ``serial``: the whole collective, then one GEMM (the baseline every schedule must equal);
-    ``gemm_streams``: the GEMM steps alternate over that many streams (1 or 2), so a step whose
-    rows have landed starts on the SMs the previous step's last wave leaves idle, as PyTorch's
-    async-TP runs its two GEMMs at world 2 (on one stream each step waits for the last one's tail).
-    ``push`` (all-gather+GEMM only): each rank pushes its shard from its own input into every
-    peer's workspace on the copy engines (the flat all-gather's ``Algorithm.STAGED_PUSH``), and
-    each peer's GEMM step reads it there: no staging copy (a same-GPU copy on SMs, which the
-    pull pipelines make of a plain input) and no wait for one; whole shards, every peer at once.
-    """
-
-    serial: bool = False
-    order: Order = Order.DIRECT
-    pieces: int = 1
-    gemm_pieces: int = 1
-    gemm_streams: int = 1
-    push: bool = False
-
-    def __post_init__(self):
-        if not isinstance(self.order, Order):
-            raise InvalidArgument(f"order must be a conccl.schedule.pipeline.Order, got {self.order!r}")
-        if self.pieces < 1 or self.gemm_pieces < 1:
-            raise InvalidArgument(f"pieces and gemm_pieces must be >= 1, got {self.pieces}, {self.gemm_pieces}")
-        if self.gemm_streams not in (1, 2):
-            raise InvalidArgument(f"gemm_streams must be 1 or 2, got {self.gemm_streams}")
-        if self.serial and (self.pieces, self.gemm_pieces, self.gemm_streams) != (1, 1, 1):
-            raise InvalidArgument("a serial schedule moves whole shards and runs one GEMM")
-        if self.push and (self.serial or self.order is not Order.DIRECT or (self.pieces, self.gemm_pieces) != (1, 1)):
-            raise InvalidArgument("a push schedule moves whole shards to every peer at once (push, push-s2)")
-
-    @property
-    def name(self) -> str:
-        """How results and the CLI spell it: serial, ring, direct, direct-p4, direct-p4-g2, direct-s2,
-        push, push-s2."""
-        if self.serial:
-            return "serial"
-        s = "push" if self.push else self.order.value
-        if self.pieces > 1:
-            s += f"-p{self.pieces}"
-        if self.gemm_pieces > 1:
-            s += f"-g{self.gemm_pieces}"
-        if self.gemm_streams > 1:
-            s += f"-s{self.gemm_streams}"
-        return s
-
-    @classmethod
-    def parse(cls, name: str) -> "TPSchedule":
-        """The inverse of :attr:`name`; InvalidArgument naming what is accepted otherwise."""
-        if name == "serial":
-            return cls(serial=True)
-        head, *rest = name.split("-")
-        try:
-            push = head == "push"
-            order = Order.DIRECT if push else Order(head)
-            kw = {"pieces": 1, "gemm_pieces": 1, "gemm_streams": 1}
-            for part in rest:
-                key = {"p": "pieces", "g": "gemm_pieces", "s": "gemm_streams"}[part[0]]
-                kw[key] = int(part[1:])
-        except (ValueError, KeyError, IndexError):
-            raise InvalidArgument(f"unknown tensor-parallel schedule {name!r}: serial, ring, direct, push, or "
-                                  "ORDER-pK-gG-sS (e.g. direct-p4-g2: each shard in 4 pieces, one GEMM per 2 pieces; "
-                                  "-s2: the GEMM steps alternate over 2 streams; push-s2)") from None
-        return cls(order=order, push=push, **kw)
-
-    def stream_mode(self) -> StreamMode:
-        """The flat collective's stream mode this schedule transforms."""
-        return StreamMode.PER_PEER if self.order is Order.DIRECT else StreamMode.SINGLE
-
-    def flat_algorithm(self) -> Algorithm:
-        """The flat all-gather's algorithm this schedule transforms: a push pipeline's pushes
-        into the peers' workspace (``STAGED_PUSH``), every other's pull."""
-        return Algorithm.STAGED_PUSH if self.push else Algorithm.PULL
-
-
-SERIAL = TPSchedule(serial=True)
-
-
-def split_rows(rows: int, pieces: int) -> list[tuple[int, int]]:
-    """``rows`` cut into ``pieces`` contiguous [start, end) ranges as equal as whole rows allow
-    (empty ranges dropped: a shard of fewer rows than pieces moves in fewer pieces)."""
-    bounds = [rows * j // pieces for j in range(pieces + 1)]
-    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+__all__ = ["Order", "TPSchedule", "SERIAL", "split_rows", "gemm_steps", "gather_then_gemm", "gemm_then_scatter"]
 
 
 def _check(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int):
@@ -161,31 +66,8 @@ def _check(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int):
                               "use fewer pieces")
 
 
-def _piece_order(world: int, rank: int, tp: TPSchedule, rows: int):
-    """Peer pieces (peer, j, row range within the shard) in the order they move."""
-    peers = [(rank + step) % world for step in range(1, world)]
-    cuts = split_rows(rows, 1 if tp.serial else tp.pieces)
-    if tp.order is Order.RING or tp.serial:
-        return [(p, j, cut) for p in peers for j, cut in enumerate(cuts)]
-    return [(p, j, cut) for j, cut in enumerate(cuts) for p in peers]
-
-
 def _word(peer: int, j: int, pieces: int) -> int:
     return peer * pieces + j
-
-
-def _gemm_steps(order, rows: int, gemm_pieces: int):
-    """Group pieces (in arrival order) into GEMM steps of up to ``gemm_pieces`` pieces whose
-    rows are contiguous in the gathered output: [(row_start, row_end, (pieces...)), ...]."""
-    steps: list = []
-    for p, j, (a, b) in order:
-        start, end = p * rows + a, p * rows + b
-        if steps and len(steps[-1][2]) < gemm_pieces and steps[-1][1] == start:
-            s = steps[-1]
-            steps[-1] = (s[0], end, s[2] + ((p, j),))
-        else:
-            steps.append((start, end, ((p, j),)))
-    return steps
 
 
 def _gemm_slots(steps: list, streams: int) -> list:
@@ -193,24 +75,6 @@ def _gemm_slots(steps: list, streams: int) -> list:
     each slot's steps stay in order, and a step waits only for its own pieces, not for the
     step before it on the other stream."""
     return [[op for step in steps[k::streams] for op in step] for k in range(streams)]
-
-
-def gemm_steps(world: int, rank: int, tp: TPSchedule, rows: int, scatter: bool = False) -> list:
-    """The GEMM steps of a pipeline, in the order its GEMM slot runs them: ``[(row_start,
-    row_end, ((peer, piece), ...)), ...]`` (rows of the gathered operand / of the product).
-    An all-gather pipeline starts with the own rows (no piece to wait for); a reduce-scatter
-    one computes the rows bound for each peer in the order they leave, its own last; serial is
-    one step over every row. What :func:`gather_then_gemm` / :func:`gemm_then_scatter` build
-    and what the planner's model times (:mod:`conccl.planner.tp`)."""
-    order = _piece_order(world, rank, tp, rows)
-    npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
-    own = [(rank, j, cut) for j, cut in enumerate(split_rows(rows, npieces))]
-    if tp.serial:
-        every = order + own if scatter else own + order
-        return [(0, world * rows, tuple((p, j) for p, j, _ in every))]
-    if scatter:
-        return _gemm_steps(order + own, rows, tp.gemm_pieces)
-    return [(rank * rows, (rank + 1) * rows, ())] + _gemm_steps(order, rows, tp.gemm_pieces)
 
 
 def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: int, keep_own: bool = True,
@@ -237,7 +101,7 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
         return _push_then_gemm(schedule, tp, rows, row_bytes, keep_own, captured)
     rank, world = schedule.rank, schedule.world
     chunk = rows * row_bytes
-    order = _piece_order(world, rank, tp, rows)
+    order = piece_order(world, rank, tp, rows)
     npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
     own_copied = False  # a serial GEMM reads the own chunk from the output: after its copy
     own_copy = []  # a pipelined schedule's own-chunk copy, moved behind the GEMM steps
@@ -287,7 +151,7 @@ def gather_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: i
         # 6-8% of a decode-size call).
         wait_stage = [AwaitMark(_word(rank, 0, npieces), rank)] if staged else []
         steps.append(wait_stage + [Compute(0, rank * rows, (rank + 1) * rows, own=True)])
-        for i, (start, end, pieces) in enumerate(_gemm_steps(order, rows, tp.gemm_pieces), start=1):
+        for i, (start, end, pieces) in enumerate(grouped_steps(order, rows, tp.gemm_pieces), start=1):
             steps.append([AwaitMark(_word(p, j, npieces), p) for p, j in pieces] + [Compute(i, start, end)])
     gemm = _gemm_slots(steps, tp.gemm_streams)
     gemm[(len(steps) - 1) % len(gemm)] += own_copy  # after the last step, on its stream
@@ -321,7 +185,7 @@ def _push_then_gemm(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: in
     double-buffered call's release frees the other half, which no step of this call reads.
     ``captured``: a captured call's pushes wait for the FREE of the previous replay, which
     each rank sends last (:mod:`conccl.schedule.captured`), so it must come after every read of its
-    region: it goes last on the GEMM slot of the last step (``graphs.graph_schedule`` puts it
+    region: it goes last on the GEMM slot of the last step (``captured.graph_schedule`` puts it
     there), which first waits for the other GEMM slot's end mark. Right behind the last GEMM
     on its own stream, not behind a mark another stream waits for: each hop between streams
     is a memory operation's latency on the call's critical path (the decode shape's whole
@@ -387,9 +251,9 @@ def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: 
     each piece; each piece's copy waits for its mark. The reduction (and the waits for the
     peers' pieces right before it) runs on the stream of the last GEMM step, right behind it:
     the own rows computed there need no mark, and the sum starts as that step ends instead
-    of behind a mark crossing to the control stream (7.4 us between the last GEMM's end and
-    the sum's start at decode size, 1024x3584x8192 on 2 x H200, session 13's timeline); own
-    rows computed on another GEMM slot are awaited by their marks. In a CUDA graph the waits
+    of behind a mark crossing to the control stream (measured sooner at decode size on 2 x
+    H200: docs/results.md, "The GEMM+reduce-scatter's tail, aligned timing, eager host time");
+    own rows computed on another GEMM slot are awaited by their marks. In a CUDA graph the waits
     before the sum become one spin-wait kernel (:func:`conccl.executors.cuda.program.spin_before_reductions`).
     A pure function of plain data."""
     _check(schedule, tp, rows, row_bytes)
@@ -397,7 +261,7 @@ def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: 
         raise InvalidArgument(f"{tp.name} is an all-gather+GEMM schedule; a GEMM+reduce-scatter already pushes")
     rank, world = schedule.rank, schedule.world
     chunk = rows * row_bytes
-    order = _piece_order(world, rank, tp, rows)
+    order = piece_order(world, rank, tp, rows)
     npieces = len(split_rows(rows, 1 if tp.serial else tp.pieces))
     own = [(rank, j, cut) for j, cut in enumerate(split_rows(rows, npieces))]
     reduces = sum(isinstance(op, Reduce) for ops in schedule.slots for op in ops)  # one, from every flat plan
@@ -432,7 +296,7 @@ def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: 
                                                     dst_offset=t.dst_offset + a * row_bytes, nbytes=(b - a) * row_bytes)))
         slots.append(out)
     grouped = ([(0, world * rows, tuple((p, j) for p, j, _ in order + own))] if tp.serial
-               else _gemm_steps(order + own, rows, tp.gemm_pieces))
+               else grouped_steps(order + own, rows, tp.gemm_pieces))
     last = (len(grouped) - 1) % tp.gemm_streams  # the GEMM slot of the last step (steps dealt round-robin)
     steps: list = []  # each GEMM step's ops: the step, then the marks of the pieces it made
     awaited = []  # own pieces made on another GEMM slot than the reduction's: awaited by mark
