@@ -15,13 +15,13 @@ from ..launch import under_torchrun
 from ..units import parse_size
 from ..jsonfile import write_text
 from ..planner.timing import MAX_WORLD
-from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, check_out_file, fail, gpu_world, int_range
+from .common import COMMAND_HELP, EXIT_FAILED, EXIT_OK, add_machine_kind, check_out_file, fail, gpu_world, int_range
 
 MAX_ITERS = 100_000  # -n / -w beyond this would run for days: a typo, not a plan
 
 
 def add_parser(sub) -> None:
-    b = sub.add_parser("bench", help="nccl-tests-style sweep of conccl against NCCL and PyTorch, with an overlap column",
+    b = sub.add_parser("bench", help=COMMAND_HELP["bench"],
                        description="Starts one process per visible GPU (or joins a torchrun launch). Sizes are bytes of "
                                    "output per rank; algbw and busbw are nccl-tests' (a reduce-scatter's from its input "
                                    "bytes, world x the size).")

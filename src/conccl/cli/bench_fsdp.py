@@ -12,7 +12,7 @@ from ..bench import fsdp as bench_fsdp
 from ..bench.environment import environment
 from ..launch import run_per_gpu, under_torchrun
 from ..planner.timing import MAX_WORLD
-from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, fail, gpu_world, int_range
+from .common import COMMAND_HELP, EXIT_FAILED, EXIT_OK, add_machine_kind, fail, gpu_world, int_range
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -26,7 +26,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_parser(sub) -> None:
-    b = sub.add_parser("bench-fsdp", help="FSDP2 training step: no_comm, stock (NCCL), conccl (also: conccl bench fsdp)",
+    b = sub.add_parser("bench-fsdp", help=COMMAND_HELP["bench-fsdp"],
                        description=bench_fsdp.__doc__.split("\n\n")[1].replace("\n", " "))
     b.add_argument("--tokens", default="2048,8192", help="tokens per rank, comma-separated (default 2048,8192)")
     b.add_argument("--configs", default=",".join(bench_fsdp.CONFIGS),

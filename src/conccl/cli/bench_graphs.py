@@ -13,14 +13,13 @@ from ..bench.graphs_run import run_all
 from ..launch import run_per_gpu, under_torchrun
 from ..planner.timing import MAX_WORLD
 from ..units import format_size, parse_size
-from .common import EXIT_FAILED, EXIT_OK, add_machine_kind, check_out_dir, fail, gpu_world, int_range
+from .common import COMMAND_HELP, EXIT_FAILED, EXIT_OK, add_machine_kind, check_out_dir, fail, gpu_world, int_range
 
 MAX_COUNT = 100_000  # calls, replays, runs or warm-ups beyond this would run for days: a typo
 
 
 def add_parser(sub) -> None:
-    b = sub.add_parser("bench-graphs", help="small collectives in a CUDA graph and eager: nccl, conccl, conccl_auto "
-                                            "(also: conccl bench graphs)",
+    b = sub.add_parser("bench-graphs", help=COMMAND_HELP["bench-graphs"],
                        description="Per collective, size (output bytes per rank, bf16) and implementation: --calls "
                                    "calls captured into one CUDA graph and replayed, and the same calls eager; us per "
                                    "call (median of --runs, slowest rank), each case checked against NCCL bit for "

@@ -10,12 +10,13 @@ from ..bench import moe as bench_moe
 from ..bench.environment import environment
 from ..launch import run_per_gpu, under_torchrun
 from ..planner.timing import MAX_WORLD
-from .common import EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, comma_list, int_range
+from .common import (COMMAND_HELP, EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, comma_list,
+                     int_range)
 
 
 def add_parser(sub) -> None:
     d = bench_moe.MoEBenchConfig()
-    b = sub.add_parser("bench-moe", help="MoE dispatch and combine against the NCCL reference (also: conccl bench moe)",
+    b = sub.add_parser("bench-moe", help=COMMAND_HELP["bench-moe"],
                        description="Per routing and implementation: dispatch and combine times (the slowest rank's "
                                    "median), rows sent, link bandwidth, kernel time, and the expert GEMM's "
                                    "slowdown beside them; conccl.ep's results checked against the reference's bit "

@@ -18,16 +18,15 @@ from ..schedule.pipeline import TPSchedule
 from ..planner import tp as tp_planner
 from ..planner.profile import ProfileError, load_profile
 from ..planner.timing import MAX_WORLD
-from .common import (EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, check_out_file, comma_list,
-                     int_range)
+from .common import (COMMAND_HELP, EXIT_FAILED, EXIT_OK, UsageError, add_machine_kind, check_out_dir, check_out_file,
+                     comma_list, int_range)
 from .study_tp import parse_shapes
 
 IMPLS = ("gemm_only", "serial_nccl", "serial_conccl", "torch_async_tp", "conccl", "conccl_auto")
 
 
 def add_parser(sub) -> None:
-    b = sub.add_parser("bench-tp", help="tensor-parallel ops against the GEMM alone, NCCL and async-TP "
-                                        "(also: conccl bench tp)",
+    b = sub.add_parser("bench-tp", help=COMMAND_HELP["bench-tp"],
                        description="Per op (ag_gemm, gemm_rs), shape and implementation: the slowest rank's "
                                    "median time and its ratio to the GEMM alone, every result checked against "
                                    "serial NCCL's. Writes tp.json and tp.md into --out. On one GPU only the "

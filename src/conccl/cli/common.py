@@ -1,4 +1,5 @@
-"""What the subcommands share: exit codes, error messages, argument types, checked outputs.
+"""What the subcommands share: the table of commands, exit codes, error messages, argument
+types, checked outputs.
 
 Bad input ends in one line on stderr, ``conccl COMMAND: what`` (the argument, what was wrong,
 what would be accepted), and exit code 2, never a traceback: ``--debug`` or
@@ -14,7 +15,24 @@ import pathlib
 import sys
 import tempfile
 
+from .. import env
 from ..jsonfile import write_text
+
+# The commands, in --help's order: name -> the line `conccl --help` shows for it. A command's
+# flags live in its module, conccl.cli.<name with "_" for "-">, loaded only when that command
+# runs or shows its own --help.
+COMMAND_HELP = {
+    "bench": "nccl-tests-style sweep of conccl against NCCL and PyTorch, with an overlap column",
+    "bench-fsdp": "FSDP2 training step: no_comm, stock (NCCL), conccl (also: conccl bench fsdp)",
+    "bench-graphs": "small collectives in a CUDA graph and eager: nccl, conccl, conccl_auto "
+                    "(also: conccl bench graphs)",
+    "bench-moe": "MoE dispatch and combine against the NCCL reference (also: conccl bench moe)",
+    "bench-tp": "tensor-parallel ops against the GEMM alone, NCCL and async-TP (also: conccl bench tp)",
+    "study": "the paper's C3 characterization on these GPUs: every strategy, a report with figures",
+    "study-tp": "tensor parallelism's GEMM losses on one GPU (run as `conccl study tp`)",
+    "plan": "the strategy and SM split for a GEMM beside a collective, predicted from a hardware profile",
+    "plan-tp": "the pipeline auto picks for a tensor-parallel op (also: conccl plan tp)",
+}
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run finished, but some result was wrong or some case failed
@@ -33,8 +51,9 @@ def fail(command: str, msg: str) -> int:
 
 
 def debug_wanted(args=None) -> bool:
-    """True when ``--debug`` or ``CONCCL_DEBUG`` (anything but '', '0') asks for tracebacks."""
-    return bool(getattr(args, "debug", False)) or os.environ.get("CONCCL_DEBUG", "") not in ("", "0")
+    """True when ``--debug`` or ``CONCCL_DEBUG`` (a flag: 1, true, on, yes) asks for tracebacks.
+    Raises :class:`~conccl.env.EnvError` for a CONCCL_DEBUG that is not a flag."""
+    return bool(getattr(args, "debug", False)) or env.get("CONCCL_DEBUG")
 
 
 class Parser(argparse.ArgumentParser):
@@ -91,7 +110,7 @@ def about(flag: str, value):
 
 
 def add_machine_kind(parser, what: str) -> None:
-    parser.add_argument("--machine-kind", default=os.environ.get("CONCCL_MACHINE_KIND", "unknown"),
+    parser.add_argument("--machine-kind", default=env.get("CONCCL_MACHINE_KIND"),
                         help=f"label recorded in the {what} (e.g. nvidia-h200-x4)")
 
 

@@ -18,12 +18,12 @@ from ..study.results import load_results
 from ..study.scenarios import Scenario, parse_gemm
 from ..units import parse_size
 from . import plan_multinode
-from .common import EXIT_OK, UsageError, about, check_out_file, fail, int_range, print_and_write
+from .common import COMMAND_HELP, EXIT_OK, UsageError, about, check_out_file, fail, int_range, print_and_write
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "plan", help="the strategy and SM split for a GEMM beside a collective, predicted from a hardware profile",
+        "plan", help=COMMAND_HELP["plan"],
         description="Prints the plan the runtime would apply (conccl.overlap(plan='auto')), the predicted times "
                     "and percent of ideal, as a table (and JSON with --json). With --evaluate DIR, compares the "
                     "planner's choices with the best strategy a measured `conccl study` found.")

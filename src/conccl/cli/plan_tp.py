@@ -9,12 +9,12 @@ from ..planner.profile import load_profile
 from ..planner.timing import MAX_WORLD
 from ..study import tp_evaluate
 from ..study.tp_measure import TPCharacterization, profile_table
-from .common import EXIT_OK, UsageError, about, check_out_file, int_range, print_and_write
+from .common import COMMAND_HELP, EXIT_OK, UsageError, about, check_out_file, int_range, print_and_write
 from .study_tp import parse_shapes
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("plan-tp", help="the pipeline auto picks for a tensor-parallel op (also: conccl plan tp)",
+    p = sub.add_parser("plan-tp", help=COMMAND_HELP["plan-tp"],
                        description="Prints the schedule conccl.tp's schedule='auto' runs for an all-gather+GEMM "
                                    "(ag_gemm) or GEMM+reduce-scatter (gemm_rs) of this shape and world size, its "
                                    "predicted time against the GEMM alone and the serial schedule, and the next "

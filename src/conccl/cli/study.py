@@ -22,12 +22,12 @@ from ..study.one_gpu import one_gpu
 from ..study.run import measured, predicted
 from ..study.scenarios import SuiteError, load_suite, scenario_from_args, select
 from . import plan_multinode
-from .common import EXIT_FAILED, EXIT_OK, UsageError, about, add_machine_kind, check_out_dir, int_range
+from .common import COMMAND_HELP, EXIT_FAILED, EXIT_OK, UsageError, about, add_machine_kind, check_out_dir, int_range
 
 
 def add_parser(sub) -> None:
     s = sub.add_parser(
-        "study", help="the paper's C3 characterization on these GPUs: every strategy, a report with figures",
+        "study", help=COMMAND_HELP["study"],
         description="Runs the study suite (or your scenarios) on every visible GPU, one process each (or joins "
                     "torchrun), and writes a report folder: report.md, results.json/.csv, figures/, profile.json. "
                     "With no GPU it predicts the same report from a measured hardware profile (labelled a "

@@ -13,7 +13,7 @@ from ..bench.environment import environment
 from ..jsonfile import write_text
 from ..planner.profile import ProfileError, load_profile
 from ..study import tp_measure, tp_report
-from .common import EXIT_OK, UsageError, add_machine_kind, check_out_dir, check_out_file, int_range
+from .common import COMMAND_HELP, EXIT_OK, UsageError, add_machine_kind, check_out_dir, check_out_file, int_range
 
 JSON_NAME, MD_NAME, FIGURE_NAME = "tp_characterization.json", "tp_characterization.md", "tp_losses.png"
 
@@ -45,7 +45,7 @@ def parse_chunks(text: str) -> tuple:
 
 def add_parser(sub) -> None:
     s = sub.add_parser(
-        "study-tp", help="tensor parallelism's GEMM losses on one GPU (run as `conccl study tp`)",
+        "study-tp", help=COMMAND_HELP["study-tp"],
         description="Measures, on one GPU, what cutting a tensor-parallel GEMM into row chunks costs (the "
                     "decomposition loss), what two streams buy back, and the loss with copy-engine copies beside "
                     "(the contention loss, over-stated on one GPU). Writes tp_characterization.json (the hardware "
