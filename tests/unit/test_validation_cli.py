@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import json
 import pathlib
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 
@@ -33,7 +31,6 @@ from conccl.units import parse_size  # noqa: E402
 from conccl.validate import InvalidArgument  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
-SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 
 @pytest.mark.parametrize("output,input,match", [
@@ -177,20 +174,6 @@ def test_bench_config_keeps_the_json_fields_of_recorded_runs():
     cfg = bench_config(build_parser().parse_args(["bench"]))
     assert set(asdict(cfg)) == set(recorded["config"])
     assert cfg.sizes == [1 << (20 + i) for i in range(13)] and cfg.iters == 20 and cfg.warmup == 5
-
-
-@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["plan", "--gemm", "4096x4096x4096", "--size", "64M"]])
-def test_python_m_conccl_runs(argv):
-    r = subprocess.run([sys.executable, "-m", "conccl", *argv], capture_output=True, text=True, timeout=120,
-                       env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0, r.stderr
-    assert ("usage: conccl" in r.stdout) if "--help" in argv else ("predicted together" in r.stdout)
-
-
-def test_python_m_conccl_argument_error_exits_2():
-    r = subprocess.run([sys.executable, "-m", "conccl", "frobnicate"], capture_output=True, text=True, timeout=120,
-                       env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
 def test_plan_without_a_workload_is_a_usage_error(capsys):
