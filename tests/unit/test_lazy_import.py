@@ -15,11 +15,10 @@ pytest.importorskip("torch")
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
-# what `import conccl` must not load: the integrations, the API, the group and the CUDA
-# executor behind it, torch's FSDP and symmetric memory
+# what `import conccl` must not load: tp, fsdp and ep, the API, the group and the CUDA executor
+# behind it, torch itself and NumPy (tests/unit/test_cli_startup.py: the same without torch installed)
 HEAVY = ["conccl.api", "conccl.group.group", "conccl.tp", "conccl.fsdp", "conccl.ep", "conccl.executors.cuda.executor",
-         "conccl.runtime",
-         "torch.distributed.fsdp", "torch.distributed._symmetric_memory"]
+         "conccl.runtime", "torch", "numpy"]
 LIGHT = f"""
 import sys
 import conccl
