@@ -4,7 +4,7 @@ and the others' is done before the launch (their staged data written, their READ
 words in rank 0's pad set), so the kernel runs to its end alone. Checked: the gather's output
 (own piece from the input, the peers' from their staging buffers; aligned, odd sizes, byte and
 word paths, 2, 3 and 8 ranks), the sum for fp32/bf16/fp16 bit for bit against torch's fp32 sum
-rounded once and against cuda_reduce's kernel on the same operands, the words it writes in the
+rounded once and against the reduction kernel on the same operands, the words it writes in the
 peers' pads (eager: READY seq, DONE seq, FREE seq; graph: FREE and READY 1, its own words
 reset to 0), a captured launch replayed, the time bound and the abort word, and one kernel per
 launch in the profiler.
@@ -174,7 +174,7 @@ def _cases(rank, world):
         for x in ops[1:]:
             acc = acc + x * s32
         want = acc.to(tdtype)
-        # cuda_reduce's kernel on the same operands: rank 0's input, the others' staged copies
+        # the reduction kernel on the same operands: rank 0's input, the others' staged copies
         ref = torch.zeros(numel, dtype=tdtype, device="cuda")
         srcs = tuple(xs[0].data_ptr() + src_elems * es if q == 0 else sim.stage[q].data_ptr() + src_elems * es
                      for q in range(W))
@@ -182,7 +182,7 @@ def _cases(rank, world):
         high.synchronize()
         bits = {2: torch.int16, 4: torch.int32}[es]
         g, w, r = got.cpu().view(bits), want.view(bits), ref.cpu().view(bits)
-        out[name] = {"vs_torch": int((g != w).sum()), "vs_cuda_reduce": int((g != r).sum()),
+        out[name] = {"vs_torch": int((g != w).sum()), "vs_reduce_kernel": int((g != r).sum()),
                      "first": (g != w).nonzero().flatten()[:8].tolist(),
                      "untouched": bool((output[:dst_elems] == 7.0).all()), "words": sim.words_after(graph, seq),
                      "staged": bool(torch.equal(sim.stage[0][:total * es], as_bytes(xs[0]))), "s": elapsed}
@@ -285,9 +285,9 @@ SUMS = [f"{case}_{dtype}" for case in ("all_reduce", "scaled", "unaligned", "off
 
 
 @pytest.mark.parametrize("name", SUMS)
-def test_a_sum_is_torchs_fp32_sum_rounded_once_and_cuda_reduces_bits(results, name):
+def test_a_sum_is_torchs_fp32_sum_rounded_once_and_the_reduction_kernels_bits(results, name):
     r = results[name]
-    assert r["vs_torch"] == 0 and r["vs_cuda_reduce"] == 0, r
+    assert r["vs_torch"] == 0 and r["vs_reduce_kernel"] == 0, r
     assert r["untouched"] and r["staged"] and r["words"] == [] and r["s"] < 5.0, r
 
 

@@ -22,7 +22,7 @@ def _cases(rank, world):
     from torch.profiler import ProfilerActivity, profile
 
     from conccl.device.driver import check, driver, signal_flags
-    from conccl.kernels.spin import SignalWriteLaunch, SpinWaitLaunch
+    from conccl.kernels.spin import SpinWaitLaunch
 
     cu = driver()
     dev = torch.cuda.current_device()
@@ -106,13 +106,6 @@ def _cases(rank, world):
             check(reached.launch(cu, s, 1))
         high.synchronize()
     out["kernels"] = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-    # (f) the writing kernel releases a spin wait, values seq + delta
-    reset()
-    done, held = queued_and_held(spin((8, 9), (0, 1)), 41)
-    check(SignalWriteLaunch(dev, (addr(8), addr(9)), (0, 1)).launch(cu, o, 41))
-    high.synchronize()
-    out["kernel_write"] = {"held": held, "words": [word(8), word(9)], "timed_out": word(TIMED_OUT)}
     return out
 
 
@@ -147,8 +140,3 @@ def test_a_short_bound_ends_it_and_sets_the_timed_out_word(results):
 def test_the_profiler_shows_one_kernel_per_launch(results):
     kernels = results["kernels"]
     assert kernels.count("conccl_spin_wait") == 3 and set(kernels) == {"conccl_spin_wait"}, kernels
-
-
-def test_the_writing_kernel_releases_a_spin_wait(results):
-    r = results["kernel_write"]
-    assert r["held"] and r["words"] == [41, 42] and r["timed_out"] == 0, r

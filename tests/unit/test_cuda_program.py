@@ -252,7 +252,7 @@ def test_a_compiled_program_makes_each_lowered_step_one_driver_call_with_the_seq
     from conccl.kernels import reduce as cuda_reduce
 
     dtypes = {d: d for d in ("float32", "bfloat16", "float16")}  # a kernel "function" is its dtype here
-    monkeypatch.setattr(cuda_reduce, "_module", lambda device: (None, dtypes, dtypes, dtypes, dtypes))
+    monkeypatch.setattr(cuda_reduce, "_functions", lambda device: (dtypes, dtypes, dtypes, dtypes))
     monkeypatch.setattr(cuda_reduce, "grid_bound", lambda device: 66)
     schedules = [*_plans(3), plan_reduce_scatter(3, 1, 4096, "bfloat16", 0.5, stream_mode=StreamMode.PER_PEER)]
     for schedule in schedules:
@@ -330,7 +330,7 @@ def test_a_widening_reduction_lowers_with_its_result_dtype_and_is_its_own_progra
     assert cuda_program.shape(plain) != cuda_program.shape(wide)
 
 
-def test_reduce_grid_bound_half_the_sms_or_the_environment(monkeypatch):
+def test_reduce_grid_bound_is_half_the_sms(monkeypatch):
     from conccl.kernels import reduce as cuda_reduce
 
     class FakeDriver:  # what grid_bound asks of the driver: the device's SM count
@@ -350,18 +350,10 @@ def test_reduce_grid_bound_half_the_sms_or_the_environment(monkeypatch):
 
     monkeypatch.setattr(cuda_reduce, "driver", FakeDriver)
     monkeypatch.setattr("conccl.device.driver.driver", FakeDriver)
-    monkeypatch.delenv("CONCCL_REDUCE_CTAS", raising=False)
+    monkeypatch.setenv("CONCCL_REDUCE_CTAS", "48")  # no longer read: the grid is half the SMs, always
     cuda_reduce.grid_bound.cache_clear()
     try:
         assert cuda_reduce.grid_bound(0) == 66 and cuda_reduce.grid_bound(1) == 1  # half, at least one
-        cuda_reduce.grid_bound.cache_clear()
-        monkeypatch.setenv("CONCCL_REDUCE_CTAS", "48")
-        assert cuda_reduce.grid_bound(0) == 48
-        for bad in ("0", "-4", "many", "2000"):  # raised where a reduction is built, not at import
-            cuda_reduce.grid_bound.cache_clear()
-            monkeypatch.setenv("CONCCL_REDUCE_CTAS", bad)
-            with pytest.raises(ValueError, match="CONCCL_REDUCE_CTAS"):
-                cuda_reduce.grid_bound(0)
     finally:
         cuda_reduce.grid_bound.cache_clear()
 
@@ -372,16 +364,18 @@ def test_each_reduction_kernel_launches_with_the_cta_size_of_its_launch_bounds(m
     group of one rank, takes the general kernel)."""
     import re
 
-    from conccl.kernels import reduce as cuda_reduce
+    from conccl.kernels import loader, reduce as cuda_reduce
 
-    bounds = {name: bound for bound, name in re.findall(r"__launch_bounds__\((\w+)\) (\w+)\(", cuda_reduce._SOURCE)}
+    source = loader.source("reduce")
+    bounds = {name: bound for bound, name in re.findall(r"__launch_bounds__\((\w+)\) (\w+)\(", source)}
     assert len(bounds) == 11  # three families x three dtypes, and the two widening kernels: every one bounded
     sizes = {"THREADS_PER_CTA": cuda_reduce.THREADS, "THREADS_MANY_PER_CTA": cuda_reduce.THREADS_MANY}
+    assert cuda_reduce.DEFINES == sizes  # what the kernels are compiled with
     names = lambda family: {dtype: family.format(k) for dtype, k in (("float32", "f32"), ("bfloat16", "bf16"),  # noqa: E731
                                                                      ("float16", "f16"))}
     wide = {"bfloat16": "reduce_wide_bf16", "float16": "reduce_wide_f16"}
-    monkeypatch.setattr(cuda_reduce, "_module", lambda device: (None, names("reduce_{}"), names("reduce_vec_{}"),
-                                                                names("reduce_vec2_{}"), wide))
+    monkeypatch.setattr(cuda_reduce, "_functions", lambda device: (names("reduce_{}"), names("reduce_vec_{}"),
+                                                                   names("reduce_vec2_{}"), wide))
     monkeypatch.setattr(cuda_reduce, "grid_bound", lambda device: 66)
     seen = set()
     for nsrc in range(1, cuda_reduce.MAX_OPERANDS + 1):
@@ -468,16 +462,3 @@ def test_no_spin_without_a_reduction_after_the_waits_and_none_without_spin_words
     from conccl.collectives.reduce_scatter import plan_reduce_scatter
     with pytest.raises(TypeError, match="spin words"):
         lower(plan_reduce_scatter(2, 0, 4096, "bfloat16"), _address, _pads(2), spin=True)
-
-
-def test_the_spin_mode_is_read_from_the_environment_and_checked(monkeypatch):
-    from conccl.kernels import spin as cuda_spin
-
-    monkeypatch.delenv("CONCCL_SPIN_WAITS", raising=False)
-    assert cuda_spin.spin_mode() == "graphs"
-    for mode in cuda_spin.SPIN_MODES:
-        monkeypatch.setenv("CONCCL_SPIN_WAITS", mode)
-        assert cuda_spin.spin_mode() == mode
-    monkeypatch.setenv("CONCCL_SPIN_WAITS", "sometimes")
-    with pytest.raises(ValueError, match="CONCCL_SPIN_WAITS"):
-        cuda_spin.spin_mode()

@@ -2,7 +2,8 @@
 layout against one computed by hand and against the C struct in the source, make_args padding
 and refusing what the kernel cannot run, OneShotLaunch refusing it before touching CUDA, the
 parameters it hands the driver, and what the source must keep (the acquire loads, the time
-bound, the abort check, the fences before the signals, both kinds, cuda_reduce's arithmetic)."""
+bound, the abort check, the fences before the signals, both kinds, the reduction's arithmetic),
+read through the loader (kernels/cuda/one_shot.cu and conccl.cuh)."""
 from __future__ import annotations
 
 import ctypes
@@ -10,7 +11,7 @@ import re
 
 import pytest
 
-from conccl.kernels import one_shot as cuda_oneshot, reduce as cuda_reduce
+from conccl.kernels import loader, one_shot as cuda_oneshot
 from conccl.kernels.one_shot import MAX_WORLD, OneShotArgs, OneShotLaunch, make_args
 
 # (field, offset, size) by hand: ten arrays of 8 eight-byte entries (64 bytes each), six 8-byte
@@ -46,7 +47,7 @@ def test_the_struct_layout_is_the_hand_computed_one():
 
 def _c_struct():
     """(name, element bytes, count) of every field of the source's struct OneShotArgs, in order."""
-    body = re.search(r"struct OneShotArgs \{(.*?)\n\};", cuda_oneshot._SOURCE, re.S).group(1)
+    body = re.search(r"struct OneShotArgs \{(.*?)\n\};", loader.source("one_shot"), re.S).group(1)
     sizes = {"u64": 8, "i64": 8, "int": 4, "u32": 4, "float": 4}
     fields = []
     for decl in re.sub(r"//[^\n]*", "", body).split(";"):
@@ -61,7 +62,7 @@ def _c_struct():
 
 
 def test_the_c_struct_declares_the_same_fields_in_the_same_order():
-    assert "#define MAXW 8" in cuda_oneshot._SOURCE and MAX_WORLD == 8
+    assert "#define MAXW 8" in loader.source("one_shot") and MAX_WORLD == 8
     expected = [(name, 8 if size == 64 else size, MAX_WORLD if size == 64 else 1) for name, _, size in LAYOUT]
     assert _c_struct() == expected
 
@@ -138,7 +139,7 @@ def _no_cuda(*args, **kwargs):
                                          ("dtype", 3), ("graph", 2), ("stage_bytes", -1), ("timeout_ns", 0),
                                          ("abort_word", 0)])
 def test_the_launch_checks_its_struct_before_cuda(monkeypatch, field, value):
-    monkeypatch.setattr(cuda_oneshot, "_module", _no_cuda)
+    monkeypatch.setattr(cuda_oneshot, "_function", _no_cuda)
     args = _args()
     setattr(args, field, value)
     with pytest.raises(ValueError):
@@ -159,7 +160,7 @@ class _FakeDriver:
 
 
 def test_the_launch_passes_a_copy_of_the_struct_by_value_with_the_sequence_number(monkeypatch):
-    monkeypatch.setattr(cuda_oneshot, "_module", lambda device: ("module", "kernel"))
+    monkeypatch.setattr(cuda_oneshot, "_function", lambda device: "kernel")
     args = _args()
     launch = OneShotLaunch(2, args)
     args.world = 99  # the launch holds its own copy
@@ -186,21 +187,27 @@ def _function(name: str, source: str) -> str:
 
 
 def _kernel() -> str:
-    src = cuda_oneshot._SOURCE
+    src = loader.source("one_shot")
     return src[src.index('extern "C" __global__'):]
 
 
 def test_the_waits_are_acquire_loads_bounded_in_time_and_abortable():
-    src, wait = cuda_oneshot._SOURCE, _function("wait_geq", cuda_oneshot._SOURCE)
-    assert 'asm volatile("ld.acquire.sys.global.u32' in src
-    assert "(int)(ld_acquire(w) - v) >= 0" in wait  # GEQ, wraps around
-    assert "%%globaltimer" in src  # a literal % in inline asm, else NVRTC rejects it
-    assert "globaltimer() - start > a.timeout_ns" in wait and "st_relaxed((u32*)a.timed_out_word, 1u); return;" in wait
-    assert "ld_relaxed((const u32*)a.abort_word)" in wait and "if (aborted) return;" in wait
+    src, header = loader.source("one_shot"), loader.source("conccl.cuh")
+    wait, peer = _function("wait_geq", header), _function("wait_peer", src)
+    assert 'asm volatile("ld.acquire.sys.global.u32' in header
+    assert "(int)(ld_acquire(w) - v) >= 0) return true;" in wait  # GEQ, wraps around
+    assert "%%globaltimer" in header  # a literal % in inline asm, else NVRTC rejects it
+    assert "globaltimer() - start > timeout_ns" in wait and "st_relaxed(timed_out_word, 1u); return false;" in wait
+    assert "ld_relaxed(abort_word)" in wait and "if (aborted) return false;" in wait
+    assert wait.index("ld_relaxed(abort_word)") < wait.index("ld_acquire(w)")  # both loads in flight at once
+    # the one-shot kernel's waits: the header's, on its own words, bounded and abortable by its struct's
+    assert ("wait_geq<POLL_SLEEP_NS>((const u32*)word, v, (const u32*)a.abort_word, start, a.timeout_ns, "
+            "(u32*)a.timed_out_word);") in peer
     kernel = _kernel()
-    assert kernel.count("wait_geq(") == 3  # FREE (graph), READY, DONE(seq - 1) (eager)
-    assert "wait_geq(a, a.wait_signal[t], v, start)" in kernel and "wait_geq(a, a.wait_free[t], 1u, start)" in kernel
-    assert "wait_geq(a, a.wait_done[t], a.seq - 1u, start)" in kernel
+    assert "const u64 start = globaltimer();" in kernel  # every bound counts from the kernel's start
+    assert kernel.count("wait_peer(") == 3  # FREE (graph), READY, DONE(seq - 1) (eager)
+    assert "wait_peer(a, a.wait_signal[t], v, start)" in kernel and "wait_peer(a, a.wait_free[t], 1u, start)" in kernel
+    assert "wait_peer(a, a.wait_done[t], a.seq - 1u, start)" in kernel
     assert "st_release((u32*)a.free_to[t], a.seq)" in kernel
 
 
@@ -210,7 +217,7 @@ def test_every_signal_follows_a_system_scope_fence_after_a_barrier():
         pattern = (r"__syncthreads\(\);\n(\s*//[^\n]*\n)*\s*if \(t == 0 && w > 1\) \{\n\s*fence_sys\(\);\n"
                    rf"\s*for \(int p = 0; p < w; \+\+p\) if \(p != r\) st_relaxed\(\(u32\*\)a\.{word}\[p\], v\);")
         assert re.search(pattern, kernel), word
-    assert 'asm volatile("fence.acq_rel.sys;" ::: "memory")' in cuda_oneshot._SOURCE
+    assert 'asm volatile("fence.acq_rel.sys;" ::: "memory")' in _function("fence_sys", loader.source("conccl.cuh"))
     # the order of the call: stage, READY, wait, reads, DONE, release
     order = [kernel.index(s) for s in ("copy_bytes<false>((char*)a.staged[r]", "a.signal_to[p]", "a.wait_signal[t]",
                                        "gather_peers(a)", "a.done_to[p]", "a.wait_done[t]")]
@@ -225,19 +232,21 @@ def test_both_kinds_and_every_dtype_are_there():
     for code in range(3):
         assert f"reduce<{code}>(a);" in kernel
     assert "__launch_bounds__(THREADS) conccl_one_shot(const __grid_constant__ OneShotArgs a)" in kernel
-    assert "ld.global.cg" in _function("ld_cg16", cuda_oneshot._SOURCE)  # peer data never from L1
+    assert "ld.global.cg" in _function("ld_cg16", loader.source("one_shot"))  # peer data never from L1
 
 
-def test_the_sum_is_cuda_reduces_arithmetic():
-    mine, theirs = cuda_oneshot._SOURCE, cuda_reduce._SOURCE
-    assert mine.count(cuda_reduce.CONVERSIONS) == theirs.count(cuda_reduce.CONVERSIONS) == 1  # one text, included
+def test_the_sum_is_the_reductions_arithmetic():
+    mine, theirs, header = loader.source("one_shot"), loader.source("reduce"), loader.source("conccl.cuh")
+    # one text of the conversions, conccl.cuh's, included by both
+    assert loader.includes(mine) == loader.includes(theirs) == ["conccl.cuh"]
     for name in ("half_to_float", "to_half", "unpack", "pack"):
-        assert _function(name, mine) == _function(name, theirs), name
-    vec = _function("reduce_vec", mine)
+        defines = re.compile(rf"__device__[^;{{]*\b{name}\(")
+        assert defines.search(header) and not defines.search(mine) and not defines.search(theirs), name
+    vec = _function("reduce_vectors", mine)
     assert "acc[e] = __fmul_rn(f[e], scale)" in vec and "acc[e] = __fadd_rn(acc[e], __fmul_rn(f[e], scale))" in vec
     scalar = _function("reduce_scalar", mine)
     assert "float acc = __fmul_rn(load_elem<KIND>(operand(a, 0), i), scale);" in scalar
     assert "for (int q = 1; q < a.world; ++q) acc = __fadd_rn(acc, __fmul_rn(load_elem<KIND>(operand(a, q), i), scale));" \
         in scalar
-    assert "__fmaf" not in mine and "fma" not in mine.replace("__fmul_rn", "")
+    assert "__fmaf" not in mine and "fma" not in mine.replace("__fmul_rn", "") and "fma" not in header
     assert "return (const char*)(q == a.rank ? a.input : a.staged[q]) + a.src_off[0];" in mine

@@ -1,4 +1,5 @@
-"""A gathered, weighted sum of rows as one bounded SM kernel: MoE combine's arithmetic.
+"""A gathered, weighted sum of rows as one bounded SM kernel (``kernels/cuda/gather_sum.cu``):
+MoE combine's arithmetic.
 
 ``out[r] = round(sum over j = 0..n-1 with index[r, j] >= 0 of weights[r, j] * float(src[index[r, j]]))``
 
@@ -20,78 +21,22 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from ..device.driver import check, driver, launch, load_module
-from .reduce import CONVERSIONS, grid_bound
+from ..device.driver import launch
+from . import loader
+from .reduce import grid_bound
 
 THREADS = 512
 
-_SOURCE = r"""
-typedef unsigned short u16;
-typedef unsigned int u32;
-""" + CONVERSIONS + r"""
-template <int KIND> __device__ __forceinline__ float scalar_load(const void* p, long long i) {
-    if (KIND == 0) return ((const float*)p)[i];
-    return half_to_float(((const u16*)p)[i], KIND == 1);
-}
-template <int KIND> __device__ __forceinline__ void scalar_store(void* p, long long i, float f) {
-    if (KIND == 0) ((float*)p)[i] = f;
-    else ((u16*)p)[i] = to_half(f, KIND == 1);
-}
-
-// VEC: one thread per 16-byte vector of a row (h a multiple of the vector, every row 16-byte
-// aligned); otherwise one thread per element.
-template <int KIND, int VEC> __device__ __forceinline__ void gather_sum(
-        void* dst, const void* src, const long long* index, const float* weights, int n, long long rows, long long h) {
-    const int EPV = VEC ? (KIND == 0 ? 4 : 8) : 1;
-    const long long per_row = h / EPV, total = rows * per_row;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += stride) {
-        const long long r = t / per_row, c = t - r * per_row;
-        float acc[EPV];
-        #pragma unroll
-        for (int e = 0; e < EPV; ++e) acc[e] = 0.0f;
-        for (int j = 0; j < n; ++j) {
-            const long long p = index[r * n + j];
-            if (p < 0) continue;
-            float f[EPV];
-            if (VEC) unpack<KIND>(((const uint4*)src)[p * per_row + c], f);
-            else f[0] = scalar_load<KIND>(src, p * h + c);
-            const float w = weights ? weights[r * n + j] : 1.0f;
-            #pragma unroll
-            for (int e = 0; e < EPV; ++e) acc[e] = __fadd_rn(acc[e], weights ? __fmul_rn(w, f[e]) : f[e]);
-        }
-        if (VEC) ((uint4*)dst)[t] = pack<KIND>(acc);
-        else scalar_store<KIND>(dst, t, acc[0]);
-    }
-}
-
-#define KERNEL(name, KIND, VEC) \
-extern "C" __global__ void __launch_bounds__(THREADS_PER_CTA) name( \
-        void* dst, const void* src, const long long* index, const float* weights, int n, long long rows, \
-        long long h) { \
-    gather_sum<KIND, VEC>(dst, src, index, weights, n, rows, h); }
-KERNEL(gather_sum_f32, 0, 0)
-KERNEL(gather_sum_bf16, 1, 0)
-KERNEL(gather_sum_f16, 2, 0)
-KERNEL(gather_sum_vec_f32, 0, 1)
-KERNEL(gather_sum_vec_bf16, 1, 1)
-KERNEL(gather_sum_vec_f16, 2, 1)
-"""
-
 _NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 DTYPES = tuple(_NAMES)
-
-
-def source() -> str:
-    """The kernel's CUDA C, as compiled (for compile checks without a GPU)."""
-    return f"#define THREADS_PER_CTA {THREADS}\n{_SOURCE}"
+DEFINES = {"THREADS_PER_CTA": THREADS}  # gather_sum.cu's option: its kernels' __launch_bounds__
 
 
 @functools.lru_cache(maxsize=None)
 def _functions(device_index: int) -> dict:
-    cu = driver()
-    module = load_module(device_index, source(), "conccl_gather_sum.cu", "the gathered-sum kernel")
-    return {(dtype, vec): check(cu.cuModuleGetFunction(module, f"gather_sum_{'vec_' if vec else ''}{tag}".encode()))
+    """{(dtype, vector rows): CUfunction} on ``device_index``'s primary context."""
+    return {(dtype, vec): loader.function(device_index, "gather_sum", f"gather_sum_{'vec_' if vec else ''}{tag}",
+                                          DEFINES)
             for dtype, tag in _NAMES.items() for vec in (False, True)}
 
 

@@ -38,7 +38,6 @@ built once.
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, NamedTuple
 
 from ...device.driver import check, signal_flags
@@ -521,15 +520,13 @@ class _SpinWaitCall:
 # A one-shot kernel, or a spin wait, waits as a stream memory operation does: until the peer
 # signals or the group's watchdog, which reads the pad and names the missing peers, breaks the
 # group and releases it (the abort word). A bound of its own would let a call whose peer is merely late
-# end with garbage and no error; CONCCL_SPIN_TIMEOUT_S sets one all the same (experiments).
+# end with garbage and no error.
 UNBOUNDED_NS = 1 << 62
 
 
 def _spin_timeout_ns() -> int:
-    """A spinning kernel's bound: ``CONCCL_SPIN_TIMEOUT_S`` where set, else none (above)."""
-    from ...kernels import spin as cuda_spin
-
-    return cuda_spin.timeout_ns() if os.environ.get("CONCCL_SPIN_TIMEOUT_S") else UNBOUNDED_NS
+    """A spinning kernel's bound: none (above)."""
+    return UNBOUNDED_NS
 
 
 class _ComputeCall:
