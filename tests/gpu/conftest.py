@@ -1,5 +1,8 @@
-"""The GPU tier: every test here is marked ``gpu``, starts one process per GPU and is skipped
-without CUDA or with fewer than 2 GPUs.
+"""The GPU tier: every test here is marked ``gpu`` and is skipped without CUDA or with fewer
+GPUs than it needs: ``@pytest.mark.gpus(n)`` on a test (or ``pytestmark`` of its module) says
+``n``; unmarked, 2 (a test that starts one process per GPU and needs peers). The kernel tests
+that run in one process on one GPU are marked ``gpus(1)`` and run on a machine of one GPU:
+``PYTHONPATH=src python3 -m pytest -q tests/gpu`` there runs them and skips the rest.
 
 In a run that reaches this tier without naming it (``pytest -q``, the README's test command)
 only :data:`SHORT` runs: the copy-engine collectives against NCCL bit for bit, the profiler
@@ -45,8 +48,9 @@ def gpus() -> int:
 
 
 def named(config) -> bool:
-    """Whether the command line names this tier or something in it (not only a folder above)."""
-    return names(config.args, config.invocation_params.dir, HERE)
+    """Whether the command line names this tier or something in it (not only a folder above; not
+    pyproject's testpaths, which a bare ``pytest -q`` runs)."""
+    return names(config.invocation_params.args, config.invocation_params.dir, HERE)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -54,12 +58,20 @@ def pytest_collection_modifyitems(config, items):
     if not mine:
         return
     found = gpus()
-    no_gpus = pytest.mark.skip(reason=f"needs CUDA and at least 2 GPUs ({found} visible)") if found < 2 else None
     short = not (config.getoption("--gpu-all") or named(config))
     not_short = pytest.mark.skip(reason=f"in the full GPU tier only: {GPU_ALL} (or add --gpu-all)")
     for item in mine:
         item.add_marker(pytest.mark.gpu)
-        if no_gpus:
-            item.add_marker(no_gpus)
+        needs = needed(item)
+        if found < needs:
+            item.add_marker(pytest.mark.skip(reason=f"needs CUDA and at least {needs} GPU{'s' * (needs > 1)} "
+                                                    f"({found} visible)"))
         elif short and item.nodeid.split("/")[-1] not in SHORT:
             item.add_marker(not_short)
+
+
+def needed(item) -> int:
+    """The GPUs a test needs: its ``gpus(n)`` marker's ``n`` (the closest: a test's own before
+    its module's), else 2."""
+    mark = item.get_closest_marker("gpus")
+    return int(mark.args[0]) if mark is not None else 2

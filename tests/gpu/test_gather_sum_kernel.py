@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpus(1)
 
 
 def _torch_form(src, index, weights, dtype):

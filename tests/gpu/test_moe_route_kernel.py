@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpus(1)
 
 
 @pytest.mark.parametrize("world,experts,k,tokens", [(2, 8, 2, 4099), (3, 12, 3, 100), (4, 64, 8, 2500),
