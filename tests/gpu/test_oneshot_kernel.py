@@ -9,15 +9,16 @@ peers' pads (eager: READY seq, DONE seq, FREE seq; graph: FREE and READY 1, its 
 reset to 0), a captured launch replayed, the time bound and the abort word, and one kernel per
 launch in the profiler.
 
-The cases run once, in one process on one GPU (conccl.launch.run_per_gpu with nprocs=1; the
-tier still skips below 2 GPUs: conftest.py); every wait is bounded (20 s), so a wrong word fails
-its case instead of hanging the run.
+The cases run once, in one process on one GPU (conccl.launch.run_per_gpu with nprocs=1;
+marked ``gpus(1)``: a machine of one GPU runs them, conftest.py); every wait is bounded (20 s),
+so a wrong word fails its case instead of hanging the run.
 """
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpus(1)
 
 BOUND_NS = 20 * 10**9
 WORDS = 64  # per pad: signal words kind * world + src (at most 4 * 8 + 7), then the spin words

@@ -2,15 +2,16 @@
 already reached, waits for a write from another stream and orders a copy after it, ends on the
 abort word, ends on its time bound and says so, and is one kernel per launch.
 
-The cases run once, in one process on one GPU (conccl.launch.run_per_gpu with nprocs=1; the
-tier still skips below 2 GPUs: conftest.py); every wait is bounded (20 s), so a broken release
-fails its case instead of hanging the run.
+The cases run once, in one process on one GPU (conccl.launch.run_per_gpu with nprocs=1;
+marked ``gpus(1)``: a machine of one GPU runs them, conftest.py); every wait is bounded (20 s),
+so a broken release fails its case instead of hanging the run.
 """
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpus(1)
 
 ABORT, TIMED_OUT = 14, 15  # word indices in the test's word tensor
 BOUND_NS = 20 * 10**9
