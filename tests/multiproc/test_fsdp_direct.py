@@ -210,7 +210,7 @@ def _worker(rank, world, port, param_dtype, reduce_dtype, schedule, queue):
 def _run(world, param_dtype, reduce_dtype, schedule="default"):
     from conccl.launch import free_port
 
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")  # inherits torch's imports (spawn: ~3 s a rank); the CPU tiers run before CUDA
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, param_dtype, reduce_dtype, schedule, queue))

@@ -36,13 +36,14 @@ through the workspace unless every rank's source is peer-reachable. A stale reme
 shows there even where its bytes would still be right (a peer-reachable tensor taken for a
 plain one is staged: the right bytes, another path).
 
-Each rank returns its mismatches (step, what); the test prints the first ones. CI runs a
+Each rank returns its mismatches (step, what); the test prints the first ones. It is in the
+long tier (marked ``long``: ``pytest --long``); CI runs it with a
 fixed seed, 4000 steps with 2 ranks and 3000 with 3 (``CI_STEPS``; a step is a call, a
 persistent start, or now and then a remake or an options change): about 15 s on 2 cores.
 A longer or other run, by environment::
 
     CONCCL_FUZZ_CALLS=20000 CONCCL_FUZZ_SEED=7 CONCCL_FUZZ_WORLDS=2,3,4 \\
-        PYTHONPATH=src python -m pytest -q -s tests/multiproc/test_fuzz.py
+        PYTHONPATH=src python -m pytest -q -s --long tests/multiproc/test_fuzz.py
 
 ``CONCCL_FUZZ_CALLS``: steps per world (default: ``CI_STEPS``); ``CONCCL_FUZZ_SEED``: the base
 seed (default ``SEED``; a failure names the seed of its round); ``CONCCL_FUZZ_WORLDS``: ranks
@@ -652,6 +653,7 @@ def test_every_registered_collective_is_fuzzed():
     assert set(REGISTRY) <= makers, f"add a maker to the fuzz (_Fuzz._shapes) for {sorted(set(REGISTRY) - makers)}"
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("world", WORLDS)
 def test_fuzz_every_call_matches_the_reference(world):
     for seed, steps in _rounds(world):
