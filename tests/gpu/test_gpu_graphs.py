@@ -78,5 +78,5 @@ def test_captured_collectives_replay_equal_to_nccl_with_new_inputs():
         print(r)
         assert all(all(step) for step in r["ok"]), r["ok"]
         assert not any(("nccl" in k.lower() and "conccl" not in k.lower()) for k in r["kernels"]), r["kernels"]  # conccl_* names hold "nccl"
-        # the reductions' signals awaited by the spin-wait kernel unless CONCCL_SPIN_WAITS=never
-        assert ("conccl_spin_wait" in r["kernels"]) == (r["spin"] != "never"), r
+        # the reductions' signals awaited by the spin-wait kernel unless CONCCL_DISABLE=spin_waits
+        assert ("conccl_spin_wait" in r["kernels"]) == r["spin"], r

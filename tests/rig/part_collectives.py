@@ -293,8 +293,8 @@ def graph(rank, world, cases, report):
     # With a one-shot limit (CONCCL_ONE_SHOT_BELOW), small calls are one-shot kernels
     # (conccl.collectives.one_shot).
     one_shot = ("conccl_one_shot",) if conccl.get_group().options.one_shot_below else ()
-    # The reductions' signals awaited by the spin-wait kernel (CONCCL_SPIN_WAITS, default "graphs")
-    spin = getattr(conccl.get_group().executor, "spin_waits", "never") != "never"
+    # The reductions' signals awaited by the spin-wait kernel (unless CONCCL_DISABLE=spin_waits)
+    spin = bool(conccl.get_group().executor.spin_waits)
     spins = ("conccl_spin_wait",) if spin else ()
     cases.append(("captured graph launches no kernel but the reduction, the spin waits and the driver's copy kernels",
                   all(k.startswith(("reduce_", "memcpy", *one_shot, *spins)) for k in report["graph_kernels"])))

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch.distributed import _symmetric_memory as symm_mem
 
+from ... import env
 from ...device.driver import StreamOps, check, driver
 from ...errors import InvalidArgument
 from ...schedule.captured import GRAPH_SLOTS, GRAPH_VALUE, mark_edges, mark_edges_on, primed_free_words
@@ -43,7 +44,6 @@ from ...schedule.base import (MARK_WORDS, Buf, Schedule, Signal, StreamMode, awa
                         pad_words, signal_pad_words, signal_word, workspace_half)
 from ...group.work import NCCL, Work
 from . import graph_launch as settled_graphs
-from ...kernels import spin as cuda_spin
 from ..base import GrowingWorkspace
 from .program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape
 from .settled_pipeline import Piece, queue_captured, settled_pipeline
@@ -170,9 +170,10 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
     one_shot = True  # runs one-shot schedules as one kernel (conccl.collectives.one_shot)
 
     def __init__(self, group_name: str, rank: int, world: int, device: torch.device):
-        # Where a reduction's signals are awaited by the spin-wait kernel (cuda_spin.spin_mode);
-        # each rank's own: the words and values are the stream waits'.
-        self.spin_waits = cuda_spin.spin_mode()
+        # Whether a captured reduction's signals are awaited by the spin-wait kernel
+        # (conccl.kernels.spin) instead of stream waits; each rank's own: the words and values
+        # are the stream waits'. CONCCL_DISABLE=spin_waits turns it off.
+        self.spin_waits = not env.disabled("spin_waits")
         self.symm_mem, self.group_name, self.rank, self.world, self.device = symm_mem, group_name, rank, world, device
         self.symmetric = SymmetricRegistry()  # this group's conccl.empty tensors
         # The eager words, then one block per graph slot (conccl.schedule.captured), then the pipelines' marks
@@ -283,7 +284,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         t0 = time.perf_counter()
         address = _addresses(self.rank, input, output, views, ws)
         lowered = lower(schedule, address, self._pads, self.batching, marks=self._marks, spin_words=self._spin_words,
-                        spin=self.spin_waits == "always")
+                        spin=False)
         form = shape(lowered)
         template = self._by_shape.get(form)
         if template is not None:
@@ -569,7 +570,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             # (scripts/graph_memops_probe.py on H200); cuMemcpyBatchAsync is not.
             return CompiledProgram(lower(s, address, pads, self.batching, batch_copies=False,
                                          marks=self._pads[self.rank] + 4 * mark_index(0, self.world, GRAPH_SLOTS, slot),
-                                         spin_words=self._spin_words, spin=self.spin_waits != "never"), driver(),
+                                         spin_words=self._spin_words, spin=self.spin_waits), driver(),
                                    self._device_index)
 
         if schedule.computes and mark_edges_on():
