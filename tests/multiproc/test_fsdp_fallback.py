@@ -1,6 +1,6 @@
 """conccl.fsdp.enable where conccl cannot serve: FSDP2 on CPU processes (gloo) keeps its own
-collectives, with one warning, and trains as before; a module fully_shard never wrapped is
-refused with a clear error. The ranks see no GPU even on a GPU machine (CUDA_VISIBLE_DEVICES
+collectives, with one warning, and trains as before (a module fully_shard never wrapped,
+refused with a clear error: tests/unit/test_fsdp_enable_refusals.py). The ranks see no GPU even on a GPU machine (CUDA_VISIBLE_DEVICES
 empty from their start): the situation tested is "no CUDA", whatever the machine has."""
 from __future__ import annotations
 
@@ -13,15 +13,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from conccl import InvalidArgument, fsdp  # noqa: E402
+from conccl import fsdp  # noqa: E402
 from conccl.launch import collect_results, free_port, report_result  # noqa: E402
-
-
-def test_a_module_fully_shard_never_wrapped_is_refused():
-    with pytest.raises(InvalidArgument, match="fully_shard"):
-        fsdp.enable(torch.nn.Sequential(torch.nn.Linear(4, 4)))
-    with pytest.raises(InvalidArgument, match="torch.nn.Module"):
-        fsdp.enable("model")
 
 
 def _fallback(rank, world, port, queue):

@@ -5,7 +5,7 @@ Every rank draws the same steps from ``random.Random(seed)`` (the ranks of a gro
 the same calls); what a rank decides alone (the addresses it gets) never draws. The steps mix:
 
 - every collective of ``conccl.collectives.REGISTRY`` (a new one fails
-  :func:`test_every_registered_collective_is_fuzzed` until it gets a maker here), in every
+  tests/unit/test_fuzzed_collectives.py until it gets a maker here), in every
   dtype it takes, from 0 and 1 element to a few thousand, 1-D and 2-D, in place and out of
   place; all-to-all with even splits (given or not) and uneven ones, zeros included, one rank
   sending and receiving nothing at times; reductions by SUM, AVG and PREMUL_SUM of several
@@ -646,11 +646,6 @@ def _rounds(world: int):
     steps = CALLS or CI_STEPS.get(world, 1000)
     n = -(-steps // ROUND)
     return [(SEED + 1000 * world + i, steps // n + (i < steps % n)) for i in range(n)]
-
-
-def test_every_registered_collective_is_fuzzed():
-    makers = {"all_gather", "all_to_all", "reduce_scatter", "all_reduce"}
-    assert set(REGISTRY) <= makers, f"add a maker to the fuzz (_Fuzz._shapes) for {sorted(set(REGISTRY) - makers)}"
 
 
 @pytest.mark.long

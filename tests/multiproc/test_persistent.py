@@ -202,21 +202,6 @@ def test_a_peer_that_never_starts_times_out_with_its_rank_named():
     assert results[0] == [1] and results[2] == [1]
 
 
-def test_overlap_start_refuses_anything_but_an_open_persistent_op():
-    import conccl
-    from conccl.group.persistent import PersistentCollective
-
-    c3 = conccl.overlap(plan="conccl")
-    with pytest.raises(InvalidArgument, match="PersistentCollective"):
-        c3.start(lambda: None)
-    from conccl.collectives import REGISTRY
-
-    closed = PersistentCollective(object(), 1, REGISTRY["all_gather"], None, None, torch.zeros(4), torch.zeros(8), 1.0)
-    closed.close()
-    with pytest.raises(InvalidArgument, match="closed"):
-        c3.start(closed)
-
-
 def _op_of_a_closed_group(comm):
     out = torch.zeros(comm.world * 4)
     op = comm.persistent_all_gather_into_tensor(out, torch.ones(4))
