@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from . import env
+
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -62,8 +64,9 @@ def report_result(queue, rank: int, result) -> None:
 
 
 def _worker(rank, world, init_method, fn, args, queue):
-    if os.environ.get("CONCCL_DUMP_AFTER_S"):  # debugging hangs: print every thread's stack
-        faulthandler.dump_traceback_later(float(os.environ["CONCCL_DUMP_AFTER_S"]), exit=True)
+    dump_after_s = env.get("CONCCL_DUMP_AFTER_S")
+    if dump_after_s > 0:  # debugging hangs: print every thread's stack
+        faulthandler.dump_traceback_later(dump_after_s, exit=True)
     try:
         init_rank(rank, world, init_method)
         result = fn(rank, world, *args)

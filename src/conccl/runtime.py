@@ -17,12 +17,11 @@ results. The host does not block. One computation and one collective per block.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.distributed as dist
 
-from . import api
+from . import api, env
 from .collectives import REGISTRY, Collective
 from .errors import InvalidArgument
 from .device.partitions import Partitions
@@ -47,7 +46,7 @@ def _nvlinks() -> int | None:
 
 def _given(path: str | None) -> str | None:
     """The profile named by path, else by $CONCCL_PROFILE: resolved before any memo is keyed."""
-    return path or os.environ.get(shipped.ENV) or None
+    return path or env.get("CONCCL_PROFILE") or None
 
 
 def profile_choice(path: str | None, device_name: str | None = None, world: int | None = None) -> shipped.Choice:

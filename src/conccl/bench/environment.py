@@ -9,6 +9,8 @@ import subprocess
 
 import torch
 
+from .. import env
+
 
 def _version(pkg: str) -> str | None:
     try:
@@ -19,7 +21,7 @@ def _version(pkg: str) -> str | None:
 
 def _commit() -> str:
     # CONCCL_COMMIT first: a checkout copied to a GPU machine may carry no .git.
-    commit = os.environ.get("CONCCL_COMMIT")
+    commit = env.get("CONCCL_COMMIT")
     if commit:
         return commit
     try:

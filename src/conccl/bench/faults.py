@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 import conccl
 
+from .. import env
 from ..collectives import REGISTRY
 
 # The soak checks a collective that moves bytes (one source per output chunk) by byte-exact
@@ -282,7 +283,7 @@ def main(argv=None) -> int:
         return 2
     only = set(args.only.split(","))
     os.makedirs(args.out, exist_ok=True)
-    res = {"meta": environment(os.environ.get("CONCCL_MACHINE_KIND", "unknown"), args.gpus or torch.cuda.device_count())}
+    res = {"meta": environment(env.get("CONCCL_MACHINE_KIND"), args.gpus or torch.cuda.device_count())}
 
     def save():
         with open(os.path.join(args.out, "faults.json"), "w") as f:

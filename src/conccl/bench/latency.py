@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 import conccl
 
+from .. import env
 from ..collectives import REGISTRY as COLLECTIVES, STUDIED, get as get_collective
 from ..launch import apply_safe_env, run_per_gpu
 from .environment import environment
@@ -238,7 +239,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     records = run_per_gpu(latency_worker, impls, args.collectives.split(","), sizes, args.iters, args.warmup,
                           args.reps, args.phases, nprocs=args.gpus, timeout_s=900)[0]
-    res = {"meta": environment(os.environ.get("CONCCL_MACHINE_KIND", "unknown"), world), "world": world,
+    res = {"meta": environment(env.get("CONCCL_MACHINE_KIND"), world), "world": world,
            "iters": args.iters, "reps": args.reps, "records": records}
     with open(os.path.join(args.out, "latency.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)

@@ -23,9 +23,9 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import os
 import warnings
 
+from .. import env
 from .profile import EMBEDDED, HardwareProfile, load_profile
 
 DATA = EMBEDDED.parent
@@ -65,7 +65,7 @@ def _links_match(prof: HardwareProfile, nvlinks: int | None) -> bool:
 
 def choose(device_name: str | None, world: int | None, path=None, nvlinks: int | None = None) -> Choice:
     """The profile to plan with (rules in the module's docstring); ``world`` None: any."""
-    path = path or os.environ.get(ENV) or None
+    path = path or env.get(ENV) or None
     if path:
         return _given(str(path), device_name)
     return _chosen(device_name, world, nvlinks)

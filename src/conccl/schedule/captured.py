@@ -43,7 +43,7 @@ the rank's own words: a captured pipeline uses its graph slot's own block of the
 replayed at once, or pipelines captured on forked streams, never share one), writes 1 and
 resets each after its one wait, as the signal words are. The CUDA executor captures them as
 graph edges instead (:func:`mark_edges`: an event recorded after the writer, waited on before
-the awaiter; ``CONCCL_GRAPH_MARK_EDGES=0`` keeps the words), so no stream memory operation sits
+the awaiter; ``CONCCL_DISABLE=graph_mark_edges`` keeps the words), so no stream memory operation sits
 between two GEMM steps. A capture that fails on one rank after the peers agreed it breaks the
 group: they would replay it without that rank.
 
@@ -59,9 +59,9 @@ never replays leaves the stream waiting; the watchdog sees only eager calls).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from .. import env
 from .base import (Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Phase, ResetMark, ResetSignal, Schedule,
                        SetSignal, Signal, WaitSignal, signal_pad_words, signal_word)
 
@@ -249,10 +249,9 @@ class Segment:
 
 def mark_edges_on() -> bool:
     """Whether a captured pipeline's marks are graph edges (:func:`mark_edges`), in captured
-    calls and settled eager pipelines alike: ``CONCCL_GRAPH_MARK_EDGES`` unset or anything but
-    0/false/off/no (the default); off, they stay stream memory operations on pad words (for
-    comparing the two)."""
-    return os.environ.get("CONCCL_GRAPH_MARK_EDGES", "").strip().lower() not in ("0", "false", "off", "no")
+    calls and settled eager pipelines alike, unless ``CONCCL_DISABLE`` names ``graph_mark_edges``;
+    then they stay stream memory operations on pad words (for comparing the two)."""
+    return not env.disabled("graph_mark_edges")
 
 
 def mark_edges(schedule: Schedule) -> list[Segment]:

@@ -7,11 +7,11 @@ flat all-gather or reduce-scatter, cut into a pipeline with the GEMM (:mod:`conc
 """
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import torch
 
+from .. import env
 from ..collectives.reduce_scatter import DTYPES as RS_DTYPES
 from ..errors import InvalidArgument
 from ..group import Group
@@ -42,7 +42,7 @@ def resolve_schedule(schedule, op: str, M: int, K: int, N: int, world: int, dtyp
         raise InvalidArgument(f"schedule must be 'auto', a schedule name or a conccl.tp.TPSchedule, got {schedule!r}")
     if schedule == "auto":
         return _auto(op, M, K, N, world, str(dtype).removeprefix("torch."), _device_name(device),
-                     os.environ.get(shipped.ENV))
+                     env.get("CONCCL_PROFILE") or None)
     return _parsed(schedule)
 
 

@@ -15,7 +15,7 @@ and the watchdog, its release and the board's checks see no difference.
 Only programs of one slot whose signals are batches of memory operations, with no one-shot
 kernel or pipeline step, and at most :data:`GRAPH_MAX_BYTES` of copies (a graph's copies run
 one after another on one stream; ``cuMemcpyBatchAsync`` spreads large ones over the engines).
-``CONCCL_SETTLED_GRAPHS=0`` keeps every call on driver calls.
+``CONCCL_DISABLE=settled_graphs`` keeps every call on driver calls.
 
 A settled pipeline (a ``conccl.tp`` call: its GEMM steps cut into the program's slots) is
 captured the same way, every slot forked from the capture stream and joined back, its GEMM
@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
+from ... import env
 from ...schedule.base import Copy
 from .program import ComputeStep, CopyBatch, CopyStep, ReduceStep, SignalBatch
 
@@ -110,7 +110,7 @@ def driver_functions(signatures: dict) -> dict | None:
 @functools.lru_cache(maxsize=1)
 def _api():
     """The functions a settled graph calls, or None where any is missing (or turned off)."""
-    if os.environ.get("CONCCL_SETTLED_GRAPHS", "1") == "0":
+    if env.disabled("settled_graphs"):
         return None
     return driver_functions(_SIGNATURES)
 
