@@ -291,7 +291,7 @@ def set_options(group=None, *, algorithm: Algorithm | None = None, stream_mode: 
     ``post_settled=False``: every call waits on the host board for every peer's row, so a
     mismatch always raises before anything moves (default True: a call that repeats a
     settled one posts its row and goes on, its peers' rows compared at the next call;
-    ``CONCCL_POST_SETTLED=0`` sets False for new groups). Per rank; ranks may differ.
+    ``CONCCL_DISABLE=post_settled`` sets False for new groups). Per rank; ranks may differ.
 
     ``checks=False`` turns off the mismatch checks and the watchdog; it exists to measure
     what they cost (a dead peer then hangs the GPU stream) and must be set on every rank.

@@ -70,10 +70,10 @@ def _reduce_from_parts(comm, dtype, mode):
     again = torch.full_like(parts_out, float("nan"))
     comm.reduce_scatter_from_parts(again, parts, rows, dist.ReduceOp.SUM)
     again.fill_(float("nan"))
-    cached = (len(comm._locals), len(comm._moved))
+    cached = (len(comm.local_steps), len(comm.moved_schedules))
     seq = comm.seq
     comm.reduce_scatter_from_parts(again, parts, rows, dist.ReduceOp.SUM)
-    cached = cached == (len(comm._locals), len(comm._moved))
+    cached = cached == (len(comm.local_steps), len(comm.moved_schedules))
     flat_out = torch.full_like(parts_out, float("nan"))
     comm.call(comm_coll("reduce_scatter"), flat_out, _chunk_cat(grads, w), (dist.ReduceOp.SUM,))
     out.append(torch.equal(flat_out[real].view(torch.uint8), again[real].view(torch.uint8)))
@@ -159,7 +159,7 @@ def _gather_into_parts(comm):
     right = all(torch.equal(parts[i].view(w, rows[i]), every[:, offs[i]:offs[i] + rows[i]]) for i in range(len(rows)))
     gaps = arena[[i for i in range(len(arena)) if not any(
         0 <= i - (p.data_ptr() - arena.data_ptr()) // 4 < p.numel() for p in parts)]]
-    plans = len(comm._moved)
+    plans = len(comm.moved_schedules)
     # no flat output at all: the peers read the input itself (FSDP's sharded parameters, moved
     # into one buffer); here a plain tensor, which the group stages through its workspace
     shard = torch.arange(n, dtype=torch.float32) + 1000.0 * r

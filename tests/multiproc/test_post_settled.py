@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conccl.errors import CollectiveError, GroupBroken  # noqa: E402
-from conccl.group.group import POST_AFTER  # noqa: E402
+from conccl.group.agreement import POST_AFTER  # noqa: E402
 from conccl.testing import spawn  # noqa: E402
 
 CALLS = 6

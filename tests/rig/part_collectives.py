@@ -119,7 +119,7 @@ def _settled(rank, world, group, cases):
     every result still the reference's bits, and the posts seen on the board."""
     import conccl
     from conccl.collectives import REGISTRY
-    from conccl.group.group import POST_AFTER
+    from conccl.group.agreement import POST_AFTER
 
     n, calls = 4099, POST_AFTER + 4
     ag_in, ag_out = torch.empty(n, device="cuda"), torch.empty(world * n, device="cuda")

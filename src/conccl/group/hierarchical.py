@@ -49,7 +49,6 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
-import zlib
 
 import torch
 
@@ -61,13 +60,14 @@ from ..collectives.reduce_scatter import REDUCE_SCATTER, reduce_op
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
 from .persistent import HierarchicalPersistent
 from .work import Work
-from .group import _F_ALGO, _F_ARG, _F_COLL, _F_DTYPE, _F_IN, _F_OUT, _F_SEQ, Group, _code, _describe
+from .group import Group
 from .methods import CollectiveMethods
+from .row import ALGO, ARG, COLL, DTYPE, IN_BYTES, OUT_BYTES, SEQ, code, describe
 from .topology import HostLayout
 
-# The call's descriptor, field by field as the group's board row names them (for _describe).
-_FIELDS = ((_F_SEQ, "sequence number"), (_F_COLL, "collective"), (_F_DTYPE, "dtype"), (_F_IN, "input size"),
-           (_F_OUT, "output size"), (_F_ARG, "reduction op"), (_F_ALGO, "default algorithm (set_options)"))
+# The call's descriptor, field by field as the group's board row names them (for row.describe).
+_FIELDS = ((SEQ, "sequence number"), (COLL, "collective"), (DTYPE, "dtype"), (IN_BYTES, "input size"),
+           (OUT_BYTES, "output size"), (ARG, "reduction op"), (ALGO, "default algorithm (set_options)"))
 
 
 class CrossNode:
@@ -141,7 +141,7 @@ class HierarchicalGroup(CollectiveMethods):
         ``coll.api_name`` and the module doc. ``algorithm`` must be None (each node-local step
         picks its own); ``route`` is ignored (no ``nccl_below`` on such a group yet)."""
         timeout_s, flat = self._validate_and_agree(coll, output, input, args, algorithm, timeout)
-        return self._run(coll, output, input, args, timeout_s, stream_mode, flat)
+        return self.run_agreed(coll, output, input, args, timeout_s, stream_mode, flat)
 
     def _validate_and_agree(self, coll: Collective, output, input, args, algorithm, timeout) -> tuple[float, bool]:
         """(timeout seconds, whether the call runs flat) once this rank's arguments are valid and
@@ -153,16 +153,17 @@ class HierarchicalGroup(CollectiveMethods):
         if coll not in _COMPOSED:
             raise InvalidArgument(f"{coll.api_name} is not served on a group spanning hosts")
         call = coll.local(output, input, tuple(args), self.world, self.rank, self.node.executor.device_type)
-        self._check_usable()
-        timeout_s = self.node._timeout_s(timeout)
+        self.check_usable()
+        timeout_s = self.timeout_s(timeout)
         flat = _flat_only(coll, args)
         if flat and self.fallback is None:
             raise InvalidArgument(f"{coll.api_name} with split sizes is not served on this group spanning hosts")
         self._agree(coll, call, input, output, self.seq + 1, timeout_s, flat)
         return timeout_s, flat
 
-    def _run(self, coll: Collective, output, input, args, timeout_s: float, stream_mode, flat: bool) -> Work:
-        """Move the agreed call: flat on the backend, or composed (node-local, cross-node)."""
+    def run_agreed(self, coll: Collective, output, input, args, timeout_s: float, stream_mode, flat: bool) -> Work:
+        """Move a call every rank agreed (:meth:`call`, a persistent op's start): flat on the
+        backend, or composed (node-local, cross-node)."""
         if flat:
             return self._flat(coll, output, input, args)
         self.seq += 1
@@ -197,7 +198,7 @@ class HierarchicalGroup(CollectiveMethods):
         ranks of this local index across hosts (so every rank of the group, in two steps); a
         host that differs raises InvalidArgument on every rank of this column."""
         self.node.agree(text, what, hint, timeout)
-        digest = zlib.crc32(text.encode())
+        digest = code(text)
         hosts = [row[0] for row in self.cross.exchange([digest])]
         differ = [h for h, d in enumerate(hosts) if d != digest]
         if differ:
@@ -241,8 +242,8 @@ class HierarchicalGroup(CollectiveMethods):
         sizes = (-1, -1) if flat else (input.numel() * input.element_size(), output.numel() * output.element_size())
         # the node-local steps read each rank's default algorithm: every host must have the same
         default = self.options.algorithm
-        desc = [seq, _code(coll.name), _code(str(input.dtype)), *sizes, call.agreed,
-                -1 if default is None else _code(default.value)]
+        desc = [seq, code(coll.name), code(str(input.dtype)), *sizes, call.agreed,
+                -1 if default is None else code(default.value)]
         what = f"conccl {coll.name} (hierarchical, sequence number {seq})"
         try:
             hosts = self.cross.exchange(desc)
@@ -269,7 +270,7 @@ class HierarchicalGroup(CollectiveMethods):
             if bad:
                 raise CollectiveError(
                     f"{what} on rank {self.rank}: rank {base + bad[0]} called with a different {name} "
-                    f"({_describe(f, rows[bad[0], field], input.dtype)} vs {_describe(f, desc[field], input.dtype)} "
+                    f"({describe(f, rows[bad[0], field], input.dtype)} vs {describe(f, desc[field], input.dtype)} "
                     "here); nothing was moved")
         for l in range(self.layout.per_host):
             f1, other, value = (int(v) for v in rows[l, len(desc):])
@@ -277,7 +278,7 @@ class HierarchicalGroup(CollectiveMethods):
                 f, name = _FIELDS[f1 - 1]
                 raise CollectiveError(
                     f"{what} on rank {self.rank}: rank {other} (another host) called with a different {name} "
-                    f"({_describe(f, value, input.dtype)} vs {_describe(f, desc[f1 - 1], input.dtype)} on rank "
+                    f"({describe(f, value, input.dtype)} vs {describe(f, desc[f1 - 1], input.dtype)} on rank "
                     f"{base + l}); nothing was moved")
 
     def _backend_failure(self, coll: Collective, seq: int, start: float, e: BaseException) -> CollectiveTimeout:
@@ -285,12 +286,17 @@ class HierarchicalGroup(CollectiveMethods):
         return CollectiveTimeout(f"conccl {coll.name} (cross-node)", seq, peers, time.monotonic() - start,
                                  note=f"the cross-node backend failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
-    def _check_usable(self) -> None:
+    def timeout_s(self, timeout) -> float:
+        """As :meth:`Group.timeout_s` (the node-local group's options are this group's)."""
+        return self.node.timeout_s(timeout)
+
+    def check_usable(self) -> None:
+        """As :meth:`Group.check_usable`, for this group and its node-local one."""
         if self.broken is not None:
             raise GroupBroken(
                 f"this conccl group is broken since an earlier collective failed ({self.broken}); nothing was moved. "
                 "Destroy the group (conccl.destroy) and create a new one.", self.broken) from self.broken
-        self.node._check_usable()
+        self.node.check_usable()
 
     def fail(self, error: BaseException) -> None:
         """Break the group with ``error``, and the node-local group with it (its board's abort

@@ -1,11 +1,10 @@
 """Making the :class:`Group` for a ``torch.distributed`` process group: where the executor is
 chosen. The copy-engine executor is the one a process group gets (the CPU reference executor's
 groups are made by the test harness, :mod:`conccl.testing`). A process group whose ranks run on
-several hosts (real host names, or simulated ones: :data:`~conccl.group.topology.SIMULATED_HOSTS_ENV`,
+several hosts (real host names, or simulated ones: :func:`~conccl.group.topology.simulated_hosts`,
 read here, once per group) gets a :class:`~conccl.group.hierarchical.HierarchicalGroup`."""
 from __future__ import annotations
 
-import os
 import socket
 import uuid
 
@@ -16,12 +15,15 @@ from torch.distributed import _symmetric_memory as symm_mem
 from .board import HostBoard
 from ..errors import InvalidArgument, UnsupportedGroup
 from ..executors.cuda.executor import CudaCopyEngineExecutor
-from .group import Group, Options, board_row_len
+from .group import Group
 from .hierarchical import CrossNode, HierarchicalGroup
-from .topology import SIMULATED_HOSTS_ENV, host_layout, simulated_host_keys
+from .options import Options
+from .protocol import CollectiveGroup
+from .row import board_row_len
+from .topology import SIMULATED_HOSTS_ENV, host_layout, simulated_host_keys, simulated_hosts
 
 
-def make_group(group, options: Options | None = None) -> Group | HierarchicalGroup:
+def make_group(group, options: Options | None = None) -> CollectiveGroup:
     """A new :class:`Group` for the process group ``group`` over the copy-engine executor, or a
     :class:`HierarchicalGroup` where its ranks run on several hosts. A collective call (every
     rank of ``group``): the ranks exchange their hosts and GPUs, create the host board and map
@@ -29,7 +31,7 @@ def make_group(group, options: Options | None = None) -> Group | HierarchicalGro
     if not torch.cuda.is_available():
         raise InvalidArgument("conccl collectives need CUDA GPUs; none is visible to this process")
     world = dist.get_world_size(group)
-    me = {"host": socket.gethostname(), "simulated": os.environ.get(SIMULATED_HOSTS_ENV, "")}
+    me = {"host": socket.gethostname(), "simulated": simulated_hosts()}
     peers: list = [None] * world
     dist.all_gather_object(peers, me, group=group)
     specs = sorted({p["simulated"] for p in peers})

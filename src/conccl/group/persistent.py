@@ -74,7 +74,7 @@ class PersistentCollective:
         comm = self._startable()
         if comm.executor.capturing():  # into a CUDA graph: a graph slot of its own (conccl.schedule.captured)
             return comm.capture_schedule(self._schedule, self._input, self._output, self._views, self._timeout_s)
-        return comm._execute(self._schedule, self._input, self._output, async_op, self._timeout_s, self._views)
+        return comm.execute(self._schedule, self._input, self._output, async_op, self._timeout_s, self._views)
 
     def _startable(self):
         """The op's group, or InvalidArgument if the op is closed or a tensor moved."""
@@ -130,11 +130,11 @@ class HierarchicalPersistent(PersistentCollective):
         if _sizes(self._input, self._output) != self._agreed:
             raise InvalidArgument(f"persistent {self.collective} #{self.op_id}: a tensor's size or dtype changed since "
                                   "the op was made; make a new persistent op")
-        comm._check_usable()
+        comm.check_usable()
         if comm.node.executor.capturing():
             raise InvalidArgument(f"persistent {self.collective} #{self.op_id}: CUDA graph capture is not served on a "
                                   "group spanning hosts")
-        return comm._run(self.coll, self._output, self._input, self.args, self._timeout_s, self._stream_mode,
+        return comm.run_agreed(self.coll, self._output, self._input, self.args, self._timeout_s, self._stream_mode,
                          self._flat)
 
 

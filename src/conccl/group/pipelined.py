@@ -14,26 +14,26 @@ from __future__ import annotations
 from ..collectives.all_gather import ALL_GATHER
 from ..collectives.reduce_scatter import REDUCE_SCATTER
 from ..schedule.pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
-from .parts import _moved
+from .parts import moved_schedule
 
 
 def _prepare(group, timeout):
-    group._check_usable()
-    return group._timeout_s(timeout)
+    group.check_usable()
+    return group.timeout_s(timeout)
 
 
 def _agreed(group, local, timeout_s, captured: bool):
     """The agreed flat call (``captured``: the stream is being captured, asked once per call)."""
     if captured:
-        return group._agree_captured(local, timeout_s)
-    return group._agree(local, timeout_s)
+        return group.agree_captured(local, timeout_s)
+    return group.agree_call(local, timeout_s)
 
 
 def _run(group, moved, input, output, async_op, timeout_s, views, compute, captured: bool):
     """Queue the pipeline ``moved``, or capture it where the stream is being captured."""
     if captured:
         return group.capture_schedule(moved, input, output, views, timeout_s, compute=compute)
-    return group._execute(moved, input, output, async_op, timeout_s, views, compute=compute)
+    return group.execute(moved, input, output, async_op, timeout_s, views, compute=compute)
 
 
 def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row_bytes: int, compute,
@@ -47,11 +47,11 @@ def all_gather_then_compute(group, output, input, tp: TPSchedule, rows: int, row
     pipelined (not serial) schedule leaves the output's own chunk unwritten (the caller does
     not read it, nor do the GEMM steps), saving a same-GPU copy on SMs; a push pipeline then
     writes nothing into the output."""
-    local = group._local_step(ALL_GATHER, output, input, (), tp.flat_algorithm(), tp.stream_mode())
+    local = group.local_steps.step(ALL_GATHER, output, input, (), tp.flat_algorithm(), tp.stream_mode())
     timeout_s = _prepare(group, timeout)
     captured = group.executor.capturing()
     schedule, views = _agreed(group, local, timeout_s, captured)
-    moved = _moved(group, schedule, "gather_then_gemm", (tp, rows, row_bytes, keep_own, captured),
+    moved = moved_schedule(group, schedule, "gather_then_gemm", (tp, rows, row_bytes, keep_own, captured),
                    lambda s: gather_then_gemm(s, tp, rows, row_bytes, keep_own, captured))
     return _run(group, moved, input, output, async_op, timeout_s, views, compute, captured)
 
@@ -62,10 +62,10 @@ def compute_then_reduce_scatter(group, output, input, op, tp: TPSchedule, rows: 
     ``compute(op)`` fills step by step) into ``output``: each piece leaves as soon as its step
     has computed it; the own rows are reduced last (``op``: as
     :func:`conccl.reduce_scatter_tensor`)."""
-    local = group._local_step(REDUCE_SCATTER, output, input, (op,), None, tp.stream_mode())
+    local = group.local_steps.step(REDUCE_SCATTER, output, input, (op,), None, tp.stream_mode())
     timeout_s = _prepare(group, timeout)
     captured = group.executor.capturing()
     schedule, views = _agreed(group, local, timeout_s, captured)
-    moved = _moved(group, schedule, "gemm_then_scatter", (tp, rows, row_bytes),
+    moved = moved_schedule(group, schedule, "gemm_then_scatter", (tp, rows, row_bytes),
                    lambda s: gemm_then_scatter(s, tp, rows, row_bytes))
     return _run(group, moved, input, output, async_op, timeout_s, views, compute, captured)

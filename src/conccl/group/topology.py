@@ -14,7 +14,7 @@ without permuting data:
   place (see :mod:`conccl.group.hierarchical`).
 
 Simulated hosts (tests only): :data:`SIMULATED_HOSTS_ENV` assigns the ranks of one machine to
-pretend hosts, read once where a group is made. ``"2x4"`` is 2 hosts of 4 ranks, node-major
+pretend hosts, read (:func:`simulated_hosts`) once where a group is made. ``"2x4"`` is 2 hosts of 4 ranks, node-major
 (rank r on host r // 4); ``"0,0,1,1"`` names each rank's host explicitly (a layout the group
 then accepts or refuses as it would real hosts). The ranks named are the default group's
 (``make_group`` gives a smaller group its members' hosts). Pure: no device, no process group.
@@ -24,9 +24,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .. import env
 from ..validate import InvalidArgument
 
 SIMULATED_HOSTS_ENV = "CONCCL_SIMULATED_HOSTS"
+
+
+def simulated_hosts() -> str:
+    """This process's :data:`SIMULATED_HOSTS_ENV`, read through :mod:`conccl.env` (empty: none), as
+    :func:`simulated_host_keys` takes it."""
+    return env.get(SIMULATED_HOSTS_ENV)
 
 
 @dataclass(frozen=True)
