@@ -16,6 +16,9 @@ The CPU tiers (multiproc, unit, cli) run as on a machine without GPUs whatever t
 test that wants GPUs pretends them with monkeypatch, as several do), so that they test on a GPU
 machine what CI tests.
 
+Every process of the run (this one, the ranks, the subprocesses) computes on one thread
+(``OMP_NUM_THREADS=1`` unless set): the ranks of a test share the machine's cores.
+
 The long tier is a marker, not a folder: a test or a parametrized case marked ``long`` (a long
 fuzz or soak) is skipped, saying how to run it, unless ``--long`` is given; with ``--long``
 only the long ones run (``python3 -m pytest -q --long tests``). A marker keeps a long case
@@ -41,6 +44,10 @@ import sys
 import pytest
 
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+# One intra-op thread per process (before torch is imported here; every rank and subprocess
+# inherits it): the ranks of a test share the machine's cores, and with torch's default (a
+# thread per core in every rank) 4 ranks on 2 cores trained ~3x slower, spinning on each other.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 HERE = pathlib.Path(__file__).parent
 ORDER = {"multiproc": 0, "unit": 1, "gpu": 3}  # any other tier: 2

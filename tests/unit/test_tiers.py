@@ -2,7 +2,7 @@
 settings): multiproc first, then unit, then the other CPU tiers, the GPU tier last, whatever
 order the paths are given in (the multi-process tier forks, and a test elsewhere may initialise
 CUDA in the pytest process); nothing asks the CUDA runtime while collecting; the CPU tiers see
-no GPU; a bare ``pytest -q`` collects the quick tiers only; a long case is skipped saying how
+no GPU; every process computes on one thread; a bare ``pytest -q`` collects the quick tiers only; a long case is skipped saying how
 to run it, and ``--long`` runs only those; a run that only reaches tests/gpu runs its short part
 and says how to run the rest; a run that names it, or --gpu-all, runs all of it; a GPU test
 needs the GPUs its ``gpus(n)`` marker says (2 unmarked); a run that leaves a shared-memory
@@ -37,11 +37,12 @@ def _pytest(*args, files: dict | None = None, tmp: pathlib.Path | None = None) -
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
 
 
-def test_cpu_tiers_run_first_see_no_gpu_and_torch_counts_gpus_by_nvml_here():
+def test_cpu_tiers_run_first_see_no_gpu_compute_on_one_thread_and_torch_counts_gpus_by_nvml_here():
     import torch
 
     assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"  # torch.cuda.is_available() asks NVML
     assert not torch.cuda.is_available() and torch.cuda.device_count() == 0
+    assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"])  # 1 unless set: ranks share the cores
     paths = ["tests/gpu/test_gpu_fsdp.py", "tests/cli/test_python_m_conccl.py", "tests/multiproc/test_fsdp_fallback.py",
              "tests/unit/test_lazy_import.py"]
     done = _pytest("--collect-only", *paths)
