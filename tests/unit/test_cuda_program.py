@@ -288,7 +288,7 @@ def test_symmetric_registry_generation_grows_with_every_allocation():
     import types
 
     torch = pytest.importorskip("torch")
-    from conccl.executors.cuda.executor import SymmetricRegistry
+    from conccl.device.symmetric import SymmetricRegistry
 
     reg = SymmetricRegistry()
     t = torch.empty(4)

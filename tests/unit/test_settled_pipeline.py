@@ -14,6 +14,7 @@ import torch
 
 from conccl.executors.cuda import executor as cuda_ce
 from conccl.executors.cuda import graph_launch as sg
+from conccl.executors.cuda import programs
 from conccl.executors.cuda import settled_pipeline as sp
 from conccl.executors.cuda.program import ComputeStep, CopyStep, SignalBatch, SignalStep
 
@@ -86,11 +87,11 @@ def executor(monkeypatch):
     log = []
     names = iter(range(1000))
     # the whole program's slots, one per stream (test_marks_become_edges... takes the segments)
-    monkeypatch.setenv("CONCCL_GRAPH_MARK_EDGES", "0")
+    monkeypatch.setenv("CONCCL_DISABLE", "graph_mark_edges")
     monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: _Event(f"e{next(names)}", log))
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device=None: _Stream(handle, log), raising=False)
     monkeypatch.setattr(sp, "lower", lambda *a, **k: LOWERED)
-    monkeypatch.setattr(cuda_ce, "_addresses", lambda *a: None)
+    monkeypatch.setattr(programs, "buffer_addresses", lambda *a: None)
     monkeypatch.setattr(sp, "CompiledProgram", lambda lowered, cu, index: _Program(lowered, log))
     monkeypatch.setattr(sp, "driver", lambda: type("Cu", (), {"CUstream": staticmethod(lambda h: h)}))
     monkeypatch.setattr(torch.cuda, "MemPool", lambda: _Pool())
@@ -118,7 +119,7 @@ class _Schedule:
 
 
 def _entry():
-    return cuda_ce._Program(_Schedule(), None, None, None, LOWERED)
+    return programs.CachedProgram(_Schedule(), None, None, None, LOWERED)
 
 
 def test_the_third_call_with_the_same_buffers_is_captured_and_later_ones_reuse_it(executor):
@@ -186,7 +187,7 @@ def test_a_failed_capture_leaves_driver_calls_for_good_and_warns_once(executor, 
 
 def test_a_program_without_a_graphable_pipeline_gets_none(executor):
     ex, _ = executor
-    entry = cuda_ce._Program(_Schedule(), None, None, None, (LOWERED[0], LOWERED[1]))  # no GEMM step
+    entry = programs.CachedProgram(_Schedule(), None, None, None, (LOWERED[0], LOWERED[1]))  # no GEMM step
     got = [ex._settled_pipeline(entry, ("a",), _NO_GEMM, None, None, None) for _ in range(4)]
     assert got == [None, None, False, False] and _Graph.made == []
 
@@ -270,9 +271,9 @@ def test_a_pipeline_copying_within_its_gpu_keeps_driver_calls(executor):
     assert not sg.same_gpu_copies(pipeline("push-s2", "ag"))
     assert not sg.same_gpu_copies(pipeline("direct", "rs")) and not sg.same_gpu_copies(pipeline("direct-p2-s2", "rs"))
     ex, _ = executor
-    staged = cuda_ce._Program(pipeline("direct", "ag"), None, None, None, LOWERED)
+    staged = programs.CachedProgram(pipeline("direct", "ag"), None, None, None, LOWERED)
     assert [ex._settled_pipeline(staged, ("a",), _NO_GEMM, None, None, None) for _ in range(4)] == [None, None, False, False]
-    pushed = cuda_ce._Program(pipeline("push-s2", "ag"), None, None, None, LOWERED)
+    pushed = programs.CachedProgram(pipeline("push-s2", "ag"), None, None, None, LOWERED)
     assert [ex._settled_pipeline(pushed, ("a",), _NO_GEMM, None, None, None) for _ in range(3)][2] is _Graph.made[-1]
 
 
@@ -357,7 +358,7 @@ def test_marks_become_edges_of_the_graph_and_no_memory_operation_is_left_for_the
     from conccl.schedule.pipeline import TPSchedule, gemm_then_scatter
     from conccl.schedule.base import AwaitMark, Compute, Mark
 
-    monkeypatch.setenv("CONCCL_GRAPH_MARK_EDGES", "1")
+    monkeypatch.setenv("CONCCL_DISABLE", "")
     ex, log = executor
     lowered_ops = []
 
@@ -373,7 +374,7 @@ def test_marks_become_edges_of_the_graph_and_no_memory_operation_is_left_for_the
     writes = [op.word for ops in schedule.slots for op in ops if isinstance(op, Mark)]
     edges = {op.word for ops in schedule.slots for op in ops if isinstance(op, AwaitMark) and writes.count(op.word) == 1}
     assert edges, "a pipeline with no mark to turn into an edge tests nothing here"
-    entry = cuda_ce._Program(schedule, None, None, None, LOWERED)
+    entry = programs.CachedProgram(schedule, None, None, None, LOWERED)
     got = [ex._settled_pipeline(entry, ("a",), _NO_GEMM, None, None, None) for _ in range(3)]
     assert got[2] is _Graph.made[-1]
     assert not [op for op in lowered_ops if isinstance(op, (Mark, AwaitMark)) and op.word in edges]

@@ -28,143 +28,37 @@ stream of its own, so the stuck streams drain.
 """
 from __future__ import annotations
 
-import dataclasses
-import time
-import warnings
-
-import numpy as np
 import torch
 from torch.distributed import _symmetric_memory as symm_mem
 
 from ... import env
-from ...device.driver import StreamOps, check, driver
-from ...errors import InvalidArgument
-from ...schedule.captured import GRAPH_SLOTS, GRAPH_VALUE, mark_edges, mark_edges_on, primed_free_words
-from ...schedule.base import (MARK_WORDS, Buf, Schedule, Signal, StreamMode, awaited_peers, mark_index, max_slots,
-                        pad_words, signal_pad_words, signal_word, workspace_half)
+from ...device.driver import StreamOps, driver
+from ...device.symmetric import CurrentStreams, SymmetricRegistry
 from ...group.work import NCCL, Work
-from . import graph_launch as settled_graphs
+from ...schedule.base import MARK_WORDS, Schedule, Signal, StreamMode, mark_index, max_slots, pad_words, signal_word, \
+    workspace_half
+from ...schedule.captured import GRAPH_SLOTS, GRAPH_VALUE, primed_free_words
 from ..base import GrowingWorkspace
-from .program import BATCHING_MODES, CompiledProgram, lower, probe_batching, shape
-from .settled_pipeline import Piece, queue_captured, settled_pipeline
+from . import graph_launch as settled_graphs
+from .capture import GraphCapture
+from .program import BATCHING_MODES, probe_batching
+from .programs import ProgramCache, pad_word
+from .watch import WatchdogSide
 
 # Calls between two refreshes of the eager mark words (:meth:`CudaCopyEngineExecutor._refresh_marks`):
 # a mark is awaited with a 32-bit wrap-around comparison, so a word must never lag 2^31 calls.
 MARK_REFRESH_CALLS = 1 << 30
 
 
-def _word(value: int) -> int:
-    """``value``'s low 32 bits as the int32 a pad word holds (what a stream memory operation
-    writes of a sequence number; ``fill_`` of an int32 tensor refuses a value past 2^31 - 1)."""
-    value &= 0xFFFFFFFF
-    return value - ((value >> 31) << 32)
-
-_MAX_PROGRAMS = 256  # compiled (schedule, buffers) pairs kept per group
-
-
-def _addresses(own_rank: int, input, output, views, workspace):
-    """``address(rank, buf)`` for lowering: a buffer's base as this rank reaches it (its own
-    tensors directly, a peer's through the agreed views, every rank's workspace by its base)."""
-    sym_in, sym_out = views
-
-    def address(rank, buf):
-        if buf is Buf.WORKSPACE:
-            return workspace[rank]
-        t, sym = (input, sym_in) if buf is Buf.INPUT else (output, sym_out)
-        return t.data_ptr() if rank == own_rank else sym[0][rank] + sym[1][rank]
-
-    return address
-
-
-# The current stream's handle by device index, without building a Stream object (older
-# builds lack the raw accessor).
-_raw_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
-               or (lambda device_index: torch.cuda.current_stream(device_index).cuda_stream))
-_CURRENT: dict = {}  # (raw handle, device index) -> torch Stream
-
-
-def current_stream(device_index: int):
-    """The current stream of ``device_index``, found by its raw handle: ``torch.cuda.current_stream()``
-    builds a new Stream object each time (2.6 us per call on H200 x4, scripts/host_floor.py).
-    A handle names one stream while it lives; a reused handle is the same CUDA stream to every
-    record and wait made on it (they go by handle)."""
-    key = (_raw_stream(device_index), device_index)
-    stream = _CURRENT.get(key)
-    if stream is None:
-        if len(_CURRENT) >= 64:
-            _CURRENT.clear()
-        stream = _CURRENT[key] = torch.cuda.current_stream(device_index)
-    return stream
-
-
-class SymmetricRegistry:
-    """Maps tensors allocated by :func:`conccl.empty` to their peers' addresses."""
-
-    def __init__(self):
-        # storage ptr -> (nbytes, every rank's base address, handle kept alive, registration number)
-        self._by_storage: dict[int, tuple[int, tuple[int, ...], object, int]] = {}
-        self.generation = 0  # grows with every allocation: what lookup() answered may change
-
-    def add(self, tensor, handle) -> None:
-        storage = tensor.untyped_storage()
-        self.generation += 1
-        # Registrations follow rendezvous, a collective call: the n-th is the same allocation's
-        # on every rank, which the group checks per call (its row's block fields).
-        self._by_storage[storage.data_ptr()] = (storage.nbytes(), tuple(handle.buffer_ptrs), handle, self.generation)
-
-    def remove(self, tensor) -> bool:
-        """Forget ``tensor``'s allocation (False: it was not registered); its memory goes back
-        once the caller drops the tensor, and calls stop taking it as peer-reachable."""
-        storage = tensor.untyped_storage()
-        entry = self._by_storage.get(storage.data_ptr())
-        if entry is None or entry[0] != storage.nbytes():
-            return False
-        del self._by_storage[storage.data_ptr()]
-        self.generation += 1
-        return True
-
-    def lookup(self, tensor):
-        """(every rank's base address, byte offset in the allocation, registration number) or
-        None if not peer-reachable.
-
-        The offset comes from the storage offset, not ``data_ptr()``: an empty view's is 0."""
-        if tensor.device.type != "cuda":
-            return None
-        storage = tensor.untyped_storage()
-        entry = self._by_storage.get(storage.data_ptr())
-        if entry is None or entry[0] != storage.nbytes():
-            return None
-        return entry[1], tensor.storage_offset() * tensor.element_size(), entry[3]
-
-
-
 SPIN_WORDS = 2  # after the marks: a one-shot kernel's abort word (the watchdog's) and timeout flag
 
 
-class _Program:
-    """A compiled program cached for one (schedule, buffers): how many calls ran it, and its
-    settled graph once it has one (None: not yet tried; False: cannot have one)."""
-
-    __slots__ = ("schedule", "views", "ws", "program", "lowered", "uses", "graph", "pipelines")
-
-    def __init__(self, schedule, views, ws, program, lowered):
-        self.schedule, self.views, self.ws, self.program, self.lowered = schedule, views, ws, program, lowered
-        self.uses, self.graph = 0, None
-        # A pipeline's graphs, by the buffers its GEMM steps touch: [calls, graph or None/False],
-        # the most recently used last (cuda_settled_pipeline)
-        self.pipelines: dict = {}
-
-    def close_graphs(self) -> None:
-        """Destroy its graphs (a launch still queued runs: the driver frees it after)."""
-        if self.graph:
-            self.graph.close()
-        for _, graph in self.pipelines.values():
-            if graph:
-                graph.close()
-        self.pipelines.clear()
+class CudaCopyEngineExecutor(ProgramCache, GraphCapture, WatchdogSide, GrowingWorkspace):
+    """Runs schedules on copy engines and stream memory operations. Its parts: the compiled
+    programs and their graphs (:class:`~.programs.ProgramCache`), captured calls
+    (:class:`~.capture.GraphCapture`), the watchdog's side (:class:`~.watch.WatchdogSide`)."""
 
 
-class CudaCopyEngineExecutor(GrowingWorkspace):
     device_type = "cuda"
     tracks_flights = True
     one_shot = True  # runs one-shot schedules as one kernel (conccl.collectives.one_shot)
@@ -191,6 +85,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._spin_index = spin
         self._spin_words = self._pads[rank] + 4 * spin
         self._device_index = device.index if device.index is not None else torch.cuda.current_device()
+        self._current_stream = CurrentStreams(self._device_index)  # the caller's current stream, fast
         self._streams = [torch.cuda.Stream(device) for _ in range(max_slots(world))]  # one per slot
         self._cu_streams: dict[int, object] = {}  # stream handle -> CUstream
         self._cu_streams_pool = [self._cu_stream(st) for st in self._streams]
@@ -266,90 +161,6 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         # half seq % 2 (conccl.schedule.base), a whole one the base (the even entry).
         self._ws_keys = tuple(tuple(p + workspace_half(parity, nbytes) for p in self._ws_handle.buffer_ptrs)
                               for parity in (0, 1))
-
-    def _program(self, schedule: Schedule, input, output, views, seq: int) -> _Program:
-        """``schedule`` compiled against these buffers (cached: loops reuse their tensors).
-
-        Keyed by the identity of ``schedule`` and ``views``, which the communicator keeps while
-        a call's arguments and its peers' do not change (hashing the views' addresses would
-        cost more than the lookup saves); the hit is checked against the objects themselves,
-        as an id can name a collected object, and against the current workspace. A
-        double-buffered call alternates between two programs, one per workspace half."""
-        parity = seq & 1 if schedule.double_buffered else 0
-        ws = self._ws_keys[parity]  # every rank's workspace address (None before the first staging)
-        key = (id(schedule), id(views), input.data_ptr(), output.data_ptr(), parity)
-        hit = self._programs.get(key)
-        if hit is not None and hit.schedule is schedule and hit.views is views and hit.ws is ws:
-            return hit
-        t0 = time.perf_counter()
-        address = _addresses(self.rank, input, output, views, ws)
-        lowered = lower(schedule, address, self._pads, self.batching, marks=self._marks, spin_words=self._spin_words,
-                        spin=False)
-        form = shape(lowered)
-        template = self._by_shape.get(form)
-        if template is not None:
-            # A program of this shape exists (other buffers, other sizes: an FSDP step's new
-            # parameters, a MoE layer's new routing): a new one shares its signal calls.
-            program = template.readdressed(lowered, driver(), self._device_index)
-            self.programs_readdressed += 1
-        else:
-            if len(self._by_shape) >= _MAX_PROGRAMS:  # a one-shot call's shape holds its buffers' addresses
-                self._by_shape.clear()
-            program = self._by_shape[form] = CompiledProgram(lowered, driver(), self._device_index)
-            self.programs_compiled += 1
-        self.program_compile_s += time.perf_counter() - t0
-        if len(self._programs) >= _MAX_PROGRAMS:
-            self._drop_programs()
-        if hit is not None:  # a stale entry under this key (other views, workspace)
-            hit.close_graphs()
-        entry = self._programs[key] = _Program(schedule, views, ws, program, lowered)
-        return entry
-
-    def _drop_programs(self) -> None:
-        for entry in self._programs.values():
-            entry.close_graphs()
-        self._programs.clear()
-
-    def _settled_graph(self, entry: _Program, input, output, views):
-        """``entry``'s graph (conccl.executors.cuda.graph_launch) once this is its GRAPH_AFTER-th
-        call, made now; None before; False where it cannot have one (the calls stay driver calls)."""
-        entry.uses += 1
-        if entry.uses < settled_graphs.GRAPH_AFTER:
-            return None
-        entry.graph = False
-        if not (settled_graphs.available() and settled_graphs.graphable(entry.lowered)):
-            return False
-        if not settled_graphs.peer_reachable(views, input, output, self.rank):
-            return False  # a graph may replay a copy of PyTorch's memory as an SM kernel
-        schedule = entry.schedule
-        t0 = time.perf_counter()
-        try:
-            # The same signals; the copies one cuMemcpyAsync each (a batch cannot be captured).
-            steps = lower(schedule, _addresses(self.rank, input, output, views, entry.ws), self._pads,
-                          self.batching, batch_copies=False, marks=self._marks, spin_words=self._spin_words)
-            if self._capture_stream is None:
-                # Its own stream: one of PyTorch's pooled streams may be another group's or a
-                # thread's, whose work would be captured into the graph.
-                self._capture_stream = settled_graphs.create_stream()
-            entry.graph = settled_graphs.SettledGraph(CompiledProgram(steps, driver(), self._device_index), steps[0],
-                                                      self._capture_stream, driver())
-            self.programs_graphed += 1
-        except Exception as e:  # noqa: BLE001 - any failure here leaves the driver calls, which work
-            self.graph_failures += 1
-            if self.graph_failures == 1:
-                warnings.warn(f"conccl: a settled {entry.schedule.collective} could not be launched as a graph ({e}); "
-                              "its calls stay driver calls", stacklevel=3)
-        self.program_compile_s += time.perf_counter() - t0
-        return entry.graph
-
-    def _settled_pipeline(self, entry: _Program, buffers: tuple, make_compute, input, output, views):
-        """A settled pipeline's graph (:func:`conccl.executors.cuda.settled_pipeline.settled_pipeline`)."""
-        return settled_pipeline(self, entry, buffers, make_compute, lambda: _addresses(self.rank, input, output,
-                                                                                      views, entry.ws))
-
-    def _current_stream(self):
-        """The caller's current stream (:func:`current_stream`)."""
-        return current_stream(self._device_index)
 
     def _cu_stream(self, stream) -> object:
         handle = stream.cuda_stream
@@ -446,7 +257,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         slots' blocks (a captured replay's words, reset by the replay itself)."""
         lo = mark_index(0, self.world, GRAPH_SLOTS)
         with torch.cuda.stream(ctrl):
-            self._pad[lo:lo + MARK_WORDS].fill_(_word(seq - 1))
+            self._pad[lo:lo + MARK_WORDS].fill_(pad_word(seq - 1))
         self._marks_written = seq
 
     def _ws_region(self, schedule: Schedule, seq: int):
@@ -522,144 +333,6 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
             t.record_stream(ctrl)
         return Work(end, self.device, path=NCCL)
 
-    # ------------------------------------------------------------------ graphs
-    def capturing(self) -> bool:
-        return torch.cuda.is_current_stream_capturing()
-
-    def reserve_graph_workspace(self, nbytes: int) -> None:
-        """Symmetric memory for the workspaces of calls captured later (a collective call, made
-        before capture: memory cannot be mapped with the peers while a stream is captured)."""
-        if nbytes <= self._graph_ws_cap - self._graph_ws_used:
-            return
-        if self._graph_ws_used:
-            raise InvalidArgument("the graph workspace is in use by captured calls and cannot grow; reserve what every "
-                                  "graph needs before the first capture")
-        torch.cuda.synchronize(self.device)
-        ws = self.symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
-        self._graph_ws_handle = self.symm_mem.rendezvous(ws, self.group_name)
-        self._graph_ws, self._graph_ws_cap = ws, nbytes
-
-    def capture_call(self, schedule: Schedule, input, output, views, slot: int, timeout_s: float,
-                     compute=None) -> None:
-        """Queue a captured call (graph slot ``slot``) on the capturing stream: its own signal
-        words, its own workspace region, one cuMemcpyAsync per copy; a pipeline's GEMM steps
-        (``compute(op)``, :meth:`run`'s) captured on its slot's stream, its marks as graph
-        edges (:meth:`_capture_with_edges`; ``compute`` is then called in the order the
-        segments are queued, not slot by slot)."""
-        ws_base = None
-        if schedule.workspace_bytes:
-            need = -(-schedule.workspace_bytes // 256) * 256
-            if self._graph_ws_used + need > self._graph_ws_cap:
-                raise InvalidArgument(
-                    f"a captured conccl {schedule.collective} needs {schedule.workspace_bytes} bytes of graph workspace "
-                    f"and {self._graph_ws_cap - self._graph_ws_used} are left: call "
-                    "conccl.reserve_graph_workspace(nbytes) with what every captured call needs before capturing "
-                    "(tensors from conccl.empty need none for all-gather and all-to-all, unless CONCCL_ONE_SHOT_BELOW "
-                    "makes the call one-shot: it stages its input, or an all-gather asks for Algorithm.STAGED_PUSH: "
-                    "its output's bytes; an all-reduce in one pass takes world x its bytes)")
-            ws_base = [p + self._graph_ws_used for p in self._graph_ws_handle.buffer_ptrs]
-            if compute is not None:  # a push pipeline's GEMM steps read the call's own region
-                compute = self._with_workspace(compute, self._graph_ws[self._graph_ws_used:self._graph_ws_used + need])
-            self._graph_ws_used += need
-        address = _addresses(self.rank, input, output, views, ws_base)
-        words = 4 * signal_pad_words(self.world) * (1 + slot)
-        pads = [p + words for p in self._pads]
-
-        def compiled(s: Schedule) -> CompiledProgram:
-            # Stream memory ops, batched or single, copies and the reduction kernel are captured
-            # (scripts/graph_memops_probe.py on H200); cuMemcpyBatchAsync is not.
-            return CompiledProgram(lower(s, address, pads, self.batching, batch_copies=False,
-                                         marks=self._pads[self.rank] + 4 * mark_index(0, self.world, GRAPH_SLOTS, slot),
-                                         spin_words=self._spin_words, spin=self.spin_waits), driver(),
-                                   self._device_index)
-
-        if schedule.computes and mark_edges_on():
-            self._capture_with_edges(schedule, compiled, compute)
-            self._graph_slots_used = max(self._graph_slots_used, slot + 1)
-            return
-        program = compiled(schedule)
-        caller = torch.cuda.current_stream(self.device)
-        events = [torch.cuda.Event() for _ in range(len(program.slots))]
-        if len(program.slots) > 1:
-            events[0].record(caller)
-        program.launch_slot(0, self._cu_stream(caller), GRAPH_VALUE, compute and self._on(caller, compute))
-        for k in range(1, len(program.slots)):  # a fork and join the capture follows
-            stream = self._streams[k]
-            stream.wait_event(events[0])
-            program.launch_slot(k, self._cu_streams_pool[k], GRAPH_VALUE, compute and self._on(stream, compute))
-            events[k].record(stream)
-            caller.wait_event(events[k])
-        self._graph_keep.append((program, events))
-        self._graph_slots_used = max(self._graph_slots_used, slot + 1)
-
-    def _capture_with_edges(self, schedule: Schedule, compiled, compute) -> None:
-        """Capture a pipeline with its marks as graph edges (:func:`conccl.schedule.captured.mark_edges`):
-        each segment compiled alone and queued in the order given, on its slot's stream (slot 0:
-        the caller's; the others forked from it and joined back), an event recorded after a
-        segment for each mark it writes and waited on before each segment awaiting it
-        (:func:`~conccl.executors.cuda.settled_pipeline.queue_captured`, as a settled pipeline's)."""
-        pieces = [Piece(seg.slot, seg.waits, seg.records, compiled(dataclasses.replace(schedule, slots=(seg.ops,))),
-                        0, ()) for seg in mark_edges(schedule)]
-        caller = torch.cuda.current_stream(self.device)
-        events = queue_captured(pieces, caller, self._cu_stream(caller),
-                                lambda k: (self._streams[k], self._cu_streams_pool[k]), GRAPH_VALUE,
-                                lambda stream: compute and self._on(stream, compute))
-        self._graph_keep.append(([piece.program for piece in pieces], events))
-        self.edge_captures += 1
-
-    # ------------------------------------------------------------------ watchdog side
-    # Re-recording an event does not affect waits already queued on it, and the watchdog
-    # hands back only finished, forgotten flights. Nothing else refers to their start event,
-    # nor to the end event of a blocking call (its handle holds none; its late verdict is
-    # then no longer checked, but the group's next call raises it). An async call's end event
-    # stays with its handle.
-    def _recycle_start(self, flight) -> None:
-        if len(self._spare_events) < 1024:
-            self._spare_events.append(flight.start)
-
-    def _recycle_both(self, flight) -> None:
-        if len(self._spare_events) < 1024:
-            self._spare_events += (flight.start, flight.end)
-
-    def bind_thread(self) -> None:
-        """Set up the watchdog's thread: this GPU, and relaxed stream-capture mode. A rank
-        capturing a graph in the default (global) mode would otherwise have its capture
-        invalidated by the watchdog's event queries on this thread (seen with 3 ranks on one
-        GPU, scripts/shared_gpu_smoke.py); the watchdog only queries events and writes
-        signals, nothing a capture must be protected from."""
-        torch.cuda.set_device(self.device)
-        cu = driver()
-        try:
-            check(cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
-        except (AttributeError, RuntimeError) as e:  # the watchdog still works; captures may then fail
-            warnings.warn(f"conccl: the watchdog thread could not leave global stream-capture mode ({e}); "
-                          "a CUDA graph captured while a conccl call is in flight may be invalidated", stacklevel=1)
-
-    def read_pad(self) -> np.ndarray:
-        """The own signal pad as the GPU sees it now (a copy on the watchdog's stream)."""
-        with torch.cuda.stream(self._watch_stream):  # a plain device-to-host copy, no kernel
-            return self._pad[:signal_pad_words(self.world)].cpu().numpy().view(np.uint32)
-
-    def missing_peers(self, schedule: Schedule, seq: int) -> list[int]:
-        """Peers whose signal call ``seq`` of ``schedule`` still waits for."""
-        return awaited_peers(schedule, seq, self.read_pad(), self.world)
-
-    def release(self, seq: int) -> None:
-        """Satisfy every stream wait queued for calls up to ``seq`` (the group is broken), and
-        every wait of a captured call: a replay stuck on a peer that never replays would
-        otherwise hold the stream, and the eager calls queued behind it, for good."""
-        own = self._pads[self.rank]
-        words = signal_pad_words(self.world)
-        for word in range(words):
-            self._watch_ops.write_value32(own + 4 * word, seq)
-        self._watch_ops.write_value32(self._spin_words, 1)  # a one-shot kernel's spins end
-        with torch.cuda.stream(self._watch_stream):  # a failure path: a fill kernel is fine here
-            # A pipeline's GEMM steps wait on marks that a stuck copy will never write.
-            self._pad[mark_index(0, self.world, GRAPH_SLOTS):self._spin_index].fill_(_word(seq))
-            if self._graph_slots_used:
-                self._pad[words:words * (1 + self._graph_slots_used)].fill_(GRAPH_VALUE)
-        self._watch_stream.synchronize()
-
     def close(self) -> None:
         """Drop the group's handles: its workspace, signal pad, symmetric registrations and
         compiled programs (the memory goes back to PyTorch's symmetric-memory allocator).
@@ -672,6 +345,7 @@ class CudaCopyEngineExecutor(GrowingWorkspace):
         self._graph_ws = self._graph_ws_handle = None
         self._pad = self._pad_handle = None
         self.symmetric = SymmetricRegistry()
+        self._current_stream.close()
         self._drop_programs()
         self._by_shape.clear()
         if self._capture_stream is not None:

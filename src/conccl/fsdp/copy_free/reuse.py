@@ -26,7 +26,7 @@ import contextlib
 
 import torch
 
-from ...executors.cuda.executor import current_stream
+from ...device.symmetric import CurrentStreams
 from ._state import ORIGINAL
 
 
@@ -42,6 +42,7 @@ class Pools:
         # module, ~100 a step) costs one record, no new Event and no Stream object.
         self.freed = ({}, {})
         self.gathered = 0  # modules given a parity so far
+        self.streams: CurrentStreams | None = None  # the freeing stream, found by its handle
 
     def next_parity(self) -> int:
         """The parity of a module gathered for the first time: modules alternate in the order
@@ -86,7 +87,9 @@ def free_unsharded_param(self) -> None:
     outs = self.all_gather_outputs
     if mark is not None and outs and outs[0].is_cuda and outs[0].untyped_storage().size():
         pools, parity = mark
-        stream = current_stream(outs[0].device.index)
+        if pools.streams is None:
+            pools.streams = CurrentStreams(outs[0].device.index)
+        stream = pools.streams()
         event = pools.freed[parity].get(stream.cuda_stream)
         if event is None:
             event = pools.freed[parity][stream.cuda_stream] = torch.cuda.Event()
