@@ -1,6 +1,7 @@
-"""No-device tier: ``Group`` declares a call and a persistent method for every registered
-collective (grep and type checkers find them), and each hands its arguments to the group's
-generic ``call`` / ``persistent`` as torch.distributed's function of that name takes them."""
+"""No-device tier: ``Group`` has a call and a persistent method for every registered
+collective (made from the registry, named and signed as the class's own: help() and
+tracebacks show them so), and each hands its arguments to the group's generic ``call`` /
+``persistent`` as torch.distributed's function of that name takes them."""
 from __future__ import annotations
 
 import inspect
@@ -25,12 +26,12 @@ class _Recording(Group):
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_every_collective_has_both_methods_declared_in_the_class(name):
+def test_every_collective_has_both_methods_named_as_the_classs_own(name):
     coll = REGISTRY[name]
     for method in (coll.api_name, f"persistent_{coll.api_name}"):
         fn = getattr(Group, method, None)
         assert fn is not None, f"Group has no {method}() for the registered collective {name!r}"
-        # written in a class body, not attached at import
+        # named as a method of the class, not as the closure that made it
         assert fn.__qualname__.endswith(f".{method}") and "<locals>" not in fn.__qualname__, fn.__qualname__
         assert list(inspect.signature(fn).parameters)[:3] == ["self", "output", "input"]
 

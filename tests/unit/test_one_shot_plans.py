@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from conccl.collectives.all_to_all import equal_split_matrix
-from conccl.collectives.one_shot import (plan_one_shot_all_gather, plan_one_shot_all_reduce,
-                                         plan_one_shot_all_to_all, plan_one_shot_reduce_scatter)
+from conccl.collectives.all_gather import plan_one_shot_all_gather
+from conccl.collectives.all_reduce import plan_one_shot_all_reduce
+from conccl.collectives.all_to_all import equal_split_matrix, plan_one_shot_all_to_all
+from conccl.collectives.reduce_scatter import plan_one_shot_reduce_scatter
 from conccl.executors.cuda.program import OneShotStep, lower, lower_slot
 from conccl.schedule.captured import graph_schedule
 from conccl.schedule.base import Buf, Copy, Phase, Reduce, ResetSignal, SetSignal, Signal, WaitSignal, signal_word
@@ -56,6 +57,37 @@ def test_a_one_shot_all_to_all_reads_its_chunk_of_every_peer():
     assert plan_one_shot_all_to_all(2, 0, equal_split_matrix(2, 8)).workspace_bytes == 16
 
 
+def test_each_collective_plans_its_one_shot_call_from_its_own_validated_call():
+    """Collective.plan_one_shot, as the group asks it: from the call's typed extra and the
+    peers' rows; None where the kernel serves no such world, and for a widening reduce-scatter."""
+    import torch
+
+    from conccl.collectives import REGISTRY
+    from conccl.collectives.base import PeerCalls
+
+    world, rank, f32 = 4, 1, torch.float32
+    m = equal_split_matrix(world, 64)
+    peers = PeerCalls(send=m, recv=m, input_bytes=(256,) * world, output_bytes=(256,) * world)
+    calls = {"all_gather": ((torch.empty(world * 64, dtype=f32), torch.empty(64, dtype=f32), ()),
+                            plan_one_shot_all_gather(world, rank, 256, False)),
+             "all_to_all": ((torch.empty(64, dtype=f32), torch.empty(64, dtype=f32), (None, None)),
+                            plan_one_shot_all_to_all(world, rank, m)),
+             "reduce_scatter": ((torch.empty(64, dtype=f32), torch.empty(world * 64, dtype=f32), (None,)),
+                                plan_one_shot_reduce_scatter(world, rank, 256, "float32", 1.0)),
+             "all_reduce": ((torch.empty(100, dtype=f32), torch.empty(100, dtype=f32), (None,)),
+                            plan_one_shot_all_reduce(world, rank, 400, "float32", 1.0))}
+    assert set(calls) == set(REGISTRY)
+    for name, ((output, input, args), expected) in calls.items():
+        coll = REGISTRY[name]
+        call = coll.local(output, input, args, world, rank, "cpu")
+        assert coll.plan_one_shot(world, rank, call, peers) is expected, name
+        assert coll.plan_one_shot(1, 0, call, peers) is None and coll.plan_one_shot(9, rank, call, peers) is None
+    rs = REGISTRY["reduce_scatter"]
+    widening = rs.local_parts(torch.empty(64, dtype=f32), [torch.empty(world * 64, dtype=torch.bfloat16)], [64],
+                              (None,), world, rank, "cpu")
+    assert widening.extra.out_dtype == "float32" and rs.plan_one_shot(world, rank, widening, peers) is None
+
+
 def test_lowered_one_shot_is_one_launch_with_the_protocol_words():
     s = plan_one_shot_all_gather(4, 1, 256, False)
     ((step,),) = lower(s, _address, PADS, spin_words=0xBEEF0)
@@ -79,7 +111,7 @@ def test_lowered_one_shot_is_one_launch_with_the_protocol_words():
 
 def test_the_one_shot_limit_comes_from_the_environment(monkeypatch):
     from conccl.errors import InvalidArgument
-    from conccl.group.group import Options
+    from conccl.group.options import Options
 
     for raw, limit in (("", 0), ("0", 0), ("256K", 256 << 10), ("1M", 1 << 20)):
         monkeypatch.setenv("CONCCL_ONE_SHOT_BELOW", raw)

@@ -31,12 +31,10 @@ import random
 
 import pytest
 
-from conccl.collectives.all_gather import own_chunk_via_peer, plan_all_gather
-from conccl.collectives.all_reduce import plan_all_reduce
-from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
-from conccl.collectives.one_shot import (plan_one_shot_all_gather, plan_one_shot_all_reduce,
-                                         plan_one_shot_all_to_all, plan_one_shot_reduce_scatter)
-from conccl.collectives.reduce_scatter import plan_reduce_scatter
+from conccl.collectives.all_gather import own_chunk_via_peer, plan_all_gather, plan_one_shot_all_gather
+from conccl.collectives.all_reduce import plan_all_reduce, plan_one_shot_all_reduce
+from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all, plan_one_shot_all_to_all
+from conccl.collectives.reduce_scatter import plan_one_shot_reduce_scatter, plan_reduce_scatter
 from conccl.schedule.pipeline import TPSchedule, gather_then_gemm, gemm_then_scatter
 from conccl.schedule.base import (DOUBLE_BUFFER_MAX_BYTES, MARK_WORDS, Algorithm, AwaitMark, Buf, Compute, Copy, Mark, Reduce,
                              SetSignal, StreamMode, WaitSignal, signal_pad_words, signal_word, workspace_half)

@@ -328,7 +328,7 @@ def test_latency_phase_timer_times_the_wrapped_phases_and_restores_them(monkeypa
     cls = type(COLLECTIVES["all_gather"])
     plan, local = cls.plan, cls.local
     coll = COLLECTIVES["all_gather"]
-    call = LocalCall((4096,) * 4, (4096,) * 4, False, (4096, False))
+    call = LocalCall((4096,) * 4, (4096,) * 4, False, ag.AllGatherPlanArgs(4096, False))
 
     def run():
         time.sleep(0.002)  # in no phase

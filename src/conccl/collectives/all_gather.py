@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import CollectiveError
@@ -9,8 +10,18 @@ from ..schedule.base import Algorithm, Buf, Copy, Phase, Schedule, StreamMode, T
 from ..validate import InvalidArgument, byte_range, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import WORKSPACE_ALIGN, build_direct_schedule, build_staged_push_schedule, number_slots, peer_order
+from .one_shot import build_one_shot, serves as one_shot_serves
 
 NAME = "all_gather"
+
+
+@dataclass(frozen=True)
+class AllGatherPlanArgs:
+    """What an all-gather's plan needs besides the peers' rows (``LocalCall.extra``): the
+    bytes each rank contributes, and whether this rank's input is its output's own chunk."""
+
+    nbytes: int
+    in_place: bool
 
 
 @lru_cache(maxsize=1024)
@@ -66,6 +77,14 @@ def plan_all_gather(
         algorithm=algorithm, stream_mode=stream_mode, peer_transfers=peers,
         stage=stage, local=local, staged=staged, workspace_bytes=nbytes if staged else 0,
     )
+
+
+@lru_cache(maxsize=1024)
+def plan_one_shot_all_gather(world: int, rank: int, nbytes: int, in_place: bool) -> Schedule:
+    """One rank's one-shot all-gather (:mod:`conccl.collectives.one_shot`): every rank stages
+    its ``nbytes`` and reads each peer's into chunk p (its own from its input, unless in place)."""
+    pieces = {p: (0, p * nbytes, 0 if (p == rank and in_place) else nbytes) for p in range(world)}
+    return build_one_shot(NAME, world, rank, nbytes, pieces)
 
 
 def _plan_staged_push(world: int, rank: int, nbytes: int, stream_mode: StreamMode, in_place: bool) -> Schedule:
@@ -124,8 +143,12 @@ class AllGather(Collective):
 
     def local(self, output, input, args, world, rank, device_type) -> LocalCall:
         in_place = check_all_gather(output, input, world, rank, device_type)
-        nbytes = input.numel() * input.element_size()
-        return LocalCall((nbytes,) * world, (nbytes,) * world, in_place, (nbytes, in_place))
+        return self.local_for(input.numel() * input.element_size(), world, in_place)
+
+    def local_for(self, nbytes: int, world: int, in_place: bool = False) -> LocalCall:
+        """The validated call of an all-gather of ``nbytes`` per rank (``in_place``: the input
+        is the output's own chunk), as :meth:`local` makes it from tensors."""
+        return LocalCall((nbytes,) * world, (nbytes,) * world, in_place, AllGatherPlanArgs(nbytes, in_place))
 
     def check(self, peers: PeerCalls, rank: int, seq: int) -> None:
         mine = peers.input_bytes[rank]
@@ -137,10 +160,16 @@ class AllGather(Collective):
 
     def plan(self, world, rank, local, peers, *, algorithm, stream_mode, input_symmetric, output_symmetric,
              peers_in_place) -> Schedule:
-        nbytes, in_place = local.extra
-        return plan_all_gather(world, rank, nbytes, algorithm=algorithm, stream_mode=stream_mode,
+        args = local.extra
+        return plan_all_gather(world, rank, args.nbytes, algorithm=algorithm, stream_mode=stream_mode,
                                input_symmetric=input_symmetric, output_symmetric=output_symmetric,
-                               in_place=in_place, peers_in_place=peers_in_place)
+                               in_place=args.in_place, peers_in_place=peers_in_place)
+
+    def plan_one_shot(self, world, rank, local, peers) -> Schedule | None:
+        args = local.extra
+        if not one_shot_serves(world):
+            return None
+        return plan_one_shot_all_gather(world, rank, args.nbytes, args.in_place)
 
     def reference(self, inputs, rank, args=None):
         import torch  # tests and checks only: the plans above stay importable without torch
@@ -155,7 +184,8 @@ def own_chunk_via_peer(schedule: Schedule) -> Schedule:
     """``schedule``, a push all-gather's, with its own chunk read back by a copy engine from
     the first peer's output instead of copied on this GPU (``Options.own_chunk_via_peer``).
 
-    Why: a same-GPU copy is an SM kernel by every route (benchmarks/2026-11-26-h100x2-session4),
+    Why: a same-GPU copy is an SM kernel by every route (docs/results.md, "Latency beside a
+    running GEMM"),
     so beside a GEMM that holds every SM it waits until the GEMM ends (~1 ms beside an 8192^3
     bf16 GEMM), and with it the call. A push has just written this rank's input into chunk
     ``rank`` of every peer's output; reading it back from one of them is a peer copy, which

@@ -41,6 +41,7 @@ calls past two ranks (:func:`one_pass`). Workspace ``world`` slots of the whole 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from ..schedule.base import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, SetSignal, Signal, StreamMode, Transfer,
@@ -48,6 +49,7 @@ from ..schedule.base import (Algorithm, Buf, Copy, Op, Phase, Reduce, Schedule, 
 from ..validate import InvalidArgument, check_pair, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import WORKSPACE_ALIGN, build_staged_push_schedule, number_slots, peer_order, workspace_slot
+from .one_shot import build_one_shot, serves as one_shot_serves
 from .reduce_scatter import DTYPES, op_code, reduce_chunks, reduce_op
 
 NAME = "all_reduce"
@@ -55,9 +57,21 @@ NAME = "all_reduce"
 VECTOR_BYTES = 16  # what the reduction kernel reads per thread on its fast path
 # The automatic choice (:func:`one_pass`) takes one pass while it sends at most this many bytes
 # more than two passes would: ((world-1) - 2 (world-1) / world) x the tensor, none at two ranks.
-# One pass saves a one-way signal and a copy (~20 us in a graph on 2 x H100/H200, session 9's
-# bench); 8 MiB take about that long over one GPU's NVLink. Not measured beyond two ranks.
+# One pass saves a one-way signal and a copy (~20 us in a graph on 2 x H100/H200: docs/results.md,
+# "Captured reductions: one pass and spin waits"); 8 MiB take about that long over one GPU's
+# NVLink. Not measured beyond two ranks.
 ONE_PASS_EXTRA_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class AllReducePlanArgs:
+    """What an all-reduce's plan needs besides the peers' rows (``LocalCall.extra``): the
+    tensor's elements and their bytes each, its dtype (torch's name) and the op's scale."""
+
+    numel: int
+    esize: int
+    dtype: str
+    scale: float
 
 
 def one_pass(nbytes: int, world: int) -> bool:
@@ -146,6 +160,13 @@ def plan_all_reduce(world: int, rank: int, numel: int, esize: int, dtype: str, s
                     stream_mode=stream_mode, staged=True, workspace_bytes=world * slot, double_buffered=double)
 
 
+@lru_cache(maxsize=1024)
+def plan_one_shot_all_reduce(world: int, rank: int, nbytes: int, dtype: str, scale: float) -> Schedule:
+    """One rank's one-shot all-reduce (:mod:`conccl.collectives.one_shot`): every rank stages
+    its whole tensor; each sums every rank's, in rank order, into its output."""
+    return build_one_shot(NAME, world, rank, nbytes, {}, (0, 0, nbytes, dtype, scale))
+
+
 def _plan_one_pass(world: int, rank: int, nbytes: int, dtype: str, scale: float, stream_mode: StreamMode,
                    in_place: bool) -> Schedule:
     """One pass (module doc; :func:`~conccl.collectives.direct.build_staged_push_schedule`): the
@@ -211,22 +232,27 @@ class AllReduce(Collective):
         chunks = chunk_ranges(input.numel(), world, esize)
         dtype = str(input.dtype).removeprefix("torch.")
         return LocalCall(tuple(n for _, n in chunks), (chunks[rank][1],) * world, in_place,
-                         (input.numel(), esize, dtype, scale), agreed=op_code(name, scale))
+                         AllReducePlanArgs(input.numel(), esize, dtype, scale), agreed=op_code(name, scale))
 
     def algorithm(self, requested, output_symmetric, call: LocalCall | None = None, world: int = 0):
         if requested is Algorithm.PULL:
             raise InvalidArgument("all_reduce runs push only: two passes (Algorithm.PUSH: into the workspace, the "
                                   "result pulled) or one (Algorithm.STAGED_PUSH)")
         if requested is None and call is not None:
-            numel, esize = call.extra[:2]
-            return Algorithm.STAGED_PUSH if one_pass(numel * esize, world) else Algorithm.PUSH
+            return Algorithm.STAGED_PUSH if one_pass(call.extra.numel * call.extra.esize, world) else Algorithm.PUSH
         return requested or Algorithm.PUSH
 
     def plan(self, world, rank, local, peers: PeerCalls, *, algorithm, stream_mode, input_symmetric,
              output_symmetric, peers_in_place) -> Schedule:
-        numel, esize, dtype, scale = local.extra
-        return plan_all_reduce(world, rank, numel, esize, dtype, scale, stream_mode=stream_mode, algorithm=algorithm,
-                               in_place=local.in_place)
+        args = local.extra
+        return plan_all_reduce(world, rank, args.numel, args.esize, args.dtype, args.scale, stream_mode=stream_mode,
+                               algorithm=algorithm, in_place=local.in_place)
+
+    def plan_one_shot(self, world, rank, local, peers) -> Schedule | None:
+        args = local.extra
+        if not one_shot_serves(world):
+            return None
+        return plan_one_shot_all_reduce(world, rank, args.numel * args.esize, args.dtype, args.scale)
 
     def reference(self, inputs, rank, args=None):
         op = args[rank][0] if args and args[rank] and args[rank][0] is not None else "SUM"

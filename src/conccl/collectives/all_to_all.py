@@ -3,12 +3,14 @@ chunks in source order. Sizes are a ``world x world`` byte matrix ``m[src][dst]`
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
 
 from ..schedule.base import Algorithm, Buf, Phase, Schedule, StreamMode, Transfer
 from ..validate import InvalidArgument, check_pair, check_splits, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule
+from .one_shot import build_one_shot, serves as one_shot_serves
 
 NAME = "all_to_all"
 
@@ -73,6 +75,17 @@ def plan_all_to_all(
     )
 
 
+@lru_cache(maxsize=1024)
+def plan_one_shot_all_to_all(world: int, rank: int, matrix: SplitMatrix) -> Schedule:
+    """One rank's one-shot all-to-all (:mod:`conccl.collectives.one_shot`) for the byte matrix
+    ``matrix[src][dst]``: every rank stages its whole input and reads its piece of each peer's."""
+    pieces = {p: (sum(matrix[p][:rank]), sum(matrix[k][rank] for k in range(p)), matrix[p][rank])
+              for p in range(world)}
+    # every rank stages its whole input; the workspace must be alike on every rank: the largest
+    return replace(build_one_shot(NAME, world, rank, sum(matrix[rank]), pieces),
+                   workspace_bytes=max(sum(row) for row in matrix))
+
+
 def check_all_to_all(output, input, output_split_sizes, input_split_sizes, world: int, device_type: str):
     """Validate arguments; return (output_splits, input_splits, bytes per dim-0 row)."""
     check_pair(output, input, device_type)
@@ -117,6 +130,9 @@ class AllToAll(Collective):
              output_symmetric, peers_in_place) -> Schedule:
         return plan_all_to_all(world, rank, peers.send, algorithm=algorithm, stream_mode=stream_mode,
                                input_symmetric=input_symmetric, output_symmetric=output_symmetric)
+
+    def plan_one_shot(self, world, rank, local, peers) -> Schedule | None:
+        return plan_one_shot_all_to_all(world, rank, peers.send) if one_shot_serves(world) else None
 
     def reference(self, inputs, rank, args=None):
         import torch  # tests and checks only: the plans above stay importable without torch

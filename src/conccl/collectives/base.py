@@ -8,8 +8,11 @@ ask it; none of them compares a collective's name.
 What it answers, by who asks:
 
 - the group, per call: :meth:`Collective.local` (validate this rank's arguments: what it sends
-  and receives), :meth:`Collective.check` (do the peers' published arguments fit together?)
-  and :meth:`Collective.plan` (this rank's :class:`~conccl.schedule.base.Schedule`);
+  and receives), :meth:`Collective.check` (do the peers' published arguments fit together?),
+  :meth:`Collective.plan` (this rank's :class:`~conccl.schedule.base.Schedule`) and
+  :meth:`Collective.plan_one_shot` (the same call as one small SM kernel, where it has one);
+  the group's methods (``group.<api_name>``, ``group.persistent_<api_name>``) are made from
+  :data:`~conccl.collectives.REGISTRY`;
 - tests: :meth:`Collective.reference` (the expected output, computed with plain tensor ops);
 - the benchmark, the study and the runtime: how to call it (:attr:`Collective.api_name`, the
   same function name in ``torch.distributed`` and in ``conccl``), the equal-chunk
@@ -57,14 +60,16 @@ class LocalCall:
     ``send[p]`` / ``recv[p]``: bytes this rank sends to / receives from rank ``p``, published to
     the peers so every rank can check the call and derive the same plan. ``in_place``: the
     input is the output's own chunk. ``extra``: what the collective's :meth:`~Collective.plan`
-    needs besides the peers' rows (hashable). ``agreed``: a code every rank's call must have
-    alike besides the collective and dtype (a reduction's op and factor), 0 when none.
+    needs besides the peers' rows, as the collective's own frozen dataclass, read by field
+    name (``AllGatherPlanArgs``, ...; None where the rows say it all). ``agreed``: a code
+    every rank's call must have alike besides the collective and dtype (a reduction's op and
+    factor), 0 when none.
     """
 
     send: tuple[int, ...]
     recv: tuple[int, ...]
     in_place: bool = False
-    extra: tuple = ()
+    extra: object = None
     agreed: int = 0
 
 
@@ -204,6 +209,13 @@ class Collective(abc.ABC):
              stream_mode: StreamMode, input_symmetric: bool, output_symmetric: bool,
              peers_in_place: bool) -> Schedule:
         """This rank's schedule (a pure function; cache it)."""
+
+    def plan_one_shot(self, world: int, rank: int, local: LocalCall, peers: PeerCalls) -> Schedule | None:
+        """This rank's one-shot schedule of the call (:mod:`conccl.collectives.one_shot`: one
+        kernel of one CTA), from what every rank agrees on, or None where there is none (this
+        collective, a world the kernel does not serve: :func:`~conccl.collectives.one_shot.serves`).
+        A pure function; the group runs it where every rank's call would."""
+        return None
 
     def call_with(self, lib, output, input, args: tuple = (), **kwargs):
         """Call ``lib.<api_name>`` (``torch.distributed``'s or ``conccl``'s, which share names

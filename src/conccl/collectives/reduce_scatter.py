@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from dataclasses import dataclass
 from functools import lru_cache
 
 from ..schedule.base import Algorithm, Buf, Copy, Phase, Reduce, Schedule, Signal, StreamMode, Transfer, WaitSignal
 from ..validate import InvalidArgument, byte_range, check_pair, check_tensor, overlaps
 from .base import Collective, Layout, LocalCall, PeerCalls
 from .direct import build_direct_schedule, workspace_slot
+from .one_shot import build_one_shot, serves as one_shot_serves
 
 NAME = "reduce_scatter"
 
@@ -36,6 +38,20 @@ DTYPES = ("bfloat16", "float16", "float32")
 # gradient reduced in fp32 (FSDP2's MixedPrecisionPolicy(reduce_dtype=torch.float32)), for
 # inputs given as parts
 WIDENING = (("bfloat16", "float32"), ("float16", "float32"))
+
+
+@dataclass(frozen=True)
+class ReduceScatterPlanArgs:
+    """What a reduce-scatter's plan needs besides the peers' rows (``LocalCall.extra``): the
+    bytes of each rank's chunk of the input, the input's dtype (torch's name), the op's scale,
+    whether the output is the input's own chunk, and the wider dtype the chunks are summed
+    into (:data:`WIDENING`; None: the input's)."""
+
+    chunk_bytes: int
+    dtype: str
+    scale: float
+    in_place: bool
+    out_dtype: str | None
 
 
 def reduce_op(op, world: int) -> tuple[str, float]:
@@ -103,6 +119,13 @@ def plan_reduce_scatter(world: int, rank: int, chunk_bytes: int, dtype: str, sca
         into_workspace=True)
 
 
+@lru_cache(maxsize=1024)
+def plan_one_shot_reduce_scatter(world: int, rank: int, chunk: int, dtype: str, scale: float) -> Schedule:
+    """One rank's one-shot reduce-scatter (:mod:`conccl.collectives.one_shot`): every rank
+    stages its whole input; each sums chunk ``rank`` of every rank's, in rank order."""
+    return build_one_shot(NAME, world, rank, world * chunk, {}, (rank * chunk, 0, chunk, dtype, scale))
+
+
 def check_reduce_scatter(output, input, world: int, rank: int, device_type: str) -> bool:
     """Validate arguments; return True when the output is the input's own chunk (in place)."""
     check_pair(output, input, device_type)
@@ -143,8 +166,8 @@ class ReduceScatter(Collective):
         in_place = check_reduce_scatter(output, input, world, rank, device_type)
         chunk = output.numel() * output.element_size()
         dtype = str(input.dtype).removeprefix("torch.")
-        return LocalCall((chunk,) * world, (chunk,) * world, in_place, (chunk, dtype, scale, in_place, None),
-                         agreed=op_code(name, scale))
+        return LocalCall((chunk,) * world, (chunk,) * world, in_place,
+                         ReduceScatterPlanArgs(chunk, dtype, scale, in_place, None), agreed=op_code(name, scale))
 
     def algorithm(self, requested, output_symmetric, call=None, world=0):
         if requested is Algorithm.PULL:
@@ -181,14 +204,21 @@ class ReduceScatter(Collective):
         chunk = output.numel() * parts[0].element_size()  # what moves: the parts' dtype
         widen = out_dtype if dtype != out_dtype else None
         # A widening call is its own op to the peers: a flat call (or parts of another dtype) stops alike
-        return LocalCall((chunk,) * world, (chunk,) * world, False, (chunk, dtype, scale, False, widen),
+        return LocalCall((chunk,) * world, (chunk,) * world, False,
+                         ReduceScatterPlanArgs(chunk, dtype, scale, False, widen),
                          agreed=op_code(name if widen is None else f"{name}->{widen}", scale))
 
     def plan(self, world, rank, local, peers: PeerCalls, *, algorithm, stream_mode, input_symmetric,
              output_symmetric, peers_in_place) -> Schedule:
-        chunk, dtype, scale, in_place, out_dtype = local.extra
-        return plan_reduce_scatter(world, rank, chunk, dtype, scale, stream_mode=stream_mode, in_place=in_place,
-                                   out_dtype=out_dtype)
+        args = local.extra
+        return plan_reduce_scatter(world, rank, args.chunk_bytes, args.dtype, args.scale, stream_mode=stream_mode,
+                                   in_place=args.in_place, out_dtype=args.out_dtype)
+
+    def plan_one_shot(self, world, rank, local, peers) -> Schedule | None:
+        args = local.extra
+        if not one_shot_serves(world) or args.out_dtype is not None:  # a widening call (parts into fp32): never
+            return None
+        return plan_one_shot_reduce_scatter(world, rank, args.chunk_bytes, args.dtype, args.scale)
 
     def reference(self, inputs, rank, args=None):
         world = len(inputs)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Callable, NoReturn
 
-from ..collectives.one_shot import one_shot_plan
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken, InvalidArgument
 from ..schedule.base import DOUBLE_BUFFER_MAX_BYTES, Buf, Copy, Schedule
 from . import row as board_row
@@ -216,7 +215,7 @@ class Agreement:
         if local.via_peer:  # this rank's own choice (Options): no peer's plan changes
             schedule = local.coll.own_chunk_via_peer(schedule)
         if all_flags & FLAG_ONE_SHOT:  # every rank would: a pure function of the rows, alike everywhere
-            shot = one_shot_plan(local.coll.name, w, self.rank, local.call, peers)
+            shot = local.coll.plan_one_shot(w, self.rank, local.call, peers)
             if shot is not None and shot.workspace_need <= DOUBLE_BUFFER_MAX_BYTES:
                 schedule = shot
         return schedule, board_row.peer_views(local.views, rows, all_flags)

@@ -1,54 +1,26 @@
-""":class:`~conccl.group.Group`'s method per registered collective, named and shaped as in
-``torch.distributed``: ``group.<api_name>(output, input, *args, async_op=False, *,
-algorithm=None, stream_mode=None, timeout=None)`` and ``group.persistent_<api_name>(output,
-input, *args, *, algorithm=None, stream_mode=None, timeout=None)``, where ``args`` are the
-collective's :attr:`~conccl.collectives.base.Collective.arg_names`, positional or by name.
+"""A group's method pair per registered collective, made from
+:data:`conccl.collectives.REGISTRY` and named and shaped as in ``torch.distributed``:
+``group.<api_name>(output, input, *args, async_op=False, *, algorithm=None, stream_mode=None,
+timeout=None)`` and ``group.persistent_<api_name>(output, input, *args, *, algorithm=None,
+stream_mode=None, timeout=None)``, where ``args`` are the collective's
+:attr:`~conccl.collectives.base.Collective.arg_names`, positional or by name.
 
-A new collective declares its two methods here (tests/unit/test_group_methods.py fails
-until it does)."""
+A new collective gets its two methods by being in the registry: nothing here names one.
+"""
 from __future__ import annotations
 
-from ..collectives import Collective
-from ..collectives.all_gather import ALL_GATHER
-from ..collectives.all_reduce import ALL_REDUCE
-from ..collectives.all_to_all import ALL_TO_ALL
-from ..collectives.reduce_scatter import REDUCE_SCATTER
+import inspect
+
+from ..collectives import REGISTRY, Collective
+
+__all__ = ["CollectiveMethods"]
 
 
 class CollectiveMethods:
-    """Mixed into :class:`~conccl.group.Group`, whose ``call`` and ``persistent`` run them."""
-
-    def all_gather_into_tensor(self, output, input, *args, **kwargs):
-        """``all_gather_into_tensor`` on this group (see :func:`conccl.all_gather_into_tensor`)."""
-        return self._collective_call(ALL_GATHER, output, input, args, kwargs)
-
-    def all_to_all_single(self, output, input, *args, **kwargs):
-        """``all_to_all_single`` on this group (see :func:`conccl.all_to_all_single`)."""
-        return self._collective_call(ALL_TO_ALL, output, input, args, kwargs)
-
-    def reduce_scatter_tensor(self, output, input, *args, **kwargs):
-        """``reduce_scatter_tensor`` on this group (see :func:`conccl.reduce_scatter_tensor`)."""
-        return self._collective_call(REDUCE_SCATTER, output, input, args, kwargs)
-
-    def all_reduce(self, output, input, *args, **kwargs):
-        """``all_reduce`` on this group (see :func:`conccl.all_reduce`)."""
-        return self._collective_call(ALL_REDUCE, output, input, args, kwargs)
-
-    def persistent_all_gather_into_tensor(self, output, input, *args, **kwargs):
-        """A persistent ``all_gather_into_tensor`` on this group (see :mod:`conccl.group.persistent`)."""
-        return self._collective_persistent(ALL_GATHER, output, input, args, kwargs)
-
-    def persistent_all_to_all_single(self, output, input, *args, **kwargs):
-        """A persistent ``all_to_all_single`` on this group (see :mod:`conccl.group.persistent`)."""
-        return self._collective_persistent(ALL_TO_ALL, output, input, args, kwargs)
-
-    def persistent_reduce_scatter_tensor(self, output, input, *args, **kwargs):
-        """A persistent ``reduce_scatter_tensor`` on this group (see :mod:`conccl.group.persistent`)."""
-        return self._collective_persistent(REDUCE_SCATTER, output, input, args, kwargs)
-
-    def persistent_all_reduce(self, output, input, *args, **kwargs):
-        """A persistent ``all_reduce`` on this group (see :mod:`conccl.group.persistent`)."""
-        return self._collective_persistent(ALL_REDUCE, output, input, args, kwargs)
+    """Mixed into :class:`~conccl.group.Group` and
+    :class:`~conccl.group.hierarchical.HierarchicalGroup`, whose ``call`` and ``persistent``
+    run them; one ``<api_name>`` and one ``persistent_<api_name>`` method per registered
+    collective (set below, each named as this class's own)."""
 
     def _collective_call(self, coll: Collective, output, input, args: tuple, kwargs: dict):
         extra, rest = _split(coll, args, kwargs, allow_async=True)
@@ -73,3 +45,47 @@ def _split(coll: Collective, args: tuple, kwargs: dict, allow_async: bool) -> tu
         raise TypeError(f"{coll.api_name}() takes output, input, {', '.join(names) or 'no other arguments'}"
                         + (" and async_op" if allow_async else ""))
     return tuple(extra), rest
+
+
+_P = inspect.Parameter
+
+
+def _signature(coll: Collective, persistent: bool) -> inspect.Signature:
+    """What help() and inspect show: the collective's arguments by their torch.distributed names."""
+    params = [_P("self", _P.POSITIONAL_OR_KEYWORD), _P("output", _P.POSITIONAL_OR_KEYWORD),
+              _P("input", _P.POSITIONAL_OR_KEYWORD)]
+    params += [_P(n, _P.POSITIONAL_OR_KEYWORD, default=None) for n in coll.arg_names]
+    if not persistent:
+        params.append(_P("async_op", _P.POSITIONAL_OR_KEYWORD, default=False))
+    params += [_P(n, _P.KEYWORD_ONLY, default=None) for n in ("algorithm", "stream_mode", "timeout")]
+    return inspect.Signature(params)
+
+
+def _named(fn, name: str, doc: str, signature: inspect.Signature):
+    fn.__name__, fn.__qualname__, fn.__doc__, fn.__signature__ = name, f"CollectiveMethods.{name}", doc, signature
+    return fn
+
+
+def _methods(coll: Collective) -> dict:
+    """The ``<api_name>`` and ``persistent_<api_name>`` methods of ``coll``."""
+    def call(self, output, input, *args, **kwargs):
+        return self._collective_call(coll, output, input, args, kwargs)
+
+    def persistent(self, output, input, *args, **kwargs):
+        return self._collective_persistent(coll, output, input, args, kwargs)
+
+    name = coll.api_name
+    return {name: _named(call, name, f"``{name}`` on this group (see :func:`conccl.{name}`).",
+                         _signature(coll, False)),
+            f"persistent_{name}": _named(persistent, f"persistent_{name}",
+                                         f"A persistent ``{name}`` on this group (see :mod:`conccl.group.persistent`).",
+                                         _signature(coll, True))}
+
+
+def _install() -> None:
+    for coll in REGISTRY.values():
+        for name, method in _methods(coll).items():
+            setattr(CollectiveMethods, name, method)
+
+
+_install()

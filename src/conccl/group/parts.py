@@ -17,7 +17,6 @@ peer reaches only the all-gather's flat input (peer-mapped) and the group's work
 from __future__ import annotations
 
 from ..collectives.all_gather import ALL_GATHER, into_parts
-from ..collectives.base import LocalCall
 from ..collectives.reduce_scatter import REDUCE_SCATTER, from_parts
 from ..errors import InvalidArgument
 from ..schedule.base import Algorithm
@@ -103,7 +102,7 @@ def _flat_gather_of(group, input):
            group.options.stream_mode, group.options.checks)
     local = steps.lookup(key)
     if local is None:
-        call = LocalCall((nbytes,) * group.world, (nbytes,) * group.world, False, (nbytes, False))
+        call = ALL_GATHER.local_for(nbytes, group.world)
         local = steps.remember(key, steps.from_call(ALL_GATHER, call, input.dtype, nbytes, group.world * nbytes,
                                                     (ex.peer_view(input), None), Algorithm.PULL, None))
     return local
