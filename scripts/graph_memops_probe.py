@@ -13,7 +13,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from conccl.device.driver import driver  # noqa: E402
-from conccl.executors.cuda.program import CompiledProgram, CopyStep, ReduceStep, SignalBatch, SignalStep  # noqa: E402
+from conccl.executors.cuda.program import CompiledProgram  # noqa: E402
+from conccl.executors.cuda.lowering import CopyStep, ReduceStep, SignalBatch, SignalStep
 
 cu = driver()
 dev = torch.device("cuda", 0)

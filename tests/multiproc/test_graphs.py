@@ -209,11 +209,11 @@ def test_ranks_that_capture_in_different_stream_modes_replay_right(world):
 def _reordered(comm, how, replays):
     """``_slow_reducer`` and ``_mixed_modes`` with every captured schedule's ops in the order the
     CUDA lowering runs them with spin waits (``spin``: the waits before a reduction, then the
-    reduction, then the resets of those words; cuda_program.spin_before_reductions), or with
+    reduction, then the resets of those words; cuda_lowering.spin_before_reductions), or with
     every reset moved to the end of its stream (``late``: the counter-test, which must fail)."""
     import dataclasses
 
-    from conccl.executors.cuda.program import _Spin, spin_before_reductions
+    from conccl.executors.cuda.lowering import _Spin, spin_before_reductions
 
     def spun(ops):
         return [x for op in spin_before_reductions(ops) for x in (op.waits if isinstance(op, _Spin) else (op,))]

@@ -5,8 +5,9 @@ import pytest
 
 from conccl.collectives.all_gather import plan_all_gather
 from conccl.collectives.all_to_all import equal_split_matrix, plan_all_to_all
+from conccl.executors.cuda import lowering as cuda_lowering
 from conccl.executors.cuda import program as cuda_program
-from conccl.executors.cuda.program import CopyBatch, CopyStep, ReduceStep, SignalBatch, SignalStep, lower
+from conccl.executors.cuda.lowering import CopyBatch, CopyStep, ReduceStep, SignalBatch, SignalStep, lower
 from conccl.schedule.base import Algorithm, Buf, Copy, Phase, SetSignal, StreamMode, WaitSignal, signal_word
 
 # Fake address space: rank r's buffer b at BASE[b] + r * STRIDE; pads at PAD + r * STRIDE.
@@ -29,7 +30,7 @@ def _expected(schedule, slot_ops, batch):
     for op in slot_ops:
         if isinstance(op, Copy):
             t = op.transfer
-            small_local = t.phase is Phase.LOCAL and t.nbytes <= cuda_program.HOIST_LOCAL_MAX_BYTES
+            small_local = t.phase is Phase.LOCAL and t.nbytes <= cuda_lowering.HOIST_LOCAL_MAX_BYTES
             kind = "batched" if batch and (t.src_rank != t.dst_rank or (small_local and out and out[-1][0] == "batched")) \
                 else "copy"
             out.append((kind, _address(t.dst_rank, t.dst) + t.dst_offset, _address(t.src_rank, t.src) + t.src_offset,
@@ -81,7 +82,7 @@ def test_lowering_keeps_every_op_in_order(world, batching):
         batch = schedule.stream_mode is StreamMode.BATCH
         for ops, steps in zip(schedule.slots, lowered):
             # BATCH: the lowering may move a small own-shard copy up (checked on its own below)
-            assert _flatten(steps) == _expected(schedule, cuda_program.hoist_small_local(ops) if batch else ops, batch)
+            assert _flatten(steps) == _expected(schedule, cuda_lowering.hoist_small_local(ops) if batch else ops, batch)
             # No two signal batches (or two copy batches) in a row: each run is one driver call.
             kinds = _kinds(steps)
             assert all(not (a == b and a in (SignalBatch, CopyBatch)) for a, b in zip(kinds, kinds[1:]))
@@ -106,9 +107,9 @@ def test_push_all_gather_is_eight_driver_calls_on_four_ranks():
 def test_hoisting_moves_only_small_own_shard_copies_over_signal_writes(world):
     for schedule in _plans(world):
         for ops in schedule.slots:
-            hoisted = cuda_program.hoist_small_local(ops)
+            hoisted = cuda_lowering.hoist_small_local(ops)
             assert sorted(map(id, hoisted)) == sorted(map(id, ops))  # a permutation
-            moved = [op for op in ops if cuda_program._is_small_local(op)]
+            moved = [op for op in ops if cuda_lowering._is_small_local(op)]
             rest = [op for op in ops if op not in moved]
             assert [op for op in hoisted if op not in moved] == rest  # everything else in order
             for op in moved:
@@ -138,7 +139,7 @@ def test_a_reduce_scatter_from_parts_is_one_batch_of_copies_per_run(world, row):
         kinds = _kinds(steps)
         assert CopyStep not in kinds, kinds
         n = [len(step.copies) for step in steps if isinstance(step, CopyBatch)]
-        if row <= cuda_program.HOIST_LOCAL_MAX_BYTES:
+        if row <= cuda_lowering.HOIST_LOCAL_MAX_BYTES:
             assert kinds == [SignalBatch, CopyBatch, SignalBatch, ReduceStep] and n == [3 * world], kinds
         else:
             assert kinds == [SignalBatch, CopyBatch, SignalBatch, CopyBatch, SignalBatch, ReduceStep], kinds
@@ -156,14 +157,14 @@ def test_push_all_gather_of_1mib_is_three_driver_calls_on_four_ranks():
     assert _kinds(steps) == [SignalBatch, CopyBatch, SignalBatch]
     assert [len(steps[0].signals), len(steps[1].copies), len(steps[2].signals)] == [12, 4, 6]
     # a larger own shard keeps its place after the DONE writes, off the critical path
-    big = plan_all_gather(4, 1, 2 * cuda_program.HOIST_LOCAL_MAX_BYTES, algorithm=Algorithm.PUSH,
+    big = plan_all_gather(4, 1, 2 * cuda_lowering.HOIST_LOCAL_MAX_BYTES, algorithm=Algorithm.PUSH,
                           stream_mode=StreamMode.BATCH, input_symmetric=True, output_symmetric=True)
     (steps,) = lower(big, _address, _pads(4))
     assert _kinds(steps) == [SignalBatch, CopyBatch, SignalBatch, CopyStep, SignalBatch]
 
 
 def test_long_signal_runs_are_split_below_the_driver_limit(monkeypatch):
-    monkeypatch.setattr(cuda_program, "MAX_SIGNALS_PER_BATCH", 4)
+    monkeypatch.setattr(cuda_lowering, "MAX_SIGNALS_PER_BATCH", 4)
     s = plan_all_gather(8, 0, 64, algorithm=Algorithm.PUSH, stream_mode=StreamMode.SINGLE,
                         input_symmetric=True, output_symmetric=True)
     (steps,) = lower(s, _address, _pads(8))
@@ -327,7 +328,7 @@ def test_a_widening_reduction_lowers_with_its_result_dtype_and_is_its_own_progra
     wide = lower(plan_reduce_scatter(2, 0, 4096, "bfloat16", 0.5, out_dtype="float32"), at, _pads(2))
     (step,) = [s for steps in wide for s in steps if isinstance(s, ReduceStep)]
     assert (step.dtype, step.out_dtype, step.nbytes) == ("bfloat16", "float32", 4096)
-    assert cuda_program.shape(plain) != cuda_program.shape(wide)
+    assert cuda_lowering.shape(plain) != cuda_lowering.shape(wide)
 
 
 def test_reduce_grid_bound_is_half_the_sms(monkeypatch):
@@ -413,7 +414,7 @@ def test_spin_waits_replace_exactly_the_waits_before_a_reduction(captured, mode)
     reduction; without it the lowering has no spin step."""
     from conccl.collectives.all_reduce import plan_all_reduce
     from conccl.collectives.reduce_scatter import plan_reduce_scatter
-    from conccl.executors.cuda.program import SpinWaitStep
+    from conccl.executors.cuda.lowering import SpinWaitStep
     from conccl.schedule.captured import graph_schedule
     from conccl.schedule.base import Reduce, ResetSignal
 
@@ -454,7 +455,7 @@ def test_spin_waits_replace_exactly_the_waits_before_a_reduction(captured, mode)
 
 
 def test_no_spin_without_a_reduction_after_the_waits_and_none_without_spin_words():
-    from conccl.executors.cuda.program import SpinWaitStep
+    from conccl.executors.cuda.lowering import SpinWaitStep
 
     for s in (plan_all_gather(2, 0, 4096), plan_all_to_all(3, 1, equal_split_matrix(3, 64))):
         assert not any(isinstance(x, SpinWaitStep) for steps in lower(s, _address, _pads(s.world), spin_words=PAD,

@@ -8,7 +8,7 @@ from conccl.collectives.all_gather import plan_one_shot_all_gather
 from conccl.collectives.all_reduce import plan_one_shot_all_reduce
 from conccl.collectives.all_to_all import equal_split_matrix, plan_one_shot_all_to_all
 from conccl.collectives.reduce_scatter import plan_one_shot_reduce_scatter
-from conccl.executors.cuda.program import OneShotStep, lower, lower_slot
+from conccl.executors.cuda.lowering import OneShotStep, lower, lower_slot
 from conccl.schedule.captured import graph_schedule
 from conccl.schedule.base import Buf, Copy, Phase, Reduce, ResetSignal, SetSignal, Signal, WaitSignal, signal_word
 

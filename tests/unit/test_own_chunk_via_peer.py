@@ -7,7 +7,7 @@ from conccl.collectives.all_gather import ALL_GATHER, own_chunk_via_peer, plan_a
 from conccl.collectives.all_reduce import ALL_REDUCE
 from conccl.collectives.all_to_all import ALL_TO_ALL, equal_split_matrix, plan_all_to_all
 from conccl.collectives.reduce_scatter import REDUCE_SCATTER
-from conccl.executors.cuda.program import CopyBatch, CopyStep, SignalBatch, lower
+from conccl.executors.cuda.lowering import CopyBatch, CopyStep, SignalBatch, lower
 from conccl.schedule.base import Algorithm, Buf, Copy, Phase, SetSignal, Signal, StreamMode
 
 STRIDE = 1 << 40

@@ -190,7 +190,7 @@ def test_the_embedded_model_predicts_finite_positive_times_for_every_candidate()
 
 
 def test_a_pipeline_lowers_its_marks_to_the_own_pads_mark_words_and_hands_back_its_gemm_steps():
-    from conccl.executors.cuda.program import ComputeStep, SignalBatch, SignalStep, lower
+    from conccl.executors.cuda.lowering import ComputeStep, SignalBatch, SignalStep, lower
 
     flat = plan_all_gather(2, 0, 4 * 16, stream_mode=StreamMode.PER_PEER)
     s = gather_then_gemm(flat, TPSchedule(pieces=2), 4, 16)

@@ -1,4 +1,4 @@
-"""No-device tier: a compiled program re-addressed (cuda_program.shape / CompiledProgram.readdressed,
+"""No-device tier: a compiled program re-addressed (conccl.executors.cuda.lowering.shape / CompiledProgram.readdressed,
 what the CUDA executor does on a cache miss whose lowering has a known shape) makes the driver
 calls a fresh compile of the new lowering makes, shares the template's signal calls, and leaves
 the template's own calls as they were."""
@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 from conccl.collectives.all_to_all import plan_all_to_all
 from conccl.executors.cuda import program as cuda_program
-from conccl.executors.cuda.program import CompiledProgram, lower, shape
+from conccl.executors.cuda.program import CompiledProgram
+from conccl.executors.cuda.lowering import lower, shape
 from conccl.schedule.base import Algorithm, Buf, StreamMode
 
 STRIDE, PAD = 1 << 40, 7 << 36

@@ -10,7 +10,7 @@ import ctypes
 import pytest
 
 from conccl.executors.cuda import graph_launch as sg
-from conccl.executors.cuda.program import CopyBatch, CopyStep, OneShotStep, ReduceStep, SignalBatch, SignalStep
+from conccl.executors.cuda.lowering import CopyBatch, CopyStep, OneShotStep, ReduceStep, SignalBatch, SignalStep
 
 W, R = SignalStep(True, 0x100, 0), SignalStep(False, 0x204, 1)
 
@@ -237,7 +237,7 @@ def test_only_calls_on_the_peer_reachable_tensors_agreed_may_have_a_graph():
 
 
 def test_which_pipelines_may_run_as_a_graph():
-    from conccl.executors.cuda.program import ComputeStep
+    from conccl.executors.cuda.lowering import ComputeStep
 
     gemm = ComputeStep(object())
     copy = CopyStep(1, 2, 8 << 20)  # a decode shard: above a flat call's bound, within a pipeline's
@@ -254,7 +254,7 @@ def test_which_pipelines_may_run_as_a_graph():
 
 
 def test_a_graphs_nodes_are_checked_against_its_steps():
-    from conccl.executors.cuda.program import ComputeStep
+    from conccl.executors.cuda.lowering import ComputeStep
 
     copy, red, gemm = CopyStep(1, 2, 64), ReduceStep(1, (2, 3), 8, "float32", 1.0), ComputeStep(object())
     sg.check_node_counts({sg._NODE_MEMCPY: 2, sg._NODE_KERNEL: 1}, (copy, copy, red))
@@ -276,7 +276,7 @@ def test_a_queued_pipeline_is_captured_whole_and_its_nodes_written_per_call(monk
     """``SettledGraph(queue=...)``: the queue callback queues every slot under the capture (here
     two slots' batches and a GEMM step's kernel), and each launch writes the call's values into
     the nodes of every slot."""
-    from conccl.executors.cuda.program import ComputeStep
+    from conccl.executors.cuda.lowering import ComputeStep
 
     fake = _FakeDriver(copies=1, kernels=2)
     monkeypatch.setattr(sg, "_api", fake.api)

@@ -16,7 +16,7 @@ from conccl.executors.cuda import executor as cuda_ce
 from conccl.executors.cuda import graph_launch as sg
 from conccl.executors.cuda import programs
 from conccl.executors.cuda import settled_pipeline as sp
-from conccl.executors.cuda.program import ComputeStep, CopyStep, SignalBatch, SignalStep
+from conccl.executors.cuda.lowering import ComputeStep, CopyStep, SignalBatch, SignalStep
 
 _REAL_SETTLED_GRAPH = sg.SettledGraph
 _NO_GEMM = lambda: None  # noqa: E731 - the GEMM steps as a capture would make them (unused by stand-ins)

@@ -39,7 +39,7 @@ Eagerly, every wait is a stream memory operation (``cuStreamWaitValue32`` on the
 executor). In a CUDA graph a mark is an edge instead (an event recorded after its writer,
 waited on before its awaiter: :func:`conccl.schedule.captured.mark_edges`), and the waits for the peers
 right before a GEMM+reduce-scatter's sum are one spin-wait kernel
-(:func:`conccl.executors.cuda.program.spin_before_reductions`). The schedule choice
+(:func:`conccl.executors.cuda.lowering.spin_before_reductions`). The schedule choice
 (:class:`TPSchedule`, :mod:`conccl.schedule.tp_schedule`) is plain data too: the planner's
 ``auto`` picks one per shape (:mod:`conccl.planner.tp`).
 """
@@ -254,7 +254,7 @@ def gemm_then_scatter(schedule: Schedule, tp: TPSchedule, rows: int, row_bytes: 
     of behind a mark crossing to the control stream (measured sooner at decode size on 2 x
     H200: docs/results.md, "The GEMM+reduce-scatter's tail, aligned timing, eager host time");
     own rows computed on another GEMM slot are awaited by their marks. In a CUDA graph the waits
-    before the sum become one spin-wait kernel (:func:`conccl.executors.cuda.program.spin_before_reductions`).
+    before the sum become one spin-wait kernel (:func:`conccl.executors.cuda.lowering.spin_before_reductions`).
     A pure function of plain data."""
     _check(schedule, tp, rows, row_bytes)
     if tp.push:

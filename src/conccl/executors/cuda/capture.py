@@ -15,7 +15,8 @@ from ...device.driver import driver
 from ...errors import InvalidArgument
 from ...schedule.base import Schedule, mark_index, signal_pad_words
 from ...schedule.captured import GRAPH_SLOTS, GRAPH_VALUE, mark_edges, mark_edges_on
-from .program import CompiledProgram, lower
+from .program import CompiledProgram
+from .lowering import lower
 from .programs import buffer_addresses
 from .settled_pipeline import Piece, queue_captured
 

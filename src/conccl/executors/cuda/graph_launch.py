@@ -42,7 +42,7 @@ import functools
 
 from ... import env
 from ...schedule.base import Copy
-from .program import ComputeStep, CopyBatch, CopyStep, ReduceStep, SignalBatch
+from .lowering import ComputeStep, CopyBatch, CopyStep, ReduceStep, SignalBatch
 
 GRAPH_AFTER = 3  # the call that would run a program for this many-th time captures and launches it
 GRAPH_MAX_BYTES = 4 << 20  # copies per call, above which the batched driver calls stay
@@ -151,7 +151,7 @@ def _tally(lowered: tuple) -> tuple[int, int, int] | None:
 
 
 def graphable(lowered: tuple) -> bool:
-    """Whether a lowered program (:func:`conccl.executors.cuda.program.lower`) may run as a
+    """Whether a lowered program (:func:`conccl.executors.cuda.lowering.lower`) may run as a
     settled graph: one slot of signal batches, copies and reductions, copies within
     :data:`GRAPH_MAX_BYTES`, at least one signal batch (what the graph's values come from)."""
     tally = _tally(lowered) if len(lowered) == 1 else None

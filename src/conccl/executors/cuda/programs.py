@@ -14,7 +14,8 @@ import warnings
 from ...device.driver import driver
 from ...schedule.base import Buf, Schedule
 from . import graph_launch as settled_graphs
-from .program import CompiledProgram, lower, shape
+from .program import CompiledProgram
+from .lowering import lower, shape
 from .settled_pipeline import settled_pipeline
 
 

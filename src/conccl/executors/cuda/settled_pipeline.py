@@ -27,9 +27,10 @@ import torch
 from ...device.driver import driver
 from ...schedule.captured import mark_edges, mark_edges_on
 from . import graph_launch as settled_graphs
-from .program import CompiledProgram, lower
+from .program import CompiledProgram
 
 # Buffer sets a program keeps counts and graphs for, the least recently used dropped first: one
+from .lowering import lower
 # program serves every layer whose activations land at the same addresses (its weights differ),
 # so a decode step cycles through as many sets as it has such layers.
 MAX_PIPELINE_GRAPHS = 64
