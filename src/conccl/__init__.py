@@ -27,7 +27,7 @@ Memory and groups:
 - ``set_options(group, algorithm=, stream_mode=, timeout=, checks=, nccl_below=)``: a group's defaults on this rank.
 - ``set_eager_path("auto" | "copy_engines", group=None, profile=None)``: small eager calls to NCCL where it is faster alone.
 - ``get_group(group=None)``: the ``Group`` conccl keeps for a process group (made on first use).
-- ``get_communicator(group=None)``: the same, under its older name.
+- ``get_communicator(group=None)``: its old name (deprecated).
 - ``destroy(group=None)``: close a group's conccl state (persistent ops, workspace, watchdog).
 
 Computation beside communication:

@@ -7,6 +7,7 @@ collective's registry entry. :func:`destroy` closes groups; nothing here outlive
 from __future__ import annotations
 
 import atexit
+import warnings
 from datetime import timedelta
 
 import torch
@@ -49,8 +50,11 @@ def get_group(group=None, options: Options | None = None) -> Group:
     return g
 
 
-# The name earlier releases documented; the same function.
-get_communicator = get_group
+def get_communicator(group=None):
+    """:func:`get_group` under the name of earlier releases (a DeprecationWarning says so)."""
+    warnings.warn("conccl.get_communicator is conccl.get_group's old name; call conccl.get_group", DeprecationWarning,
+                  stacklevel=2)
+    return get_group(group)
 
 
 def empty(*size, dtype=None, device=None, group=None):

@@ -173,7 +173,7 @@ def _profile_collectives(rank, world):
 
     n = 1 << 22
     found = {}
-    conccl.get_communicator()  # set-up (NCCL handshakes, pad zeroing) happens outside the profile
+    conccl.get_group()  # set-up (NCCL handshakes, pad zeroing) happens outside the profile
     for coll, sym, mode in itertools.product(("all_gather", "all_to_all"), (False, True),
                                              (conccl.StreamMode.BATCH, conccl.StreamMode.SINGLE)):
         conccl.set_options(stream_mode=mode)

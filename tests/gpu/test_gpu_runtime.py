@@ -38,7 +38,7 @@ def _overlap_equals_serial(rank, world):
     from conccl.collectives import REGISTRY
 
     out = []
-    conccl.get_communicator()  # set up (with NCCL's help) before anything is profiled
+    conccl.get_group()  # set up (with NCCL's help) before anything is profiled
     g = torch.Generator(device="cuda").manual_seed(7 + rank)
     for plan, (m, n, k), name, size in CASES:
         coll = REGISTRY[name]

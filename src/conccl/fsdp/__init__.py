@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
 from .. import api
-from . import copy_free as fsdp_direct, step as fsdp_step
+from . import copy_free, prefetch
 from ..collectives.all_gather import ALL_GATHER
 from ..collectives.reduce_scatter import REDUCE_SCATTER
 from ..errors import InvalidArgument, UnsupportedGroup
@@ -178,7 +178,7 @@ class FsdpComms:
     fsdp_modules: list = field(default_factory=list, repr=False)  # every FSDP module enable found
     # which module's forward begins first, and the gather issued for it: made at the first
     # step_and_prefetch (a model never stepped so runs no hook of it)
-    forward_order: fsdp_step.ForwardOrder | None = None
+    forward_order: prefetch.ForwardOrder | None = None
 
     def step_and_prefetch(self, optimizer: torch.optim.Optimizer) -> bool:
         """``optimizer.step()`` with the next forward's first all-gather beside it: the update
@@ -187,7 +187,7 @@ class FsdpComms:
         the update of every other parameter on the SMs meanwhile. Call it where
         ``optimizer.step()`` was, after any gradient clipping; FSDP's pre-forward of that module
         waits for the gather. The first call is one plain step (it installs the forward
-        pre-hooks that find the first module; :mod:`conccl.fsdp.step`).
+        pre-hooks that find the first module; :mod:`conccl.fsdp.prefetch`).
 
         Same bits as ``optimizer.step()`` for an optimizer that updates each parameter alone
         (SGD, Adam, AdamW): it runs twice, each time over a part of every parameter group, so
@@ -201,8 +201,8 @@ class FsdpComms:
         on FSDP's all-gather stream, after the first part only. Memory: that module's
         unsharded parameters are held from the step on instead of from the forward on."""
         if self.forward_order is None:
-            self.forward_order = fsdp_step.ForwardOrder(self.fsdp_modules)
-        return fsdp_step.step_and_prefetch(optimizer, self.forward_order)
+            self.forward_order = prefetch.ForwardOrder(self.fsdp_modules)
+        return prefetch.step_and_prefetch(optimizer, self.forward_order)
 
     def memory(self) -> dict:
         """Bytes conccl holds for FSDP beyond PyTorch's caching allocator's own statistics:
@@ -281,9 +281,9 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             f"{type(module).__name__} has no module wrapped by torch.distributed.fsdp.fully_shard; call "
             "fully_shard on its blocks and on the root first, then conccl.fsdp.enable")
     comms, refused, shared, spanning = FsdpComms(), {}, {}, set()
-    reuse = fsdp_direct.reuse.Pools()  # the unsharded parameters' two pools (direct=True), freed with the model
+    reuse = copy_free.reuse.Pools()  # the unsharded parameters' two pools (direct=True), freed with the model
     if direct and (all_gather or reduce_scatter):
-        why = fsdp_direct.install(module)
+        why = copy_free.install(module)
         if why is not None:
             warnings.warn(f"conccl.fsdp: direct=True unavailable ({why}); FSDP keeps its copies", stacklevel=2)
             direct = False
@@ -317,14 +317,14 @@ def enable(module: torch.nn.Module, *, all_gather: bool = True, reduce_scatter: 
             gather = shared.get(id(param_group))
             if gather is None:
                 # modules alternate between two memory pools in the order of their first gathers
-                gather = fsdp_direct.DirectAllGather(pool, homes=shard_home, reuse=reuse, cast_once=cast_once)
+                gather = copy_free.DirectAllGather(pool, homes=shard_home, reuse=reuse, cast_once=cast_once)
                 shared[id(param_group)] = gather
-                fsdp_direct.move_home(gather, param_group.fsdp_params, pg.size())
+                copy_free.move_home(gather, param_group.fsdp_params, pg.size())
             m.set_custom_all_gather(gather)
         elif all_gather:
             m.set_custom_all_gather(CopyEngineAllGather(pool))
         if reduce_scatter:
-            m.set_custom_reduce_scatter(CopyEngineReduceScatter(pool) if plain else fsdp_direct.DirectReduceScatter(pool))
+            m.set_custom_reduce_scatter(CopyEngineReduceScatter(pool) if plain else copy_free.DirectReduceScatter(pool))
         comms.modules.append(name or "<root>")
     comms.fsdp_modules = [m for _, m in fsdp]
     return comms

@@ -68,7 +68,7 @@ _OFFSETS = ("src_off", "dst_off", "nbytes")  # signed, the rest addresses
 class OneShotArgs(ctypes.Structure):
     """The kernel's one parameter, passed by value: the same layout as ``struct OneShotArgs``
     in ``kernels/cuda/one_shot.cu`` (8-byte fields first, the 4-byte ones last and in pairs, so
-    no padding: 720 bytes, 8-aligned; tests/unit/test_oneshot_args.py checks every offset)."""
+    no padding: 720 bytes, 8-aligned; tests/unit/test_one_shot_args.py checks every offset)."""
 
     _fields_ = ([(name, (_i64 if name in _OFFSETS else _u64) * MAX_WORLD) for name in _ARRAYS]
                 + [("input", _u64), ("output", _u64), ("abort_word", _u64), ("timed_out_word", _u64),

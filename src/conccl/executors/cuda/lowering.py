@@ -86,7 +86,7 @@ class OneShotStep(NamedTuple):
     """A whole one-shot call (``Schedule.one_shot``) as one launch of the one-CTA kernel
     (:mod:`conccl.kernels.one_shot`): plain values, every address resolved."""
 
-    kind: str  # "gather" or "reduce" (cuda_oneshot.KINDS)
+    kind: str  # "gather" or "reduce" (conccl.kernels.one_shot.KINDS)
     dtype: str  # the reduction's (a gather's is ignored)
     scale: float
     graph: bool  # a captured call: signals write 1, waits reset (conccl.schedule.captured)

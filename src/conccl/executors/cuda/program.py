@@ -145,9 +145,9 @@ class _OneShotCall:
     __slots__ = ("cu", "kernel", "step")
 
     def __init__(self, step: OneShotStep, cu, flags: tuple, device_index):
-        from ...kernels import one_shot as cuda_oneshot
+        from ...kernels import one_shot
 
-        args = cuda_oneshot.make_args(
+        args = one_shot.make_args(
             world=step.world, rank=step.rank, kind=step.kind, dtype=step.dtype, graph=step.graph,
             staged=step.staged, signal_to=step.signal_to, done_to=step.done_to, free_to=step.free_to,
             wait_signal=step.wait_signal, wait_done=step.wait_done, wait_free=step.wait_free, src_off=step.src_off,
@@ -155,7 +155,7 @@ class _OneShotCall:
             stage_bytes=step.stage_bytes, scale=step.scale, abort_word=step.abort_word,
             timed_out_word=step.timed_out_word,
             timeout_ns=UNBOUNDED_NS)
-        self.cu, self.kernel, self.step = cu, cuda_oneshot.OneShotLaunch(device_index, args), step
+        self.cu, self.kernel, self.step = cu, one_shot.OneShotLaunch(device_index, args), step
 
     def launch(self, stream, seq: int):
         return self.kernel.launch(self.cu, stream, seq)
@@ -168,11 +168,11 @@ class _SpinWaitCall:
     __slots__ = ("cu", "kernel", "count")
 
     def __init__(self, step: SpinWaitStep, cu, flags: tuple, device_index):
-        from ...kernels import spin as cuda_spin
+        from ...kernels import spin
 
         addresses, deltas = zip(*step.words)
         self.cu, self.count = cu, len(step.words)
-        self.kernel = cuda_spin.SpinWaitLaunch(
+        self.kernel = spin.SpinWaitLaunch(
             device_index, addresses, deltas, step.abort_word, step.abort_word + 4,
             UNBOUNDED_NS)
 

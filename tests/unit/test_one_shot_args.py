@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from conccl.kernels import loader, one_shot as cuda_oneshot
+from conccl.kernels import loader
+from conccl.kernels import one_shot as kernel
 from conccl.kernels.one_shot import MAX_WORLD, OneShotArgs, OneShotLaunch, make_args
 
 # (field, offset, size) by hand: ten arrays of 8 eight-byte entries (64 bytes each), six 8-byte
@@ -139,7 +140,7 @@ def _no_cuda(*args, **kwargs):
                                          ("dtype", 3), ("graph", 2), ("stage_bytes", -1), ("timeout_ns", 0),
                                          ("abort_word", 0)])
 def test_the_launch_checks_its_struct_before_cuda(monkeypatch, field, value):
-    monkeypatch.setattr(cuda_oneshot, "_function", _no_cuda)
+    monkeypatch.setattr(kernel, "_function", _no_cuda)
     args = _args()
     setattr(args, field, value)
     with pytest.raises(ValueError):
@@ -160,7 +161,7 @@ class _FakeDriver:
 
 
 def test_the_launch_passes_a_copy_of_the_struct_by_value_with_the_sequence_number(monkeypatch):
-    monkeypatch.setattr(cuda_oneshot, "_function", lambda device: "kernel")
+    monkeypatch.setattr(kernel, "_function", lambda device: "kernel")
     args = _args()
     launch = OneShotLaunch(2, args)
     args.world = 99  # the launch holds its own copy
@@ -168,7 +169,7 @@ def test_the_launch_passes_a_copy_of_the_struct_by_value_with_the_sequence_numbe
     assert launch.launch(cu, "stream", 5) == (0,)
     (function, gx, gy, gz, bx, by, bz, shared, stream, params, extra), = cu.calls
     assert (function, gx, gy, gz, bx, by, bz, shared, stream, extra) == ("kernel", 1, 1, 1, 1024, 1, 1, 0, "stream", 0)
-    assert cuda_oneshot.THREADS == 1024
+    assert kernel.THREADS == 1024
     # The driver reads one pointer per kernel parameter: the one parameter is the struct.
     (ptr,) = (ctypes.c_void_p * 1).from_address(params)
     seen = OneShotArgs.from_buffer_copy((ctypes.c_char * 720).from_address(ptr))
