@@ -14,7 +14,8 @@ pytest.importorskip("torch")
 import conccl  # noqa: E402
 from conccl.bench import graphs  # noqa: E402
 from conccl.bench.graphs import KNOWN_IMPLS, USES_CONCCL_GROUP, GraphsConfig, GraphsRecord  # noqa: E402
-from conccl.bench.impls import REGISTRY  # noqa: E402
+from conccl.bench.impls import REGISTRY, implementations  # noqa: E402
+from conccl.bench.variant import Variant  # noqa: E402
 from conccl.cli import build_parser, main  # noqa: E402
 from conccl.collectives import REGISTRY as COLLECTIVES  # noqa: E402
 
@@ -29,8 +30,12 @@ BAD = [
     ("collectives unknown", ["--collectives", "all_gather,all_to_none"], "--collectives"),
     ("collectives empty", ["--collectives", ""], "--collectives"),
     ("impls unknown", ["--impls", "nccl,torch_lc"], "--impls"),
+    ("impls gone", ["--impls", "nccl,conccl_symm_push"], "--impls"),
     ("impls twice", ["--impls", "nccl,nccl"], "--impls"),
     ("modes unknown", ["--modes", "graph,fast"], "--modes"),
+    ("tensors unknown", ["--tensors", "pinned"], "--tensors"),
+    ("algorithm unknown", ["--algorithm", "ring"], "--algorithm"),
+    ("stream mode unknown", ["--stream-mode", "two"], "--stream-mode"),
     ("calls 0", ["--calls", "0"], "--calls"),
     ("calls text", ["--calls", "many"], "--calls"),
     ("replays 0", ["--replays", "0"], "--replays"),
@@ -303,20 +308,20 @@ def test_each_case_tears_down_and_drops_conccl_groups_even_when_it_fails(monkeyp
         ctx["eager_path"] = {"nccl_below": {"all_to_all": 1 << 20}}
         return (lambda: None), (lambda: out)
 
-    auto = Impl("conccl_auto", "cuda_symm", "fake", setup, teardown=lambda ctx: events.append("teardown"))
+    auto = Impl("conccl_auto", "fake", setup, teardown=lambda ctx: events.append("teardown"))
     recs, info = graphs_run._impl_records(auto, _FakeCase(), GraphsConfig(), {})
     assert [(r.mode, r.error) for r in recs] == [("graph", "RuntimeError: capture failed"), ("eager", None)]
     assert recs[1].us_per_call == 5.5 and recs[1].nccl_below == 1 << 20 and recs[1].calls_per_graph == 20
     assert info == {"nccl_below": {"all_to_all": 1 << 20}} and events == ["settle", "teardown", "drop"]
 
     events.clear()
-    broken = Impl("conccl", "cuda_symm", "fake", lambda *a: (_ for _ in ()).throw(ValueError("no group")))
+    broken = Impl("conccl", "fake", lambda *a: (_ for _ in ()).throw(ValueError("no group")))
     recs, info = graphs_run._impl_records(broken, _FakeCase(), GraphsConfig(modes=("eager",)), {})
     assert [(r.mode, r.error) for r in recs] == [("eager", "ValueError: no group")] and info is None
     assert events == ["settle"]  # eager only: no graph slots to free
 
     events.clear()
-    nccl = Impl("nccl", "cuda_symm", "fake", setup)
+    nccl = Impl("nccl", "fake", setup)
     graphs_run._impl_records(nccl, _FakeCase(), GraphsConfig(), {})
     assert "drop" not in events  # NCCL's graphs hold no conccl state
 
@@ -331,7 +336,10 @@ def test_a_staged_push_reserves_its_output_only_where_it_runs():
     assert plain == (1 << 18) + pad and staged == (1 << 20) + pad
     rs = COLLECTIVES["reduce_scatter"]
     assert graphs.graph_workspace_per_call(rs, 1 << 20, 4, True) == graphs.graph_workspace_per_call(rs, 1 << 20, 4)
-    assert set(graphs.STAGED_PUSH_IMPLS) <= set(graphs.VARIANTS)
+    # conccl's calls reserve by the output's bytes where the variant asks for the staged push
+    staged_calls = implementations(Variant("symmetric", "staged_push"))
+    assert staged_calls["conccl"].staged_push and not REGISTRY["conccl"].staged_push
+    assert not any(i.staged_push for n, i in staged_calls.items() if n not in ("conccl", "conccl_persistent"))
 
 
 def test_an_all_reduces_bound_covers_its_plan_in_one_pass_or_two():
@@ -347,15 +355,24 @@ def test_an_all_reduces_bound_covers_its_plan_in_one_pass_or_two():
                 assert graphs.graph_workspace_per_call(ar, size, world, staged) >= plan.workspace_bytes, (world, size)
 
 
-def test_variants_are_conccl_implementations_of_the_registry_and_accepted():
-    """--impls takes conccl's variants (conccl.empty tensors, in place, other stream modes):
-    each one the bench's registry holds, run by conccl's group, so dropped with it."""
-    for name in graphs.VARIANTS:
-        assert REGISTRY[name].family == "cuda_symm" and graphs.USES_CONCCL_GROUP[name], name
-    cfg = GraphsConfig(impls=("nccl", "conccl_symm_push", "conccl_symm_push_in_place"))
-    assert cfg.impls[1:] == ("conccl_symm_push", "conccl_symm_push_in_place")
+def test_variants_are_flags_of_the_conccl_implementation_and_accepted():
+    """conccl's variants (conccl.empty tensors, in place, other stream modes) are --tensors,
+    --algorithm and --stream-mode of the one conccl implementation, run by conccl's group, so
+    dropped with it; every name --impls takes is the bench's registry's."""
+    assert set(KNOWN_IMPLS) <= set(REGISTRY)
+    assert all(USES_CONCCL_GROUP[n] == n.startswith("conccl") for n in KNOWN_IMPLS)
+    args = build_parser().parse_args(["bench-graphs", "--out", "x", "--tensors", "in_place", "--algorithm", "push",
+                                      "--stream-mode", "per_peer"])
+    from conccl.cli.bench_graphs import config
+
+    cfg = config(args)
+    assert cfg.variant == Variant("in_place", "push", "per_peer") and cfg.impls == graphs.IMPLS
+    assert config(build_parser().parse_args(["bench-graphs", "--out", "x"])).variant == Variant()
+    doc = graphs.document(META, cfg, [_rec(impl="conccl")])
+    assert doc["config"]["variant"] == {"tensors": "in_place", "algorithm": "push", "stream_mode": "per_peer"}
+    assert "conccl calls: in place in a conccl.empty output, algorithm push, stream mode per_peer." in graphs.markdown(doc)
     with pytest.raises(ValueError, match="--impls"):
-        GraphsConfig(impls=("nccl", "nccl_ce"))  # another family: it cannot share the process
+        GraphsConfig(impls=("nccl", "conccl_symm_push"))  # a variant is no name of its own
 
 
 def test_a_dropped_group_takes_its_conccl_empty_arenas_along(monkeypatch):
@@ -367,7 +384,7 @@ def test_a_dropped_group_takes_its_conccl_empty_arenas_along(monkeypatch):
     monkeypatch.setattr(graphs_run, "_drop_conccl_groups", lambda: None)
     monkeypatch.setattr(graphs_run, "_measure", lambda *a: {**graphs.summarize([5.0]), "wrong": 0, "path": None})
     ctx = {"arena_in": object(), "arena_out": object(), "max_bytes": 1 << 20}
-    impl = Impl("conccl_symm_push", "cuda_symm", "fake", lambda coll, inp, out, ctx: ((lambda: None), (lambda: out)))
+    impl = Impl("conccl", "fake", lambda coll, inp, out, ctx: ((lambda: None), (lambda: out)))
     graphs_run._impl_records(impl, _FakeCase(), GraphsConfig(modes=("eager",)), ctx)
     assert "arena_in" in ctx and "arena_out" in ctx  # eager only: the group lives on
     graphs_run._impl_records(impl, _FakeCase(), GraphsConfig(), ctx)
@@ -411,7 +428,7 @@ def test_the_beside_mode_is_asked_for_and_its_table_says_alone_beside_and_the_ge
     assert "beside" in graphs.MODES and "beside" not in GraphsConfig().modes  # a GEMM run: asked for
     assert GraphsConfig(modes=("beside",)).modes == ("beside",)
     recs = [_rec("all_gather", 65536, "nccl", "beside", 1300.0, alone_us=30.0, gemm_slowdown=1.002),
-            _rec("all_gather", 65536, "conccl_symm_push_via_peer", "beside", 40.0, alone_us=25.0, gemm_slowdown=1.01)]
+            _rec("all_gather", 65536, "conccl", "beside", 40.0, alone_us=25.0, gemm_slowdown=1.01)]
     doc = graphs.document(META, GraphsConfig(modes=("beside",)), recs)
     assert graphs.records_of(json.loads(json.dumps(doc))) == recs
     md = graphs.markdown(doc)

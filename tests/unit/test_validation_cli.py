@@ -16,8 +16,9 @@ torch = pytest.importorskip("torch")
 import conccl  # noqa: E402
 from conccl import cli  # noqa: E402
 from conccl.bench import latency, report  # noqa: E402
-from conccl.bench.impls import REGISTRY as IMPLS  # noqa: E402
+from conccl.bench.impls import REGISTRY as IMPLS, implementations  # noqa: E402
 from conccl.bench.run import make_case, max_bytes, round_size  # noqa: E402
+from conccl.bench.variant import Variant  # noqa: E402
 from conccl.cli import build_parser, main  # noqa: E402
 from conccl.cli.bench import bench_config, sweep  # noqa: E402
 from conccl.collectives import REGISTRY as COLLECTIVES  # noqa: E402
@@ -172,7 +173,7 @@ def test_bench_collectives_are_the_registry():
 def test_bench_config_keeps_the_json_fields_of_recorded_runs():
     recorded = json.loads((FIXTURES / "cli_bench.json").read_text())
     cfg = bench_config(build_parser().parse_args(["bench"]))
-    assert set(asdict(cfg)) == set(recorded["config"])
+    assert set(asdict(cfg)) == set(recorded["config"]) | {"variant"}  # recorded before --tensors and the rest
     assert cfg.sizes == [1 << (20 + i) for i in range(13)] and cfg.iters == 20 and cfg.warmup == 5
 
 
@@ -253,25 +254,51 @@ def test_bench_buffers_hold_the_largest_input_and_output():
     assert max_bytes([REDUCE_SCATTER], [1 << 20], 4, 2) == 4 << 20  # its input is world outputs
 
 
+def _served(variant=Variant()) -> dict:
+    """Implementation name -> the registered collectives it runs at world 4, calling as ``variant``."""
+    return {n: [c for c in COLLECTIVES if i.serves(COLLECTIVES[c], 4)] for n, i in implementations(variant).items()}
+
+
 def test_which_implementations_run_a_collective():
-    served = {n: [c for c in COLLECTIVES if i.serves(COLLECTIVES[c], 4)] for n, i in IMPLS.items()}
-    staged_push = {"conccl_staged_push", "conccl_symm_staged_push"}  # the collectives that have it
-    gather_only = {"torch_lc", "conccl_symm_push_in_place", "conccl_symm_push_via_peer"} | staged_push
-    assert all(served[n] == ["all_gather"] for n in gather_only - staged_push)
-    assert all(sorted(served[n]) == ["all_gather", "all_reduce"] for n in staged_push)
+    served = _served()
+    assert served["torch_lc"] == ["all_gather"]  # another library's path for the all-gather only
     every = [n for n, cs in served.items() if {"all_gather", "all_to_all"} <= set(cs)]
-    assert set(every) == set(IMPLS) - gather_only
-    # reduce-scatter: conccl's push paths and NCCL; not pull, not the libraries' all-gather-only paths
-    assert {n for n, cs in served.items() if "reduce_scatter" in cs} == set(every) - {
-        "conccl_symm_pull", "conccl_per_peer", "conccl_single", "conccl_batch", "nccl_ce"}
+    assert set(every) == set(IMPLS) - {"torch_lc"}
+    # reduce-scatter: conccl's default (push) calls and NCCL; not the all-gather-only path
+    assert {n for n, cs in served.items() if "reduce_scatter" in cs} == set(every)
+    # in place (the input the own chunk of a conccl.empty output): the all-gather only
+    in_place = _served(Variant("in_place"))
+    assert in_place["conccl"] == in_place["conccl_persistent"] == ["all_gather"]
+    # the staged push: the collectives that have it, from ordinary or conccl.empty tensors
+    for tensors in ("plain", "symmetric"):
+        staged = _served(Variant(tensors, "staged_push"))
+        assert sorted(staged["conccl"]) == sorted(staged["conccl_persistent"]) == ["all_gather", "all_reduce"]
+        assert staged["nccl"] == served["nccl"]  # the variant shapes conccl's calls only
     # an unknown collective runs under conccl's and torch.distributed's own paths, not under
     # another library's path for named collectives only
     new = _Reverse()
-    assert {n for n, i in IMPLS.items() if i.serves(new, 4)} == set(IMPLS) - gather_only - {"nccl_ce"}
-    # a collective that refuses pull is not run by the pull implementations, and is by the default
-    refused = {n for n, i in IMPLS.items() if not i.serves(REDUCE_SCATTER, 4)}
-    assert {"conccl_symm_pull", "conccl_per_peer", "conccl_single", "conccl_batch"} <= refused
-    assert not {"conccl", "conccl_persistent", "conccl_symm_push", "nccl"} & refused
+    assert {n for n, i in IMPLS.items() if i.serves(new, 4)} == set(IMPLS) - {"torch_lc"}
+    # a collective that refuses pull is not run by the pull variants (any tensors, any stream
+    # mode), and is by the default and by push from conccl.empty tensors
+    for variant in (Variant("symmetric", "pull"), *(Variant("plain", "pull", m) for m in ("per_peer", "single", "batch"))):
+        refused = {n for n, i in implementations(variant).items() if not i.serves(REDUCE_SCATTER, 4)}
+        assert {"conccl", "conccl_persistent"} <= refused and "nccl" not in refused, variant
+    for variant in (Variant(), Variant("symmetric", "push")):
+        assert all(i.serves(REDUCE_SCATTER, 4) for n, i in implementations(variant).items() if n != "torch_lc")
+
+
+def test_bench_variant_flags_and_their_defaults():
+    """--tensors, --algorithm and --stream-mode make the conccl implementations' Variant; the
+    defaults are conccl's default call on ordinary tensors; an unknown value is refused."""
+    assert bench_config(build_parser().parse_args(["bench"])).variant == Variant("plain", "auto", "auto")
+    args = build_parser().parse_args(["bench", "--tensors", "symmetric", "--algorithm", "push", "--stream-mode", "single"])
+    assert bench_config(args).variant == Variant("symmetric", "push", "single")
+    assert set(IMPLS) == {"nccl", "conccl", "conccl_auto", "torch_lc", "conccl_persistent", "conccl_one_shot"}
+    for flag, value in (("tensors", "pinned"), ("algorithm", "ring"), ("stream_mode", "two")):
+        with pytest.raises(ValueError, match=flag.replace("_", "-")):
+            Variant(**{flag: value})
+    assert "conccl.empty tensors, algorithm push, stream mode single" in implementations(bench_config(args).variant)[
+        "conccl"].description
 
 
 # ---------------------------------------------------------------------------- reports
@@ -299,7 +326,7 @@ def test_report_writer_on_recorded_numbers(tmp_path):
 
 def test_latency_bench_refuses_unknown_impls_and_runs_only_with_gpus(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
-        latency.main(["--out", "x", "--impls", "conccl,nccl_ce"])  # nccl_ce needs another process family
+        latency.main(["--out", "x", "--impls", "conccl,nccl_ce"])  # not an implementation the bench has
     assert e.value.code == 2 and "nccl_ce" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # whatever this machine has
     assert latency.main(["--out", "x"]) == 2

@@ -3,9 +3,9 @@
 What it measures and its output (``graphs.json``, ``graphs.md``); the run on the GPUs is
 :mod:`conccl.bench.graphs_run`. Nothing here needs a GPU.
 
-For each collective, size (output bytes per rank, bf16) and implementation (``nccl``,
-``conccl``, ``conccl_auto``: :mod:`conccl.bench.impls`), in one process per GPU, in the modes asked for
-(``graph`` and ``eager`` by default):
+For each collective, size (output bytes per rank, bf16) and implementation (``nccl``, ``conccl``
+as the config's :class:`~conccl.bench.variant.Variant` asks, ``conccl_auto``, ``conccl_one_shot``
+if asked for: :mod:`conccl.bench.impls`), in one process per GPU, in the modes asked for:
 
 - ``graph``: ``calls`` calls of the collective captured into one CUDA graph, ``warmup``
   replays, then ``runs`` timed runs of ``replays`` replays each between two CUDA events;
@@ -44,6 +44,7 @@ from ..collectives import REGISTRY as COLLECTIVES
 from ..jsonfile import write_text
 from ..planner.eager import ALWAYS
 from ..units import format_size
+from .variant import Variant
 
 FORMAT = "conccl-bench-graphs/1"
 MODES = ("graph", "eager", "beside")
@@ -51,12 +52,7 @@ DEFAULT_MODES = ("graph", "eager")
 BESIDE_GEMMS = 4  # bf16 8192^3 GEMMs queued on another stream in the beside mode
 BESIDE_GEMM_N = 8192
 IMPLS = ("nccl", "conccl", "conccl_auto")  # what this benchmark runs; NCCL first: every ratio is to it
-# conccl's variants that --impls may add (conccl.bench.impls): tensors from conccl.empty, in
-# place, other stream modes; what a schedule change does in a graph, beside the default's figures.
-VARIANTS = ("conccl_symm_pull", "conccl_symm_push", "conccl_symm_push_in_place", "conccl_symm_push_single",
-            "conccl_symm_push_per_peer", "conccl_symm_push_batch", "conccl_per_peer", "conccl_single", "conccl_batch",
-            "conccl_staged_push", "conccl_symm_staged_push", "conccl_symm_push_via_peer", "conccl_one_shot")
-KNOWN_IMPLS = IMPLS + VARIANTS
+KNOWN_IMPLS = IMPLS + ("conccl_one_shot",)  # --impls may add the one-shot calls (conccl.bench.impls)
 BASELINE = "nccl"
 # Whether an implementation's calls are conccl's: those reserve graph workspace before a capture
 # and have their conccl group destroyed after it (and their conccl.empty arenas with it).
@@ -82,6 +78,7 @@ class GraphsConfig:
     collectives: tuple[str, ...] = tuple(COLLECTIVES)
     impls: tuple[str, ...] = IMPLS
     modes: tuple[str, ...] = DEFAULT_MODES
+    variant: Variant = Variant()  # how the conccl implementation calls (--tensors, --algorithm, --stream-mode)
     calls: int = 20
     replays: int = 10
     runs: int = 5
@@ -115,8 +112,8 @@ class GraphsRecord:
     ``calls_per_graph``: calls per graph (eager: per group of calls), ``replays``: graphs (or
     groups) per run. ``wrong``: elements that differ from NCCL's result. ``path``: where a
     ``conccl_auto`` or ``conccl_one_shot`` call went (``Work.path``: ``copy_engines``, ``nccl`` or
-    ``one_shot``); ``nccl_below``: the
-    output size below which ``set_eager_path("auto")`` sends this collective to NCCL.
+    ``one_shot``); ``nccl_below``: the output size below which ``set_eager_path("auto")`` sends
+    this collective to NCCL.
     ``error``: why the case has no figures. The ``beside`` mode's: ``alone_us`` (median of one
     call's time with no GEMM) and ``gemm_slowdown`` (the GEMMs' median time beside the call
     over their median alone)."""
@@ -175,15 +172,11 @@ class GraphsRecord:
         """The record a ``graphs.json`` result holds; ValueError naming what is wrong with it."""
         if not isinstance(d, dict):
             raise ValueError(f"a result must be an object, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
+        if unknown := sorted(set(d) - {f.name for f in fields(cls)}):
             raise ValueError(f"result has unknown fields {unknown}")
-        missing = [k for k in ("collective", "bytes", "impl", "mode") if k not in d]
-        if missing:
+        if missing := [k for k in ("collective", "bytes", "impl", "mode") if k not in d]:
             raise ValueError(f"result lacks {missing}")
-        runs = d.get("us_runs", ())
-        if not isinstance(runs, (list, tuple)):
+        if not isinstance(runs := d.get("us_runs", ()), (list, tuple)):
             raise ValueError(f"record us_runs: expected a list, got {runs!r}")
         return cls(**{**d, "us_runs": tuple(runs)})
 
@@ -209,10 +202,6 @@ def parse_list(text: str, flag: str, parse=str) -> tuple:
         return tuple(parse(t) for t in items)
     except (ValueError, TypeError) as e:  # argparse.ArgumentTypeError is neither: see parse_sizes
         raise ValueError(f"{flag}: {e}") from None
-
-
-# the implementations whose captured calls take a slot of every rank's input: the output's bytes
-STAGED_PUSH_IMPLS = ("conccl_staged_push", "conccl_symm_staged_push")
 
 
 def graph_workspace_per_call(coll, size: int, world: int, staged_push: bool = False) -> int:
@@ -266,8 +255,7 @@ def records_of(doc: dict) -> list[GraphsRecord]:
     """The results of a ``graphs.json`` document, checked; ValueError naming a bad one."""
     if doc.get("format") != FORMAT:
         raise ValueError(f"not a {FORMAT} document (format {doc.get('format')!r})")
-    results = doc.get("results")
-    if not isinstance(results, list):
+    if not isinstance(results := doc.get("results"), list):
         raise ValueError("results: expected a list")
     out = []
     for i, r in enumerate(results):
@@ -285,9 +273,7 @@ def _ratio(rec: GraphsRecord | None, base: GraphsRecord | None) -> float | None:
 
 
 def _cell(rec: GraphsRecord | None) -> str:
-    if rec is None:
-        return ""
-    return "err" if rec.error is not None else f"{rec.us_per_call:.1f}"
+    return "" if rec is None else "err" if rec.error is not None else f"{rec.us_per_call:.1f}"
 
 
 def _goal_rows(by: dict, collectives, sizes) -> list[str]:
@@ -343,6 +329,7 @@ def markdown(doc: dict) -> str:
         "x NCCL: the time over NCCL's in the same mode (below 1: faster). #wrong: elements differing from NCCL's "
         "result, summed over the row's implementations (each case is checked once). path: where a conccl_auto or "
         "conccl_one_shot call went (Work.path). The JSON has every run and the fastest and slowest.",
+        *(["", f"conccl calls: {Variant(**cfg['variant']).describe()}."] if "conccl" in impls and cfg.get("variant") else []),
         *(["", "conccl_auto (`set_eager_path('auto')`) sends an eager call to NCCL below: "
            + ", ".join(f"{c} {_below_text(b)}" for c, b in below.items()) + "."] if below else []),
         *(["", f"conccl_auto planned with the hardware profile {_profile_text(doc['eager_path']['profile'])}."]

@@ -25,9 +25,9 @@ import conccl
 
 from ..collectives import Collective, get as get_collective
 from ..units import format_size
-from .graphs import (BESIDE_GEMM_N, BESIDE_GEMMS, STAGED_PUSH_IMPLS, USES_CONCCL_GROUP, GraphsConfig, GraphsRecord,
+from .graphs import (BESIDE_GEMM_N, BESIDE_GEMMS, USES_CONCCL_GROUP, GraphsConfig, GraphsRecord,
                      calls_per_graph, graph_workspace_per_call, per_call_us, summarize)
-from .impls import REGISTRY
+from .impls import implementations
 from .run import _wrong_elements, make_case, max_bytes, round_size
 
 DTYPE, ESIZE = torch.bfloat16, 2
@@ -114,7 +114,7 @@ def _measure(mode: str, impl, unit, result, case: _Case, cfg: GraphsConfig, ctx:
         unit()  # eagerly first: the conccl group, its kernels and NCCL's communicator exist before capture
         torch.cuda.synchronize()
         if USES_CONCCL_GROUP[impl.name]:
-            staged = impl.name in STAGED_PUSH_IMPLS  # its calls take more than the case's bound
+            staged = impl.staged_push  # its calls take more than the case's bound
             conccl.reserve_graph_workspace(case.calls * (graph_workspace_per_call(case.coll, case.size, case.world, True)
                                                          if staged else case.ws_per_call))
         dist.barrier()
@@ -286,7 +286,8 @@ def run_all(rank: int, world: int, cfg: GraphsConfig) -> dict:
     ctx: dict = {"max_bytes": max_bytes(colls, sizes, world, ESIZE)}
     if "beside" in cfg.modes:
         ctx["beside"] = _beside_setup()
-    impls = [REGISTRY[n] for n in cfg.impls]
+    registry = implementations(cfg.variant)
+    impls = [registry[n] for n in cfg.impls]
     total = sum(len(cfg.modes) for c in colls for _ in sizes for i in impls if i.serves(c, world))
     records, eager_path, t0 = [], None, time.monotonic()
     for coll in colls:

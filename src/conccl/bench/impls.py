@@ -5,10 +5,14 @@ callable that runs one collective on the current stream. Every call goes through
 collective's :attr:`~conccl.collectives.base.Collective.api_name`, the function name
 ``torch.distributed``, ``conccl`` and conccl's communicator share, so a newly registered
 collective runs under every implementation that :meth:`Impl.serves` it, with no edit here.
-``family`` groups implementations that can share a process: NCCL's copy-engine mode needs the
-NCCL symmetric-memory backend, conccl the CUDA one, and a process can only hold one. An
-implementation that changes process-wide state in its setup undoes it in ``teardown``, which
-every benchmark calls once it is done with the tensors ``setup`` was given.
+An implementation that changes process-wide state in its setup undoes it in ``teardown``,
+which every benchmark calls once it is done with the tensors ``setup`` was given.
+
+The names are what a user compares (:data:`NAMES`): NCCL, conccl's communicator, its public
+functions under ``set_eager_path("auto")``, PyTorch's copy-engine all-gather, and two of
+conccl's mechanisms (persistent ops, one-shot calls). How the communicator's calls run, with
+which tensors, algorithm and stream mode, is a :class:`Variant` (the bench commands'
+``--tensors``, ``--algorithm`` and ``--stream-mode``), not a name of its own.
 """
 from __future__ import annotations
 
@@ -24,12 +28,12 @@ import conccl
 from ..collectives import Collective
 from ..errors import InvalidArgument
 from ..schedule.base import Algorithm, StreamMode
+from .variant import AUTO, Variant
 
 
 @dataclass(frozen=True)
 class Impl:
     name: str
-    family: str
     description: str
     # setup(collective, inp, out, ctx) -> (run, result): run() queues one collective on the
     # current stream; result() returns the tensor holding the last run's output.
@@ -41,6 +45,9 @@ class Impl:
     can_run: Callable[[Collective, int], bool] | None = None
     # teardown(ctx): undo what setup changed beyond its buffers (None: nothing to undo).
     teardown: Callable[[dict], None] | None = None
+    # Whether its captured calls take a slot of every rank's input (Algorithm.STAGED_PUSH asked
+    # for): the graphs benchmark reserves their graph workspace by the output's bytes.
+    staged_push: bool = False
 
     def serves(self, coll: Collective, world: int) -> bool:
         if self.only is not None and coll.name not in self.only:
@@ -48,39 +55,33 @@ class Impl:
         return self.can_run is None or self.can_run(coll, world)
 
 
-def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, persistent=False, via_peer=False):
-    algo = Algorithm(algorithm) if algorithm else None
-    mode = StreamMode(stream_mode) if stream_mode else None
+def _conccl(variant: Variant, persistent: bool = False):
+    """(setup, can_run) of the communicator's calls as ``variant`` asks, one-shot calls or
+    persistent ops (agreed with the peers once, each run only starts it)."""
+    algo = None if variant.algorithm == AUTO else Algorithm(variant.algorithm)
+    mode = None if variant.stream_mode == AUTO else StreamMode(variant.stream_mode)
 
     def setup(coll, inp, out, ctx):
-        if symmetric and inp is out:  # in place (all_reduce): one peer-reachable tensor, as the caller's
+        if variant.tensors == "in_place":
+            inp, out = _in_place(coll, inp, out, ctx)
+        elif variant.tensors == "symmetric" and inp is out:  # in place (all_reduce): one peer-reachable tensor
             inp = out = _to_symmetric(out, ctx, "out")
-        elif symmetric:
+        elif variant.tensors == "symmetric":
             inp, out = _to_symmetric(inp, ctx, "in"), _to_symmetric(out, ctx, "out")
         comm = conccl.get_communicator()
-        if via_peer:  # this group's calls from now on, until the teardown turns it off
-            comm.options.own_chunk_via_peer = True
-            ctx["via_peer"] = comm
-        if persistent:  # agreed once here; each run only starts it
+        if persistent:
             op = getattr(comm, "persistent_" + coll.api_name)(out, inp, algorithm=algo, stream_mode=mode)
             return (lambda: op.start()), lambda: out  # looked up per call: --phases wraps start
         fn = getattr(comm, coll.api_name)
-        call = lambda: fn(out, inp, algorithm=algo, stream_mode=mode)  # noqa: E731
-        if checks:
-            return call, lambda: out
-
-        def unchecked():  # the group's other calls keep their checks
-            comm.options.checks = False
-            try:
-                call()
-            finally:
-                comm.options.checks = True
-
-        return unchecked, lambda: out
+        return (lambda: fn(out, inp, algorithm=algo, stream_mode=mode)), lambda: out
 
     def can_run(coll, world):  # the collective refuses an algorithm it cannot run
+        if variant.tensors == "in_place" and not coll.in_place(world):
+            return False
+        if algo is Algorithm.STAGED_PUSH and not coll.staged_push:  # a reduce-scatter would push as always
+            return False
         try:
-            coll.algorithm(algo, symmetric)
+            coll.algorithm(algo, variant.tensors != "plain")
         except InvalidArgument:
             return False
         return True
@@ -88,20 +89,15 @@ def _conccl(algorithm=None, stream_mode=None, symmetric=False, checks=True, pers
     return setup, can_run
 
 
-def _conccl_in_place(coll, inp, out, ctx):
-    """The input already in its place in a conccl.empty output (the layout's in-place chunk):
-    no own-shard copy."""
+def _in_place(coll, inp, out, ctx):
+    """(input, output) with the input already in its place in a conccl.empty output (the
+    layout's in-place chunk): no own-shard copy."""
     out = _to_symmetric(out, ctx, "out")
     nbytes = inp.numel() * inp.element_size()
     chunk = coll.layout(dist.get_world_size(), dist.get_rank()).in_place_chunk
     own = out.view(-1).view(torch.uint8)[chunk * nbytes:(chunk + 1) * nbytes].view(inp.dtype)
     own.copy_(inp)
-    fn = getattr(conccl.get_communicator(), coll.api_name)
-    return (lambda: fn(out, own)), lambda: out
-
-
-def _has_in_place_chunk(coll, world):
-    return coll.in_place(world)
+    return own, out
 
 
 def _to_symmetric(t, ctx, role):
@@ -119,26 +115,6 @@ def _to_symmetric(t, ctx, role):
 
 def _nccl(coll, inp, out, ctx):
     return (lambda: coll.call_with(dist, out, inp)), lambda: out
-
-
-def _nccl_ce(coll, inp, out, ctx):
-    """NCCL >= 2.28 copy-engine collectives: CTA policy ZERO, buffers in a registered window."""
-    if "ce_group" not in ctx:
-        symm_mem.set_backend("NCCL")
-        opts = dist.ProcessGroupNCCL.Options()
-        opts.config.cta_policy = dist.ProcessGroupNCCL.NCCL_CTA_POLICY_ZERO
-        group = dist.new_group(backend="nccl", pg_options=opts)
-        with torch.cuda.use_mem_pool(symm_mem.get_mem_pool(inp.device)):
-            windows = [torch.empty(ctx["max_bytes"], dtype=torch.uint8, device=inp.device) for _ in range(2)]
-        for w in windows:
-            symm_mem.rendezvous(w, group.group_name)
-        ctx["ce_group"], ctx["ce_windows"] = group, windows
-    group, (w_in, w_out) = ctx["ce_group"], ctx["ce_windows"]
-    win_in = w_in[: inp.numel() * inp.element_size()].view(inp.dtype)
-    win_out = w_out[: out.numel() * out.element_size()].view(out.dtype)
-    win_in.copy_(inp)
-    fn = getattr(dist, coll.api_name)
-    return (lambda: fn(win_out, win_in, group=group)), lambda: win_out
 
 
 def _torch_low_contention(coll, inp, out, ctx):
@@ -201,71 +177,28 @@ def _one_shot_teardown(ctx):
     ctx.pop("path", None)
 
 
-def _via_peer_teardown(ctx):
-    comm = ctx.pop("via_peer", None)
-    if comm is not None:
-        comm.options.own_chunk_via_peer = False
-
-
-def _conccl_impl(name, description, only=None, teardown=None, **kw):
-    setup, can_run = _conccl(**kw)
-    return Impl(name, "cuda_symm", description, setup, only=only, can_run=can_run, teardown=teardown)
-
-
-REGISTRY: dict[str, Impl] = {
-    i.name: i
-    for i in [
-        _conccl_impl("conccl", "conccl default on ordinary tensors: pull, input staged into the symmetric workspace, "
-                     "peer copies as one cudaMemcpyBatchAsync"),
-        _conccl_impl("conccl_symm_pull", "conccl pull, input and output from conccl.empty (no staging)",
-                     algorithm="pull", symmetric=True),
-        _conccl_impl("conccl_symm_push", "conccl push into peers' outputs from conccl.empty",
-                     algorithm="push", symmetric=True),
-        Impl("conccl_symm_push_in_place", "cuda_symm",
-             "conccl push, in place: the input is the own chunk of a conccl.empty output", _conccl_in_place,
-             can_run=_has_in_place_chunk),
-        _conccl_impl("conccl_persistent", "conccl default on ordinary tensors as a persistent op (conccl.persistent_*): "
-                     "agreed with the peers once, each run only queues the copies", persistent=True),
-        _conccl_impl("conccl_symm_push_via_peer", "conccl push from conccl.empty, the own chunk read back from a "
-                     "peer's output on a copy engine (set_options(own_chunk_via_peer=True)): no same-GPU copy",
-                     only=("all_gather",), teardown=_via_peer_teardown, algorithm="push", symmetric=True,
-                     via_peer=True),
-        _conccl_impl("conccl_symm_push_persistent", "conccl push from conccl.empty as a persistent op: agreed once, "
-                     "each run only queues the copies", algorithm="push", symmetric=True, persistent=True),
-        _conccl_impl("conccl_symm_push_unchecked", "conccl push from conccl.empty without the mismatch checks and the "
-                     "watchdog (what they cost; a dead peer then hangs the GPU)",
-                     algorithm="push", symmetric=True, checks=False),
-        _conccl_impl("conccl_symm_push_single", "conccl push from conccl.empty, one cudaMemcpyAsync after another",
-                     algorithm="push", stream_mode="single", symmetric=True),
-        _conccl_impl("conccl_symm_push_per_peer", "conccl push from conccl.empty, one stream per peer",
-                     algorithm="push", stream_mode="per_peer", symmetric=True),
-        _conccl_impl("conccl_symm_push_batch", "conccl push from conccl.empty, one stream, peer copies batched "
-                     "(captured: one memcpy node after another)", algorithm="push", stream_mode="batch", symmetric=True),
-        _conccl_impl("conccl_staged_push", "conccl all-gather or all-reduce pushed whole into the peers' workspace, "
-                     "copied out or reduced there (Algorithm.STAGED_PUSH), ordinary tensors",
-                     only=("all_gather", "all_reduce"), algorithm="staged_push"),
-        _conccl_impl("conccl_symm_staged_push", "conccl all-gather or all-reduce pushed whole into the peers' "
-                     "workspace, copied out or reduced there, conccl.empty tensors", only=("all_gather", "all_reduce"),
-                     algorithm="staged_push", symmetric=True),
-        _conccl_impl("conccl_per_peer", "conccl pull, staged, one stream per peer", algorithm="pull", stream_mode="per_peer"),
-        _conccl_impl("conccl_batch", "conccl pull, staged, one stream, peer copies batched (captured: one memcpy node "
-                     "after another)", algorithm="pull", stream_mode="batch"),
-        _conccl_impl("conccl_single", "conccl pull, staged, one cudaMemcpyAsync after another",
-                     algorithm="pull", stream_mode="single"),
-        Impl("conccl_auto", "cuda_symm", "conccl's functions on ordinary tensors with conccl.set_eager_path('auto'): "
-             "an eager call below the size where copy engines win goes to NCCL", _conccl_auto,
-             teardown=_conccl_auto_teardown),
-        Impl("conccl_one_shot", "cuda_symm", "conccl's functions on ordinary tensors as one-shot calls "
-             "(CONCCL_ONE_SHOT_BELOW past the size): one kernel of one CTA reading the peers' staged inputs",
-             _conccl_one_shot, teardown=_one_shot_teardown),
-        Impl("nccl", "cuda_symm", "NCCL with SM kernels (torch.distributed)", _nccl),
-        Impl("torch_lc", "cuda_symm",
-             "PyTorch _low_contention_all_gather (copy engines + a barrier kernel), symmetric input",
+def implementations(variant: Variant = Variant()) -> dict[str, Impl]:
+    """Every implementation by name, ``conccl`` and ``conccl_persistent`` calling as ``variant``
+    asks (the others take no variant: the public functions choose for themselves)."""
+    calls, calls_can_run = _conccl(variant)
+    ops, ops_can_run = _conccl(variant, persistent=True)
+    staged = variant.algorithm == Algorithm.STAGED_PUSH.value
+    return {i.name: i for i in [
+        Impl("nccl", "NCCL with SM kernels (torch.distributed)", _nccl),
+        Impl("conccl", f"conccl's communicator calls: {variant.describe()}", calls, can_run=calls_can_run,
+             staged_push=staged),
+        Impl("conccl_auto", "conccl's functions on ordinary tensors with conccl.set_eager_path('auto'): an eager call "
+             "below the size where copy engines win goes to NCCL", _conccl_auto, teardown=_conccl_auto_teardown),
+        Impl("torch_lc", "PyTorch _low_contention_all_gather (copy engines + a barrier kernel), symmetric input",
              _torch_low_contention, only=("all_gather",)),
-        # NCCL's copy-engine mode runs these collectives only (NCCL 2.28: no reductions).
-        Impl("nccl_ce", "nccl_symm", "NCCL copy-engine mode (cta_policy ZERO, registered symmetric window)", _nccl_ce,
-             only=("all_gather", "all_to_all")),
-    ]
-}
+        Impl("conccl_persistent", f"conccl's persistent ops (conccl.persistent_*): agreed with the peers once, each "
+             f"run only queues the copies; {variant.describe()}", ops, can_run=ops_can_run, staged_push=staged),
+        Impl("conccl_one_shot", "conccl's functions on ordinary tensors as one-shot calls (CONCCL_ONE_SHOT_BELOW past "
+             "the size): one kernel of one CTA reading the peers' staged inputs", _conccl_one_shot,
+             teardown=_one_shot_teardown),
+    ]}
 
-DEFAULT_IMPLS = ("conccl", "conccl_symm_pull", "conccl_symm_push", "nccl", "torch_lc", "nccl_ce")
+
+REGISTRY: dict[str, Impl] = implementations()  # the default variant's; the names are every variant's
+NAMES = tuple(REGISTRY)
+DEFAULT_IMPLS = ("conccl", "nccl", "torch_lc")

@@ -36,11 +36,12 @@ from ..collectives import REGISTRY as COLLECTIVES, STUDIED, get as get_collectiv
 from ..launch import apply_safe_env, run_per_gpu
 from .environment import environment
 from .faults import _spin_cycles
-from .impls import REGISTRY
+from .impls import NAMES, implementations
 from .run import _timed, _wrong_elements, make_case, max_bytes, round_size
+from .variant import Variant, add_variant_flags, variant_of
 
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 4 << 20)
-DEFAULT_IMPLS = ("conccl", "conccl_symm_push", "conccl_symm_pull", "nccl")
+DEFAULT_IMPLS = ("conccl", "nccl")
 
 
 def _gated(run, iters: int, gate_cycles: int) -> tuple[float, float, bool]:
@@ -77,7 +78,7 @@ PHASES = (
     *(("plan", cls.__module__, f"{cls.__name__}.plan") for cls in _COLLECTIVE_CLASSES),
     ("execute", "conccl.group.group", "Group.execute"),
     ("executor run", "conccl.executors.cuda.executor", "CudaCopyEngineExecutor.run"),
-    ("program lookup", "conccl.executors.cuda.executor", "CudaCopyEngineExecutor._program"),
+    ("program lookup", "conccl.executors.cuda.programs", "ProgramCache._program"),
     ("driver calls", "conccl.executors.cuda.program", "CompiledProgram.launch_slot"),
     ("graph launch", "conccl.executors.cuda.graph_launch", "SettledGraph.launch"),  # a settled call's, instead
     ("watchdog track", "conccl.group.watchdog", "Watchdog.track"),
@@ -132,16 +133,16 @@ def _loop(run, iters: int) -> float:
 
 
 def latency_worker(rank: int, world: int, impls: list[str], collectives: list[str], sizes: list[int],
-                   iters: int, warmup: int, reps: int, phases: bool = False) -> list[dict]:
+                   iters: int, warmup: int, reps: int, phases: bool = False, variant: Variant = Variant()) -> list[dict]:
     dtype, esize = torch.bfloat16, 2
     # every buffer of every case (a reduce-scatter's input is world times its output): the
     # symmetric implementations' arenas hold the largest
     ctx = {"max_bytes": max_bytes([get_collective(c) for c in collectives], sizes, world, esize)}
-    records = []
+    records, registry = [], implementations(variant)
     for coll in map(get_collective, collectives):
         for name in impls:
-            impl = REGISTRY[name]
-            if not impl.serves(coll, world) or impl.family != "cuda_symm":
+            impl = registry[name]
+            if not impl.serves(coll, world):
                 continue
             for size in sizes:
                 size = round_size(size, world, esize)
@@ -190,7 +191,8 @@ def markdown(res: dict) -> str:
     lines = [f"# Latency: host launch against GPU execution ({m.get('machine_kind')}, {m.get('date')})", "",
              f"commit {m.get('commit')}, torch {m.get('torch')}, NCCL {m.get('nccl')}, {res['world']} ranks, bf16, "
              f"{res['iters']} calls per figure, median of {res['reps']} (time: of {res['iters']}), slowest rank. "
-             f"conccl signal batching: {sorted({str(r.get('signal_batching')) for r in res['records'] if r['impl'] != 'nccl'})}.",
+             f"conccl signal batching: {sorted({str(r.get('signal_batching')) for r in res['records'] if r['impl'] != 'nccl'})}."
+             + (f" conccl calls: {res['variant']}." if res.get("variant") else ""),
              "",
              "| collective | implementation | size (B) | time (us) | loop (us/call) | host (us/call) | GPU (us/call) | #wrong |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -215,7 +217,8 @@ def markdown(res: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conccl.bench.latency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for latency.json and latency.md")
-    ap.add_argument("--impls", default=",".join(DEFAULT_IMPLS))
+    ap.add_argument("--impls", default=",".join(DEFAULT_IMPLS), help=f"comma-separated, of {', '.join(NAMES)}")
+    add_variant_flags(ap)
     ap.add_argument("--collectives", default=",".join(STUDIED))  # as the committed runs
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="output bytes per rank")
     ap.add_argument("-n", "--iters", type=int, default=100)
@@ -226,10 +229,9 @@ def main(argv=None) -> int:
                     help="also time the host phases of each conccl call (call key, board exchange, driver calls...)")
     args = ap.parse_args(argv)
     impls = args.impls.split(",")
-    unknown = [i for i in impls if i not in REGISTRY or REGISTRY[i].family != "cuda_symm"]
+    unknown = [i for i in impls if i not in NAMES]
     if unknown:
-        ap.error(f"unknown or unsupported implementation(s) {unknown}; choose from "
-                 f"{sorted(n for n, i in REGISTRY.items() if i.family == 'cuda_symm')}")
+        ap.error(f"unknown implementation(s) {unknown}; choose from {', '.join(NAMES)}")
     apply_safe_env()
     if torch.cuda.device_count() < 2:
         print("error: the latency benchmark needs at least 2 GPUs", file=sys.stderr)
@@ -238,8 +240,9 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     os.makedirs(args.out, exist_ok=True)
     records = run_per_gpu(latency_worker, impls, args.collectives.split(","), sizes, args.iters, args.warmup,
-                          args.reps, args.phases, nprocs=args.gpus, timeout_s=900)[0]
+                          args.reps, args.phases, variant_of(args), nprocs=args.gpus, timeout_s=900)[0]
     res = {"meta": environment(env.get("CONCCL_MACHINE_KIND"), world), "world": world,
+           "variant": variant_of(args).describe(),
            "iters": args.iters, "reps": args.reps, "records": records}
     with open(os.path.join(args.out, "latency.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)

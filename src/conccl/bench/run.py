@@ -25,7 +25,7 @@ from .. import collectives
 from ..collectives import Collective
 from ..launch import run_per_gpu
 from . import report
-from .impls import REGISTRY
+from .impls import Variant, implementations
 
 GEMM_N = 8192
 
@@ -35,6 +35,7 @@ class BenchConfig:
     sizes: list[int]
     collectives: list[str]
     impls: list[str]
+    variant: Variant = Variant()  # how the conccl and conccl_persistent implementations call
     dtype: str = "bfloat16"
     iters: int = 20
     warmup: int = 5
@@ -174,7 +175,7 @@ class OverlapProbe:
                 "gemm_slowdown": float(x[0]), "gate_expired": bool(x[1] > 0)}
 
 
-def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[dict]:
+def bench_worker(rank: int, world: int, cfg: BenchConfig) -> list[dict]:
     """Runs in every rank's process; returns the records (rank 0 also prints them as it goes)."""
     dtype = getattr(torch, cfg.dtype)
     esize = torch.empty((), dtype=dtype).element_size()
@@ -182,7 +183,8 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[d
     colls = [collectives.get(name) for name in cfg.collectives]
     ctx: dict = {"max_bytes": max_bytes(colls, cfg.sizes, world, esize)}
     records = []
-    impls = [REGISTRY[n] for n in cfg.impls if REGISTRY[n].family == family]
+    registry = implementations(cfg.variant)
+    impls = [registry[n] for n in cfg.impls]
     for coll in colls:
         for impl in impls:
             if not impl.serves(coll, world):
@@ -239,13 +241,5 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig, family: str) -> list[d
 
 
 def run_bench(cfg: BenchConfig, nprocs: int | None = None) -> list[dict]:
-    """Launch every family of implementations in its own processes; return rank 0's records."""
-    families = []
-    for name in cfg.impls:
-        fam = REGISTRY[name].family
-        if fam not in families:
-            families.append(fam)
-    records = []
-    for fam in families:
-        records += run_per_gpu(bench_worker, cfg, fam, nprocs=nprocs)[0]
-    return records
+    """Run every implementation in one process per GPU; return rank 0's records."""
+    return run_per_gpu(bench_worker, cfg, nprocs=nprocs)[0]

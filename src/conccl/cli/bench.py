@@ -8,7 +8,8 @@ from dataclasses import asdict
 
 from ..bench import report
 from ..bench.environment import environment
-from ..bench.impls import DEFAULT_IMPLS, REGISTRY as IMPLS
+from ..bench.impls import DEFAULT_IMPLS, NAMES as IMPLS
+from ..bench.variant import add_variant_flags, variant_of
 from ..bench.run import BenchConfig, run_bench
 from ..collectives import REGISTRY as COLLECTIVES
 from ..launch import under_torchrun
@@ -36,6 +37,7 @@ def add_parser(sub) -> None:
     b.add_argument("--collective", default="all", choices=("all", *COLLECTIVES))
     b.add_argument("--impl", default=",".join(DEFAULT_IMPLS),
                    help=f"comma-separated implementations, or 'all' (known: {', '.join(IMPLS)})")
+    add_variant_flags(b)
     b.add_argument("--no-overlap", action="store_true", help="skip the concurrent-GEMM column")
     b.add_argument("--no-profile", action="store_true", help="skip counting kernels per call with the profiler")
     b.add_argument("--gpus", type=int_range(2, MAX_WORLD), default=None,
@@ -70,6 +72,7 @@ def bench_config(args) -> BenchConfig:
     colls = list(COLLECTIVES) if args.collective == "all" else [args.collective]
     return BenchConfig(
         sizes=sweep(args.minbytes, args.maxbytes, args.stepfactor), collectives=colls, impls=impls,
+        variant=variant_of(args),
         dtype=args.datatype, iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
         overlap=not args.no_overlap, profile=not args.no_profile,
     )
@@ -94,6 +97,6 @@ def run(args) -> int:
     if args.json:
         report.write_json(args.json, meta, asdict(cfg), records)
     if args.markdown:
-        write_text(args.markdown, report.markdown(meta, records))
+        write_text(args.markdown, report.markdown({**meta, "conccl calls": cfg.variant.describe()}, records))
     bad = [r for r in records if r.get("wrong", 0) or "error" in r]
     return EXIT_FAILED if bad else EXIT_OK

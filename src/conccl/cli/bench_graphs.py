@@ -10,6 +10,7 @@ from ..bench import graphs
 from ..collectives import REGISTRY as COLLECTIVES
 from ..bench.environment import environment
 from ..bench.graphs_run import run_all
+from ..bench.variant import add_variant_flags, variant_of
 from ..launch import run_per_gpu, under_torchrun
 from ..planner.timing import MAX_WORLD
 from ..units import format_size, parse_size
@@ -29,8 +30,9 @@ def add_parser(sub) -> None:
     b.add_argument("--collectives", default="all",
                    help=f"comma-separated, of {', '.join(COLLECTIVES)}, or all (default)")
     b.add_argument("--impls", default=",".join(graphs.IMPLS),
-                   help=f"comma-separated, of {', '.join(graphs.IMPLS)} (default all three); conccl's variants "
-                   f"(conccl.empty tensors, in place, other stream modes) too: {', '.join(graphs.VARIANTS)}")
+                   help=f"comma-separated, of {', '.join(graphs.KNOWN_IMPLS)} (default: {', '.join(graphs.IMPLS)}); "
+                   "conccl's tensors, algorithm and stream mode: the flags below")
+    add_variant_flags(b)
     b.add_argument("--modes", default=",".join(graphs.DEFAULT_MODES),
                    help="of graph, eager, beside (one eager call queued while bf16 8192^3 GEMMs hold the SMs: its "
                         "completion against alone); default graph,eager")
@@ -62,6 +64,7 @@ def config(args) -> graphs.GraphsConfig:
     return graphs.GraphsConfig(
         sizes=graphs.parse_list(args.sizes, "--sizes", _size), collectives=collectives,
         impls=graphs.parse_list(args.impls, "--impls"), modes=graphs.parse_list(args.modes, "--modes"),
+        variant=variant_of(args),
         calls=args.calls, replays=args.replays, runs=args.runs, warmup=args.warmup,
         graph_workspace_bytes=_size(args.graph_workspace, "--graph-workspace"))
 
