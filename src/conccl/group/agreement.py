@@ -189,8 +189,8 @@ class Agreement:
         try:
             if self.options.checks:
                 fixed = rows[:, :NFIXED].tolist()
-                mine = board_row.alike(fixed[self.rank])
-                if any(board_row.alike(x) != mine for x in fixed):
+                mine = board_row.agreed_fields(fixed[self.rank])
+                if any(board_row.agreed_fields(x) != mine for x in fixed):
                     self._disagreement(local.coll.name, local.dtype, seq, rows)
             # Even unchecked: a plan from byte counts the peers disagree on would copy out of bounds.
             local.coll.check(peers, self.rank, seq)

@@ -36,8 +36,8 @@ from ..schedule.base import Algorithm
 
 __all__ = ["SEQ", "COLL", "DTYPE", "IN_BYTES", "OUT_BYTES", "FLAGS", "ALGO", "IN_OFF", "OUT_OFF", "ARG", "IN_BLK",
            "OUT_BLK", "NFIXED", "FLAG_SYM_IN", "FLAG_SYM_OUT", "FLAG_IN_PLACE", "FLAG_GRAPH", "FLAG_ONE_SHOT",
-           "code", "board_row_len", "tensor_flags", "build_row", "alike", "peer_calls", "all_flags", "peer_views",
-           "describe"]
+           "code", "board_row_len", "tensor_flags", "build_row", "agreed_fields", "peer_calls", "all_flags",
+           "peer_views", "describe"]
 
 (SEQ, COLL, DTYPE, IN_BYTES, OUT_BYTES, FLAGS, ALGO, IN_OFF, OUT_OFF, ARG, IN_BLK, OUT_BLK, NFIXED) = range(13)
 
@@ -77,9 +77,9 @@ def build_row(coll_name: str, dtype, in_bytes: int, out_bytes: int, views, algor
             *call.send, *call.recv]
 
 
-def alike(fixed_row: list) -> tuple:
-    """The fields of a row every rank's must have alike: sequence number, collective, dtype,
-    algorithm, the collective's agreed code, and whether it is being captured."""
+def agreed_fields(fixed_row: list) -> tuple:
+    """The fields of one call's row that every rank's must hold equal: sequence number,
+    collective, dtype, algorithm, the collective's agreed code, and whether it is captured."""
     return (fixed_row[SEQ], fixed_row[COLL], fixed_row[DTYPE], fixed_row[ALGO], fixed_row[ARG],
             fixed_row[FLAGS] & FLAG_GRAPH)
 
