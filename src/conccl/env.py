@@ -4,8 +4,13 @@ One parser reads them all: a flag is on for ``1, true, on, yes`` and off for ``0
 no`` or unset (anything else is refused, naming the variable); a size takes ``256K``, ``1M``
 (powers of 1024) or plain bytes; a list is comma-separated names, each one of the variable's
 choices. A bad value raises :class:`EnvError` (a ``ValueError``) where the value is first
-needed, never at import. docs/usage.md's table is :func:`markdown_table`'s output (a test keeps
-the two equal).
+needed, never at import.
+
+docs/usage.md's "Environment variables" table is :func:`markdown_table`'s output, between the
+marker comments ``<!-- env-table -->`` and ``<!-- /env-table -->`` (tests/unit/test_env.py keeps
+the two equal). After a change here, regenerate it from the repository root with
+``PYTHONPATH=src python3 -m conccl.env --write docs/usage.md``; without ``--write`` the table is
+printed.
 
 Variables are read when asked for (:func:`get`), not cached: tests and the benchmarks set them
 per process, and groups made later see the value then.
@@ -13,9 +18,10 @@ per process, and groups made later see the value then.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
-__all__ = ["Var", "VARS", "EnvError", "get", "disabled", "markdown_table"]
+__all__ = ["Var", "VARS", "FAST_PATHS", "EnvError", "get", "disabled", "markdown_table"]
 
 _ON = ("1", "true", "on", "yes")
 _OFF = ("0", "false", "off", "no")
@@ -45,7 +51,7 @@ class Var:
 FAST_PATHS = {
     "post_settled": "a call repeating a settled one posts its board row and goes on; peers' rows checked next call",
     "settled_graphs": "a settled eager call's driver calls launched as one CUDA graph",
-    "graph_mark_edges": "a captured call's signals as graph edges instead of stream memory operations",
+    "graph_mark_edges": "a captured or settled `conccl.tp` pipeline's marks as graph edges, not stream memory operations",
     "spin_waits": "a captured reduction's signal waits run by a one-warp kernel",
 }
 
@@ -126,10 +132,34 @@ def disabled(fast_path: str) -> bool:
 
 
 def markdown_table() -> str:
-    """The table of :data:`VARS` as docs/usage.md carries it."""
+    """The table of :data:`VARS`, then one of :data:`FAST_PATHS`, as docs/usage.md carries them."""
     rows = ["| variable | for | kind | default | meaning |", "| --- | --- | --- | --- | --- |"]
     for v in VARS:
         default = ",".join(v.default) if isinstance(v.default, tuple) else v.default
         default = "unset" if default in ("", ()) else str(default).lower() if isinstance(default, bool) else default
         rows.append(f"| `{v.name}` | {v.group} | {v.kind} | {default} | {v.meaning} |")
+    rows += ["", "| `CONCCL_DISABLE` name | the fast path it turns off (off: the general path, the same results) |",
+             "| --- | --- |"]
+    rows += [f"| `{name}` | {meaning} |" for name, meaning in FAST_PATHS.items()]
     return "\n".join(rows) + "\n"
+
+
+MARKERS = ("<!-- env-table -->\n", "<!-- /env-table -->")
+
+
+def _write_table(path: str) -> None:
+    """Replace what lies between :data:`MARKERS` in ``path`` with :func:`markdown_table`."""
+    with open(path) as f:
+        text = f.read()
+    start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
+    with open(path, "w") as f:
+        f.write(text[:start] + markdown_table() + text[end:])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
+        _write_table(sys.argv[2])
+    elif len(sys.argv) == 1:
+        print(markdown_table(), end="")
+    else:
+        sys.exit("usage: python -m conccl.env [--write docs/usage.md]")
