@@ -10,7 +10,7 @@ import contextlib
 
 import torch
 
-from conccl.executors.cuda import executor as cuda_ce
+from conccl.executors.cuda import executor as cuda_executor
 from conccl.schedule.captured import GRAPH_SLOTS
 from conccl.schedule.base import MARK_WORDS, mark_index, pad_words
 
@@ -21,10 +21,10 @@ def _geq_passes(word: int, value: int) -> bool:
 
 
 def _executor(world=2):
-    ex = object.__new__(cuda_ce.CudaCopyEngineExecutor)
+    ex = object.__new__(cuda_executor.CudaCopyEngineExecutor)
     ex.world = world
     ex._pad = torch.full((pad_words(world, GRAPH_SLOTS) + 8,), 7, dtype=torch.int32)
-    ex.mark_refresh_calls, ex._marks_written = cuda_ce.MARK_REFRESH_CALLS, 0
+    ex.mark_refresh_calls, ex._marks_written = cuda_executor.MARK_REFRESH_CALLS, 0
     return ex
 
 

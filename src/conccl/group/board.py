@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ..device import shm as _shm
+from ..device import shm
 from ..errors import CollectiveError, CollectiveTimeout, GroupBroken
 
 _HEADER = 2  # the row's exchange number, and whether it was posted without waiting (post())
@@ -88,7 +88,7 @@ class HostBoard:
         shape = (PAGES, world, _HEADER + row_len)
         rows_words = int(np.prod(shape))
         nbytes = (rows_words + _NCTRL + 3 * world) * 8
-        self._shm = _shm.create(name, nbytes) if create else _shm.attach(name)
+        self._shm = shm.create(name, nbytes) if create else shm.attach(name)
         self._owner = create
         words = np.ndarray(rows_words + _NCTRL + 3 * world, dtype=np.int64, buffer=self._shm.buf)
         self._rows = words[:rows_words].reshape(shape)
@@ -325,4 +325,4 @@ class HostBoard:
         self._mv.release()
         self._shm.close()
         if self._owner:
-            _shm.unlink(self._shm)
+            shm.unlink(self._shm)
