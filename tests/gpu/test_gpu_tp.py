@@ -210,7 +210,7 @@ def _captured(rank, world):
     with torch.cuda.graph(graph):
         results = calls()
     # every pipeline captured with its marks as graph edges (conccl.schedule.captured.mark_edges), the
-    # default; none with CONCCL_GRAPH_MARK_EDGES=0 (stream memory operations on pad words)
+    # default; none with CONCCL_DISABLE=graph_mark_edges (stream memory operations on pad words)
     from conccl.schedule.captured import mark_edges_on
     want = 2 * len(names) if mark_edges_on() else 0
     assert executor.edge_captures - edged == want, (executor.edge_captures - edged, want)

@@ -206,13 +206,13 @@ def test_the_route_is_off_where_asked_or_where_a_function_is_missing(monkeypatch
     monkeypatch.setattr(ctypes, "CDLL", lambda name: lib)
     sg._api.cache_clear()
     try:
-        monkeypatch.delenv("CONCCL_SETTLED_GRAPHS", raising=False)
+        monkeypatch.delenv("CONCCL_DISABLE", raising=False)
         assert sg.available() and {n for n, _ in lib.asked} == set(sg._SIGNATURES)
         sg._api.cache_clear()
-        monkeypatch.setenv("CONCCL_SETTLED_GRAPHS", "0")
+        monkeypatch.setenv("CONCCL_DISABLE", "settled_graphs")
         assert not sg.available()
         sg._api.cache_clear()
-        monkeypatch.delenv("CONCCL_SETTLED_GRAPHS")
+        monkeypatch.delenv("CONCCL_DISABLE")
         monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeLibcuda(missing=("cuGraphExecBatchMemOpNodeSetParams",)))
         assert not sg.available()
     finally:
