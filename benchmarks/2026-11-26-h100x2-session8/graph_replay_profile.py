@@ -26,7 +26,8 @@ def _probe(rank, world):
     from torch.profiler import ProfilerActivity, profile
 
     import conccl
-    from conccl.bench.impls import REGISTRY
+    from conccl.bench.impls import implementations
+    from conccl.bench.variant import Variant
     from conccl.bench.run import make_case, max_bytes
     from conccl.collectives import get
 
@@ -35,7 +36,9 @@ def _probe(rank, world):
         coll = get(coll_name)
         inp, outp, _ = make_case(coll, size, world, rank, torch.bfloat16, "cuda")
         ctx = {"max_bytes": max_bytes([coll], [size], world, 2)}
-        run, _ = REGISTRY[impl_name].setup(coll, inp, outp, ctx)
+        # the names as recorded: conccl with conccl.empty tensors, push or pull (today's --tensors/--algorithm)
+        impl = implementations(Variant("symmetric", impl_name.rsplit("_", 1)[1]))["conccl"]
+        run, _ = impl.setup(coll, inp, outp, ctx)
         for _ in range(CALLS):
             run()
         torch.cuda.synchronize()
