@@ -399,3 +399,50 @@ def test_a_finished_study_without_its_report_says_how_to_draw_it(tmp_path, capsy
     capsys.readouterr()
     assert main(["study", "--quick", "--out", str(out)]) == cli.EXIT_USAGE
     assert f"conccl study --report {out}" in capsys.readouterr().err
+
+
+def test_the_conccl_implementations_call_as_the_variant_asks(monkeypatch):
+    """Without a GPU: the communicator's method (or persistent op) gets the variant's algorithm
+    and stream mode, and conccl.empty arenas (symmetric) or the own chunk of one (in place)."""
+    import conccl.bench.impls as impls_mod
+    from conccl.schedule.base import Algorithm, StreamMode
+
+    calls = []
+
+    class Op:
+        def start(self):
+            calls.append("start")
+
+    class Comm:
+        def all_gather_into_tensor(self, out, inp, **kw):
+            calls.append((out, inp, kw))
+
+        def persistent_all_gather_into_tensor(self, out, inp, **kw):
+            calls.append(("persistent", out, inp, kw))
+            return Op()
+
+    monkeypatch.setattr(conccl, "get_communicator", lambda: Comm(), raising=False)
+    monkeypatch.setattr(conccl, "empty", lambda n, dtype: torch.zeros(n, dtype=dtype), raising=False)
+    monkeypatch.setattr(impls_mod.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(impls_mod.dist, "get_rank", lambda: 1)
+    ag_ = COLLECTIVES["all_gather"]
+    inp, out = torch.arange(4, dtype=torch.float32), torch.zeros(8, dtype=torch.float32)
+
+    run, result = implementations()["conccl"].setup(ag_, inp, out, {"max_bytes": 64})
+    run()
+    assert calls.pop() == (out, inp, {"algorithm": None, "stream_mode": None}) and result() is out
+
+    ctx = {"max_bytes": 64}
+    run, result = implementations(Variant("symmetric", "push", "single"))["conccl"].setup(ag_, inp, out, ctx)
+    run()
+    o, i, kw = calls.pop()
+    assert kw == {"algorithm": Algorithm.PUSH, "stream_mode": StreamMode.SINGLE} and result() is o
+    assert torch.equal(i, inp) and o.data_ptr() == ctx["arena_out"].data_ptr() and i.data_ptr() == ctx["arena_in"].data_ptr()
+
+    ctx = {"max_bytes": 64}
+    run, result = implementations(Variant("in_place"))["conccl_persistent"].setup(ag_, inp, out, ctx)
+    _, o, i, kw = calls.pop()  # agreed once, at setup
+    run()
+    assert calls.pop() == "start" and kw == {"algorithm": None, "stream_mode": None} and result() is o
+    chunk = ag_.layout(2, 1).in_place_chunk  # the input is the own chunk of the output, already in place
+    assert i.data_ptr() == o.data_ptr() + chunk * inp.numel() * 4 and torch.equal(o[4 * chunk:4 * chunk + 4], inp)
