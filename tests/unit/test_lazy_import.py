@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 # what `import conccl` must not load: tp, fsdp and ep, the API, the group and the CUDA executor
-# behind it, torch itself and NumPy (tests/unit/test_cli_startup.py: the same without torch installed)
+# behind it, torch itself and NumPy (tests/cli/test_cli_startup.py: the same without torch installed)
 HEAVY = ["conccl.api", "conccl.group.group", "conccl.tp", "conccl.fsdp", "conccl.ep", "conccl.executors.cuda.executor",
          "conccl.runtime", "torch", "numpy"]
 LIGHT = f"""
