@@ -26,10 +26,11 @@ def _rig():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import shared_gpu_smoke as smoke
     from conccl import api, fsdp
+    import importlib
     try:
-        from conccl.executors.cuda import executor as cuda_ce
-    except ImportError:  # a checkout from before executors/cuda/
-        from conccl.executors import cuda_ce
+        cuda_ce = importlib.import_module("conccl.executors.cuda.executor")
+    except ImportError:  # a checkout from before executors/cuda/ (the older side of a comparison)
+        cuda_ce = importlib.import_module("conccl.executors.cuda_ce")
 
     mem = smoke.IpcPeerMemory()
     api.symm_mem = cuda_ce.symm_mem = fsdp.symm_mem = mem

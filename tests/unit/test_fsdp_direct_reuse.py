@@ -85,7 +85,7 @@ class _Event:
 
 def test_a_pooled_free_records_one_event_per_freeing_stream_again_at_each_free_and_frees(monkeypatch, active_pool):
     streams = {"now": _Stream(5)}
-    monkeypatch.setattr(reuse, "current_stream", lambda index: streams["now"])
+    monkeypatch.setattr(reuse, "CurrentStreams", lambda index: lambda: streams["now"])
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     freed = []
     monkeypatch.setitem(reuse.ORIGINAL, "free_unsharded_param", freed.append)
