@@ -99,7 +99,7 @@ def test_without_torch_a_command_says_what_to_install_in_one_line(no_torch, argv
 
 def test_without_torch_debug_shows_the_traceback(no_torch):
     done, _ = _run(["-m", "conccl", "--debug", "bench"], path=[no_torch])
-    assert done.returncode == 1 and done.stderr.splitlines()[0] == "Traceback (most recent call last):"
+    assert done.returncode == EXIT_USAGE and done.stderr.splitlines()[0] == "Traceback (most recent call last):"
     assert done.stderr.splitlines()[-1] == "ModuleNotFoundError: No module named 'torch'"
 
 

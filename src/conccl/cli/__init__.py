@@ -17,6 +17,7 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Mapping
 
 from .._version import __version__
@@ -71,7 +72,9 @@ def build_parser(loaded=None) -> argparse.ArgumentParser:
     p = Parser(prog="conccl", description="Copy-engine collectives for concurrent computation and communication.")
     p.add_argument("--version", action="version", version=f"conccl {__version__}")
     p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    # Not required here: a missing command is refused by main after the parse, so that an
+    # unknown flag (`conccl --frobnicate`) is named first ("unrecognized arguments").
+    sub = p.add_subparsers(dest="command", parser_class=Parser)
     for name, help_line in COMMAND_HELP.items():
         if loaded is None or name in loaded:
             COMMANDS[name].add_parser(sub)
@@ -131,7 +134,10 @@ def main(argv=None) -> int:
     # Until the command's flags are parsed (its module may fail to import): --debug anywhere.
     args = argparse.Namespace(debug="--debug" in argv)
     try:
-        args = build_parser(loaded={command} & set(COMMANDS)).parse_args(argv)
+        parser = build_parser(loaded={command} & set(COMMANDS))
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.error(f"a command is required: one of {', '.join(COMMAND_HELP)}")
         debug_wanted(args)  # a CONCCL_DEBUG that is not a flag is refused before the command runs
         return COMMANDS[args.command].run(args)
     except BrokenPipeError:  # the reader went away (`| head`): not bad input, nothing to say
@@ -147,7 +153,10 @@ def main(argv=None) -> int:
         return EXIT_INTERRUPTED
     except Exception as e:
         if _debug(args):
-            raise
+            if _missing_dependency(e) is None and not _bad_input(e):
+                raise  # a bug: its traceback, exit 1 (Python's)
+            traceback.print_exc()  # bad input: its traceback, and still exit 2
+            return EXIT_USAGE
         if (missing := _missing_dependency(e)) is not None:
             print(f"conccl {name} {missing}", file=sys.stderr)
             return EXIT_USAGE

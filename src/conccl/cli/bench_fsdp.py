@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pathlib
 from dataclasses import asdict
 
 
@@ -12,7 +11,7 @@ from ..bench import fsdp as bench_fsdp
 from ..bench.environment import environment
 from ..launch import run_per_gpu, under_torchrun
 from ..planner.timing import MAX_WORLD
-from .common import COMMAND_HELP, EXIT_FAILED, EXIT_OK, add_machine_kind, fail, gpu_world, int_range
+from .common import COMMAND_HELP, EXIT_FAILED, EXIT_OK, add_machine_kind, check_out_dir, fail, gpu_world, int_range
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -94,10 +93,10 @@ def run(args) -> int:
         cfg = config(args)
     except ValueError as e:
         return fail("bench fsdp", str(e))
+    out = check_out_dir(args.out, "--out")
     world, why = gpu_world(args.gpus)
     if why:
         return fail("bench fsdp", why)
-    out = pathlib.Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -115,31 +115,38 @@ def add_machine_kind(parser, what: str) -> None:
 
 
 def check_out_file(path: str | None, flag: str) -> None:
-    """Refuse, before anything runs, an output file that cannot be written (``-``: stdout)."""
+    """Refuse, before anything runs, an output file that cannot be written (``-``: stdout): its
+    folder must exist (a file is written in an existing folder, as for :func:`check_out_dir`)."""
     if not path or path == "-":
         return
     p = pathlib.Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {path}: is a folder; give a file name")
-    if not p.parent.is_dir():
-        raise UsageError(f"{flag} {path}: the folder {p.parent} does not exist; give a file in a writable folder")
-    check_out_dir(p.parent, flag, shown=path)
+    check_out_dir(p.parent, flag, shown=path, create=False)
 
 
-def check_out_dir(path, flag: str, shown=None) -> pathlib.Path:
-    """Refuse a folder that is a file or cannot be written in (nor, if missing, created).
-    Nothing is created: a run refused later leaves no empty folder behind."""
+def check_out_dir(path, flag: str, shown=None, create: bool = True) -> pathlib.Path:
+    """The rule of every output path: its parent folder must exist and be writable; the last
+    component (``create``: the folder itself) is made by the command. Refused, naming ``flag``:
+    a path through a file ("X is a file, not a folder"), a missing parent, an unwritable folder.
+    Nothing is created here: a run refused later leaves no empty folder behind."""
     p, shown = pathlib.Path(path), shown or path
     probe = p
-    while not probe.exists() and probe != probe.parent:  # the nearest folder that exists
+    while not probe.exists() and probe != probe.parent:  # the nearest path that exists
         probe = probe.parent
-    if not probe.is_dir():
+    if probe.exists() and not probe.is_dir():
         raise UsageError(f"{flag} {shown}: {probe} is a file, not a folder; give a path in a writable folder")
+    # the folder written in: the path itself where it exists, else its parent, which must exist
+    folder = p if p.is_dir() or not create else p.parent
+    if probe != folder:
+        hint = "create it first (only the last folder of a path is created)" if create else \
+            "give a file in an existing folder"
+        raise UsageError(f"{flag} {shown}: the folder {folder} does not exist; {hint}")
     try:  # the real test: permissions, read-only mounts, ACLs
-        with tempfile.NamedTemporaryFile(dir=probe, prefix=".conccl-probe-"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".conccl-probe-"):
             pass
     except OSError as e:
-        raise UsageError(f"{flag} {shown}: cannot write in {probe} ({e.strerror or e}); "
+        raise UsageError(f"{flag} {shown}: cannot write in {folder} ({e.strerror or e}); "
                          "give a path in a writable folder") from None
     return p
 
