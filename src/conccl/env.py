@@ -17,8 +17,10 @@ per process, and groups made later see the value then.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 
 __all__ = ["Var", "VARS", "FAST_PATHS", "EnvError", "get", "disabled", "markdown_table"]
@@ -78,6 +80,23 @@ VARS = (
 )
 _BY_NAME = {v.name: v for v in VARS}
 
+# Variables conccl read before and reads no more, with what takes their place: one set is warned
+# of once per process, so that a job script's switch does not silently stop switching.
+REMOVED = {
+    "CONCCL_POST_SETTLED": "CONCCL_DISABLE=post_settled",
+    "CONCCL_SETTLED_GRAPHS": "CONCCL_DISABLE=settled_graphs",
+    "CONCCL_GRAPH_MARK_EDGES": "CONCCL_DISABLE=graph_mark_edges",
+    "CONCCL_SPIN_WAITS": "CONCCL_DISABLE=spin_waits (eager calls never spin)",
+    "CONCCL_SPIN_TIMEOUT_S": "nothing: spinning kernels wait until the watchdog releases them",
+    "CONCCL_REDUCE_CTAS": "nothing: the reduction takes half the SMs",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_removed(names: tuple) -> None:
+    for name in names:
+        warnings.warn(f"conccl no longer reads {name}; instead: {REMOVED[name]}", UserWarning, stacklevel=4)
+
 
 def _parse(var: Var, raw: str):
     raw = raw.strip()
@@ -121,6 +140,9 @@ def get(name: str):
     empty). Raises :class:`EnvError` for a value it cannot take, KeyError for a name not
     declared in :data:`VARS`."""
     var = _BY_NAME[name]
+    removed = tuple(n for n in REMOVED if n in os.environ)
+    if removed:
+        _warn_removed(removed)
     return _parse(var, os.environ.get(name, ""))
 
 

@@ -168,7 +168,7 @@ def test_no_conccl_variable_is_read_outside_conccl_env():
 
 
 def test_every_conccl_name_in_src_is_declared():
-    declared = {v.name for v in env.VARS}
+    declared = {v.name for v in env.VARS} | set(env.REMOVED)  # a removed one is named only to warn of it
     used = {}
     for path in _sources():
         for name in NAME.findall(path.read_text(errors="replace")):
@@ -188,3 +188,17 @@ def test_the_scan_finds_what_it_looks_for(tmp_path, monkeypatch):
         test_no_conccl_variable_is_read_outside_conccl_env()
     with pytest.raises(AssertionError, match="CONCCL_OLD_KNOB"):
         test_every_conccl_name_in_src_is_declared()
+
+
+def test_a_variable_no_longer_read_is_warned_of_once_naming_what_replaced_it(monkeypatch):
+    env._warn_removed.cache_clear()
+    monkeypatch.setenv("CONCCL_POST_SETTLED", "0")
+    with pytest.warns(UserWarning, match="CONCCL_POST_SETTLED; instead: CONCCL_DISABLE=post_settled"):
+        assert env.get("CONCCL_DISABLE") == ()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env.get("CONCCL_DISABLE")  # once per process: no second warning
+    env._warn_removed.cache_clear()
+    assert set(env.REMOVED).isdisjoint(v.name for v in env.VARS)

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import _symmetric_memory as symm_mem
 
+from .. import env
 from .board import HostBoard
 from ..errors import InvalidArgument, UnsupportedGroup
 from ..executors.cuda.executor import CudaCopyEngineExecutor
@@ -89,6 +90,7 @@ def make_node_group(group, options: Options | None = None) -> Group:
     """A new :class:`Group` over the copy-engine executor for ``group``, whose ranks all run on
     this host (see :func:`make_group`)."""
     name = group.group_name
+    env.get("CONCCL_DISABLE")  # a bad value is the caller's to fix, raised as it is (not a peer-memory failure)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     device = torch.device("cuda", torch.cuda.current_device())
     me = {"host": socket.gethostname(), "device": device.index, "board": f"conccl_{uuid.uuid4().hex[:12]}",
