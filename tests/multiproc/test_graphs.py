@@ -232,7 +232,7 @@ def _reordered(comm, how, replays):
     return _slow_reducer(comm, replays) + _mixed_modes(comm, replays)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.long)])  # 3: the long tier (a 10 s wait)
 def test_the_spin_waits_order_replays_right_and_late_resets_would_not(world):
     """The resets the spin-wait lowering moves behind the reduction stay before every signal
     the peers wait on to write those words again: the captured calls replay right with a slow

@@ -270,7 +270,8 @@ def small_double_buffer(monkeypatch):
 WHOLE_KINDS = KINDS + ("rs_big", "ar_big", "ag_sp_big", "ar_1p_big", "tp_push_big", "tp_rs_big")
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.long)])  # 3: ~15 s, the long tier
+@pytest.mark.long  # ~5 s (2 ranks) and ~15 s (3) of seeded runs: the long tier
+@pytest.mark.parametrize("world", [2, 3])
 def test_whole_and_double_buffered_calls_mix(world, small_double_buffer):
     assert not _plans(world, 0, "rs_big", StreamMode.BATCH).double_buffered
     assert not _plans(world, 0, "ar_big", StreamMode.BATCH).double_buffered
