@@ -415,6 +415,7 @@ def test_the_command_writes_both_files_and_exits_1_on_a_wrong_case(tmp_path, cap
     monkeypatch.setattr(bench_graphs, "run_per_gpu", lambda fn, cfg, **kw: seen.update(cfg=cfg, **kw) or
                         [{"results": recs, "eager_path": {"nccl_below": {"all_gather": 1 << 20}}}])
     out = tmp_path / "run" / "g"
+    out.parent.mkdir()  # the folder written in must exist; the command makes the last part
     assert main(["bench", "graphs", "--out", str(out), "--impls", "nccl,conccl", "--sizes", "64K,1M", "--calls", "8",
                  "--machine-kind", "nvidia-h200-x2"]) == rc
     assert seen["cfg"] == GraphsConfig(sizes=(65536, 1 << 20), impls=("nccl", "conccl"), calls=8)
