@@ -22,10 +22,11 @@ from .collectives.reduce_scatter import REDUCE_SCATTER
 from .errors import InvalidArgument
 from .group import Group, Options
 from .group.make import make_group
+from .group.protocol import CollectiveGroup
 from .schedule.base import Algorithm, StreamMode
 
 # The open groups by process-group name; an entry lives until destroy() closes its group.
-_GROUPS: dict[str, Group] = {}
+_GROUPS: dict[str, CollectiveGroup] = {}
 
 
 def _resolve_group(group):
@@ -39,10 +40,12 @@ def _resolve_group(group):
     return group
 
 
-def get_group(group=None, options: Options | None = None) -> Group:
-    """The :class:`~conccl.group.Group` conccl keeps for ``group`` (default: the world), made
-    on first use. A collective call the first time (every rank of ``group``): the ranks
-    exchange their hosts and GPUs, create the host board and map each other's signal pads."""
+def get_group(group=None, options: Options | None = None) -> CollectiveGroup:
+    """The group conccl keeps for ``group`` (default: the world), made on first use: a
+    :class:`~conccl.group.Group`, or a :class:`~conccl.group.hierarchical.HierarchicalGroup` where
+    the ranks span hosts (both :class:`~conccl.group.protocol.CollectiveGroup`). A collective
+    call the first time (every rank of ``group``): the ranks exchange their hosts and GPUs,
+    create the host board and map each other's signal pads."""
     group = _resolve_group(group)
     g = _GROUPS.get(group.group_name)
     if g is None:

@@ -2,8 +2,8 @@
 
 Stream memory operations (``cuStreamWriteValue32`` / ``cuStreamWaitValue32``) are executed by
 the GPU's front end, not by SMs, and so are the copies (``cuMemcpyAsync``,
-``cuMemcpyBatchAsync``): nothing here launches a kernel. :func:`load_module` compiles the few
-kernels conccl has (the reduction, the one-shot call, the spin wait) with NVRTC.
+``cuMemcpyBatchAsync``): nothing here launches a kernel but :func:`launch`, for the few SM kernels
+conccl has (compiled by :mod:`conccl.kernels.loader`).
 """
 from __future__ import annotations
 
@@ -58,38 +58,6 @@ class StreamOps:
 
     def write_value32(self, addr: int, value: int) -> None:
         check(self.cu.cuStreamWriteValue32(self.stream, self.cu.CUdeviceptr(addr), value & 0xFFFFFFFF, self._write))
-
-
-def load_module(device_index: int, source: str, filename: str, what: str):
-    """``source`` (CUDA C, no headers) compiled with NVRTC for ``device_index``'s architecture and
-    loaded on its primary context (current where torch runs there): the ``CUmodule``. A failed
-    compile raises RuntimeError with NVRTC's log, naming ``what`` (e.g. "the reduction kernel")."""
-    from cuda.bindings import nvrtc  # optional dependency: loaded where a kernel is first built
-
-    def ok(err):
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise RuntimeError(f"conccl: NVRTC error {err} building {what}")
-
-    cu = driver()
-    dev = check(cu.cuDeviceGet(device_index))
-    major = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-    minor = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], [])
-    ok(err)
-    try:
-        opts = [f"--gpu-architecture=compute_{major}{minor}".encode(), b"--std=c++17"]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-            log = b" " * size
-            nvrtc.nvrtcGetProgramLog(prog, log)
-            raise RuntimeError(f"conccl: compiling {what} failed:\n{log.decode(errors='replace')}")
-        _, size = nvrtc.nvrtcGetPTXSize(prog)
-        ptx = b" " * size
-        ok(nvrtc.nvrtcGetPTX(prog, ptx)[0])
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    return check(cu.cuModuleLoadData(ptx))
 
 
 def launch(function, grid: int, threads: int, shared: int, stream_handle: int, values: list) -> None:
