@@ -20,7 +20,7 @@ from .collectives.all_reduce import ALL_REDUCE
 from .collectives.all_to_all import ALL_TO_ALL
 from .collectives.reduce_scatter import REDUCE_SCATTER
 from .errors import InvalidArgument
-from .group import Group, Options
+from .group import Options
 from .group.make import make_group
 from .group.protocol import CollectiveGroup
 from .schedule.base import Algorithm, StreamMode
